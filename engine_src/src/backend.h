@@ -1,0 +1,196 @@
+// backend.h: the op interface between the model / decode loops and a compute backend.
+//
+// The model (model.cpp) and the decode loops (decode.cpp) call nothing but this interface.
+// backend_cpu.cpp implements it in plain C++; src/cuda/*.cu implements it in CUDA. A new op
+// is added here (additively) with its contract, then to every backend and to tests/test_ops.cpp.
+//
+// Conventions that hold for every op
+// ----------------------------------
+// * Memory. Every float / int32 pointer an op takes is a *backend pointer*: it points into a
+//   buffer from alloc() (on CUDA: device memory), possibly offset by whole elements. Pointers
+//   named `*_host` are ordinary host memory, read during the call only (the backend copies what
+//   it needs before returning). Buffers are owned by whoever called alloc() and released with
+//   release(); ops never allocate buffers the caller sees (scratch is the backend's business).
+// * Layout. Row-major, fp32 unless stated. A matrix "W[N][K]" is N rows of K contiguous floats,
+//   i.e. the bundle's `W[out][in]`. "M rows" means M independent activations (batch / tree nodes).
+// * Ordering. Ops run in call order. upload/copy/ops may be asynchronous; download() and every
+//   op that writes a `*_host` output return only when the result is on the host.
+// * Aliasing. Unless an op says "in place allowed", outputs must not overlap inputs.
+// * Determinism (the DDTree == AR invariant). The value computed for row m must depend only on
+//   row m's inputs, never on M or on the other rows: the same reduction order, the same code
+//   path for M = 1 and M = 1 + B, no split-K choice that varies with M. Masked attention entries
+//   contribute exactly nothing (they are skipped, not added as a large negative number). Ties
+//   in every argmax / top-k go to the lower index.
+// * Errors. A backend throws std::runtime_error with a message naming the op and the problem.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kd {
+
+// Which cache rows a batch row may attend to. Batch row i (0 <= i < M) has just been written
+// to cache row `committed + i`. It sees every committed row [0, committed), then the rows of its
+// ancestors, then itself: ancestors are found by following parent_host[i] (< i, or -1 for none)
+// up to -1. A causal chain (prefill, or M = 1 in AR) is parent_host[i] = i - 1; a DDTree verify
+// batch is the tree's parent array (root at 0 with parent -1).
+// Visit order inside one row is ascending cache row, so a row's softmax sums in the same order
+// whether it is verified in a tree or decoded alone after compaction.
+struct Visibility {
+    int committed = 0;                  // rows of the cache visible to every batch row
+    const int32_t* parent_host = nullptr;  // [M] parent index inside the batch, -1 for none
+};
+
+// MLA shapes (DeepSeek-V3 names). Cache row layout: [c (d_c) | k_rope (d_r)], fp32,
+// row stride d_c + d_r; `scale` is tau = (d_n + d_r)^-1/2.
+struct MlaDims {
+    int n_heads = 0;   // H
+    int d_c = 0;       // kv_lora_rank
+    int d_n = 0;       // qk_nope_head_dim
+    int d_r = 0;       // qk_rope_head_dim
+    int d_v = 0;       // v_head_dim
+    float scale = 0;
+};
+
+// noaux_tc routing parameters.
+struct MoeRouting {
+    int n_experts = 0;     // E
+    int top_k = 0;         // experts per row
+    int n_groups = 1;      // expert groups (E % n_groups == 0)
+    int topk_groups = 1;   // groups kept
+    float route_scale = 1;
+};
+
+// The routed experts of one MoE layer, stacked so a backend can run them as one grouped op.
+// All pointers are backend pointers. fp32: w1, w3 [E][inter][dim], w2 [E][dim][inter].
+// int4 (layout of matmul_w4a16): q1, q3 [E][inter][dim/8] with s1, s3 [E][inter][dim/32];
+// q2 [E][dim][inter/8] with s2 [E][dim][inter/32]. The unused set of pointers is null.
+struct ExpertWeights {
+    int n_experts = 0;
+    int dim = 0;
+    int inter = 0;
+    bool int4 = false;
+    const float* w1 = nullptr; const float* w2 = nullptr; const float* w3 = nullptr;
+    const int32_t* q1 = nullptr; const int32_t* q2 = nullptr; const int32_t* q3 = nullptr;
+    const float* s1 = nullptr; const float* s2 = nullptr; const float* s3 = nullptr;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    // "cpu" or "cuda".
+    virtual std::string name() const = 0;
+    // One line describing the device (CPU model and threads, or GPU name, CC, memory, driver).
+    virtual std::string device_description() const = 0;
+
+    // ---- memory ---------------------------------------------------------------------------
+    // alloc: a zero-filled buffer of nbytes (aligned to at least 256 bytes). Never returns null;
+    // throws when out of memory. release(nullptr) is a no-op.
+    virtual void* alloc(size_t nbytes) = 0;
+    virtual void release(void* buf) = 0;
+    virtual void upload(void* dst, const void* src_host, size_t nbytes) = 0;
+    virtual void download(void* dst_host, const void* src, size_t nbytes) = 0;
+    // Backend-to-backend copy; the ranges must not overlap.
+    virtual void copy(void* dst, const void* src, size_t nbytes) = 0;
+    // Waits for all queued work (used around timings).
+    virtual void synchronize() = 0;
+
+    // ---- element-wise and row ops -----------------------------------------------------------
+    // out[m][:] = table[tokens_host[m]][:] for m < M; table [V][dim]; out row stride out_stride
+    // (>= dim; lets the drafter feature [h_T ; embed[b]] be assembled in place).
+    virtual void embedding(float* out, int out_stride, const float* table, int dim,
+                           const int32_t* tokens_host, int M) = 0;
+
+    // RMSNorm over the first n values of each row: out[m][j] = x[m][j] / sqrt(mean_j x^2 + eps)
+    // * w[j]. Rows are x_stride / out_stride apart (>= n). In place allowed (out == x, same stride).
+    // The mean is an fp32 sum in ascending j divided by n.
+    virtual void rmsnorm(float* out, int out_stride, const float* x, int x_stride,
+                         const float* w, int M, int n, float eps) = 0;
+
+    // RoPE, in place, on adjacent pairs. For each row m and each of n_vec vectors v, the d_r
+    // values at x + m*row_stride + v*vec_stride + offset are rotated: for i < d_r/2, with
+    // angle = pos_host[m] * theta^(-2i/d_r) (computed in double, cos/sin rounded to float),
+    // (a, b) = (x[2i], x[2i+1]) -> (a cos - b sin, a sin + b cos).
+    // q: n_vec = H, vec_stride = d_n + d_r, offset = d_n. kv: n_vec = 1, offset = d_c.
+    virtual void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset,
+                      int d_r, const int32_t* pos_host, float theta) = 0;
+
+    // out[i] = silu(a[i]) * b[i] for i < n; silu(a) = a / (1 + exp(-a)). In place allowed (out == a).
+    virtual void silu_mul(float* out, const float* a, const float* b, size_t n) = 0;
+
+    // out[i] = a[i] + b[i] for i < n (the residual add). In place allowed (out == a or b).
+    virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+
+    // ---- matmuls ----------------------------------------------------------------------------
+    // y[M][N] = x[M][K] W[N][K]^T (+ bias[N] when bias is not null), fp32 accumulation. No TF32.
+    virtual void matmul_f32(float* y, const float* x, const float* W, const float* bias,
+                            int M, int N, int K) = 0;
+
+    // W4A16: y[M][N] = x[M][K] dequant(W)^T with fp32 activations and accumulation.
+    // qw [N][K/8] int32: nibble k (bits 4k..4k+3, low nibble first) of word j holds input 8j + k;
+    // sc [N][K/32] fp32: one scale per group of 32 inputs; weight = (nibble - 8) * scale.
+    // K is a multiple of 32.
+    virtual void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc,
+                              int M, int N, int K) = 0;
+
+    // ---- attention and KV cache ---------------------------------------------------------------
+    // The KV cache of one layer is a backend buffer [capacity][d_c + d_r] (layout in MlaDims).
+    // Appending is done by the model: wkv_a writes its output straight into cache rows
+    // [committed, committed + M), then rmsnorm (first d_c) and rope (last d_r) run in place there.
+
+    // Absorbed MLA attention for M query rows.
+    // q [M][H][d_n + d_r] (q_rope already roped); wkv_b [H][d_n + d_v][d_c]; cache as above.
+    // Per row m and head h: qh = W_UK^T q_nope (W_UK = wkv_b[h][:d_n]), for each visible cache
+    // row t (Visibility, ascending t): s_t = scale (qh . c_t + q_rope . k_rope_t); p = softmax(s)
+    // (max-subtracted, exp in fp32, sum in ascending t); u = sum_t p_t c_t;
+    // out[m][h][:] = W_UV u (W_UV = wkv_b[h][d_n:]). out is [M][H * d_v].
+    virtual void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache,
+                               const Visibility& vis, int M, const MlaDims& dims) = 0;
+
+    // KV compaction after a DDTree verify: for j < n, cache row start + j = row start + keep_host[j]
+    // (row_width floats each). keep_host is strictly ascending with keep_host[j] >= j, so an
+    // ascending in-place copy is correct. Rows past start + n are left as they are (dead).
+    virtual void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host,
+                            int n) = 0;
+
+    // ---- MoE ----------------------------------------------------------------------------------
+    // noaux_tc gate over logits [M][E] (= x gate.weight^T, from matmul_f32) and bias [E]:
+    // s = sigmoid(logits); s' = s + bias; with n_groups > 1 a group's score is the sum of its
+    // two largest s', the topk_groups best groups are kept and the others masked; the top_k
+    // experts by s' among the kept ones are chosen. Outputs (backend pointers) for each row,
+    // ordered by s' descending: idx [M][top_k] int32 and weight [M][top_k] =
+    // s[idx] / sum(s[idx]) * route_scale. Ties everywhere go to the lower index.
+    virtual void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias,
+                          int M, const MoeRouting& routing) = 0;
+
+    // The routed FFN of a whole MoE layer, one op so a GPU can run it grouped:
+    // out[m] = sum_{j < top_k, in j order} weight[m][j] * E_e(x[m]), e = idx[m][j], where
+    // E_e(v) = w2_e (silu(w1_e v) * (w3_e v)) in fp32 or W4A16 (ExpertWeights). x, out [M][dim];
+    // out is overwritten. Each E_e(x[m]) is computed exactly as matmul_* would for one row.
+    virtual void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight,
+                         int M, int top_k, const ExpertWeights& experts) = 0;
+
+    // ---- sampling / drafting (results land on the host) ---------------------------------------
+    // out_host[m] = argmax_j x[m][j], j < N; ties go to the lower j.
+    virtual void argmax(int32_t* out_host, const float* x, int M, int N) = 0;
+
+    // For each row m: lq = log_softmax(x[m]) (max-subtracted, sum of exp in ascending j, in
+    // fp32); the K best entries by lq, descending (ties: lower token first), go to
+    // tokens_host[m][K] and logprob_host[m][K]. K <= N.
+    virtual void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x,
+                                  int M, int N, int K) = 0;
+};
+
+// Backend names this binary can create, e.g. "cpu" or "cpu,cuda".
+std::string available_backends();
+// Creates "cpu" or "cuda" (throws std::runtime_error naming the backend when unavailable).
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+// Implemented by backend_cpu.cpp and (in builds with KD_WITH_CUDA) by src/cuda/.
+std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace kd
