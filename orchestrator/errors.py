@@ -1,0 +1,106 @@
+"""The orchestrator's exceptions: a small hierarchy whose instances carry their evidence.
+
+Every failure names the host it happened on and, where a command was involved, the command,
+its exit code and the tail of its output, so that a message alone is enough to act on.
+`exit_code` is the process exit code tasks.py turns the error into (DESIGN.md, "Contracts").
+"""
+from __future__ import annotations
+
+TAIL_LINES = 20
+
+
+class KdError(Exception):
+    """Base of every orchestrator error."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, host: str | None = None, command: str | None = None,
+                 exit_status: int | None = None, tail: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.host = host
+        self.command = command
+        self.exit_status = exit_status
+        self.tail = tail
+
+    def __str__(self) -> str:
+        lines = [f"{self.host}: {self.message}" if self.host else self.message]
+        if self.command is not None:
+            lines.append(f"  command: {self.command}")
+        if self.exit_status is not None:
+            lines.append(f"  exit code: {self.exit_status}")
+        if self.tail.strip():
+            lines.append("  output (tail):")
+            lines.extend("    " + line for line in self.tail.rstrip().splitlines()[-TAIL_LINES:])
+        return "\n".join(lines)
+
+
+class UsageError(KdError):
+    """A wrong command-line flag or combination of flags."""
+
+    exit_code = 2
+
+
+class InventoryError(UsageError):
+    """hosts.yaml is invalid or a selection names no such host or group: names file, host, key."""
+
+    def __init__(self, file, problem: str, *, host: str | None = None, key: str | None = None):
+        where = [str(file)]
+        if host is not None:
+            where.append(f"host {host!r}")
+        if key is not None:
+            where.append(f"key {key!r}")
+        super().__init__(": ".join(where + [problem]))
+        self.file, self.problem, self.inventory_host, self.key = str(file), problem, host, key
+
+
+class HostError(KdError):
+    """Something failed on (or on the way to) one host; the other hosts go on."""
+
+
+class ConnectError(HostError):
+    """The host could not be reached (refused, timed out, reset). `retry`: worth another try."""
+
+    def __init__(self, message: str, *, host: str, retry: bool, **evidence):
+        super().__init__(message, host=host, **evidence)
+        self.retry = retry
+
+
+class AuthError(HostError):
+    """The host refused our credentials; never retried."""
+
+
+class HostKeyError(HostError):
+    """The key of a host (or of its jump host) is unknown or changed; nothing runs on that host.
+    Never retried. `known_name` is its known_hosts name ([addr]:port), `key` the key it offered."""
+
+    def __init__(self, message: str, *, host: str, known_name: str, key, fingerprint: str, changed: bool):
+        super().__init__(message, host=host)
+        self.known_name = known_name
+        self.key = key
+        self.fingerprint = fingerprint
+        self.changed = changed
+
+
+class CommandError(HostError):
+    """A command on the host failed (non-zero exit or timeout)."""
+
+
+class LockError(HostError):
+    """Another run holds the host's lock; `owner` says who."""
+
+    def __init__(self, message: str, *, host: str, owner: str):
+        super().__init__(message, host=host)
+        self.owner = owner
+
+
+class DestinationError(HostError):
+    """remote_dir is not a directory the orchestrator may write to (or --delete into)."""
+
+
+class SyncError(HostError):
+    """The transfer of the source tree failed or could not be verified."""
+
+
+class FetchError(HostError):
+    """A file could not be read back from the host safely (symlink, too large, outside)."""

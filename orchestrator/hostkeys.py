@@ -1,0 +1,84 @@
+"""Host keys: SHA256 fingerprints, the known_hosts files consulted, verification, pinning.
+
+Keys are verified always (DESIGN.md, "Security model"): against the project's known_hosts file
+(`known_hosts:` of the host, default `known_hosts` beside hosts.yaml) and the user's
+(~/.ssh/known_hosts, or $KDTREE_USER_KNOWN_HOSTS), or against a fingerprint pinned in the
+inventory (`host_key:`). An unknown or changed key raises HostKeyError with the fingerprint
+and how to pin it; a new host is pinned by `invoke trust`.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from paramiko import RejectPolicy
+
+from .errors import HostKeyError
+
+
+def fingerprint(key) -> str:
+    """The SHA256 fingerprint of a Paramiko key, as ssh-keygen -l prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_name(hostname: str, port: int | None) -> str:
+    """The name a host's key is filed under in known_hosts."""
+    return hostname if port in (None, 22) else f"[{hostname}]:{port}"
+
+
+def user_known_hosts() -> Path:
+    """The user's known_hosts file: $KDTREE_USER_KNOWN_HOSTS or ~/.ssh/known_hosts."""
+    return Path(os.environ.get("KDTREE_USER_KNOWN_HOSTS") or Path.home() / ".ssh" / "known_hosts")
+
+
+def known_hosts_files(project_file: str | None) -> list[Path]:
+    """Every known_hosts file consulted for a host, the project's first."""
+    files = [Path(project_file)] if project_file else []
+    return files + [user_known_hosts()]
+
+
+def pin(file: Path, name: str, key) -> None:
+    """Append `key` for host `name` to the known_hosts `file` (created 0600 if missing)."""
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+def unknown(host: str, name: str, key, hop: bool) -> HostKeyError:
+    """The error for a key found in no known_hosts file: shows it and says how to pin it."""
+    fp = fingerprint(key)
+    what = f"the key of jump host {name}" if hop else f"the host key of {name}"
+    return HostKeyError(
+        f"{what} is not known: {key.get_name()} {fp}. Nothing was run. If this is the right key "
+        f"(check it out of band), pin it: invoke trust --host {host} --fingerprint {fp}",
+        host=host, known_name=name, key=key, fingerprint=fp, changed=False)
+
+
+def changed(host: str, name: str, key, expected: str, where: str) -> HostKeyError:
+    """The error for a key that differs from the one on record: possibly an attack."""
+    fp = fingerprint(key)
+    return HostKeyError(
+        f"HOST KEY CHANGED for {name}: it offered {key.get_name()} {fp} but {where} has {expected}. "
+        f"Nothing was run. If the change is expected (host reinstalled), remove the old entry "
+        f"(ssh-keygen -R '{name}' -f FILE) or update host_key:, then run: invoke trust --host {host}",
+        host=host, known_name=name, key=key, fingerprint=fp, changed=True)
+
+
+class VerifyPolicy(RejectPolicy):
+    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted
+    (and remembered in `accepted` so system ssh can be given the same key)."""
+
+    def __init__(self, host: str, pinned: str | None, hop: bool):
+        self.host, self.pinned, self.hop = host, pinned, hop
+        self.accepted: list[tuple[str, object]] = []
+
+    def missing_host_key(self, client, hostname, key):
+        if self.pinned and fingerprint(key) == self.pinned:
+            self.accepted.append((hostname, key))
+            return
+        raise unknown(self.host, hostname, key, self.hop)

@@ -1,0 +1,358 @@
+"""The inventory: hosts.yaml loaded and validated into frozen Host and Project records.
+
+hosts.yaml has four sections (DESIGN.md, "Contracts"): `project` (the engine's source dir,
+sync excludes, commands and result files), `defaults` (merged under every host), `hosts` and
+`groups`. Every problem is an InventoryError naming the file, the host and the key (exit code 2).
+Selection (`--host` repeatable, `--group`, `--all`, or nothing for `local`) is `Inventory.select`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import posixpath
+import re
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import InventoryError
+
+DEFAULT_HOST = "local"
+STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
+TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
+DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
+                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900}
+TOP_KEYS = ("project", "defaults", "hosts", "groups")
+PROJECT_KEYS = ("source", "excludes", "commands", "results")
+REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
+GROUP_KEYS = ("description",)
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_ADDRESS = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+)\Z")
+_JUMP_HOP = re.compile(r"(?:([A-Za-z0-9_][A-Za-z0-9_.-]*)@)?([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::(\d{1,5}))?\Z")
+_PATH = re.compile(r"[A-Za-z0-9 ._/+,:@=-]+\Z")
+_COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
+_ARCH = re.compile(r"(?:auto|sm_\d{2,3}[a-z]?)\Z")
+_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}\Z")
+
+# remote_dir may never be one of these, nor a direct child of /home, nor shallower than 2 levels.
+SYSTEM_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt
+/opt /proc /root /run /sbin /srv /sys /tmp /usr /var /usr/bin /usr/include /usr/lib /usr/lib64
+/usr/local /usr/sbin /usr/share /usr/src /var/lib /var/log /var/tmp /var/cache /var/spool
+/var/mail /var/www /usr/local/bin /usr/local/lib /usr/local/share""".split())
+_UNDER_SYSTEM = ("/proc/", "/sys/", "/dev/", "/boot/", "/etc/", "/bin/", "/sbin/", "/lib/",
+                 "/lib64/", "/usr/bin/", "/usr/sbin/", "/usr/lib/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One deploy target, defaults merged. `remote_dir` is absolute (local: resolved)."""
+
+    name: str
+    transport: str                      # "ssh" | "local"
+    remote_dir: str
+    address: str | None = None          # ssh-config alias or hostname
+    port: int | None = None
+    user: str | None = None
+    identity: str | None = None         # private key file (absolute)
+    jump: str | None = None             # bastion(s), as ssh's ProxyJump: [user@]host[:port][,...]
+    rsync_path: str | None = None       # rsync on the host when not on its PATH
+    cuda_home: str | None = None
+    python: str = "python3"
+    arch: str = "auto"                  # sm_120, sm_90, ... or auto
+    backend: str = "auto"               # auto | cpu | cuda
+    gpus: int = 0
+    groups: tuple[str, ...] = ()
+    timeouts: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: MappingProxyType(dict(DEFAULT_TIMEOUTS)), hash=False)
+    known_hosts: str | None = None      # the project known_hosts file (absolute)
+    host_key: str | None = None         # a pinned SHA256 fingerprint
+
+    def timeout(self, name: str) -> float:
+        """The timeout in seconds for a step (or connect/keepalive/lock)."""
+        return self.timeouts[name]
+
+    @property
+    def is_local(self) -> bool:
+        return self.transport == "local"
+
+    @property
+    def label(self) -> str:
+        """How the host is shown to people: its name and where it is."""
+        if self.is_local:
+            return f"{self.name} (local)"
+        where = f"{self.user}@{self.address}" if self.user else self.address
+        return f"{self.name} ({where}{':' + str(self.port) if self.port else ''})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Project:
+    """The engine project: what is synced (source, excludes), what runs (commands), results."""
+
+    root: Path                          # the repo root: the inventory file's folder
+    source: Path                        # absolute
+    excludes: tuple[str, ...]
+    commands: Mapping[str, str]
+    results: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    name: str
+    description: str
+    members: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """A loaded hosts.yaml."""
+
+    path: Path
+    project: Project
+    hosts: Mapping[str, Host]
+    groups: Mapping[str, Group]
+
+    def select(self, hosts=(), group: str | None = None, all: bool = False) -> list[Host]:
+        """Hosts chosen by --host (repeatable), --group, --all; nothing chosen means `local`."""
+        if all:
+            return list(self.hosts.values())
+        names = list(hosts)
+        if group is not None:
+            if group not in self.groups:
+                raise InventoryError(self.path, f"unknown group {group!r}{_did_you_mean(group, self.groups)}")
+            names += list(self.groups[group].members)
+        if not names:
+            names = [DEFAULT_HOST]
+        for name in names:
+            if name not in self.hosts:
+                raise InventoryError(self.path, f"unknown host {name!r}{_did_you_mean(name, self.hosts)}")
+        return [self.hosts[name] for name in dict.fromkeys(names)]
+
+
+def load(path) -> Inventory:
+    """Read and validate hosts.yaml at `path`."""
+    path = Path(path).absolute()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise InventoryError(path, f"cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise InventoryError(path, f"not valid YAML: {e}") from None
+    return parse(data, path)
+
+
+def parse(data: Any, path: Path) -> Inventory:
+    """Validate the parsed YAML document `data` of the inventory file `path`."""
+    v = _Validator(path)
+    data = v.mapping(data, None, None, "the inventory")
+    v.known_keys(data, TOP_KEYS, None)
+    root = path.parent
+    project = v.project(v.mapping(data.get("project"), None, "project", "a mapping"), root)
+    defaults = v.mapping(data.get("defaults", {}), "defaults", None, "a mapping")
+    hosts_data = v.mapping(data.get("hosts"), None, "hosts", "a mapping of host names")
+    groups_data = v.mapping(data.get("groups", {}), None, "groups", "a mapping")
+    v.known_keys(defaults, tuple(f.name for f in dataclasses.fields(Host) if f.name != "name"), "defaults")
+    hosts = {}
+    for name, entry in hosts_data.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InventoryError(path, "a host name may use letters, digits, '_', '.', '-' and may not start with '-'",
+                                 host=str(name))
+        entry = v.mapping(entry if entry is not None else {}, name, None, "a mapping")
+        hosts[name] = v.host(name, {**defaults, **entry, "timeouts": {
+            **v.mapping(defaults.get("timeouts", {}), "defaults", "timeouts", "a mapping"),
+            **v.mapping(entry.get("timeouts", {}), name, "timeouts", "a mapping")}}, root)
+    groups = v.groups(groups_data, hosts)
+    return Inventory(path, project, MappingProxyType(hosts), MappingProxyType(groups))
+
+
+def is_dangerous_dir(path: str) -> str | None:
+    """Why `path` may never be a deploy destination (rsync --delete target), or None."""
+    norm = posixpath.normpath(path)
+    if not path.strip():
+        return "is empty"
+    if not posixpath.isabs(path):
+        return "is not absolute"
+    if norm != path.rstrip("/") or "//" in path:
+        return f"is not normalized (use {norm!r})"
+    if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):
+        return "is a system directory"
+    if norm.count("/") < 2:
+        return "is too shallow (at least two levels, e.g. /srv/kdtree)"
+    if posixpath.dirname(norm) == "/home":
+        return "is a home directory"
+    return None
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(choices)) or 'none'})"
+
+
+class _Validator:
+    """Checks one inventory file; raises InventoryError naming the file, host and key."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def fail(self, host, key, problem):
+        raise InventoryError(self.file, problem, host=host, key=key)
+
+    def mapping(self, value, host, key, what):
+        if not isinstance(value, dict):
+            self.fail(host, key, f"must be {what}, not {_type(value)}")
+        return value
+
+    def known_keys(self, entry, allowed, host, key=None):
+        for k in entry:
+            if k not in allowed:
+                hint = _did_you_mean(str(k), allowed)
+                self.fail(host, f"{key}.{k}" if key else str(k), f"unknown key{hint}")
+
+    def string(self, value, host, key, pattern=None, what="") -> str:
+        if not isinstance(value, str):
+            self.fail(host, key, f"must be a string, not {_type(value)}")
+        if not value:
+            self.fail(host, key, "must not be empty")
+        if "\n" in value or "\r" in value or "\0" in value:
+            self.fail(host, key, "must not contain a newline")
+        if value.startswith("-"):
+            self.fail(host, key, "must not start with '-'")
+        if pattern is not None and not pattern.match(value):
+            self.fail(host, key, f"{value!r} is not {what}")
+        return value
+
+    def path(self, value, host, key, base: Path | None = None) -> str:
+        """A path value: safe characters; local paths (base given) made absolute."""
+        self.string(value, host, key)
+        if base is not None:
+            value = str((base / Path(value).expanduser()).resolve())
+        if not _PATH.match(value):
+            self.fail(host, key, f"{value!r} is not a safe path (letters, digits, space and ._/+,:@=- only)")
+        return value
+
+    def integer(self, value, host, key, low, high) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(host, key, f"must be an integer, not {_type(value)}")
+        if not low <= value <= high:
+            self.fail(host, key, f"must be between {low} and {high}, not {value}")
+        return value
+
+    def choice(self, value, host, key, choices) -> str:
+        if value not in choices:
+            self.fail(host, key, f"must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
+    def project(self, data, root: Path) -> Project:
+        self.known_keys(data, PROJECT_KEYS, None, "project")
+        for key in PROJECT_KEYS:
+            if key not in data:
+                self.fail(None, f"project.{key}", "is missing")
+        source = root / self.path(data["source"], None, "project.source")
+        if not source.is_dir():
+            self.fail(None, "project.source", f"{source} is not a directory")
+        excludes = data["excludes"]
+        if not isinstance(excludes, list):
+            self.fail(None, "project.excludes", f"must be a list, not {_type(excludes)}")
+        excludes = tuple(self.string(x, None, "project.excludes") for x in excludes)
+        commands = self.mapping(data["commands"], None, "project.commands", "a mapping of name to command")
+        for name, snippet in commands.items():
+            if not isinstance(name, str) or not _COMMAND_NAME.match(name):
+                self.fail(None, f"project.commands.{name}", "is not a command name")
+            if not isinstance(snippet, str) or not snippet.strip():
+                self.fail(None, f"project.commands.{name}", "must be a non-empty string")
+        for name in REQUIRED_COMMANDS:
+            if name not in commands:
+                self.fail(None, f"project.commands.{name}", "is missing")
+        results = self.mapping(data["results"], None, "project.results", "a mapping of name to path")
+        for name, rel in results.items():
+            self.path(rel, None, f"project.results.{name}")
+            if posixpath.isabs(rel) or ".." in rel.split("/"):
+                self.fail(None, f"project.results.{name}", "must be a path inside the deployed tree")
+        return Project(root, source, excludes, MappingProxyType(dict(commands)), MappingProxyType(dict(results)))
+
+    def host(self, name: str, entry: dict, root: Path) -> Host:
+        allowed = tuple(f.name for f in dataclasses.fields(Host) if f.name != "name")
+        self.known_keys(entry, allowed, name)
+        transport = self.choice(entry.get("transport", "ssh"), name, "transport", ("ssh", "local"))
+        values: dict[str, Any] = {"name": name, "transport": transport}
+        if "remote_dir" not in entry:
+            self.fail(name, "remote_dir", "is missing")
+        remote_dir = self.path(entry["remote_dir"], name, "remote_dir")
+        if transport == "local" and not posixpath.isabs(remote_dir):
+            remote_dir = str((root / remote_dir).resolve())
+        elif not posixpath.isabs(remote_dir):
+            self.fail(name, "remote_dir", f"{remote_dir!r} must be absolute on an ssh host")
+        danger = is_dangerous_dir(remote_dir)
+        if danger:
+            self.fail(name, "remote_dir", f"{remote_dir!r} {danger}; refusing to deploy there")
+        values["remote_dir"] = remote_dir
+        if transport == "ssh":
+            if "address" not in entry:
+                self.fail(name, "address", "is missing (an ssh-config alias or a hostname)")
+            values["address"] = self.string(entry["address"], name, "address", _ADDRESS, "a hostname or ssh-config alias")
+        elif "address" in entry:
+            values["address"] = self.string(entry["address"], name, "address", _ADDRESS, "a hostname")
+        if "port" in entry:
+            values["port"] = self.integer(entry["port"], name, "port", 1, 65535)
+        if "user" in entry:
+            values["user"] = self.string(entry["user"], name, "user", _NAME, "a user name")
+        if "identity" in entry:
+            values["identity"] = self.path(entry["identity"], name, "identity", root)
+        if "jump" in entry:
+            jump = self.string(entry["jump"], name, "jump")
+            for hop in jump.split(","):
+                m = _JUMP_HOP.match(hop)
+                if not m or (m.group(3) and not 1 <= int(m.group(3)) <= 65535):
+                    self.fail(name, "jump", f"{hop!r} is not [user@]host[:port]")
+            values["jump"] = jump
+        for key in ("rsync_path", "cuda_home"):
+            if key in entry:
+                values[key] = self.path(entry[key], name, key)
+                if not posixpath.isabs(values[key]):
+                    self.fail(name, key, f"{values[key]!r} must be an absolute path")
+        if "python" in entry:
+            values["python"] = self.path(entry["python"], name, "python")
+        if "arch" in entry:
+            values["arch"] = self.string(entry["arch"], name, "arch", _ARCH, "auto or sm_NN (e.g. sm_120)")
+        if "backend" in entry:
+            values["backend"] = self.choice(entry["backend"], name, "backend", ("auto", "cpu", "cuda"))
+        if "gpus" in entry:
+            values["gpus"] = self.integer(entry["gpus"], name, "gpus", 0, 1024)
+        if "groups" in entry:
+            groups = entry["groups"]
+            if not isinstance(groups, list):
+                self.fail(name, "groups", f"must be a list, not {_type(groups)}")
+            values["groups"] = tuple(self.string(g, name, "groups", _NAME, "a group name") for g in groups)
+        values["timeouts"] = MappingProxyType(self.timeouts(name, entry.get("timeouts", {})))
+        values["known_hosts"] = self.path(entry.get("known_hosts", "known_hosts"), name, "known_hosts", root)
+        if "host_key" in entry:
+            values["host_key"] = self.string(entry["host_key"], name, "host_key", _FINGERPRINT,
+                                             "a SHA256 fingerprint (SHA256: and 43 base64 characters)")
+        return Host(**values)
+
+    def timeouts(self, name, data) -> dict:
+        self.known_keys(data, TIMEOUT_KEYS, name, "timeouts")
+        merged = dict(DEFAULT_TIMEOUTS)
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                self.fail(name, f"timeouts.{key}", f"must be a positive number of seconds, not {value!r}")
+            merged[key] = value
+        return merged
+
+    def groups(self, data, hosts) -> dict:
+        names = {g for host in hosts.values() for g in host.groups} | set(data)
+        groups = {}
+        for group in sorted(names):
+            entry = data.get(group) or {}
+            self.mapping(entry, None, f"groups.{group}", "a mapping")
+            self.known_keys(entry, GROUP_KEYS, None, f"groups.{group}")
+            members = tuple(h.name for h in hosts.values() if group in h.groups)
+            groups[group] = Group(group, str(entry.get("description", "")), members)
+        return groups
+
+
+def _type(value) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)

@@ -1,0 +1,90 @@
+"""Remote command lines: argument lists quoted once, run under a host-side timeout, in a
+controlled environment.
+
+Every command the orchestrator sends to a host is built here, as a string for the host's
+POSIX shell. Values (paths, environment, arguments) are quoted with shlex.quote exactly once;
+the engine's trusted snippets are passed as one quoted argument to `bash -c`, never spliced.
+
+    cd -- DIR && exec env -i HOME="$HOME" ... PATH=CUDA/bin:"$PATH" KEY=VALUE ... \
+        setsid -w timeout -k KILL_AFTER TIMEOUT ARGV...
+
+`setsid -w` starts a new session (own process group) and waits for it; coreutils `timeout`
+signals the whole group (TERM, then KILL after KILL_AFTER seconds), so nothing the step
+started outlives its timeout. Exit status 124 (or 137 after KILL) means the timeout fired.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Mapping, Sequence
+
+from .inventory import Host
+
+KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
+CLIENT_GRACE = 15        # the client waits this long past TIMEOUT + KILL_AFTER before giving up
+TIMEOUT_EXIT_CODES = (124, 137)
+INHERITED_ENV = ('HOME="$HOME"', 'USER="$USER"', 'LOGNAME="$LOGNAME"', 'LANG="${LANG:-C.UTF-8}"')
+
+
+def quote(argv: Sequence[str]) -> str:
+    """An argument list as one shell command line (each argument quoted once)."""
+    return shlex.join(str(a) for a in argv)
+
+
+def host_env(host: Host) -> dict[str, str]:
+    """The step environment of a host: CUDA_HOME, PYTHON, KD_BACKEND, KD_ARCH (unless auto)."""
+    env = {}
+    if host.cuda_home:
+        env["CUDA_HOME"] = host.cuda_home
+    env["PYTHON"] = host.python
+    env["KD_BACKEND"] = host.backend
+    if host.arch != "auto":
+        env["KD_ARCH"] = host.arch
+    return env
+
+
+def host_path_prefix(host: Host) -> tuple[str, ...]:
+    """Directories put first on PATH for a host's steps ($CUDA_HOME/bin)."""
+    return (f"{host.cuda_home}/bin",) if host.cuda_home else ()
+
+
+def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
+         env: Mapping[str, str] | None = None, path_prefix: Sequence[str] = (),
+         kill_after: float = KILL_AFTER) -> str:
+    """`argv` as a command line run in `cwd` with only the inherited basics plus `env`,
+    `path_prefix` first on PATH, in its own session, killed (whole group) after `timeout`."""
+    for key in (env or {}):
+        if not key.isidentifier():
+            raise ValueError(f"not an environment variable name: {key!r}")
+    path = 'PATH=' + (shlex.quote(":".join(path_prefix) + ":") if path_prefix else "") + '"$PATH"'
+    parts = ["exec env -i", *INHERITED_ENV, path]
+    parts += [shlex.quote(f"{k}={v}") for k, v in (env or {}).items()]
+    if timeout is not None:
+        parts += ["setsid -w timeout -k", _seconds(kill_after), _seconds(timeout)]
+    parts.append(quote(argv))
+    line = " ".join(parts)
+    return f"cd -- {shlex.quote(cwd)} && {line}" if cwd else line
+
+
+def step_command(host: Host, snippet: str, timeout: float) -> str:
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir."""
+    return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
+                env=host_env(host), path_prefix=host_path_prefix(host))
+
+
+def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None) -> str:
+    """One of the orchestrator's own bash scripts, its values passed as positional arguments."""
+    return wrap(["bash", "-c", script, "kdtree", *args], timeout=timeout, cwd=cwd)
+
+
+def client_timeout(timeout: float) -> float:
+    """How long the client waits for a command wrapped with `timeout` before it gives up."""
+    return timeout + KILL_AFTER + CLIENT_GRACE
+
+
+def is_timeout(exit_code: int | None, seconds: float, timeout: float | None) -> bool:
+    """Whether an exit status of a wrapped command means its host-side timeout fired."""
+    return timeout is not None and exit_code in TIMEOUT_EXIT_CODES and seconds >= timeout * 0.99
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
