@@ -1,0 +1,567 @@
+"""The run record (run.json) and the run directory.
+
+A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user names):
+
+    run.json        the record below, versioned; everything a script needs
+    report.md       \
+    report.html      > rendered from run.json by orchestrator.report
+    junit.xml       /
+    <host>/<step>.log   each step's full output on each host
+    <host>/<file>       result files pulled back from the host
+
+``runs/latest`` is a symlink to the newest run. The record is built with the dataclasses here
+(``RunRecord.to_dict()``) and read back as a plain dict (``load_run``). Schema, version 1:
+
+    {"version": 1, "run_id", "command": "validate|nightly|deploy", "started", "finished", "seconds",
+     "status": "passed|failed|interrupted",
+     "source": {"tree_hash", "git_rev", "git_dirty"},
+     "hosts": {NAME: {"status": "passed|failed", "transport": "ssh|local", "address",
+        "backend": "cpu|cuda|null", "deployed_tree_hash", "binary_tree_hash",
+        "fingerprint": {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch",
+                        "gpus_busy", "cpu"},
+        "steps": {STEP: {"status": "passed|failed|timeout|skipped|cached", "seconds",
+                         "log": "<host>/<step>.log", "message", "tail"}},
+        "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
+                            "mismatch": null | {"check", "position", "expected", "actual",
+                                                "window_start", "margin"}}},
+        "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
+        "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower"}}, "details": {...}}}},
+     "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
+
+Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
+secret values the pipeline knows.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import secrets as _random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from orchestrator.errors import UsageError
+
+RUN_VERSION = 1
+RUN_JSON = "run.json"
+LATEST = "latest"
+
+COMMANDS = ("validate", "nightly", "deploy")
+RUN_STATUSES = ("passed", "failed", "interrupted")
+STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
+STEP_STATUSES = ("passed", "failed", "timeout", "skipped", "cached")
+FAILED_STEP_STATUSES = ("failed", "timeout")
+GOLDEN_CHECKS = (
+    "local_vs_expected",
+    "host_vs_expected",
+    "host_ar_vs_golden",
+    "host_ddtree_vs_golden",
+    "int4_differs_from_fp32",
+)
+CHECK_STATUSES = ("passed", "failed", "skipped")
+TEST_STATUSES = ("passed", "failed", "skipped")
+
+RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MESSAGE_LIMIT = 4000  # characters kept of a message parsed from a host's result file
+REDACTED = "[REDACTED]"
+MIN_FRAGMENT = 6  # shortest cut-off piece of a secret redacted at the edge of a log tail
+
+
+class RunRecordError(UsageError):
+    """run.json or the run directory is missing, corrupt or of an unknown version."""
+
+    def __init__(self, path: Path | str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+# --------------------------------------------------------------------------------------------
+# The record
+
+
+@dataclass
+class Source:
+    """The engine source tree this run deployed."""
+
+    tree_hash: str | None = None
+    git_rev: str | None = None
+    git_dirty: bool | None = None
+
+
+@dataclass
+class Fingerprint:
+    """What a host is: its GPUs, toolchain and CPU, as preflight saw them."""
+
+    gpu: str | None = None
+    gpu_count: int = 0
+    compute_capability: str | None = None
+    driver: str | None = None
+    nvcc: str | None = None
+    arch: str | None = None
+    gpus_busy: bool | None = None
+    cpu: str | None = None
+
+
+@dataclass
+class StepRecord:
+    """One step on one host: its outcome, duration, log (relative to the run dir) and log tail."""
+
+    status: str
+    seconds: float = 0.0
+    log: str | None = None
+    message: str = ""
+    tail: str = ""
+
+
+@dataclass
+class Mismatch:
+    """Where two token sequences first diverge, with the tokens around it on both sides."""
+
+    check: str
+    position: int
+    expected: list[int]
+    actual: list[int]
+    window_start: int
+    margin: float | None = None
+
+    @classmethod
+    def first(
+        cls,
+        check: str,
+        expected: list[int],
+        actual: list[int],
+        margins: list[float] | None = None,
+        context: int = 4,
+    ) -> Mismatch | None:
+        """The first divergence of ``actual`` from ``expected`` (None when they are equal).
+
+        A shorter sequence diverges where it ends. ``margins`` are the reference's top-1 minus
+        top-2 logit per position (the manifest's ``golden_margins``); the one at the divergent
+        position is kept.
+        """
+        position = next(
+            (i for i, (e, a) in enumerate(zip(expected, actual)) if e != a),
+            None if len(expected) == len(actual) else min(len(expected), len(actual)),
+        )
+        if position is None:
+            return None
+        start = max(0, position - context)
+        end = position + context + 1
+        margin = margins[position] if margins is not None and position < len(margins) else None
+        return cls(check, position, list(expected[start:end]), list(actual[start:end]), start, margin)
+
+
+@dataclass
+class GoldenRecord:
+    """One bundle's golden-token checks on one host; ``mismatch`` is the first failing check's."""
+
+    status: str
+    checks: dict[str, str] = field(default_factory=dict)
+    mismatch: Mismatch | None = None
+
+
+@dataclass
+class TestCase:
+    """One engine test's outcome."""
+
+    __test__ = False  # not a pytest class
+    name: str
+    status: str
+    seconds: float = 0.0
+    message: str = ""
+
+
+@dataclass
+class TestsRecord:
+    """The engine's test results on one host."""
+
+    __test__ = False
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    cases: list[TestCase] = field(default_factory=list)
+
+    @classmethod
+    def from_engine(cls, data: Any) -> TestsRecord:
+        """Parse the engine's ``build/test_results.json`` (a dict), tolerating odd contents."""
+        raw = data.get("tests") if isinstance(data, dict) else None
+        cases = [_test_case(item) for item in raw if isinstance(item, dict)] if isinstance(raw, list) else []
+        counts = {s: sum(1 for c in cases if c.status == s) for s in TEST_STATUSES}
+        return cls(counts["passed"], counts["failed"], counts["skipped"], cases)
+
+
+def _test_case(item: dict) -> TestCase:
+    status = item.get("status")
+    return TestCase(
+        name=str(item.get("name", "?"))[:200],
+        status=status if status in TEST_STATUSES else "failed",
+        seconds=_finite(item.get("seconds")),
+        message=str(item.get("message") or "")[:MESSAGE_LIMIT],
+    )
+
+
+def bench_from_engine(data: Any) -> dict:
+    """The ``bench`` part of a host record from the engine's ``build/bench.json``.
+
+    Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
+    lower); every other top-level key but ``version`` and ``metrics`` goes to ``details``.
+    """
+    data = data if isinstance(data, dict) else {}
+    metrics = {}
+    raw = data.get("metrics")
+    for name, metric in (raw.items() if isinstance(raw, dict) else ()):
+        value = metric.get("value") if isinstance(metric, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            better = metric.get("better")
+            metrics[str(name)[:200]] = {
+                "value": value,
+                "unit": str(metric.get("unit") or "")[:40],
+                "better": better if better in ("higher", "lower") else "higher",
+            }
+    details = {k: v for k, v in data.items() if k not in ("version", "metrics")}
+    return {"metrics": metrics, "details": details}
+
+
+def _finite(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0
+
+
+@dataclass
+class HostRecord:
+    """Everything one run learned about one host."""
+
+    status: str = "failed"
+    transport: str = "ssh"
+    address: str | None = None
+    backend: str | None = None
+    deployed_tree_hash: str | None = None
+    binary_tree_hash: str | None = None
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    golden: dict[str, GoldenRecord] = field(default_factory=dict)
+    tests: TestsRecord | None = None
+    bench: dict | None = None
+
+
+@dataclass
+class Regression:
+    """A benchmark metric that got worse than its baseline by more than its threshold."""
+
+    host: str
+    metric: str
+    baseline: float
+    value: float
+    ratio: float
+    threshold: float
+    unit: str = ""
+    better: str = "higher"
+
+
+@dataclass
+class RunRecord:
+    """One run of a command over hosts: the content of run.json."""
+
+    run_id: str
+    command: str
+    started: str
+    finished: str | None = None
+    seconds: float = 0.0
+    status: str = "failed"
+    source: Source = field(default_factory=Source)
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    regressions: list[Regression] = field(default_factory=list)
+    version: int = RUN_VERSION
+
+    def to_dict(self) -> dict:
+        """The JSON-ready dict, ``version`` first and each host's steps in pipeline order."""
+        data = asdict(self)
+        for host in data["hosts"].values():
+            host["steps"] = dict(sorted(host["steps"].items(), key=lambda kv: _step_order(kv[0])))
+        return {"version": data.pop("version"), **data}
+
+
+def _step_order(step: str) -> int:
+    return STEPS.index(step) if step in STEPS else len(STEPS)
+
+
+def host_status(steps: dict[str, StepRecord]) -> str:
+    """``failed`` when any step failed or timed out, else ``passed``."""
+    return "failed" if any(s.status in FAILED_STEP_STATUSES for s in steps.values()) else "passed"
+
+
+def run_status(hosts: dict[str, HostRecord], interrupted: bool = False) -> str:
+    """``interrupted``, else ``failed`` when any host failed (or none ran), else ``passed``."""
+    if interrupted:
+        return "interrupted"
+    if not hosts or any(h.status != "passed" for h in hosts.values()):
+        return "failed"
+    return "passed"
+
+
+def utc_now() -> str:
+    """The current time as ISO 8601 UTC, seconds precision (``2026-11-29T17:22:33Z``)."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets
+
+
+def redact(text: Any, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced by ``[REDACTED]``.
+
+    Also a piece of a secret cut off at the start or end of ``text`` (a log tail starts or ends
+    mid-secret), when that piece is at least a few characters long. Non-strings are str()'d.
+    """
+    text = text if isinstance(text, str) else str(text)
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+        text = _redact_edges(text, secret)
+    return text
+
+
+def _redact_edges(text: str, secret: str) -> str:
+    for n in range(len(secret) - 1, MIN_FRAGMENT - 1, -1):
+        if text.startswith(secret[-n:]):
+            text = REDACTED + text[n:]
+            break
+    for n in range(len(secret) - 1, MIN_FRAGMENT - 1, -1):
+        if text.endswith(secret[:n]):
+            text = text[:-n] + REDACTED
+            break
+    return text
+
+
+def redact_tree(value: Any, secrets: Iterable[str]) -> Any:
+    """A copy of a JSON-like value with every string in it (dict keys too) redacted."""
+    secrets = [s for s in secrets if s]
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {redact_tree(k, secrets) if isinstance(k, str) else k: redact_tree(v, secrets)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v, secrets) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# The run directory
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    """A fresh run id, sortable by time: ``20261129-172233-ab12`` (UTC, 4 random hex digits)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return f"{now:%Y%m%d-%H%M%S}-{_random.token_hex(2)}"
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """``name`` when it is safe as one path component (host, step, file), else ValueError."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or name in (".", ".."):
+        raise ValueError(f"unsafe {what} for a run directory path: {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run's directory: where run.json, the reports and the per-host logs go."""
+
+    path: Path
+    run_id: str
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_JSON
+
+    def log_ref(self, host: str, step: str) -> str:
+        """The log's path as run.json records it, relative to the run dir: ``<host>/<step>.log``."""
+        return f"{check_name(host, 'host')}/{check_name(step, 'step')}.log"
+
+    def log_path(self, host: str, step: str) -> Path:
+        """Where a step's log goes; the host's folder is created."""
+        return self.host_file(host, f"{check_name(step, 'step')}.log")
+
+    def host_file(self, host: str, name: str) -> Path:
+        """Where a file pulled back from ``host`` goes; always inside the run dir."""
+        folder = self.path / check_name(host, "host")
+        folder.mkdir(exist_ok=True)
+        target = folder / check_name(name, "file name")
+        if target.is_symlink():
+            raise ValueError(f"refusing to write through a symlink: {target}")
+        return target
+
+
+def create_run_dir(runs_root: Path | str, report_dir: Path | str | None = None) -> RunDir:
+    """Make a new run directory: ``runs_root/<run-id>/``, or ``report_dir`` when given.
+
+    A ``report_dir`` must be new, empty, or hold an earlier run (a run.json): anything else is
+    refused, so a typo cannot scatter reports over an unrelated folder.
+    """
+    if report_dir is not None:
+        path = Path(report_dir)
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise RunRecordError(path, "report dir is not a plain directory")
+        if path.is_dir() and any(path.iterdir()) and not (path / RUN_JSON).is_file():
+            raise RunRecordError(path, "report dir is not empty and holds no earlier run")
+        path.mkdir(parents=True, exist_ok=True)
+        return RunDir(path, new_run_id())
+    root = Path(runs_root)
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        run_id = new_run_id()
+        try:
+            (root / run_id).mkdir()
+        except FileExistsError:
+            continue
+        return RunDir(root / run_id, run_id)
+
+
+def update_latest(runs_root: Path | str, run_dir: Path | str) -> Path:
+    """Point ``runs_root/latest`` at ``run_dir`` atomically (a new link renamed over the old).
+
+    The link is relative when the run lies inside runs_root, so the folder can be moved.
+    """
+    root = Path(runs_root)
+    root.mkdir(parents=True, exist_ok=True)
+    target = Path(run_dir).absolute()
+    try:
+        target = target.relative_to(root.absolute())
+    except ValueError:
+        pass
+    tmp = root / f".{LATEST}.{os.getpid()}.{_random.token_hex(4)}"
+    os.symlink(target, tmp)
+    os.replace(tmp, root / LATEST)
+    return root / LATEST
+
+
+def atomic_write(path: Path | str, data: str | bytes) -> Path:
+    """Write a file so readers see either the old content or the new, never a partial one."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide reports from CI and teammates
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_run(run_dir: RunDir | Path | str, record: RunRecord | dict, secrets: Iterable[str] = ()) -> Path:
+    """Write run.json atomically, every string in it redacted; returns its path."""
+    folder = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
+    data = record.to_dict() if isinstance(record, RunRecord) else record
+    data = redact_tree(data, list(secrets))
+    return atomic_write(folder / RUN_JSON, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def load_run(path: Path | str) -> dict:
+    """Read a run record from a run directory or a run.json file, checking its version.
+
+    Raises RunRecordError naming the file and the problem (missing, not JSON, not a run record,
+    an unknown version).
+    """
+    path = Path(path)
+    file = path / RUN_JSON if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunRecordError(file, "no run record here") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunRecordError(file, f"cannot read: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunRecordError(file, f"corrupt run record (not JSON: {e})") from None
+    if not isinstance(data, dict) or "version" not in data:
+        raise RunRecordError(file, "not a run record (no 'version')")
+    if data["version"] != RUN_VERSION:
+        raise RunRecordError(file, f"unknown run record version {data['version']!r} (this orchestrator reads {RUN_VERSION})")
+    if not isinstance(data.get("hosts"), dict) or not isinstance(data.get("run_id"), str):
+        raise RunRecordError(file, "not a run record (no 'run_id' or 'hosts')")
+    return data
+
+
+def list_runs(runs_root: Path | str) -> list[Path]:
+    """The run directories directly under runs_root, oldest first (symlinks are not runs)."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if RUN_ID_RE.match(p.name) and p.is_dir() and not p.is_symlink()]
+    return sorted(runs, key=lambda p: p.name)
+
+
+def resolve_run(runs_root: Path | str, ref: str | Path | None = None) -> Path:
+    """The run directory ``ref`` names: None or ``latest``, a run id under runs_root, or a path."""
+    root = Path(runs_root)
+    if ref is None or str(ref) == LATEST:
+        link = root / LATEST
+        if not link.exists():
+            raise RunRecordError(link, "no latest run")
+        return link.resolve()
+    if RUN_ID_RE.match(str(ref)) and (root / str(ref)).is_dir():
+        return root / str(ref)
+    path = Path(ref)
+    if path.is_file() and path.name == RUN_JSON:
+        return path.parent
+    if path.is_dir():
+        return path
+    raise RunRecordError(path, "no such run (give a run id, a run directory or 'latest')")
+
+
+def last_good_run(runs_root: Path | str, command: str = "nightly", exclude: str | None = None) -> dict | None:
+    """The newest readable run of ``command`` that passed (the nightly's default baseline)."""
+    for path in reversed(list_runs(runs_root)):
+        if path.name == exclude:
+            continue
+        try:
+            run = load_run(path)
+        except RunRecordError:
+            continue
+        if run.get("command") == command and run.get("status") == "passed":
+            return run
+    return None
+
+
+def clean(runs_root: Path | str, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` runs under runs_root; returns what was deleted.
+
+    Only run directories directly inside runs_root are candidates (names like a run id, real
+    directories, never symlinks), and rmtree does not follow links inside them. ``latest`` is
+    repointed at the newest remaining run, or removed when none remains.
+    """
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, not {keep}")
+    root = Path(runs_root)
+    runs = list_runs(root)
+    doomed = runs[: max(0, len(runs) - keep)]
+    for path in doomed:
+        shutil.rmtree(path)
+    _repair_latest(root, runs[len(doomed):])
+    return doomed
+
+
+def _repair_latest(root: Path, remaining: list[Path]) -> None:
+    link = root / LATEST
+    if not link.is_symlink() or link.exists():
+        return
+    if remaining:
+        update_latest(root, remaining[-1])
+    else:
+        link.unlink()
