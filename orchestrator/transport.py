@@ -114,27 +114,41 @@ class Transport:
                                exit_status=result.exit_code, tail=result.tail)
         return result
 
+    def capture(self, command: str, *, timeout: float | None, max_bytes: int, what: str = "command") -> bytes:
+        """The raw output of a command; CommandError unless it exited 0 within `max_bytes`."""
+        code, data = self._capture(command, timeout, max_bytes)
+        if code != 0 or len(data) > max_bytes:
+            why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes else "failed"
+            raise CommandError(f"{what} {why}", host=self.host.name, command=command, exit_status=code,
+                               tail=data[-2000:].decode(errors="replace"))
+        return data
+
     def read_file(self, path: str, max_bytes: int, timeout: float = 60) -> bytes:
         """The content of a regular file on the host (relative: under remote_dir). Refuses a
         symlink, anything but a regular file, and a file larger than `max_bytes`."""
         path = posixpath.join(self.host.remote_dir, path)
+        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), timeout=timeout)
+        code, data = self._capture(command, remote.client_timeout(timeout), max_bytes)
+        if code == 0 and len(data) <= max_bytes:
+            return data
+        why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
+            else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
+        raise FetchError(f"{path} {why}", host=self.host.name, command=command, exit_status=code,
+                         tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
+
+    def _capture(self, command: str, timeout: float | None, max_bytes: int) -> tuple[int | None, bytes]:
+        """Run a command keeping at most max_bytes + 1 bytes of its output."""
         chunks, size = [], 0
 
         def sink(data: bytes) -> None:
             nonlocal size
+            if size <= max_bytes:
+                chunks.append(data[:max_bytes + 1 - size])
             size += len(data)
-            if size <= max_bytes + 1:
-                chunks.append(data)
 
-        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), timeout=timeout)
-        code = self._exec(command, None, sink, time.monotonic() + remote.client_timeout(timeout))
-        data = b"".join(chunks)
-        if code != 0 or size > max_bytes:
-            why = _READ_ERRORS.get(code, f"cannot be read (exit code {code})") if size <= max_bytes \
-                else f"is larger than {max_bytes} bytes"
-            raise FetchError(f"{path} {why}", host=self.host.name, command=command, exit_status=code,
-                             tail="" if code == 0 else data[-2000:].decode(errors="replace"))
-        return data
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        code = self._exec(command, None, sink, deadline)
+        return code, b"".join(chunks)
 
     def fetch(self, remote_path: str, local_path, *, within, max_bytes: int) -> Path:
         """Copy a file from the host to `local_path`, which must lie inside the local directory
@@ -478,7 +492,7 @@ _READ_SCRIPT = r'''
 exec head -c "$(($2 + 1))" -- "$1"
 '''
 _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
-                5: "is not a regular file; refusing to read it", 6: "is too large"}
+                5: "is not a regular file; refusing to read it"}
 
 
 class _Collector:

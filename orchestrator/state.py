@@ -1,0 +1,171 @@
+"""The orchestrator's state on a host, in `<remote_dir>/.kdtree/` (excluded from every sync, so
+rsync --delete spares it): the ownership marker, the lock, the deploy record.
+
+    with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
+        lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
+        ...
+    state.read_deploy_record(transport) / state.write_deploy_record(transport, record)
+
+acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
+nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
+never empties a directory the orchestrator did not create). The lock is a flock held by a
+process on the host for as long as the run lasts: if the run dies, the kernel releases it and
+the next run recovers it and says whose it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import socket
+
+from . import remote
+from .errors import DestinationError, FetchError, HostError, LockError
+from .transport import Transport
+
+STATE_DIR = ".kdtree"
+MARKER = f"{STATE_DIR}/marker"
+DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
+RECORD_MAX_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who holds a lock: the client machine, its process, when it started, what it runs."""
+
+    client: str
+    pid: int
+    started: str
+    command: str
+
+    @classmethod
+    def now(cls, command: str) -> "Owner":
+        started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return cls(socket.gethostname(), os.getpid(), started, command)
+
+    @classmethod
+    def parse(cls, text: str) -> "Owner | None":
+        try:
+            data = json.loads(text)
+            return cls(str(data["client"]), int(data["pid"]), str(data["started"]), str(data["command"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def __str__(self) -> str:
+        return f"{self.command} by pid {self.pid} on {self.client}, started {self.started}"
+
+
+class HostLock:
+    """A held lock; release() (or leaving the with-block) frees it and removes its owner file."""
+
+    def __init__(self, transport: Transport, process, stale: Owner | None):
+        self.transport, self._process, self.stale = transport, process, stale
+
+    def release(self) -> None:
+        if self._process is None:
+            return
+        try:
+            self._process.write(b"release\n")
+        except OSError:
+            pass
+        self._process.close()
+        self._process = None
+
+    def __enter__(self) -> "HostLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_command(remote_dir: str, owner: Owner) -> str:
+    """The command that claims remote_dir (checks, marker) and holds the lock until told."""
+    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), timeout=None)
+
+
+def acquire(transport: Transport, owner: Owner) -> HostLock:
+    """Claim the host's remote_dir and take its lock, or raise DestinationError / LockError."""
+    host = transport.host
+    process = transport.start(lock_command(host.remote_dir, owner))
+    stale = None
+    try:
+        while True:
+            line = process.readline(timeout=host.timeout("lock"))
+            if line is None:
+                result = process.close()
+                raise HostError("the lock command ended without an answer", host=host.name,
+                                command=result.command if result else None,
+                                exit_status=result.exit_code if result else None, tail=result.tail if result else "")
+            word, _, rest = line.partition(" ")
+            if word == "LOCKED":
+                return HostLock(transport, process, stale)
+            if word == "STALE":
+                stale = Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200])
+            elif word == "BUSY":
+                holder = Owner.parse(rest)
+                process.close()
+                raise LockError(f"{host.remote_dir} is locked by another run: {holder or 'unknown owner'}",
+                                host=host.name, owner=str(holder))
+            elif word == "UNSAFE":
+                process.close()
+                raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+    except TimeoutError:
+        process.close(timeout=1)
+        raise HostError(f"no answer from the lock command within {host.timeout('lock')} s",
+                        host=host.name) from None
+
+
+def read_deploy_record(transport: Transport) -> dict | None:
+    """The record of the last completed deploy on the host, or None if there is none."""
+    try:
+        return json.loads(transport.read_file(DEPLOY_RECORD, RECORD_MAX_BYTES))
+    except FetchError:
+        return None
+    except ValueError:
+        return None
+
+
+def write_deploy_record_command(remote_dir: str) -> str:
+    """The command that stores a deploy record (given on stdin) atomically."""
+    return remote.script_command(_WRITE_RECORD_SCRIPT, remote_dir, timeout=60)
+
+
+def _marker_text(owner: Owner) -> str:
+    return f"This directory is a deploy target of kdtree-orchestrator (created {owner.started} by {owner.client}).\n" \
+           "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
+
+
+_LOCK_SCRIPT = r'''
+d=$1
+unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
+case $d in /*) ;; *) unsafe "$d is not an absolute path";; esac
+[ -L "$d" ] && unsafe "$d is a symlink"
+real=$(realpath -m -- "$d") || unsafe "cannot resolve $d"
+[ "$real" = "$d" ] || unsafe "$d resolves to $real (a symlink on the way)"
+[ "$real" = "$(cd ~ 2>/dev/null && pwd -P)" ] && unsafe "$d is the home directory"
+[ -e "$d" ] && [ ! -d "$d" ] && unsafe "$d exists and is not a directory"
+[ -L "$d/.kdtree" ] && unsafe "$d/.kdtree is a symlink"
+if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d")" ]; then
+  unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
+fi
+command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
+mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
+[ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
+cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
+exec 9>>lock.flock
+if ! flock -n 9; then printf 'BUSY %s\n' "$(head -c 2000 owner 2>/dev/null)"; exit 75; fi
+[ -s owner ] && printf 'STALE %s\n' "$(head -c 2000 owner)"
+printf '%s\n' "$2" > owner
+echo LOCKED
+IFS= read -r reply || reply=
+[ "$reply" = release ] && rm -f owner
+exit 0
+'''
+
+_WRITE_RECORD_SCRIPT = r'''
+cd -- "$1/.kdtree" && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json
+'''

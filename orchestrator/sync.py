@@ -1,0 +1,303 @@
+"""Sync: put the engine source tree on a host, exactly, safely, and prove it.
+
+    deploy(transport, project, source_id, owner, log) -> DeployResult    # one host
+    deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
+
+A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir),
+marks the sync as in progress, transfers the tree with `rsync -az --delete` and the project's
+excludes (or, when either side has no rsync, a tar stream that sends only changed files and
+deletes removed ones), runs the project's `tree_hash` command on the host and compares it with
+the local hash, then writes the deploy record and clears the in-progress mark. A sync broken
+half-way leaves the mark behind: the next deploy repairs the tree and says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import remote, state
+from .errors import CommandError, SyncError
+from .inventory import Project
+from .transport import SshTransport, Transport
+
+STATE_EXCLUDE = "/" + state.STATE_DIR + "/"    # always excluded: --delete spares the state dir
+PARTIAL = f"{state.STATE_DIR}/sync.partial"
+LISTING_MAX_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceId:
+    """What is deployed: the local tree hash (the project's tree_hash command) and git revision."""
+
+    tree_hash: str
+    git_revision: str | None
+    git_dirty: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DeployResult:
+    """What a deploy did on one host."""
+
+    host: str
+    method: str                 # rsync | tar
+    files: int                  # regular files transferred
+    bytes: int                  # bytes sent over the wire
+    deleted: int
+    tree_hash: str
+    repaired: str | None        # what the broken sync left behind said, when it was repaired
+    stale_lock: str | None      # the owner of a dead run's lock, when it was recovered
+    seconds: float
+
+
+def source_id(project: Project) -> SourceId:
+    """Hash the local source tree (the project's tree_hash command) and read its git revision."""
+    snippet = project.commands["tree_hash"]
+    proc = subprocess.run(["bash", "-c", snippet], cwd=project.source, capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.split()
+    if proc.returncode != 0 or not lines:
+        raise SyncError(f"the local tree hash failed in {project.source}", command=snippet,
+                        exit_status=proc.returncode, tail=proc.stdout + proc.stderr)
+    return SourceId(lines[-1], *_git_revision(project.source))
+
+
+def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
+           log: Callable[[str], None]) -> DeployResult:
+    """Sync the project's source to the host of `transport` and verify it (see module doc)."""
+    host = transport.host
+    start = time.monotonic()
+    with state.acquire(transport, owner) as lock:
+        if lock.stale:
+            log(f"recovered the lock left by a run that died: {lock.stale}")
+        begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path),
+                                timeout=remote.client_timeout(60), what="preparing the sync")
+        facts = dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
+        repaired = facts.get("PARTIAL")
+        if repaired:
+            log(f"the previous sync did not finish ({repaired}); this sync repairs the tree")
+        remote_rsync = facts.get("RSYNC", "").strip()
+        if remote_rsync and shutil.which("rsync"):
+            method, counts = "rsync", _rsync(transport, project, log)
+        else:
+            log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
+            method, counts = "tar", _tar_sync(transport, project, log)
+        remote_hash = _remote_hash(transport, project)
+        if remote_hash != source.tree_hash:
+            raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
+                            host=host.name)
+        record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
+                  "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
+                  "by": dataclasses.asdict(owner), "method": method, **counts}
+        transport.check(finish_command(host.remote_dir), timeout=60, stdin=json.dumps(record, indent=1).encode(),
+                        what="writing the deploy record")
+    log(f"deployed {source.tree_hash[:12]} with {method}: {counts['files']} files, {counts['bytes']} bytes sent, "
+        f"{counts['deleted']} deleted")
+    return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
+                        repaired, str(lock.stale) if lock.stale else None, round(time.monotonic() - start, 3))
+
+
+def deploy_commands(transport: Transport, project: Project, owner: state.Owner) -> list[tuple[str, str]]:
+    """Exactly what deploy() runs, in order, as (what, command line) pairs (for --dry-run)."""
+    host = transport.host
+    where = "host" if not host.is_local else "local"
+    return [
+        (f"{where}: claim remote_dir and take the lock", state.lock_command(host.remote_dir, owner)),
+        (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path)),
+        ("local: transfer (a tar stream instead when the host has no rsync)", remote.quote(rsync_argv(transport, project))),
+        (f"{where}: hash the deployed tree", remote.step_command(host, project.commands["tree_hash"], host.timeout("sync"))),
+        (f"{where}: write the deploy record, clear the in-progress mark", finish_command(host.remote_dir)),
+    ]
+
+
+def rsync_argv(transport: Transport, project: Project) -> list[str]:
+    """The rsync command line that mirrors the source onto the host's remote_dir."""
+    host = transport.host
+    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args", f"--exclude={STATE_EXCLUDE}"]
+    argv += [f"--exclude={pattern}" for pattern in project.excludes]
+    argv += transport.rsync_args()
+    if host.rsync_path and not host.is_local:
+        argv.append("--rsync-path=" + remote.quote([host.rsync_path]))
+    return argv + [f"{project.source}/", transport.rsync_dest(host.remote_dir + "/")]
+
+
+def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -> str:
+    """Reports a broken previous sync (PARTIAL ...), marks this one, says where rsync is (RSYNC ...)."""
+    return remote.script_command(_BEGIN_SCRIPT, remote_dir, str(owner), rsync_path or "", timeout=60)
+
+
+def finish_command(remote_dir: str) -> str:
+    """Stores the deploy record (stdin) and clears the in-progress mark."""
+    return remote.script_command(_FINISH_SCRIPT, remote_dir, timeout=60)
+
+
+def is_excluded(path: str, is_dir: bool, patterns) -> bool:
+    """Whether a relative path matches one of rsync's exclude patterns (as rsync reads them:
+    a trailing '/' matches directories only, a leading '/' anchors at the top, a pattern with
+    a '/' matches the end of the path, one without matches the last component)."""
+    parts = path.strip("/").split("/")
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        anchored = pattern.startswith("/")
+        pat = pattern.strip("/").split("/")
+        if anchored and len(pat) == len(parts) or not anchored and len(pat) <= len(parts):
+            if all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts[-len(pat):], pat)):
+                return True
+    return False
+
+
+# -- rsync -----------------------------------------------------------------------------------------
+def _rsync(transport: Transport, project: Project, log) -> dict:
+    argv = rsync_argv(transport, project)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSYNC_")}
+    for attempt in range(3):
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                              timeout=remote.client_timeout(transport.host.timeout("sync")))
+        if proc.returncode not in (255, 12) or "Host key verification failed" in proc.stderr \
+                or "Permission denied" in proc.stderr or attempt == 2:
+            break
+        log(f"rsync failed with exit code {proc.returncode}, retrying: {proc.stderr.strip()[-200:]}")
+        time.sleep(1 + 2 * attempt)
+    if proc.returncode != 0:
+        raise SyncError("rsync failed", host=transport.host.name, command=remote.quote(argv),
+                        exit_status=proc.returncode, tail=proc.stdout[-2000:] + proc.stderr[-4000:])
+    return {"files": _stat(proc.stdout, "Number of regular files transferred"),
+            "bytes": _stat(proc.stdout, "Total bytes sent"),
+            "deleted": _stat(proc.stdout, "Number of deleted files")}
+
+
+def _stat(stats: str, label: str) -> int:
+    m = re.search(rf"^{label}: ([\d,.]+)", stats, re.M)
+    return int(m.group(1).replace(",", "").replace(".", "")) if m else 0
+
+
+# -- tar stream --------------------------------------------------------------------------------------
+def _tar_sync(transport: Transport, project: Project, log) -> dict:
+    """Send changed files as a tar stream and delete files gone from the source."""
+    host = transport.host
+    timeout = host.timeout("sync")
+    listing = _remote_listing(transport, timeout)
+    local = _local_listing(project)
+    changed = [p for p, entry in local.items() if entry[0] == "l" or entry[0] == "f" and listing.get(p) != entry]
+    gone = sorted((p for p, (kind, _, _) in listing.items() if p not in local
+                   and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
+    if gone:
+        transport.check(remote.script_command(_DELETE_SCRIPT, host.remote_dir, timeout=timeout),
+                        timeout=remote.client_timeout(timeout), what="deleting removed files",
+                        stdin=b"".join(p.encode() + b"\0" for p in gone))
+    with tempfile.TemporaryFile() as stream:
+        with tarfile.open(fileobj=stream, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(p for p, (kind, _, _) in local.items() if kind == "d"):
+                tar.add(project.source / path, arcname=path, recursive=False)
+            for path in changed:
+                tar.add(project.source / path, arcname=path, recursive=False)
+        size = stream.tell()
+        stream.seek(0)
+        transport.check(remote.script_command(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout),
+                        timeout=remote.client_timeout(timeout), what="extracting the tar stream", stdin=stream)
+    return {"files": len(changed), "bytes": size, "deleted": len(gone)}
+
+
+def _remote_listing(transport: Transport, timeout: float) -> dict:
+    host = transport.host
+    data = transport.capture(remote.script_command(_LIST_SCRIPT, host.remote_dir, timeout=timeout),
+                             timeout=remote.client_timeout(timeout), max_bytes=LISTING_MAX_BYTES,
+                             what="listing remote_dir")
+    listing = {}
+    for entry in data.split(b"\0"):
+        if entry:
+            kind, size, mtime, path = entry.decode(errors="surrogateescape").split(" ", 3)
+            listing[path] = (kind, int(size) if kind == "f" else 0, int(float(mtime)) if kind == "f" else 0)
+    return listing
+
+
+def _local_listing(project: Project) -> dict:
+    """path -> (kind d|f|l, size, mtime) of every source entry not excluded (symlinks not followed)."""
+    patterns = (STATE_EXCLUDE, *project.excludes)
+    entries = {}
+    for dirpath, dirnames, filenames in os.walk(project.source):
+        base = os.path.relpath(dirpath, project.source)
+        subdirs = []
+        for name in dirnames:
+            rel = name if base == "." else f"{base}/{name}"
+            if os.path.islink(os.path.join(dirpath, name)):
+                filenames.append(name)
+            elif not is_excluded(rel, True, patterns):
+                subdirs.append(name)
+                entries[rel] = ("d", 0, 0)
+        dirnames[:] = subdirs
+        for name in filenames:
+            rel = name if base == "." else f"{base}/{name}"
+            if not is_excluded(rel, False, patterns):
+                st = os.lstat(os.path.join(dirpath, name))
+                entries[rel] = ("l", 0, 0) if stat.S_ISLNK(st.st_mode) else ("f", st.st_size, int(st.st_mtime))
+    return entries
+
+
+def _under_excluded(path: str, is_dir: bool, patterns) -> bool:
+    parts = path.split("/")
+    return any(is_excluded("/".join(parts[:i]), i < len(parts) or is_dir, (STATE_EXCLUDE, *patterns))
+               for i in range(1, len(parts) + 1))
+
+
+def _remote_hash(transport: Transport, project: Project) -> str:
+    host = transport.host
+    result = transport.check(remote.step_command(host, project.commands["tree_hash"], host.timeout("sync")),
+                             timeout=remote.client_timeout(host.timeout("sync")), what="hashing the deployed tree")
+    words = result.tail.split()
+    if not words:
+        raise SyncError("the tree hash command printed nothing", host=host.name, command=result.command)
+    return words[-1]
+
+
+def _git_revision(source: Path) -> tuple[str | None, bool]:
+    try:
+        rev = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if rev.returncode != 0:
+            return None, False
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True)
+        return rev.stdout.strip(), bool(dirty.stdout.strip())
+    except OSError:
+        return None, False
+
+
+_BEGIN_SCRIPT = r'''
+cd -- "$1/.kdtree" || exit 3
+[ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
+printf 'started %s\n' "$2" > sync.partial
+if [ -n "$3" ]; then [ -x "$3" ] && printf 'RSYNC %s\n' "$3"
+else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
+exit 0
+'''
+
+_FINISH_SCRIPT = r'''
+cd -- "$1/.kdtree" && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial
+'''
+
+_LIST_SCRIPT = r'''
+cd -- "$1" && find . -mindepth 1 -path ./.kdtree -prune -o \( -type d -printf 'd 0 0 %P\0' \) \
+  -o \( -type f -printf 'f %s %T@ %P\0' \) -o \( -type l -printf 'l 0 0 %P\0' \)
+'''
+
+_DELETE_SCRIPT = r'''
+cd -- "$1" || exit 3
+while IFS= read -r -d '' p; do
+  case $p in /*|..|../*|*/../*|*/..|.kdtree|.kdtree/*) continue;; esac
+  if [ -d "$p" ] && [ ! -L "$p" ]; then rm -rf -- "$p"; else rm -f -- "$p"; fi
+done
+'''
+
+_EXTRACT_SCRIPT = r'''
+cd -- "$1" && tar -xzf - --no-same-owner --no-overwrite-dir
+'''
