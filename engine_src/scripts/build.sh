@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds build/kdtree and build/test_ops incrementally (per-object dependency files), with g++,
+# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen. Writes build/build_info.json.
+#   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
+#   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
+#   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
+# `build.sh --key` prints the build key (JSON) and builds nothing.
+set -euo pipefail
+engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$engine"
+
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+CXX="${CXX:-g++}"
+NVCC="$CUDA_HOME/bin/nvcc"
+backend="${KD_BACKEND:-auto}"
+arch="${KD_ARCH:-}"
+
+gpu_visible() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+detected_arch() {  # "9.0" -> sm_90, "12.0" -> sm_120
+    local cap
+    cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ')"
+    [[ "$cap" =~ ^[0-9]+\.[0-9]+$ ]] && echo "sm_${cap/./}"
+}
+json_str() { local s="${1//\\/\\\\}"; s="${s//\"/\\\"}"; printf '"%s"' "$s"; }
+
+case "$backend" in
+    auto) if [[ -x "$NVCC" ]] && gpu_visible; then backend=cuda; else backend=cpu; fi ;;
+    cpu|cuda) ;;
+    *) echo "build.sh: KD_BACKEND must be auto, cpu or cuda, got '$backend'" >&2; exit 2 ;;
+esac
+if [[ "$backend" == cuda ]]; then
+    [[ -x "$NVCC" ]] || { echo "build.sh: KD_BACKEND=cuda but $NVCC does not exist (set CUDA_HOME)" >&2; exit 2; }
+    if [[ -z "$arch" ]]; then
+        arch="$(detected_arch || true)"
+        [[ -n "$arch" ]] || { echo "build.sh: no GPU visible to nvidia-smi; set KD_ARCH (e.g. sm_90, sm_120)" >&2; exit 2; }
+    fi
+    [[ "$arch" =~ ^sm_[0-9]+[a-z]?$ ]] || { echo "build.sh: KD_ARCH must look like sm_90 or sm_120, got '$arch'" >&2; exit 2; }
+else
+    arch=none
+fi
+
+cxxflags="-O2 -std=c++17 -Wall -Wextra"
+nvccflags=""
+libs=""
+cublas=false
+if [[ "$backend" == cuda ]]; then
+    cxxflags="$cxxflags -DKD_WITH_CUDA"
+    cc="${arch#sm_}"
+    nvccflags="-O2 -std=c++17 -DKD_WITH_CUDA -gencode arch=compute_${cc},code=sm_${cc}"
+    if [[ -f "$CUDA_HOME/include/cublas_v2.h" ]]; then cublas=true; libs="-lcublas"; fi
+fi
+cxx_version="$("$CXX" --version | head -n1)"
+nvcc_version="none"
+[[ "$backend" == cuda ]] && nvcc_version="$("$NVCC" --version | grep -i release | head -n1)"
+
+key="{\"backend\": \"$backend\", \"arch\": \"$arch\", \"cxx\": $(json_str "$cxx_version"), \"nvcc\": $(json_str "$nvcc_version"), \"cxxflags\": $(json_str "$cxxflags"), \"nvccflags\": $(json_str "$nvccflags"), \"libs\": $(json_str "$libs"), \"cublas\": $cublas}"
+if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
+[[ $# -eq 0 ]] || { echo "usage: build.sh [--key]" >&2; exit 2; }
+
+started_ns=$(date +%s%N)
+obj="build/obj/$backend"
+mkdir -p "$obj" build/gen
+# A changed key (compiler, flags, arch) invalidates every object of this backend.
+if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
+
+# The source tree hash goes into the binary; the stamp header changes only when it does.
+tree="$(bash scripts/tree_hash.sh "$engine")"
+stamp="#define KD_TREE_HASH \"$tree\"
+#define KD_ARCH \"$arch\""
+[[ "$(cat build/gen/build_stamp.h 2>/dev/null || true)" == "$stamp" ]] || echo "$stamp" > build/gen/build_stamp.h
+
+# An object is stale when it is missing or older than any file its dependency file names.
+stale() {
+    local o="$1" d="${1%.o}.d" f
+    [[ -f "$o" && -f "$d" ]] || return 0
+    for f in $(sed -e 's/\\$//' -e 's/^[^:]*:[[:space:]]*//' "$d"); do
+        [[ "$f" == *: ]] && continue
+        [[ -e "$f" && ! "$f" -nt "$o" ]] || return 0
+    done
+    return 1
+}
+
+jobs_max="$(nproc 2>/dev/null || echo 2)"
+pids=(); names=(); rebuilt=()
+compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
+    while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
+    local out="$1" src="$2"
+    if [[ "$src" == *.cu ]]; then
+        "$NVCC" $nvccflags -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" &
+    else
+        "$CXX" $cxxflags -Isrc -Ibuild/gen -MMD -MP -c "$src" -o "$out" &
+    fi
+    pids+=($!); names+=("$src"); rebuilt+=("$src")
+}
+
+sources=(src/*.cpp tests/test_ops.cpp)
+[[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu)
+objects=()
+for src in "${sources[@]}"; do
+    [[ -e "$src" ]] || continue
+    base="${src//\//_}"; o="$obj/${base%.*}.o"
+    objects+=("$o")
+    if stale "$o"; then compile "$o" "$src"; fi
+done
+failed=()
+for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${names[$i]}"); done
+if (( ${#failed[@]} )); then
+    for f in "${failed[@]}"; do rm -f "$obj/$(echo "${f//\//_}" | sed 's/\.[^.]*$//').o"; done
+    echo "build.sh: compile failed: ${failed[*]}" >&2
+    exit 1
+fi
+
+engine_objs=(); main_obj=""; test_obj=""
+for o in "${objects[@]}"; do
+    case "$o" in
+        */src_main.o) main_obj="$o" ;;
+        */tests_test_ops.o) test_obj="$o" ;;
+        *) engine_objs+=("$o") ;;
+    esac
+done
+link() {  # link OUT OBJECTS...: only when an object is newer than OUT
+    local out="$1"; shift
+    local need=0 o
+    [[ -f "$out" ]] || need=1
+    for o in "$@"; do [[ "$o" -nt "$out" ]] && need=1; done
+    (( need )) || return 0
+    if [[ "$backend" == cuda ]]; then
+        "$NVCC" ${nvccflags} "$@" -o "$out" $libs
+    else
+        "$CXX" $cxxflags "$@" -o "$out"
+    fi
+    rebuilt+=("$out")
+}
+link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }
+link build/test_ops "$test_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/test_ops" >&2; exit 1; }
+
+elapsed_ms=$(( ($(date +%s%N) - started_ns) / 1000000 ))
+seconds=$(printf '%d.%03d' $((elapsed_ms / 1000)) $((elapsed_ms % 1000)))
+rebuilt_json=""
+for r in "${rebuilt[@]+"${rebuilt[@]}"}"; do rebuilt_json+="${rebuilt_json:+, }$(json_str "$r")"; done
+cat > build/build_info.json <<JSON
+{"version": 1, "tree": "$tree", "binary": "build/kdtree", "test_program": "build/test_ops",
+ "key": $key,
+ "rebuilt": [$rebuilt_json], "seconds": $seconds}
+JSON
+echo "build.sh: $(build/kdtree --version) (${#rebuilt[@]} steps, ${seconds}s)"

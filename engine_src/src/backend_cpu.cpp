@@ -1,0 +1,289 @@
+// backend_cpu.cpp: the reference implementation of backend.h in plain C++17.
+// Every op processes rows one at a time with the loops of cpu_kernels.h, so a row's result is
+// independent of how many rows share the call (the DDTree == AR invariant holds bit for bit).
+#include "backend.h"
+#include "cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace kd {
+namespace {
+
+std::string cpu_model_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            if (colon != std::string::npos) return line.substr(colon + 2);
+        }
+    }
+    return "unknown CPU";
+}
+
+// Cache rows visible to batch row i, ascending (committed prefix, ancestors, itself).
+void visible_rows(std::vector<int>& rows, const Visibility& vis, int i) {
+    rows.clear();
+    for (int t = 0; t < vis.committed; ++t) rows.push_back(t);
+    const size_t first_batch_row = rows.size();
+    for (int a = i; a >= 0; a = vis.parent_host[a]) {
+        if (vis.parent_host[a] >= a) throw std::runtime_error("mla_attention: parent of row " +
+                                                              std::to_string(a) + " is not below it");
+        rows.push_back(vis.committed + a);
+    }
+    std::reverse(rows.begin() + static_cast<long>(first_batch_row), rows.end());
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Indices of the k largest values of v[0..n) (descending; ties: lower index first).
+std::vector<int> top_k(const float* v, int n, int k) {
+    std::vector<int> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [v](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+    order.resize(static_cast<size_t>(k));
+    return order;
+}
+
+class CpuBackend final : public Backend {
+public:
+    std::string name() const override { return "cpu"; }
+
+    std::string device_description() const override {
+        return cpu_model_name() + ", " + std::to_string(std::thread::hardware_concurrency()) +
+               " hardware threads (engine uses 1)";
+    }
+
+    void* alloc(size_t nbytes) override {
+        void* p = std::aligned_alloc(256, (std::max<size_t>(nbytes, 1) + 255) / 256 * 256);
+        if (!p) throw std::runtime_error("cpu alloc: out of memory for " + std::to_string(nbytes) + " bytes");
+        std::memset(p, 0, nbytes);
+        return p;
+    }
+    void release(void* buf) override { std::free(buf); }
+    void upload(void* dst, const void* src_host, size_t nbytes) override { std::memcpy(dst, src_host, nbytes); }
+    void download(void* dst_host, const void* src, size_t nbytes) override { std::memcpy(dst_host, src, nbytes); }
+    void copy(void* dst, const void* src, size_t nbytes) override { std::memcpy(dst, src, nbytes); }
+    void synchronize() override {}
+
+    void embedding(float* out, int out_stride, const float* table, int dim, const int32_t* tokens_host,
+                   int M) override {
+        for (int m = 0; m < M; ++m)
+            std::memcpy(out + static_cast<long>(m) * out_stride, table + static_cast<long>(tokens_host[m]) * dim,
+                        sizeof(float) * static_cast<size_t>(dim));
+    }
+
+    void rmsnorm(float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
+                 float eps) override {
+        for (int m = 0; m < M; ++m) {
+            const float* xr = x + static_cast<long>(m) * x_stride;
+            float* yr = out + static_cast<long>(m) * out_stride;
+            float ss = 0;
+            for (int j = 0; j < n; ++j) ss += xr[j] * xr[j];
+            const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+            for (int j = 0; j < n; ++j) yr[j] = xr[j] * inv * w[j];
+        }
+    }
+
+    void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
+              const int32_t* pos_host, float theta) override {
+        std::vector<float> cs(static_cast<size_t>(d_r / 2)), sn(static_cast<size_t>(d_r / 2));
+        for (int m = 0; m < M; ++m) {
+            for (int i = 0; i < d_r / 2; ++i) {
+                const double angle = pos_host[m] * std::pow(static_cast<double>(theta), -2.0 * i / d_r);
+                cs[i] = static_cast<float>(std::cos(angle));
+                sn[i] = static_cast<float>(std::sin(angle));
+            }
+            for (int v = 0; v < n_vec; ++v) {
+                float* p = x + static_cast<long>(m) * row_stride + static_cast<long>(v) * vec_stride + offset;
+                for (int i = 0; i < d_r / 2; ++i) {
+                    const float a = p[2 * i], b = p[2 * i + 1];
+                    p[2 * i] = a * cs[i] - b * sn[i];
+                    p[2 * i + 1] = a * sn[i] + b * cs[i];
+                }
+            }
+        }
+    }
+
+    void silu_mul(float* out, const float* a, const float* b, size_t n) override {
+        for (size_t i = 0; i < n; ++i) out[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+    }
+
+    void add(float* out, const float* a, const float* b, size_t n) override {
+        for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    }
+
+    void matmul_f32(float* y, const float* x, const float* W, const float* bias, int M, int N, int K) override {
+        for (int m = 0; m < M; ++m) {
+            float* yr = y + static_cast<long>(m) * N;
+            cpu::matvec_f32(yr, x + static_cast<long>(m) * K, W, N, K);
+            if (bias)
+                for (int n = 0; n < N; ++n) yr[n] += bias[n];
+        }
+    }
+
+    void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K) override {
+        if (K % 32 != 0) throw std::runtime_error("matmul_w4a16: K = " + std::to_string(K) + " is not a multiple of 32");
+        std::vector<float> row(static_cast<size_t>(K));
+        // Dequantise each weight row once and reuse it for all M activations.
+        for (int n = 0; n < N; ++n) {
+            cpu::dequant_row(row.data(), qw + static_cast<long>(n) * (K / 8), sc + static_cast<long>(n) * (K / 32), K);
+            for (int m = 0; m < M; ++m)
+                y[static_cast<long>(m) * N + n] = cpu::dot(x + static_cast<long>(m) * K, row.data(), K);
+        }
+    }
+
+    void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache, const Visibility& vis,
+                       int M, const MlaDims& d) override {
+        const int q_stride = d.n_heads * (d.d_n + d.d_r);
+        const int row_width = d.d_c + d.d_r;
+        std::vector<int> rows;
+        std::vector<float> q_abs(static_cast<size_t>(d.d_c)), u(static_cast<size_t>(d.d_c)), scores;
+        for (int m = 0; m < M; ++m) {
+            visible_rows(rows, vis, m);
+            scores.resize(rows.size());
+            for (int h = 0; h < d.n_heads; ++h) {
+                const float* q_nope = q + static_cast<long>(m) * q_stride + static_cast<long>(h) * (d.d_n + d.d_r);
+                const float* q_rope = q_nope + d.d_n;
+                const float* w_uk = wkv_b + static_cast<long>(h) * (d.d_n + d.d_v) * d.d_c;
+                const float* w_uv = w_uk + static_cast<long>(d.d_n) * d.d_c;
+                // q^ = W_UK^T q_nope, summed over j ascending.
+                std::fill(q_abs.begin(), q_abs.end(), 0.0f);
+                for (int j = 0; j < d.d_n; ++j)
+                    for (int c = 0; c < d.d_c; ++c) q_abs[c] += w_uk[static_cast<long>(j) * d.d_c + c] * q_nope[j];
+                float best = -INFINITY;
+                for (size_t t = 0; t < rows.size(); ++t) {
+                    const float* kv = cache + static_cast<long>(rows[t]) * row_width;
+                    scores[t] = d.scale * (cpu::dot(q_abs.data(), kv, d.d_c) + cpu::dot(q_rope, kv + d.d_c, d.d_r));
+                    best = std::max(best, scores[t]);
+                }
+                float total = 0;
+                for (float& s : scores) {
+                    s = std::exp(s - best);
+                    total += s;
+                }
+                std::fill(u.begin(), u.end(), 0.0f);
+                for (size_t t = 0; t < rows.size(); ++t) {
+                    const float p = scores[t] / total;
+                    const float* c_t = cache + static_cast<long>(rows[t]) * row_width;
+                    for (int c = 0; c < d.d_c; ++c) u[c] += p * c_t[c];
+                }
+                cpu::matvec_f32(out + static_cast<long>(m) * d.n_heads * d.d_v + static_cast<long>(h) * d.d_v,
+                                u.data(), w_uv, d.d_v, d.d_c);
+            }
+        }
+    }
+
+    void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
+        for (int j = 0; j < n; ++j) {
+            if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))
+                throw std::runtime_error("kv_compact: keep list must be strictly ascending with keep[j] >= j");
+            if (keep_host[j] != j)
+                std::memcpy(cache + static_cast<long>(start + j) * row_width,
+                            cache + static_cast<long>(start + keep_host[j]) * row_width,
+                            sizeof(float) * static_cast<size_t>(row_width));
+        }
+    }
+
+    void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
+                  const MoeRouting& r) override {
+        const int E = r.n_experts, group_size = r.n_experts / r.n_groups;
+        std::vector<float> s(static_cast<size_t>(E)), sel(static_cast<size_t>(E)), group_score(static_cast<size_t>(r.n_groups));
+        for (int m = 0; m < M; ++m) {
+            for (int e = 0; e < E; ++e) {
+                s[e] = sigmoid(logits[static_cast<long>(m) * E + e]);
+                sel[e] = s[e] + bias[e];
+            }
+            if (r.n_groups > 1) {
+                for (int g = 0; g < r.n_groups; ++g) {
+                    const std::vector<int> best2 = top_k(sel.data() + g * group_size, group_size, std::min(2, group_size));
+                    float score = 0;
+                    for (int e : best2) score += sel[g * group_size + e];
+                    group_score[g] = score;
+                }
+                std::vector<bool> kept(static_cast<size_t>(r.n_groups), false);
+                for (int g : top_k(group_score.data(), r.n_groups, r.topk_groups)) kept[g] = true;
+                for (int e = 0; e < E; ++e)
+                    if (!kept[e / group_size]) sel[e] = -INFINITY;
+            }
+            const std::vector<int> chosen = top_k(sel.data(), E, r.top_k);
+            float total = 0;
+            for (int e : chosen) total += s[e];
+            for (int j = 0; j < r.top_k; ++j) {
+                idx[static_cast<long>(m) * r.top_k + j] = chosen[j];
+                weight[static_cast<long>(m) * r.top_k + j] = s[chosen[j]] / total * r.route_scale;
+            }
+        }
+    }
+
+    void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+                 const ExpertWeights& w) override {
+        const int D = w.dim, I = w.inter;
+        std::vector<float> a(static_cast<size_t>(I)), b(static_cast<size_t>(I)), y(static_cast<size_t>(D)),
+            scratch(static_cast<size_t>(std::max(D, I)));
+        for (int m = 0; m < M; ++m) {
+            const float* xr = x + static_cast<long>(m) * D;
+            float* outr = out + static_cast<long>(m) * D;
+            std::fill(outr, outr + D, 0.0f);
+            for (int j = 0; j < top_k; ++j) {
+                const long e = idx[static_cast<long>(m) * top_k + j];
+                if (e < 0 || e >= w.n_experts) throw std::runtime_error("moe_ffn: expert index out of range");
+                const long up = e * I * D;  // elements of one [I][D] (or [D][I]) expert matrix
+                if (w.int4) {
+                    cpu::matvec_w4(a.data(), xr, w.q1 + up / 8, w.s1 + up / 32, I, D, scratch.data());
+                    cpu::matvec_w4(b.data(), xr, w.q3 + up / 8, w.s3 + up / 32, I, D, scratch.data());
+                } else {
+                    cpu::matvec_f32(a.data(), xr, w.w1 + up, I, D);
+                    cpu::matvec_f32(b.data(), xr, w.w3 + up, I, D);
+                }
+                silu_mul(a.data(), a.data(), b.data(), static_cast<size_t>(I));
+                if (w.int4) cpu::matvec_w4(y.data(), a.data(), w.q2 + up / 8, w.s2 + up / 32, D, I, scratch.data());
+                else cpu::matvec_f32(y.data(), a.data(), w.w2 + up, D, I);
+                const float g = weight[static_cast<long>(m) * top_k + j];
+                for (int k = 0; k < D; ++k) outr[k] += g * y[k];
+            }
+        }
+    }
+
+    void argmax(int32_t* out_host, const float* x, int M, int N) override {
+        for (int m = 0; m < M; ++m) {
+            const float* r = x + static_cast<long>(m) * N;
+            int best = 0;
+            for (int j = 1; j < N; ++j)
+                if (r[j] > r[best]) best = j;
+            out_host[m] = best;
+        }
+    }
+
+    void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x, int M, int N, int K) override {
+        std::vector<float> lq(static_cast<size_t>(N));
+        for (int m = 0; m < M; ++m) {
+            const float* r = x + static_cast<long>(m) * N;
+            const float best = *std::max_element(r, r + N);
+            float total = 0;
+            for (int j = 0; j < N; ++j) total += std::exp(r[j] - best);
+            const float lse = best + std::log(total);
+            for (int j = 0; j < N; ++j) lq[j] = r[j] - lse;
+            const std::vector<int> order = top_k(lq.data(), N, K);
+            for (int k = 0; k < K; ++k) {
+                tokens_host[static_cast<long>(m) * K + k] = order[k];
+                logprob_host[static_cast<long>(m) * K + k] = lq[order[k]];
+            }
+        }
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kd

@@ -1,0 +1,275 @@
+// cli_bench.cpp: `kdtree bench`: tokens/s AR vs DDTree on the bundles, per-layer timings, and a
+// K2-width MoE layer (random weights) in FP32 and INT4. Writes the README's bench.json.
+#include "args.h"
+#include "backend.h"
+#include "bundle.h"
+#include "cli.h"
+#include "decode.h"
+#include "json.h"
+#include "version.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace kd {
+namespace {
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Json metric(double value, const std::string& unit, const std::string& better) {
+    Json m = Json::object();
+    m.set("value", value).set("unit", unit).set("better", better);
+    return m;
+}
+
+std::string dir_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Best of `repeats` runs (the least disturbed one).
+Generation best_run(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
+    Generation best;
+    for (int i = 0; i < repeats; ++i) {
+        Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
+        Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
+        if (i == 0 || g.tokens_per_second() > best.tokens_per_second()) best = g;
+    }
+    return best;
+}
+
+Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, const std::vector<int>& budgets,
+                  int repeats, Json& metrics) {
+    Json out = Json::object();
+    const Generation ar = best_run(be, b, b.prompt, n, 0, repeats);
+    Json arj = Json::object();
+    arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
+    arj.set("decode_seconds", ar.decode_seconds);
+    out.set("ar", arj);
+    metrics.set(name + ".ar_tokens_per_s", metric(ar.tokens_per_second(), "tokens/s", "higher"));
+    Json trees = Json::array();
+    double best_speedup = 0, best_accept = 0;
+    for (int budget : budgets) {
+        const Generation g = best_run(be, b, b.prompt, n, budget, repeats);
+        Json t = Json::object();
+        t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
+        t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
+        t.set("speedup_over_ar", g.tokens_per_second() / ar.tokens_per_second());
+        t.set("equals_ar", g.tokens == ar.tokens);
+        trees.push(t);
+        best_speedup = std::max(best_speedup, g.tokens_per_second() / ar.tokens_per_second());
+        best_accept = std::max(best_accept, g.accept_mean());
+        std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n", name.c_str(), budget,
+                    g.tokens_per_second(), ar.tokens_per_second(), g.accept_mean());
+    }
+    out.set("ddtree", trees);
+    metrics.set(name + ".ddtree_best_speedup", metric(best_speedup, "x", "higher"));
+    metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
+
+    // Per-layer time of one AR decode, each part synchronised.
+    Model model(b, be, static_cast<int>(b.prompt.size()));
+    model.profile = true;
+    const Generation g = generate_ar(model, b.prompt, n);
+    Json layers = Json::array();
+    for (size_t i = 0; i < model.times.attention.size(); ++i) {
+        Json l = Json::object();
+        const double per_forward = 1e3 / (g.forwards + 1);
+        l.set("layer", static_cast<int>(i)).set("kind", static_cast<int>(i) < b.config.n_dense_layers ? "dense" : "moe");
+        l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
+        layers.push(l);
+    }
+    out.set("layers_ms_per_forward", layers);
+    out.set("quant", b.int4 ? "int4" : "fp32");
+    return out;
+}
+
+// Uploads n values from a SplitMix64 stream: uniform floats in [-scale, scale], or raw int32
+// words (random nibbles) when `words`.
+void upload_random(Backend& be, void* dst, size_t n, uint64_t seed, float scale, bool words) {
+    std::vector<uint32_t> host(n);
+    uint64_t s = seed;
+    for (uint32_t& v : host) {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        if (words) {
+            v = static_cast<uint32_t>(z);
+        } else {
+            const float f = (static_cast<float>(z >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
+            std::memcpy(&v, &f, 4);
+        }
+    }
+    be.upload(dst, host.data(), n * 4);
+}
+
+// One K2-width MoE FFN (router, routed experts, shared expert) for M tokens, FP32 or INT4.
+Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_counts, int repeats, Json& metrics) {
+    const int D = 7168, I = 2048, top_k = 8;
+    if (n_experts < top_k) throw std::runtime_error("--moe-experts must be at least 8 (top-8 routing)");
+    const size_t per = static_cast<size_t>(I) * D;
+    const int M_max = *std::max_element(token_counts.begin(), token_counts.end());
+    std::vector<void*> owned;
+    const auto alloc = [&](size_t bytes) { owned.push_back(be.alloc(bytes)); return owned.back(); };
+    Json out = Json::object();
+    try {
+        auto* x = static_cast<float*>(alloc(sizeof(float) * M_max * D));
+        auto* gate_w = static_cast<float*>(alloc(sizeof(float) * n_experts * D));
+        auto* gate_b = static_cast<float*>(alloc(sizeof(float) * n_experts));
+        auto* logits = static_cast<float*>(alloc(sizeof(float) * M_max * n_experts));
+        auto* idx = static_cast<int32_t*>(alloc(sizeof(int32_t) * M_max * top_k));
+        auto* wts = static_cast<float*>(alloc(sizeof(float) * M_max * top_k));
+        auto* y = static_cast<float*>(alloc(sizeof(float) * M_max * D));
+        auto* ys = static_cast<float*>(alloc(sizeof(float) * M_max * D));
+        auto* a = static_cast<float*>(alloc(sizeof(float) * M_max * I));
+        auto* b = static_cast<float*>(alloc(sizeof(float) * M_max * I));
+        upload_random(be, x, static_cast<size_t>(M_max) * D, 1, 1.0f, false);
+        upload_random(be, gate_w, static_cast<size_t>(n_experts) * D, 2, 0.02f, false);
+        upload_random(be, gate_b, n_experts, 3, 0.01f, false);
+        // Expert e is weight set e, the shared expert set n_experts. Throughput does not depend on the
+        // values, so four random sets are made and copied round: little host time and memory.
+        const int sets = n_experts + 1, unique = std::min(sets, 4);
+        ExpertWeights f32, q4;
+        f32.n_experts = q4.n_experts = n_experts;
+        f32.dim = q4.dim = D;
+        f32.inter = q4.inter = I;
+        q4.int4 = true;
+        float* fw[3];
+        int32_t* qw[3];
+        float* qs[3];
+        for (int k = 0; k < 3; ++k) {
+            fw[k] = static_cast<float*>(alloc(sizeof(float) * per * sets));
+            upload_random(be, fw[k], per * unique, 10 + k, 0.02f, false);
+            for (int s = unique; s < sets; ++s) be.copy(fw[k] + s * per, fw[k] + (s % unique) * per, sizeof(float) * per);
+            qw[k] = static_cast<int32_t*>(alloc(sizeof(int32_t) * per / 8 * sets));
+            upload_random(be, qw[k], per / 8 * unique, 20 + k, 0, true);
+            for (int s = unique; s < sets; ++s) be.copy(qw[k] + s * per / 8, qw[k] + (s % unique) * per / 8, sizeof(int32_t) * per / 8);
+            qs[k] = static_cast<float*>(alloc(sizeof(float) * per / 32 * sets));
+            upload_random(be, qs[k], per / 32 * unique, 30 + k, 0.003f, false);
+            for (int s = unique; s < sets; ++s) be.copy(qs[k] + s * per / 32, qs[k] + (s % unique) * per / 32, sizeof(float) * per / 32);
+        }
+        f32.w1 = fw[0]; f32.w2 = fw[1]; f32.w3 = fw[2];
+        q4.q1 = qw[0]; q4.q2 = qw[1]; q4.q3 = qw[2];
+        q4.s1 = qs[0]; q4.s2 = qs[1]; q4.s3 = qs[2];
+        MoeRouting r;
+        r.n_experts = n_experts;
+        r.top_k = top_k;
+        r.route_scale = 2.827f;
+
+        const auto layer = [&](int M, bool int4) {
+            be.matmul_f32(logits, x, gate_w, nullptr, M, n_experts, D);
+            be.moe_gate(idx, wts, logits, gate_b, M, r);
+            be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
+            const size_t shared = static_cast<size_t>(n_experts) * per;  // the set after the experts
+            if (int4) {
+                be.matmul_w4a16(a, x, qw[0] + shared / 8, qs[0] + shared / 32, M, I, D);
+                be.matmul_w4a16(b, x, qw[2] + shared / 8, qs[2] + shared / 32, M, I, D);
+            } else {
+                be.matmul_f32(a, x, fw[0] + shared, nullptr, M, I, D);
+                be.matmul_f32(b, x, fw[2] + shared, nullptr, M, I, D);
+            }
+            be.silu_mul(a, a, b, static_cast<size_t>(M) * I);
+            if (int4) be.matmul_w4a16(ys, a, qw[1] + shared / 8, qs[1] + shared / 32, M, D, I);
+            else be.matmul_f32(ys, a, fw[1] + shared, nullptr, M, D, I);
+            be.add(y, y, ys, static_cast<size_t>(M) * D);
+        };
+        const auto time_layer = [&](int M, bool int4) {
+            layer(M, int4);  // warm-up
+            be.synchronize();
+            double best = 1e30;
+            for (int i = 0; i < repeats; ++i) {
+                const double t0 = now_seconds();
+                layer(M, int4);
+                be.synchronize();
+                best = std::min(best, now_seconds() - t0);
+            }
+            return best;
+        };
+        Json rows = Json::array();
+        for (int M : token_counts) {
+            const double tf = time_layer(M, false), tq = time_layer(M, true);
+            Json row = Json::object();
+            row.set("tokens", M).set("fp32_ms", tf * 1e3).set("int4_ms", tq * 1e3).set("int4_speedup", tf / tq);
+            rows.push(row);
+            std::printf("  moe layer (D %d, I %d, E %d, top-%d + 1 shared) M=%2d: fp32 %9.3f ms  int4 %9.3f ms  speedup %.2fx\n",
+                        D, I, n_experts, top_k, M, tf * 1e3, tq * 1e3, tf / tq);
+            const std::string m = std::to_string(M);
+            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower"));
+            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower"));
+            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher"));
+        }
+        out.set("dim", D).set("moe_inter_dim", I).set("n_experts", n_experts).set("top_k", top_k).set("n_shared", 1);
+        out.set("rows", rows);
+    } catch (...) {
+        for (void* p : owned) be.release(p);
+        throw;
+    }
+    for (void* p : owned) be.release(p);
+    return out;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+    const Args a(argc, argv, 2,
+                 {"--manifest", "--out", "--budgets", "--repeats", "--moe-experts", "--moe-tokens", "--backend", "-n"}, {});
+    auto be = make_backend(a.str("--backend", build_backend()));
+    const bool gpu = be->name() == "cuda";
+    const std::string manifest_path = a.str("--manifest", "tests/refs/manifest.json");
+    std::ifstream in(manifest_path);
+    if (!in) throw std::runtime_error("cannot read manifest " + manifest_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const Json manifest = Json::parse(text.str());
+    const std::vector<int> budgets = a.int_list_or("--budgets", {4, 8, 16, 32, 64});
+    const int repeats = a.integer("--repeats", 3);
+    const int n = a.integer("-n", 0);
+
+    Json metrics = Json::object();
+    Json bundles = Json::object();
+    for (const Json& entry : manifest.at("bundles").items()) {
+        const std::string name = entry.at("name").as_string();
+        const Bundle b = Bundle::load(dir_of(manifest_path) + "/" + entry.at("file").as_string());
+        const int tokens = n > 0 ? n : static_cast<int>(entry.at("golden").size());
+        std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
+        bundles.set(name, bench_bundle(*be, b, name, tokens, budgets, repeats, metrics));
+    }
+    // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times.
+    for (const auto& kv : bundles.members()) {
+        const std::string& name = kv.first;
+        if (name.size() < 5 || name.compare(name.size() - 5, 5, "_int4") != 0) continue;
+        const std::string fp32 = name.substr(0, name.size() - 5) + "_fp32";
+        if (!bundles.has(fp32)) continue;
+        double tq = 0, tf = 0;
+        for (const Json& l : kv.second.at("layers_ms_per_forward").items())
+            if (l.at("kind").as_string() == "moe") tq += l.at("ffn_ms").as_number();
+        for (const Json& l : bundles.at(fp32).at("layers_ms_per_forward").items())
+            if (l.at("kind").as_string() == "moe") tf += l.at("ffn_ms").as_number();
+        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher"));
+    }
+    const int experts = a.integer("--moe-experts", gpu ? 384 : 16);
+    const std::vector<int> moe_tokens = a.int_list_or("--moe-tokens", gpu ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 4});
+    std::printf("K2-width MoE layer, random weights\n");
+    const Json moe = bench_moe_layer(*be, experts, moe_tokens, repeats, metrics);
+
+    Json host = Json::object();
+    host.set("cpu", be->name() == "cpu" ? be->device_description() : make_cpu_backend()->device_description());
+    host.set("gpu", gpu ? be->device_description() : "none");
+    Json out = Json::object();
+    out.set("version", 1).set("backend", be->name()).set("tree", source_tree_hash()).set("host", host);
+    out.set("metrics", metrics).set("bundles", bundles).set("moe_layer", moe);
+    const std::string out_path = a.str("--out", "build/bench.json");
+    std::ofstream f(out_path);
+    if (!f || !(f << out.dump(2) << "\n")) throw std::runtime_error("cannot write " + out_path);
+    std::printf("wrote %s\n", out_path.c_str());
+    return 0;
+}
+
+}  // namespace kd

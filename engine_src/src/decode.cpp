@@ -1,0 +1,136 @@
+// decode.cpp: the decode loops. They talk to the model (and through it to the backend) only.
+#include "decode.h"
+#include "tree.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <stdexcept>
+
+namespace kd {
+namespace {
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void check_request(const Model& model, const std::vector<int32_t>& prompt, int n) {
+    if (prompt.empty()) throw std::runtime_error("generate: the prompt is empty");
+    if (n < 1) throw std::runtime_error("generate: asked for " + std::to_string(n) + " tokens");
+    if (prompt.size() + static_cast<size_t>(n) > static_cast<size_t>(model.config().max_seq_len))
+        throw std::runtime_error("generate: prompt (" + std::to_string(prompt.size()) + ") + n (" + std::to_string(n) +
+                                 ") exceeds max_seq_len " + std::to_string(model.config().max_seq_len));
+}
+
+// Runs the prompt causally from an empty cache; returns the first generated token.
+int32_t prefill(Model& model, const std::vector<int32_t>& prompt) {
+    const int P = static_cast<int>(prompt.size());
+    std::vector<int32_t> pos(static_cast<size_t>(P)), parent(static_cast<size_t>(P));
+    std::iota(pos.begin(), pos.end(), 0);
+    std::iota(parent.begin(), parent.end(), -1);  // a chain: row i sees rows 0..i
+    Visibility vis;
+    vis.parent_host = parent.data();
+    model.forward(prompt.data(), pos.data(), P, vis);
+    int32_t next = 0;
+    model.backend().argmax(&next, model.logits() + static_cast<long>(P - 1) * model.config().vocab_size, 1,
+                           model.config().vocab_size);
+    return next;
+}
+
+}  // namespace
+
+double Generation::accept_mean() const {
+    if (accepted.empty()) return 0.0;
+    return std::accumulate(accepted.begin(), accepted.end(), 0.0) / static_cast<double>(accepted.size());
+}
+
+double Generation::tokens_per_second() const {
+    const double t = prefill_seconds + decode_seconds;
+    return t > 0 ? static_cast<double>(tokens.size()) / t : 0.0;
+}
+
+int batch_rows_needed(size_t prompt_len, int budget) {
+    return std::max(static_cast<int>(prompt_len), 1 + std::max(budget, 0));
+}
+
+Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) {
+    check_request(model, prompt, n);
+    Generation g;
+    const double t0 = now_seconds();
+    g.tokens.push_back(prefill(model, prompt));
+    model.backend().synchronize();
+    const double t1 = now_seconds();
+    const int32_t no_parent = -1;
+    while (static_cast<int>(g.tokens.size()) < n) {
+        int32_t token = g.tokens.back();
+        const int32_t pos = static_cast<int32_t>(prompt.size() + g.tokens.size() - 1);
+        Visibility vis;
+        vis.committed = pos;
+        vis.parent_host = &no_parent;
+        model.forward(&token, &pos, 1, vis);
+        ++g.forwards;
+        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);
+        g.tokens.push_back(token);
+    }
+    g.prefill_seconds = t1 - t0;
+    g.decode_seconds = now_seconds() - t1;
+    return g;
+}
+
+Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int n, int budget, int block) {
+    check_request(model, prompt, n);
+    if (budget < 1) throw std::runtime_error("ddtree: the budget must be at least 1");
+    if (1 + budget > model.max_batch())
+        throw std::runtime_error("ddtree: budget " + std::to_string(budget) + " needs " + std::to_string(1 + budget) +
+                                 " rows per forward; the model was sized for " + std::to_string(model.max_batch()));
+    Backend& be = model.backend();
+    const int D = model.config().dim, V = model.config().vocab_size;
+    const int K = std::min(budget, V);
+    Generation g;
+    const double t0 = now_seconds();
+    int32_t bonus = prefill(model, prompt);
+    g.tokens.push_back(bonus);
+    // h_T of the bonus lives in the model's hidden buffer, overwritten by the next forward: keep a copy.
+    void* h_T = be.alloc(sizeof(float) * D);
+    be.copy(h_T, model.hidden() + static_cast<long>(prompt.size() - 1) * D, sizeof(float) * D);
+    be.synchronize();
+    const double t1 = now_seconds();
+    try {
+        std::vector<int32_t> draft_tokens, pos, post;
+        std::vector<float> draft_logprobs;
+        int start = static_cast<int>(prompt.size());
+        while (static_cast<int>(g.tokens.size()) < n) {
+            model.draft(static_cast<const float*>(h_T), bonus, block, K, draft_tokens, draft_logprobs);
+            const DraftTree tree = build_tree(bonus, draft_tokens, draft_logprobs, block, K, budget);
+            const int M = static_cast<int>(tree.tokens.size());
+            pos.resize(static_cast<size_t>(M));
+            for (int i = 0; i < M; ++i) pos[i] = start + tree.depths[i];
+            Visibility vis;
+            vis.committed = start;
+            vis.parent_host = tree.parents.data();
+            model.forward(tree.tokens.data(), pos.data(), M, vis);
+            ++g.forwards;
+            post.resize(static_cast<size_t>(M));
+            be.argmax(post.data(), model.logits(), M, V);
+            const std::vector<int32_t> path = accept_path(tree, post);
+            model.compact(start, path.data(), static_cast<int>(path.size()));
+            for (size_t j = 1; j < path.size(); ++j) g.tokens.push_back(tree.tokens[path[j]]);
+            bonus = post[path.back()];
+            g.tokens.push_back(bonus);
+            be.copy(h_T, model.hidden() + static_cast<long>(path.back()) * D, sizeof(float) * D);
+            g.accepted.push_back(static_cast<int32_t>(path.size()));
+            start += static_cast<int>(path.size());
+        }
+    } catch (...) {
+        be.release(h_T);
+        throw;
+    }
+    be.release(h_T);
+    be.synchronize();
+    g.tokens.resize(static_cast<size_t>(n));
+    g.prefill_seconds = t1 - t0;
+    g.decode_seconds = now_seconds() - t1;
+    return g;
+}
+
+}  // namespace kd

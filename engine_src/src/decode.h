@@ -1,0 +1,32 @@
+// decode.h: greedy autoregressive and DDTree decode loops over a Model.
+#pragma once
+
+#include "model.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kd {
+
+struct Generation {
+    std::vector<int32_t> tokens;     // the n generated tokens (the prompt not included)
+    std::vector<int32_t> accepted;   // DDTree: acceptance length of each round (accepted nodes + 1)
+    double prefill_seconds = 0;
+    double decode_seconds = 0;       // everything after the prefill
+    int forwards = 0;                // target forwards after the prefill
+
+    double accept_mean() const;
+    double tokens_per_second() const;  // generated tokens / (prefill + decode time)
+};
+
+// Greedy AR: prefill the prompt, then one token per forward. The model's cache starts empty.
+Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n);
+
+// Greedy DDTree with node budget `budget` and draft depth `block` (<= the bundle's drafter block).
+// Output equals generate_ar's token for token.
+Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int n, int budget, int block);
+
+// Rows one forward needs for a prompt of this length in either mode (Model's max_batch).
+int batch_rows_needed(size_t prompt_len, int budget);
+
+}  // namespace kd

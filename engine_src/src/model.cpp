@@ -1,0 +1,281 @@
+// model.cpp: weights upload and the forward pass, expressed only in backend ops.
+#include "model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+namespace kd {
+namespace {
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+float* Model::scratch(size_t floats) {
+    void* p = be_.alloc(std::max<size_t>(floats, 1) * sizeof(float));
+    owned_.push_back(p);
+    return static_cast<float*>(p);
+}
+
+const float* Model::load_f32(const Bundle& b, const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorView& t = b.get(name, "f32", shape);
+    float* p = scratch(t.nbytes / sizeof(float));
+    be_.upload(p, t.data, t.nbytes);
+    return p;
+}
+
+// Quantised FFN matrices are stored as <name>.qw / <name>.sc in int4 bundles.
+Linear Model::load_linear(const Bundle& b, const std::string& name, int out, int in) {
+    Linear l;
+    l.out = out;
+    l.in = in;
+    if (b.has(name + ".qw")) {
+        const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
+        const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});
+        auto* q = static_cast<int32_t*>(be_.alloc(qw.nbytes));
+        owned_.push_back(q);
+        be_.upload(q, qw.data, qw.nbytes);
+        l.qw = q;
+        l.sc = scratch(sc.nbytes / sizeof(float));
+        be_.upload(const_cast<float*>(l.sc), sc.data, sc.nbytes);
+    } else {
+        l.w = load_f32(b, name, {out, in});
+    }
+    return l;
+}
+
+Model::Model(const Bundle& b, Backend& backend, int max_batch)
+    : be_(backend), cfg_(b.config), int4_(b.int4), max_batch_(max_batch) {
+    const ModelConfig& c = cfg_;
+    const int D = c.dim, H = c.n_heads, V = c.vocab_size;
+    const int qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    const int row_width = c.kv_lora_rank + c.qk_rope_head_dim;
+    cache_rows_ = c.max_seq_len + max_batch;
+    try {
+        embed_ = load_f32(b, "embed", {V, D});
+        norm_ = load_f32(b, "norm", {D});
+        head_ = load_f32(b, "head", {V, D});
+        drafter_block_ = b.drafter_block;
+        drafter_w_ = load_f32(b, "drafter.w", {drafter_block_, V, 2 * D});
+        drafter_b_ = load_f32(b, "drafter.b", {drafter_block_, V});
+        for (int i = 0; i < c.n_layers; ++i) {
+            const std::string p = "layers." + std::to_string(i) + ".";
+            LayerWeights L;
+            L.attn_norm = load_f32(b, p + "attn_norm", {D});
+            L.ffn_norm = load_f32(b, p + "ffn_norm", {D});
+            if (c.q_lora_rank > 0) {
+                L.wq_a = load_linear(b, p + "attn.wq_a", c.q_lora_rank, D);
+                L.q_norm = load_f32(b, p + "attn.q_norm", {c.q_lora_rank});
+                L.wq_b = load_linear(b, p + "attn.wq_b", H * qk, c.q_lora_rank);
+            } else {
+                L.wq = load_linear(b, p + "attn.wq", H * qk, D);
+            }
+            L.wkv_a = load_linear(b, p + "attn.wkv_a", row_width, D);
+            L.kv_norm = load_f32(b, p + "attn.kv_norm", {c.kv_lora_rank});
+            L.wkv_b = load_f32(b, p + "attn.wkv_b", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+            L.wo = load_linear(b, p + "attn.wo", D, H * c.v_head_dim);
+            L.moe = i >= c.n_dense_layers;
+            if (!L.moe) {
+                L.w1 = load_linear(b, p + "ffn.w1", c.inter_dim, D);
+                L.w2 = load_linear(b, p + "ffn.w2", D, c.inter_dim);
+                L.w3 = load_linear(b, p + "ffn.w3", c.inter_dim, D);
+            } else {
+                const int E = c.n_routed_experts, I = c.moe_inter_dim, S = c.n_shared_experts * I;
+                L.gate = load_linear(b, p + "ffn.gate.weight", E, D);
+                L.gate_bias = load_f32(b, p + "ffn.gate.bias", {E});
+                if (S > 0) {
+                    L.w1 = load_linear(b, p + "ffn.shared.w1", S, D);
+                    L.w2 = load_linear(b, p + "ffn.shared.w2", D, S);
+                    L.w3 = load_linear(b, p + "ffn.shared.w3", S, D);
+                }
+                // Stack the experts: one [E][out][in] buffer per projection.
+                ExpertWeights& ew = L.experts;
+                ew.n_experts = E;
+                ew.dim = D;
+                ew.inter = I;
+                ew.int4 = b.int4;
+                const size_t per = static_cast<size_t>(I) * D;
+                const char* names[3] = {"w1", "w2", "w3"};
+                for (int k = 0; k < 3; ++k) {
+                    const int out = k == 1 ? D : I, in = k == 1 ? I : D;
+                    void* stacked = nullptr;
+                    float* scales = nullptr;
+                    if (b.int4) {
+                        stacked = be_.alloc(E * per / 8 * sizeof(int32_t));
+                        owned_.push_back(stacked);
+                        scales = scratch(E * per / 32);
+                    } else {
+                        stacked = scratch(E * per);
+                    }
+                    for (int e = 0; e < E; ++e) {
+                        const std::string name = p + "ffn.experts." + std::to_string(e) + "." + names[k];
+                        if (b.int4) {
+                            const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
+                            const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});
+                            be_.upload(static_cast<int32_t*>(stacked) + e * per / 8, qw.data, qw.nbytes);
+                            be_.upload(scales + e * per / 32, sc.data, sc.nbytes);
+                        } else {
+                            const TensorView& w = b.get(name, "f32", {out, in});
+                            be_.upload(static_cast<float*>(stacked) + e * per, w.data, w.nbytes);
+                        }
+                    }
+                    if (b.int4) {
+                        (k == 0 ? ew.q1 : k == 1 ? ew.q2 : ew.q3) = static_cast<const int32_t*>(stacked);
+                        (k == 0 ? ew.s1 : k == 1 ? ew.s2 : ew.s3) = scales;
+                    } else {
+                        (k == 0 ? ew.w1 : k == 1 ? ew.w2 : ew.w3) = static_cast<const float*>(stacked);
+                    }
+                }
+            }
+            L.cache = scratch(static_cast<size_t>(cache_rows_) * row_width);
+            layers_.push_back(L);
+        }
+        const size_t M = static_cast<size_t>(max_batch);
+        const int ffn_width = std::max(c.inter_dim, c.n_shared_experts * c.moe_inter_dim);
+        const int top_k = std::max(c.n_activated_experts, 1);
+        x_ = scratch(M * D);
+        xn_ = scratch(M * D);
+        qa_ = scratch(M * std::max(c.q_lora_rank, 1));
+        q_ = scratch(M * H * qk);
+        attn_ = scratch(M * H * c.v_head_dim);
+        tmp_ = scratch(M * D);
+        ffn_a_ = scratch(M * ffn_width);
+        ffn_b_ = scratch(M * ffn_width);
+        gate_logits_ = scratch(M * std::max(c.n_routed_experts, 1));
+        route_w_ = scratch(M * top_k);
+        route_idx_ = reinterpret_cast<int32_t*>(scratch(M * top_k));
+        moe_out_ = scratch(M * D);
+        hidden_ = scratch(M * D);
+        logits_ = scratch(M * V);
+        feature_ = scratch(2 * static_cast<size_t>(D));
+        draft_logits_ = scratch(static_cast<size_t>(drafter_block_) * V);
+    } catch (...) {
+        for (void* p : owned_) be_.release(p);
+        throw;
+    }
+}
+
+Model::~Model() {
+    for (void* p : owned_) be_.release(p);
+}
+
+void Model::linear(float* y, const float* x, const Linear& l, int M) {
+    if (l.qw) be_.matmul_w4a16(y, x, l.qw, l.sc, M, l.out, l.in);
+    else be_.matmul_f32(y, x, l.w, nullptr, M, l.out, l.in);
+}
+
+void Model::attention(LayerWeights& L, const int32_t* pos_host, int M, const Visibility& vis) {
+    const ModelConfig& c = cfg_;
+    const int D = c.dim, H = c.n_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    const int row_width = c.kv_lora_rank + c.qk_rope_head_dim;
+    be_.rmsnorm(xn_, D, x_, D, L.attn_norm, M, D, c.norm_eps);
+    if (c.q_lora_rank > 0) {
+        linear(qa_, xn_, L.wq_a, M);
+        be_.rmsnorm(qa_, c.q_lora_rank, qa_, c.q_lora_rank, L.q_norm, M, c.q_lora_rank, c.norm_eps);
+        linear(q_, qa_, L.wq_b, M);
+    } else {
+        linear(q_, xn_, L.wq, M);
+    }
+    be_.rope(q_, M, H * qk, H, qk, c.qk_nope_head_dim, c.qk_rope_head_dim, pos_host, c.rope_theta);
+    // Append: the latent projection lands straight in this batch's cache rows.
+    float* rows = L.cache + static_cast<long>(vis.committed) * row_width;
+    linear(rows, xn_, L.wkv_a, M);
+    be_.rmsnorm(rows, row_width, rows, row_width, L.kv_norm, M, c.kv_lora_rank, c.norm_eps);
+    be_.rope(rows, M, row_width, 1, row_width, c.kv_lora_rank, c.qk_rope_head_dim, pos_host, c.rope_theta);
+    MlaDims dims;
+    dims.n_heads = H;
+    dims.d_c = c.kv_lora_rank;
+    dims.d_n = c.qk_nope_head_dim;
+    dims.d_r = c.qk_rope_head_dim;
+    dims.d_v = c.v_head_dim;
+    dims.scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    be_.mla_attention(attn_, q_, L.wkv_b, L.cache, vis, M, dims);
+    linear(tmp_, attn_, L.wo, M);
+    be_.add(x_, x_, tmp_, static_cast<size_t>(M) * D);
+}
+
+void Model::ffn(LayerWeights& L, int M) {
+    const ModelConfig& c = cfg_;
+    const int D = c.dim;
+    const size_t n = static_cast<size_t>(M) * D;
+    be_.rmsnorm(xn_, D, x_, D, L.ffn_norm, M, D, c.norm_eps);
+    const auto swiglu = [&](float* out) {  // dense FFN / shared expert: w2 (silu(w1 x) * (w3 x))
+        linear(ffn_a_, xn_, L.w1, M);
+        linear(ffn_b_, xn_, L.w3, M);
+        be_.silu_mul(ffn_a_, ffn_a_, ffn_b_, static_cast<size_t>(M) * L.w1.out);
+        linear(out, ffn_a_, L.w2, M);
+    };
+    if (!L.moe) {
+        swiglu(tmp_);
+        be_.add(x_, x_, tmp_, n);
+        return;
+    }
+    MoeRouting r;
+    r.n_experts = c.n_routed_experts;
+    r.top_k = c.n_activated_experts;
+    r.n_groups = c.n_expert_groups;
+    r.topk_groups = c.n_limited_groups;
+    r.route_scale = c.route_scale;
+    linear(gate_logits_, xn_, L.gate, M);
+    be_.moe_gate(route_idx_, route_w_, gate_logits_, L.gate_bias, M, r);
+    be_.moe_ffn(moe_out_, xn_, route_idx_, route_w_, M, r.top_k, L.experts);
+    if (L.w1.out > 0) {
+        swiglu(tmp_);
+        be_.add(moe_out_, moe_out_, tmp_, n);
+    }
+    be_.add(x_, x_, moe_out_, n);
+}
+
+void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis) {
+    if (M < 1 || M > max_batch_)
+        throw std::runtime_error("forward: batch of " + std::to_string(M) + " rows, this model takes 1.." + std::to_string(max_batch_));
+    if (vis.committed + M > cache_rows_)
+        throw std::runtime_error("forward: the KV cache holds " + std::to_string(cfg_.max_seq_len) +
+                                 " committed tokens (max_seq_len); the sequence is too long");
+    for (int m = 0; m < M; ++m)
+        if (tokens_host[m] < 0 || tokens_host[m] >= cfg_.vocab_size)
+            throw std::runtime_error("forward: token " + std::to_string(tokens_host[m]) + " outside the vocabulary [0, " +
+                                     std::to_string(cfg_.vocab_size) + ")");
+    const int D = cfg_.dim;
+    if (profile && times.attention.empty()) {
+        times.attention.assign(layers_.size(), 0.0);
+        times.ffn.assign(layers_.size(), 0.0);
+    }
+    be_.embedding(x_, D, embed_, D, tokens_host, M);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        double t0 = 0;
+        if (profile) { be_.synchronize(); t0 = now_seconds(); }
+        attention(layers_[i], pos_host, M, vis);
+        if (profile) { be_.synchronize(); const double t1 = now_seconds(); times.attention[i] += t1 - t0; t0 = t1; }
+        ffn(layers_[i], M);
+        if (profile) { be_.synchronize(); times.ffn[i] += now_seconds() - t0; }
+    }
+    be_.rmsnorm(hidden_, D, x_, D, norm_, M, D, cfg_.norm_eps);
+    be_.matmul_f32(logits_, hidden_, head_, nullptr, M, cfg_.vocab_size, D);
+}
+
+void Model::compact(int start, const int32_t* keep_host, int n) {
+    const int row_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
+    for (LayerWeights& L : layers_) be_.kv_compact(L.cache, row_width, start, keep_host, n);
+}
+
+void Model::draft(const float* h_T, int32_t bonus, int block, int K, std::vector<int32_t>& tokens,
+                  std::vector<float>& logprobs) {
+    if (block < 1 || block > drafter_block_)
+        throw std::runtime_error("draft: block size " + std::to_string(block) + " outside 1.." + std::to_string(drafter_block_) +
+                                 " (the bundle's drafter block)");
+    const int D = cfg_.dim, V = cfg_.vocab_size;
+    // f = [h_T ; embed[b]]; the first `block` drafter rows are one [block * V][2D] matrix.
+    be_.copy(feature_, h_T, sizeof(float) * D);
+    be_.embedding(feature_ + D, D, embed_, D, &bonus, 1);
+    be_.matmul_f32(draft_logits_, feature_, drafter_w_, drafter_b_, 1, block * V, 2 * D);
+    tokens.resize(static_cast<size_t>(block) * K);
+    logprobs.resize(static_cast<size_t>(block) * K);
+    be_.log_softmax_topk(tokens.data(), logprobs.data(), draft_logits_, block, V, K);
+}
+
+}  // namespace kd

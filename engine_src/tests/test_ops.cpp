@@ -1,0 +1,620 @@
+// test_ops.cpp: every backend op against a plain double-precision reference (NMSE thresholds,
+// as ggml's test-backend-ops), the row-independence the DDTree == AR invariant needs (bit-exact),
+// and the host-side DDTree pieces (heap tree vs brute force, greedy walk).
+//
+//   build/test_ops [--backend cpu|cuda|all]
+//
+// Prints one line per test: "ok <name> <detail>", "FAIL <name> <detail>" or "skip <name> <why>";
+// exits 1 when any test failed.
+#include "backend.h"
+#include "tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace kd;
+
+namespace {
+
+int g_failed = 0;
+
+void report(const std::string& name, bool ok, const std::string& detail) {
+    std::printf("%s %s %s\n", ok ? "ok" : "FAIL", name.c_str(), detail.c_str());
+    if (!ok) ++g_failed;
+}
+
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+// Deterministic test data (SplitMix64).
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 40) / 16777216.0f; }
+    std::vector<float> vec(size_t n, float scale = 1.0f) {
+        std::vector<float> v(n);
+        for (float& x : v) x = uniform(-scale, scale);
+        return v;
+    }
+    int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+};
+
+double nmse(const std::vector<float>& got, const std::vector<double>& ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+// Backend buffers that free themselves; values move to and from host vectors.
+class Buffers {
+public:
+    explicit Buffers(Backend& be) : be_(be) {}
+    ~Buffers() {
+        for (void* p : owned_) be_.release(p);
+    }
+    template <class T>
+    T* put(const std::vector<T>& host) {
+        void* p = be_.alloc(std::max<size_t>(host.size(), 1) * sizeof(T));
+        owned_.push_back(p);
+        be_.upload(p, host.data(), host.size() * sizeof(T));
+        return static_cast<T*>(p);
+    }
+    template <class T>
+    T* zeros(size_t n) { return put(std::vector<T>(n)); }
+    template <class T>
+    std::vector<T> get(const T* p, size_t n) {
+        std::vector<T> host(n);
+        be_.download(host.data(), p, n * sizeof(T));
+        return host;
+    }
+
+private:
+    Backend& be_;
+    std::vector<void*> owned_;
+};
+
+// ---- plain references --------------------------------------------------------------------
+
+std::vector<double> ref_matmul(const std::vector<float>& x, const std::vector<float>& W, const std::vector<float>* bias,
+                               int M, int N, int K) {
+    std::vector<double> y(static_cast<size_t>(M) * N);
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            double s = bias ? (*bias)[n] : 0.0;
+            for (int k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * W[static_cast<size_t>(n) * K + k];
+            y[static_cast<size_t>(m) * N + n] = s;
+        }
+    return y;
+}
+
+// Random W4A16 weights and their dequantised floats, written from the README's layout.
+struct Quantized {
+    std::vector<int32_t> qw;
+    std::vector<float> sc, dequant;
+};
+Quantized random_int4(Rng& rng, int N, int K) {
+    Quantized q;
+    q.qw.resize(static_cast<size_t>(N) * K / 8);
+    q.sc = rng.vec(static_cast<size_t>(N) * K / 32, 0.05f);
+    q.dequant.resize(static_cast<size_t>(N) * K);
+    for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) {
+            const int nib = 1 + rng.below(15);
+            q.qw[(static_cast<size_t>(n) * K + k) / 8] |= static_cast<int32_t>(static_cast<uint32_t>(nib) << (4 * (k % 8)));
+            q.dequant[static_cast<size_t>(n) * K + k] = static_cast<float>(nib - 8) * q.sc[(static_cast<size_t>(n) * K + k) / 32];
+        }
+    return q;
+}
+
+std::vector<int> ancestors_and_self(const std::vector<int32_t>& parent, int i) {
+    std::vector<int> rows;
+    for (int a = i; a >= 0; a = parent[a]) rows.push_back(a);
+    std::reverse(rows.begin(), rows.end());
+    return rows;
+}
+
+// Dense visibility (committed prefix + ancestor closure), then textbook softmax in double.
+std::vector<double> ref_attention(const std::vector<float>& q, const std::vector<float>& wkv_b, const std::vector<float>& cache,
+                                  int committed, const std::vector<int32_t>& parent, const MlaDims& d) {
+    const int M = static_cast<int>(parent.size()), W = d.d_c + d.d_r, qs = d.n_heads * (d.d_n + d.d_r);
+    std::vector<double> out(static_cast<size_t>(M) * d.n_heads * d.d_v);
+    for (int m = 0; m < M; ++m) {
+        std::vector<int> rows(static_cast<size_t>(committed));
+        std::iota(rows.begin(), rows.end(), 0);
+        for (int a : ancestors_and_self(parent, m)) rows.push_back(committed + a);
+        for (int h = 0; h < d.n_heads; ++h) {
+            const float* qn = &q[static_cast<size_t>(m) * qs + static_cast<size_t>(h) * (d.d_n + d.d_r)];
+            const float* wuk = &wkv_b[static_cast<size_t>(h) * (d.d_n + d.d_v) * d.d_c];
+            std::vector<double> qa(static_cast<size_t>(d.d_c), 0.0), s, u(static_cast<size_t>(d.d_c), 0.0);
+            for (int j = 0; j < d.d_n; ++j)
+                for (int c = 0; c < d.d_c; ++c) qa[c] += static_cast<double>(wuk[j * d.d_c + c]) * qn[j];
+            double best = -1e300;
+            for (int t : rows) {
+                double v = 0;
+                for (int c = 0; c < d.d_c; ++c) v += qa[c] * cache[static_cast<size_t>(t) * W + c];
+                for (int r = 0; r < d.d_r; ++r) v += static_cast<double>(qn[d.d_n + r]) * cache[static_cast<size_t>(t) * W + d.d_c + r];
+                s.push_back(v * d.scale);
+                best = std::max(best, s.back());
+            }
+            double total = 0;
+            for (double& v : s) total += (v = std::exp(v - best));
+            for (size_t i = 0; i < rows.size(); ++i)
+                for (int c = 0; c < d.d_c; ++c) u[c] += s[i] / total * cache[static_cast<size_t>(rows[i]) * W + c];
+            const float* wuv = wuk + static_cast<size_t>(d.d_n) * d.d_c;
+            for (int v = 0; v < d.d_v; ++v) {
+                double o = 0;
+                for (int c = 0; c < d.d_c; ++c) o += static_cast<double>(wuv[v * d.d_c + c]) * u[c];
+                out[(static_cast<size_t>(m) * d.n_heads + h) * d.d_v + v] = o;
+            }
+        }
+    }
+    return out;
+}
+
+std::vector<int32_t> random_tree(Rng& rng, int M) {
+    std::vector<int32_t> parent(static_cast<size_t>(M));
+    parent[0] = -1;
+    for (int i = 1; i < M; ++i) parent[i] = rng.below(i);
+    return parent;
+}
+
+// ---- backend op tests ---------------------------------------------------------------------
+
+void test_elementwise(Backend& be, const std::string& p) {
+    Rng rng(1);
+    Buffers buf(be);
+    {  // embedding into a strided output
+        const int V = 50, D = 24, M = 5, stride = 2 * D;
+        const std::vector<float> table = rng.vec(static_cast<size_t>(V) * D);
+        const std::vector<int32_t> tokens = {3, 0, 49, 3, 17};
+        float* out = buf.zeros<float>(static_cast<size_t>(M) * stride);
+        be.embedding(out, stride, buf.put(table), D, tokens.data(), M);
+        const std::vector<float> got = buf.get(out, static_cast<size_t>(M) * stride);
+        bool ok = true;
+        for (int m = 0; m < M; ++m)
+            for (int j = 0; j < stride; ++j)
+                ok = ok && got[m * stride + j] == (j < D ? table[static_cast<size_t>(tokens[m]) * D + j] : 0.0f);
+        report(p + "embedding", ok, "exact copy into strided rows");
+    }
+    {  // rmsnorm over the first n values of strided rows, out of place and in place
+        const int M = 6, n = 40, stride = 56;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(M) * stride, 3.0f), w = rng.vec(n);
+        std::vector<double> ref(static_cast<size_t>(M) * n);
+        for (int m = 0; m < M; ++m) {
+            double ss = 0;
+            for (int j = 0; j < n; ++j) ss += static_cast<double>(x[m * stride + j]) * x[m * stride + j];
+            for (int j = 0; j < n; ++j) ref[m * n + j] = x[m * stride + j] / std::sqrt(ss / n + 1e-6) * w[j];
+        }
+        float* xb = buf.put(x);
+        float* out = buf.zeros<float>(static_cast<size_t>(M) * n);
+        be.rmsnorm(out, n, xb, stride, buf.put(w), M, n, 1e-6f);
+        const double e1 = nmse(buf.get(out, static_cast<size_t>(M) * n), ref);
+        be.rmsnorm(xb, stride, xb, stride, buf.put(w), M, n, 1e-6f);
+        const std::vector<float> inplace = buf.get(xb, static_cast<size_t>(M) * stride);
+        std::vector<float> packed;
+        bool tail_kept = true;
+        for (int m = 0; m < M; ++m)
+            for (int j = 0; j < stride; ++j) {
+                if (j < n) packed.push_back(inplace[m * stride + j]);
+                else tail_kept = tail_kept && inplace[m * stride + j] == x[m * stride + j];
+            }
+        const double e2 = nmse(packed, ref);
+        report(p + "rmsnorm", e1 < 1e-7 && e2 < 1e-7 && tail_kept, "nmse=" + fmt("%.2e", std::max(e1, e2)));
+    }
+    {  // rope on per-head segments
+        const int M = 4, H = 3, d_n = 8, d_r = 16, vs = d_n + d_r, rs = H * vs;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(M) * rs);
+        const std::vector<int32_t> pos = {0, 7, 250, 1023};
+        std::vector<double> ref(x.begin(), x.end());
+        for (int m = 0; m < M; ++m)
+            for (int h = 0; h < H; ++h)
+                for (int i = 0; i < d_r / 2; ++i) {
+                    const double ang = pos[m] * std::pow(10000.0, -2.0 * i / d_r);
+                    const size_t o = static_cast<size_t>(m) * rs + h * vs + d_n + 2 * i;
+                    ref[o] = x[o] * std::cos(ang) - x[o + 1] * std::sin(ang);
+                    ref[o + 1] = x[o] * std::sin(ang) + x[o + 1] * std::cos(ang);
+                }
+        float* xb = buf.put(x);
+        be.rope(xb, M, rs, H, vs, d_n, d_r, pos.data(), 10000.0f);
+        const double e = nmse(buf.get(xb, x.size()), ref);
+        report(p + "rope", e < 1e-7, "nmse=" + fmt("%.2e", e));
+    }
+    {  // silu_mul and add, in place
+        const size_t n = 1000;
+        const std::vector<float> a = rng.vec(n, 6.0f), b = rng.vec(n, 2.0f);
+        std::vector<double> rs(n), ra(n);
+        for (size_t i = 0; i < n; ++i) {
+            rs[i] = a[i] / (1.0 + std::exp(-static_cast<double>(a[i]))) * b[i];
+            ra[i] = static_cast<double>(a[i]) + b[i];
+        }
+        float* ab = buf.put(a);
+        float* bb = buf.put(b);
+        float* sum = buf.zeros<float>(n);
+        be.add(sum, ab, bb, n);
+        be.silu_mul(ab, ab, bb, n);
+        const double es = nmse(buf.get(ab, n), rs), ea = nmse(buf.get(sum, n), ra);
+        report(p + "silu_mul", es < 1e-7, "nmse=" + fmt("%.2e", es));
+        report(p + "add", ea < 1e-7, "nmse=" + fmt("%.2e", ea));
+    }
+}
+
+// Row m of a batched call must equal the same row computed alone, bit for bit.
+bool rows_match_single(const std::vector<float>& batched, const std::function<std::vector<float>(int)>& single, int M,
+                       size_t row) {
+    for (int m = 0; m < M; ++m) {
+        const std::vector<float> one = single(m);
+        if (std::memcmp(one.data(), batched.data() + m * row, row * sizeof(float)) != 0) return false;
+    }
+    return true;
+}
+
+void test_matmuls(Backend& be, const std::string& p) {
+    Rng rng(2);
+    Buffers buf(be);
+    for (const int M : {1, 5, 17}) {
+        const int N = 72, K = 160;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(M) * K), W = rng.vec(static_cast<size_t>(N) * K, 0.1f),
+                                 bias = rng.vec(N);
+        float* xb = buf.put(x);
+        float* Wb = buf.put(W);
+        float* biasb = buf.put(bias);
+        float* y = buf.zeros<float>(static_cast<size_t>(M) * N);
+        be.matmul_f32(y, xb, Wb, biasb, M, N, K);
+        const std::vector<float> got = buf.get(y, static_cast<size_t>(M) * N);
+        const double e = nmse(got, ref_matmul(x, W, &bias, M, N, K));
+        const bool rows = rows_match_single(got, [&](int m) {
+            float* y1 = buf.zeros<float>(N);
+            be.matmul_f32(y1, xb + static_cast<size_t>(m) * K, Wb, biasb, 1, N, K);
+            return buf.get(y1, N);
+        }, M, N);
+        report(p + "matmul_f32.M" + std::to_string(M), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+
+        const Quantized q = random_int4(rng, N, K);
+        int32_t* qb = buf.put(q.qw);
+        float* sb = buf.put(q.sc);
+        be.matmul_w4a16(y, xb, qb, sb, M, N, K);
+        const std::vector<float> g4 = buf.get(y, static_cast<size_t>(M) * N);
+        const double e4 = nmse(g4, ref_matmul(x, q.dequant, nullptr, M, N, K));
+        const bool rows4 = rows_match_single(g4, [&](int m) {
+            float* y1 = buf.zeros<float>(N);
+            be.matmul_w4a16(y1, xb + static_cast<size_t>(m) * K, qb, sb, 1, N, K);
+            return buf.get(y1, N);
+        }, M, N);
+        report(p + "matmul_w4a16.M" + std::to_string(M), e4 < 5e-4 && rows4, "nmse=" + fmt("%.2e", e4) + (rows4 ? " rows independent of M" : " ROW DEPENDS ON M"));
+    }
+    {  // nibble order: one non-zero nibble at input k must pick x[k] alone
+        const int N = 8, K = 64;
+        std::vector<int32_t> qw(static_cast<size_t>(N) * K / 8, static_cast<int32_t>(0x88888888u));
+        std::vector<float> sc(static_cast<size_t>(N) * K / 32, 1.0f), x(K);
+        std::iota(x.begin(), x.end(), 1.0f);
+        const int ks[N] = {0, 1, 7, 8, 15, 31, 32, 63};
+        for (int n = 0; n < N; ++n) {
+            uint32_t& w = reinterpret_cast<uint32_t&>(qw[n * K / 8 + ks[n] / 8]);
+            w = (w & ~(15u << (4 * (ks[n] % 8)))) | (9u << (4 * (ks[n] % 8)));  // nibble 9 = +1 * scale
+        }
+        float* y = buf.zeros<float>(N);
+        be.matmul_w4a16(y, buf.put(x), buf.put(qw), buf.put(sc), 1, N, K);
+        const std::vector<float> got = buf.get(y, N);
+        bool ok = true;
+        for (int n = 0; n < N; ++n) ok = ok && got[n] == x[ks[n]];
+        report(p + "matmul_w4a16.nibble_order", ok, "word j nibble k (bits 4k..4k+3) is input 8j+k");
+    }
+}
+
+void test_attention(Backend& be, const std::string& p) {
+    Rng rng(3);
+    Buffers buf(be);
+    MlaDims d;
+    d.n_heads = 3; d.d_c = 32; d.d_n = 16; d.d_r = 8; d.d_v = 16;
+    d.scale = 1.0f / std::sqrt(24.0f);
+    const int W = d.d_c + d.d_r, committed = 11, M = 9, qs = d.n_heads * (d.d_n + d.d_r);
+    const std::vector<int32_t> parent = random_tree(rng, M);
+    const std::vector<float> cache = rng.vec(static_cast<size_t>(committed + M + 4) * W),
+                             q = rng.vec(static_cast<size_t>(M) * qs),
+                             wkv_b = rng.vec(static_cast<size_t>(d.n_heads) * (d.d_n + d.d_v) * d.d_c, 0.2f);
+    float* cb = buf.put(cache);
+    float* qb = buf.put(q);
+    float* wb = buf.put(wkv_b);
+    float* out = buf.zeros<float>(static_cast<size_t>(M) * d.n_heads * d.d_v);
+    Visibility vis;
+    vis.committed = committed;
+    vis.parent_host = parent.data();
+    be.mla_attention(out, qb, wb, cb, vis, M, d);
+    const std::vector<float> got = buf.get(out, static_cast<size_t>(M) * d.n_heads * d.d_v);
+    const double e = nmse(got, ref_attention(q, wkv_b, cache, committed, parent, d));
+    report(p + "mla_attention.tree", e < 5e-4, "nmse=" + fmt("%.2e", e) + " (ancestor-only mask, " + std::to_string(M) + " rows)");
+
+    // The DDTree == AR invariant at op level: a tree row equals the same row decoded alone after
+    // its ancestors were compacted into a chain, bit for bit.
+    bool exact = true;
+    const size_t row = static_cast<size_t>(d.n_heads) * d.d_v;
+    for (int m = 0; m < M; ++m) {
+        const std::vector<int> chain = ancestors_and_self(parent, m);
+        std::vector<float> compacted(cache.begin(), cache.begin() + static_cast<long>(committed) * W);
+        for (int a : chain)
+            compacted.insert(compacted.end(), cache.begin() + static_cast<long>(committed + a) * W,
+                             cache.begin() + static_cast<long>(committed + a + 1) * W);
+        const int32_t none = -1;
+        Visibility alone;
+        alone.committed = committed + static_cast<int>(chain.size()) - 1;
+        alone.parent_host = &none;
+        float* o1 = buf.zeros<float>(row);
+        be.mla_attention(o1, qb + static_cast<size_t>(m) * qs, wb, buf.put(compacted), alone, 1, d);
+        exact = exact && std::memcmp(buf.get(o1, row).data(), got.data() + m * row, row * sizeof(float)) == 0;
+    }
+    report(p + "mla_attention.tree_row_equals_chain", exact, "tree rows bit-equal to single-row decode over the compacted chain");
+
+    // kv_compact equals a gather of the kept rows.
+    const std::vector<int32_t> keep = {0, 2, 3, 7};
+    const int start = 5;
+    float* c2 = buf.put(cache);
+    be.kv_compact(c2, W, start, keep.data(), static_cast<int>(keep.size()));
+    const std::vector<float> after = buf.get(c2, cache.size());
+    bool gathered = std::equal(after.begin(), after.begin() + static_cast<long>(start) * W, cache.begin());
+    for (size_t j = 0; j < keep.size(); ++j)
+        gathered = gathered && std::equal(after.begin() + static_cast<long>(start + j) * W, after.begin() + static_cast<long>(start + j + 1) * W,
+                                          cache.begin() + static_cast<long>(start + keep[j]) * W);
+    report(p + "kv_compact", gathered, "equals a gather of the accepted rows");
+}
+
+void test_moe(Backend& be, const std::string& p) {
+    Rng rng(4);
+    Buffers buf(be);
+    for (const int groups : {1, 4}) {
+        MoeRouting r;
+        r.n_experts = 16; r.top_k = 3; r.n_groups = groups; r.topk_groups = groups > 1 ? 2 : 1; r.route_scale = 2.5f;
+        const int M = 7, E = r.n_experts, gs = E / groups;
+        const std::vector<float> logits = rng.vec(static_cast<size_t>(M) * E, 3.0f), bias = rng.vec(E, 0.3f);
+        int32_t* idx = buf.zeros<int32_t>(static_cast<size_t>(M) * r.top_k);
+        float* wt = buf.zeros<float>(static_cast<size_t>(M) * r.top_k);
+        be.moe_gate(idx, wt, buf.put(logits), buf.put(bias), M, r);
+        const std::vector<int32_t> gi = buf.get(idx, static_cast<size_t>(M) * r.top_k);
+        const std::vector<float> gw = buf.get(wt, static_cast<size_t>(M) * r.top_k);
+        std::vector<double> ref_w;
+        bool same_idx = true;
+        for (int m = 0; m < M; ++m) {
+            std::vector<double> s(E), sel(E);
+            for (int e = 0; e < E; ++e) {
+                s[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[m * E + e])));
+                sel[e] = s[e] + bias[e];
+            }
+            std::vector<int> order(E);
+            const auto by_sel = [&](const std::vector<double>& v) {
+                return [&v](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+            };
+            if (groups > 1) {
+                std::vector<double> gsc(groups);
+                for (int g = 0; g < groups; ++g) {
+                    std::vector<double> in(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
+                    std::sort(in.rbegin(), in.rend());
+                    gsc[g] = in[0] + in[1];
+                }
+                std::vector<int> go(groups);
+                std::iota(go.begin(), go.end(), 0);
+                std::sort(go.begin(), go.end(), by_sel(gsc));
+                for (int e = 0; e < E; ++e)
+                    if (std::find(go.begin(), go.begin() + r.topk_groups, e / gs) == go.begin() + r.topk_groups) sel[e] = -1e300;
+            }
+            std::iota(order.begin(), order.end(), 0);
+            std::sort(order.begin(), order.end(), by_sel(sel));
+            double total = 0;
+            for (int j = 0; j < r.top_k; ++j) total += s[order[j]];
+            for (int j = 0; j < r.top_k; ++j) {
+                same_idx = same_idx && gi[m * r.top_k + j] == order[j];
+                ref_w.push_back(s[order[j]] / total * r.route_scale);
+            }
+        }
+        const double e = nmse(gw, ref_w);
+        report(p + "moe_gate.groups" + std::to_string(groups), same_idx && e < 1e-7, std::string(same_idx ? "same experts" : "DIFFERENT EXPERTS") + " weights nmse=" + fmt("%.2e", e));
+    }
+    for (const bool int4 : {false, true}) {
+        const int M = 6, E = 5, D = 64, I = 96, k = 2;
+        ExpertWeights w;
+        w.n_experts = E; w.dim = D; w.inter = I; w.int4 = int4;
+        std::vector<float> deq[3];
+        for (int j = 0; j < 3; ++j) {
+            const int out = j == 1 ? D : I, in = j == 1 ? I : D;
+            Quantized q;
+            if (int4) {
+                for (int e = 0; e < E; ++e) {
+                    const Quantized qe = random_int4(rng, out, in);
+                    q.qw.insert(q.qw.end(), qe.qw.begin(), qe.qw.end());
+                    q.sc.insert(q.sc.end(), qe.sc.begin(), qe.sc.end());
+                    q.dequant.insert(q.dequant.end(), qe.dequant.begin(), qe.dequant.end());
+                }
+                (j == 0 ? w.q1 : j == 1 ? w.q2 : w.q3) = buf.put(q.qw);
+                (j == 0 ? w.s1 : j == 1 ? w.s2 : w.s3) = buf.put(q.sc);
+            } else {
+                q.dequant = rng.vec(static_cast<size_t>(E) * out * in, 0.15f);
+                (j == 0 ? w.w1 : j == 1 ? w.w2 : w.w3) = buf.put(q.dequant);
+            }
+            deq[j] = q.dequant;
+        }
+        const std::vector<float> x = rng.vec(static_cast<size_t>(M) * D);
+        std::vector<int32_t> idx(static_cast<size_t>(M) * k);
+        std::vector<float> wt = rng.vec(static_cast<size_t>(M) * k);
+        for (int m = 0; m < M; ++m) { idx[m * k] = rng.below(E); idx[m * k + 1] = (idx[m * k] + 1 + rng.below(E - 1)) % E; }
+        std::vector<double> ref(static_cast<size_t>(M) * D, 0.0);
+        for (int m = 0; m < M; ++m)
+            for (int j = 0; j < k; ++j) {
+                const size_t e = static_cast<size_t>(idx[m * k + j]), per = static_cast<size_t>(I) * D;
+                std::vector<double> h(I);
+                for (int i = 0; i < I; ++i) {
+                    double a = 0, b = 0;
+                    for (int c = 0; c < D; ++c) {
+                        a += static_cast<double>(deq[0][e * per + i * D + c]) * x[m * D + c];
+                        b += static_cast<double>(deq[2][e * per + i * D + c]) * x[m * D + c];
+                    }
+                    h[i] = a / (1.0 + std::exp(-a)) * b;
+                }
+                for (int c = 0; c < D; ++c) {
+                    double y = 0;
+                    for (int i = 0; i < I; ++i) y += deq[1][e * per + c * I + i] * h[i];
+                    ref[m * D + c] += wt[m * k + j] * y;
+                }
+            }
+        float* xb = buf.put(x);
+        int32_t* ib = buf.put(idx);
+        float* wb = buf.put(wt);
+        float* out = buf.zeros<float>(static_cast<size_t>(M) * D);
+        be.moe_ffn(out, xb, ib, wb, M, k, w);
+        const std::vector<float> got = buf.get(out, static_cast<size_t>(M) * D);
+        const double e = nmse(got, ref);
+        const bool rows = rows_match_single(got, [&](int m) {
+            float* o1 = buf.zeros<float>(D);
+            be.moe_ffn(o1, xb + m * D, ib + m * k, wb + m * k, 1, k, w);
+            return buf.get(o1, D);
+        }, M, D);
+        report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32"), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+    }
+}
+
+void test_sampling(Backend& be, const std::string& p) {
+    Rng rng(5);
+    Buffers buf(be);
+    const int M = 4, N = 300, K = 10;
+    std::vector<float> x = rng.vec(static_cast<size_t>(M) * N, 4.0f);
+    x[1 * N + 17] = x[1 * N + 250] = 9.0f;  // a tie: the lower index wins
+    float* xb = buf.put(x);
+    std::vector<int32_t> am(M);
+    be.argmax(am.data(), xb, M, N);
+    bool ok = am[1] == 17;
+    for (int m = 0; m < M; ++m) ok = ok && am[m] == std::max_element(x.begin() + m * N, x.begin() + (m + 1) * N) - (x.begin() + m * N);
+    report(p + "argmax", ok, "ties go to the lower index");
+
+    std::vector<int32_t> tok(static_cast<size_t>(M) * K);
+    std::vector<float> lp(static_cast<size_t>(M) * K);
+    be.log_softmax_topk(tok.data(), lp.data(), xb, M, N, K);
+    std::vector<double> ref;
+    bool same = true;
+    for (int m = 0; m < M; ++m) {
+        double mx = -1e300, total = 0;
+        for (int j = 0; j < N; ++j) mx = std::max(mx, static_cast<double>(x[m * N + j]));
+        for (int j = 0; j < N; ++j) total += std::exp(x[m * N + j] - mx);
+        std::vector<int> order(N);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[m * N + a] > x[m * N + b]; });
+        for (int k = 0; k < K; ++k) {
+            same = same && tok[m * K + k] == order[k];
+            ref.push_back(x[m * N + order[k]] - mx - std::log(total));
+        }
+    }
+    const double e = nmse(lp, ref);
+    report(p + "log_softmax_topk", same && e < 1e-7, std::string(same ? "same tokens" : "DIFFERENT TOKENS") + " nmse=" + fmt("%.2e", e));
+}
+
+// ---- host-side DDTree -------------------------------------------------------------------
+
+void test_tree() {
+    Rng rng(6);
+    const int L = 4, K = 5;
+    for (const int B : {1, 7, 30, 100}) {
+        const int k = std::min(B, K);
+        std::vector<int32_t> tokens(static_cast<size_t>(L) * k);
+        std::vector<float> lq(static_cast<size_t>(L) * k);
+        for (int d = 0; d < L; ++d) {
+            std::vector<float> v = rng.vec(k, 3.0f);
+            std::sort(v.rbegin(), v.rend());
+            if (d == 1 && k > 2) v[2] = v[1];  // a tie inside a depth
+            for (int r = 0; r < k; ++r) { lq[d * k + r] = v[r] - 4.0f; tokens[d * k + r] = 100 * d + r; }
+        }
+        const DraftTree t = build_tree(999, tokens, lq, L, k, B);
+        // Brute force: every rank tuple, scored as the heap scores it, sorted best first.
+        std::vector<std::pair<double, std::vector<int32_t>>> all;
+        std::function<void(std::vector<int32_t>&, double)> walk = [&](std::vector<int32_t>& ranks, double score) {
+            if (!ranks.empty()) all.emplace_back(score, ranks);
+            if (static_cast<int>(ranks.size()) == L) return;
+            for (int r = 0; r < k; ++r) {
+                ranks.push_back(r);
+                walk(ranks, score + lq[(ranks.size() - 1) * k + r]);
+                ranks.pop_back();
+            }
+        };
+        std::vector<int32_t> empty;
+        walk(empty, 0.0);
+        std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        bool ok = static_cast<int>(t.tokens.size()) == 1 + std::min<int>(B, static_cast<int>(all.size())) && t.parents[0] == -1;
+        std::map<std::vector<int32_t>, int> index{{{}, 0}};
+        for (size_t i = 1; ok && i < t.tokens.size(); ++i) {
+            const std::vector<int32_t>& ranks = all[i - 1].second;
+            index[ranks] = static_cast<int>(i);
+            const std::vector<int32_t> up(ranks.begin(), ranks.end() - 1);
+            ok = t.depths[i] == static_cast<int>(ranks.size()) && t.tokens[i] == tokens[(ranks.size() - 1) * k + ranks.back()] &&
+                 index.count(up) && t.parents[i] == index[up] && t.parents[i] < static_cast<int>(i);
+        }
+        report("tree.heap_equals_brute_force.B" + std::to_string(B), ok, "top-B prefixes in score order, ties by rank tuple");
+    }
+    {  // greedy walk
+        DraftTree t;
+        t.tokens = {5, 10, 11, 20, 21, 30};
+        t.parents = {-1, 0, 0, 1, 2, 4};
+        t.depths = {0, 1, 1, 2, 2, 3};
+        const std::vector<int32_t> path = accept_path(t, {11, 0, 21, 0, 31, 0});
+        const std::vector<int32_t> none = accept_path(t, {12, 0, 0, 0, 0, 0});
+        report("tree.accept_path", path == std::vector<int32_t>{0, 2, 4} && none == std::vector<int32_t>{0},
+               "follows post[cur] through matching children, stops at the first miss");
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string which = "all";
+    for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]) == "--backend" && i + 1 < argc) which = argv[++i];
+        else { std::fprintf(stderr, "usage: test_ops [--backend cpu|cuda|all]\n"); return 2; }
+    }
+    std::vector<std::string> names;
+    if (which == "all") {
+        const std::string avail = available_backends();
+        for (size_t s = 0, c; s <= avail.size(); s = c + 1) {
+            c = avail.find(',', s);
+            if (c == std::string::npos) c = avail.size();
+            names.push_back(avail.substr(s, c - s));
+        }
+    } else {
+        names.push_back(which);
+    }
+    test_tree();
+    for (const std::string& name : names) {
+        std::unique_ptr<Backend> be;
+        try {
+            be = make_backend(name);
+        } catch (const std::exception& e) {
+            std::printf("skip %s.* %s\n", name.c_str(), e.what());
+            continue;
+        }
+        const std::string p = name + ".";
+        const std::function<void(Backend&, const std::string&)> groups[] = {test_elementwise, test_matmuls, test_attention,
+                                                                             test_moe, test_sampling};
+        for (const auto& group : groups) {
+            try {
+                group(*be, p);
+            } catch (const std::exception& e) {
+                report(p + "exception", false, e.what());
+            }
+        }
+    }
+    std::printf("%s\n", g_failed ? (std::to_string(g_failed) + " op tests failed").c_str() : "all op tests passed");
+    return g_failed ? 1 : 0;
+}
