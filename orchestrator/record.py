@@ -70,6 +70,8 @@ TEST_STATUSES = ("passed", "failed", "skipped")
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MESSAGE_LIMIT = 4000  # characters kept of a message parsed from a host's result file
+DETAILS_DEPTH = 16  # bench details nested deeper are dropped
+DETAILS_BYTES = 256_000  # and so are larger ones
 REDACTED = "[REDACTED]"
 MIN_FRAGMENT = 6  # shortest cut-off piece of a secret redacted at the edge of a log tail
 
@@ -201,10 +203,10 @@ class TestsRecord:
 def _test_case(item: dict) -> TestCase:
     status = item.get("status")
     return TestCase(
-        name=str(item.get("name", "?"))[:200],
+        name=short_text(item.get("name", "?"), 200),
         status=status if status in TEST_STATUSES else "failed",
-        seconds=_finite(item.get("seconds")),
-        message=str(item.get("message") or "")[:MESSAGE_LIMIT],
+        seconds=finite_number(item.get("seconds")) or 0.0,
+        message=short_text(item.get("message") or "", MESSAGE_LIMIT),
     )
 
 
@@ -212,27 +214,59 @@ def bench_from_engine(data: Any) -> dict:
     """The ``bench`` part of a host record from the engine's ``build/bench.json``.
 
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
-    lower); every other top-level key but ``version`` and ``metrics`` goes to ``details``.
+    lower); every other top-level key but ``version`` and ``metrics`` goes to ``details``,
+    replaced by a note when it is nested too deeply or too large to keep.
     """
     data = data if isinstance(data, dict) else {}
     metrics = {}
     raw = data.get("metrics")
     for name, metric in (raw.items() if isinstance(raw, dict) else ()):
-        value = metric.get("value") if isinstance(metric, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        value = finite_number(metric.get("value")) if isinstance(metric, dict) else None
+        if value is not None:
             better = metric.get("better")
-            metrics[str(name)[:200]] = {
+            metrics[short_text(name, 200)] = {
                 "value": value,
-                "unit": str(metric.get("unit") or "")[:40],
+                "unit": short_text(metric.get("unit") or "", 40),
                 "better": better if better in ("higher", "lower") else "higher",
             }
     details = {k: v for k, v in data.items() if k not in ("version", "metrics")}
-    return {"metrics": metrics, "details": details}
+    return {"metrics": metrics, "details": _bounded(details)}
 
 
-def _finite(value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else 0.0
+def _bounded(details: dict) -> dict:
+    if _depth(details) > DETAILS_DEPTH:
+        return {"omitted": f"nested deeper than {DETAILS_DEPTH} levels"}
+    size = len(json.dumps(details, default=str))
+    return details if size <= DETAILS_BYTES else {"omitted": f"{size} bytes, more than {DETAILS_BYTES}"}
+
+
+def _depth(value: Any, limit: int = DETAILS_DEPTH + 1) -> int:
+    """Nesting depth of a JSON-like value, counted no further than ``limit``."""
+    if limit <= 0 or not isinstance(value, (dict, list)):
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(c, limit - 1) for c in children), default=0)
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float; None for bools, non-numbers, NaN, infinities, huge ints."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def short_text(value: Any, limit: int) -> str:
+    """``value`` as a string of at most ``limit`` characters (JSON for non-strings)."""
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, default=str)
+        except (RecursionError, ValueError):
+            value = "[unprintable]"
+    return value[:limit]
 
 
 @dataclass
@@ -487,7 +521,7 @@ def load_run(path: Path | str) -> dict:
         raise RunRecordError(file, f"cannot read: {e}") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise RunRecordError(file, f"corrupt run record (not JSON: {e})") from None
     if not isinstance(data, dict) or "version" not in data:
         raise RunRecordError(file, "not a run record (no 'version')")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import fields
@@ -36,15 +35,17 @@ from orchestrator.record import (
     STEP_STATUSES,
     STEPS,
     atomic_write,
+    finite_number,
     load_run,
     redact,
+    short_text,
     utc_now,
 )
 
 __all__ = [
-    "redact", "view", "render_markdown", "render_html", "render_junit", "render_run",
+    "redact", "text", "view", "render_markdown", "render_html", "render_junit", "render_run",
     "compare", "render_compare", "write_compare",
-    "find_regressions", "baseline_values", "make_baseline", "write_baseline", "load_baseline",
+    "find_regressions", "threshold_for", "baseline_values", "make_baseline", "write_baseline", "load_baseline",
 ]
 
 REPORT_FILES = {"md": "report.md", "html": "report.html", "junit": "junit.xml"}
@@ -77,19 +78,12 @@ def text(value: Any, limit: int = MESSAGE_LIMIT, secrets: Iterable[str] = (), ke
     cut to ``limit`` characters (its end kept when ``keep_end``, as for a log tail)."""
     if value is None:
         return ""
-    s = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    s = value if isinstance(value, str) else short_text(value, 4 * limit)
     s = _NOT_XML.sub("", _ANSI.sub("", redact(s, secrets)))
     if len(s) <= limit:
         return s
     cut = len(s) - limit
     return f"[… {cut} characters cut]\n" + s[-limit:] if keep_end else s[:limit] + f" [… {cut} characters cut]"
-
-
-def number(value: Any) -> float | None:
-    """A finite float, or None for anything else (bools, strings, NaN, infinities)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def fmt(value: float | None) -> str:
@@ -135,7 +129,7 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         "status": _status(run.get("status"), ("passed", "failed", "interrupted")),
         "started": text(run.get("started"), 40, secrets),
         "finished": text(run.get("finished"), 40, secrets),
-        "seconds": number(run.get("seconds")),
+        "seconds": finite_number(run.get("seconds")),
         "source": {
             "tree_hash": text(source.get("tree_hash"), 80, secrets),
             "git_rev": text(source.get("git_rev"), 80, secrets),
@@ -205,7 +199,7 @@ def _step_view(name: str, step: Any, secrets: list[str]) -> dict:
     return {
         "name": name,
         "status": _status(step.get("status"), STEP_STATUSES),
-        "seconds": number(step.get("seconds")),
+        "seconds": finite_number(step.get("seconds")),
         "log": text(step.get("log"), 200, secrets),
         "message": text(step.get("message"), MESSAGE_LIMIT, secrets),
         "tail": text(step.get("tail"), TAIL_LIMIT, secrets, keep_end=True),
@@ -226,8 +220,8 @@ def _golden_view(golden: Any, secrets: list[str]) -> dict:
 def _mismatch_view(mismatch: Any, secrets: list[str]) -> dict | None:
     if not isinstance(mismatch, dict):
         return None
-    position = number(mismatch.get("position"))
-    start = number(mismatch.get("window_start")) or 0
+    position = finite_number(mismatch.get("position"))
+    start = finite_number(mismatch.get("window_start")) or 0
     expected = _list(mismatch.get("expected"))[:64]
     actual = _list(mismatch.get("actual"))[:64]
     columns = []
@@ -242,7 +236,7 @@ def _mismatch_view(mismatch: Any, secrets: list[str]) -> dict | None:
     return {
         "check": text(mismatch.get("check"), 60, secrets),
         "position": int(position) if position is not None else None,
-        "margin": number(mismatch.get("margin")),
+        "margin": finite_number(mismatch.get("margin")),
         "columns": columns,
     }
 
@@ -253,9 +247,9 @@ def _tests_view(tests: Any, secrets: list[str]) -> dict | None:
     cases = [c for c in _list(tests.get("cases")) if isinstance(c, dict)]
     failing = [c for c in cases if c.get("status") not in ("passed", "skipped")]
     return {
-        "passed": int(number(tests.get("passed")) or 0),
-        "failed": int(number(tests.get("failed")) or 0),
-        "skipped": int(number(tests.get("skipped")) or 0),
+        "passed": int(finite_number(tests.get("passed")) or 0),
+        "failed": int(finite_number(tests.get("failed")) or 0),
+        "skipped": int(finite_number(tests.get("skipped")) or 0),
         "total": len(cases),
         "cases": [_case_view(c, secrets) for c in cases],
         "failing": [_case_view(c, secrets) for c in failing[:CASES_LIMIT]],
@@ -267,7 +261,7 @@ def _case_view(case: dict, secrets: list[str]) -> dict:
     return {
         "name": text(case.get("name"), NAME_LIMIT, secrets) or "?",
         "status": _status(case.get("status"), ("passed", "failed", "skipped")),
-        "seconds": number(case.get("seconds")),
+        "seconds": finite_number(case.get("seconds")),
         "message": text(case.get("message"), MESSAGE_LIMIT, secrets),
     }
 
@@ -279,7 +273,7 @@ def _bench_view(bench: Any, secrets: list[str]) -> dict | None:
     for name, m in list(_dict(bench.get("metrics")).items())[:METRICS_LIMIT]:
         m = _dict(m)
         metrics[text(name, NAME_LIMIT, secrets)] = {
-            "value": number(m.get("value")),
+            "value": finite_number(m.get("value")),
             "unit": text(m.get("unit"), 40, secrets),
             "better": "lower" if m.get("better") == "lower" else "higher",
         }
@@ -293,10 +287,10 @@ def _regression_view(reg: dict, secrets: list[str]) -> dict:
         "metric": text(reg.get("metric"), NAME_LIMIT, secrets),
         "unit": text(reg.get("unit"), 40, secrets),
         "better": "lower" if reg.get("better") == "lower" else "higher",
-        "baseline": number(reg.get("baseline")),
-        "value": number(reg.get("value")),
-        "ratio": number(reg.get("ratio")),
-        "threshold": number(reg.get("threshold")),
+        "baseline": finite_number(reg.get("baseline")),
+        "value": finite_number(reg.get("value")),
+        "ratio": finite_number(reg.get("ratio")),
+        "threshold": finite_number(reg.get("threshold")),
     }
 
 
@@ -435,14 +429,32 @@ def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
         for key in ("backend", "transport", "deployed_tree_hash", "gpu_label"):
             ET.SubElement(props, "property", name=key, value=str(host[key] or ""))
         for step in host["steps"]:
+            evidence = "\n".join(filter(None, [_golden_summary(host) if step["name"] == "golden" else "", step["tail"]]))
             _junit_case(suite, host["name"], f"step.{step['name']}", step["status"], step["seconds"],
-                        step["message"], step["tail"])
+                        step["message"], evidence)
         for case in (host["tests"] or {}).get("cases", []):
             _junit_case(suite, host["name"], f"test.{case['name']}", case["status"], case["seconds"], case["message"], "")
         _junit_totals(suite)
     _junit_totals(root)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _golden_summary(host: dict) -> str:
+    """The failed golden checks of a host, one bundle a paragraph, tokens around a divergence."""
+    lines = []
+    for bundle, golden in host["golden"].items():
+        m = golden["mismatch"]
+        if golden["status"] != "failed":
+            continue
+        if m is None:
+            lines.append(f"{bundle}: failed: " + ", ".join(c for c, s in golden["checks"] if s == "failed"))
+            continue
+        lines += [f"{bundle}: {m['check']} diverges at position {m['position']} (reference margin {_margin(m['margin'])})",
+                  "  position: " + " ".join(f"{c['position']:>6}" for c in m["columns"]),
+                  "  expected: " + " ".join(f"{c['expected']:>6}" for c in m["columns"]),
+                  "  actual:   " + " ".join(f"{c['actual']:>6}" for c in m["columns"])]
+    return "\n".join(lines)
 
 
 def _junit_case(suite: ET.Element, classname: str, name: str, status: str, seconds: float | None,
@@ -494,7 +506,7 @@ def baseline_values(baseline: dict) -> dict[str, dict[str, float]]:
     if "run_id" in baseline:
         hosts = {h: {m: _dict(v).get("value") for m, v in _dict(_dict(_dict(rec).get("bench")).get("metrics")).items()}
                  for h, rec in hosts.items()}
-    return {str(h): {str(m): v for m, v in _dict(ms).items() if number(v) is not None} for h, ms in hosts.items()}
+    return {str(h): {str(m): v for m, v in _dict(ms).items() if finite_number(v) is not None} for h, ms in hosts.items()}
 
 
 def make_baseline(run: dict, thresholds: dict[str, float] | None = None) -> dict:
@@ -537,7 +549,7 @@ def threshold_for(metric: str, thresholds: dict[str, float]) -> float:
 
 def _tolerances(baseline: dict, thresholds: dict[str, float] | None) -> dict[str, float]:
     merged = {**_dict(baseline.get("thresholds")), **(thresholds or {})}
-    return {str(k): float(v) for k, v in merged.items() if number(v) is not None and v >= 0}
+    return {str(k): float(v) for k, v in merged.items() if finite_number(v) is not None and v >= 0}
 
 
 def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, float] | None = None) -> list[dict]:
@@ -555,7 +567,7 @@ def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, fl
     for host, record in _dict(current_run.get("hosts")).items():
         metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
         for name, metric in metrics.items():
-            value, base = number(_dict(metric).get("value")), number(reference.get(host, {}).get(name))
+            value, base = finite_number(_dict(metric).get("value")), finite_number(reference.get(host, {}).get(name))
             if value is None or base is None or base <= 0:
                 continue
             better = "lower" if metric.get("better") == "lower" else "higher"
@@ -594,7 +606,7 @@ def _bench_metrics(run: dict) -> dict[str, dict[str, dict]]:
     hosts = {}
     for host, record in _dict(run.get("hosts")).items():
         metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
-        hosts[str(host)] = {str(n): {"value": number(_dict(m).get("value")), "unit": str(_dict(m).get("unit") or ""),
+        hosts[str(host)] = {str(n): {"value": finite_number(_dict(m).get("value")), "unit": str(_dict(m).get("unit") or ""),
                                      "better": "lower" if _dict(m).get("better") == "lower" else "higher"}
                             for n, m in metrics.items()}
     return hosts

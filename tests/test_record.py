@@ -97,11 +97,22 @@ def test_bench_keeps_numeric_metrics_and_the_rest_as_details():
     bench = rec.bench_from_engine({"version": 1, "backend": "cuda", "repeats": 5, "metrics": {
         "ar_tokens_per_s": {"value": 410.5, "unit": "tokens/s", "better": "higher"},
         "step_ms": {"value": 2, "unit": "ms", "better": "lower"},
-        "odd": {"value": "fast"}, "nan": {"value": float("nan")}, "flag": {"value": True}, "junk": 3}})
+        "odd": {"value": "fast"}, "nan": {"value": float("nan")}, "flag": {"value": True}, "junk": 3,
+        "huge": {"value": 10**400}}})
     assert bench["metrics"] == {"ar_tokens_per_s": {"value": 410.5, "unit": "tokens/s", "better": "higher"},
                                 "step_ms": {"value": 2, "unit": "ms", "better": "lower"}}
     assert bench["details"] == {"backend": "cuda", "repeats": 5}
     assert rec.bench_from_engine(None) == {"metrics": {}, "details": {}}
+
+
+def test_bench_details_too_deep_or_too_large_are_dropped():
+    deep = {}
+    for _ in range(900):
+        deep = {"d": deep}
+    assert rec.bench_from_engine({"tree": deep})["details"] == {"omitted": "nested deeper than 16 levels"}
+    big = rec.bench_from_engine({"samples": list(range(100_000))})["details"]
+    assert big["omitted"].endswith("bytes, more than 256000")
+    assert rec.bench_from_engine({"samples": [1.5] * 10})["details"] == {"samples": [1.5] * 10}
 
 
 # --------------------------------------------------------------------------------------------

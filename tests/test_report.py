@@ -44,7 +44,7 @@ def golden_all_pass() -> dict[str, rec.GoldenRecord]:
 def engine_tests(failing: str | None = None) -> rec.TestsRecord:
     data = {"version": 1, "backend": "cpu", "tests": [
         {"name": n, "status": "failed" if n == failing else "passed", "seconds": 0.25,
-         "message": f"max abs err 3.1e-02 > tol 1e-03 at [4][17]" if n == failing else ""} for n in TEST_NAMES]
+         "message": "max abs err 3.1e-02 > tol 1e-03 at [4][17]" if n == failing else ""} for n in TEST_NAMES]
         + [{"name": "op_gemv_cuda_graph", "status": "skipped", "seconds": 0, "message": "no GPU"}]}
     return rec.TestsRecord.from_engine(data)
 
@@ -193,6 +193,10 @@ def test_junit_has_a_case_per_host_step_and_engine_test(run):
     assert build.get("message") == "build failed: bash scripts/build.sh exited with 2"
     assert "__hfma2x" in build.text and SECRET in build.text  # no secrets passed: nothing to redact
     assert failures[("ct204", "step.bench")].get("type") == "timeout"
+    golden = failures[("ct201", "step.golden")].text
+    assert "tiny_int4: host_ddtree_vs_golden diverges at position 17 (reference margin 0.800)" in golden
+    assert "  expected:     90     14      3     55     71" in golden
+    assert "  actual:       90     14      3     55     72" in golden
     assert int(root.get("failures")) == 5
     assert int(root.get("skipped")) == 4 * 1 + 2 + 4 + 1  # engine skips + steps after each failure
 
@@ -258,6 +262,11 @@ def test_hostile_contents_render_escaped_bounded_and_without_crashing(run):
     ct203["fingerprint"] = "not a dict"
     run["hosts"]["ct200"]["bench"]["metrics"]["evil</text><script>"] = {"value": "NaN", "unit": {"u": 1}}
     run["hosts"]["ct200"]["bench"]["metrics"]["neg"] = {"value": -5, "unit": "x", "better": "sideways"}
+    run["hosts"]["ct200"]["bench"]["metrics"]["huge"] = {"value": 10**400, "unit": "x"}
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    run["hosts"]["ct200"]["steps"]["bench"]["message"] = deep
     run["hosts"]["ct201"]["golden"]["tiny_int4"]["mismatch"]["expected"] = "not a list"
     run["hosts"]["ct204"]["steps"]["bench"] = ["odd"]
     run["hosts"]["weird"] = None
@@ -270,6 +279,7 @@ def test_hostile_contents_render_escaped_bounded_and_without_crashing(run):
     assert "<script>" not in html and "<img src=x" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
     assert "characters cut]" in html
+    assert "[unprintable]" in html
     assert "and 4802 more failing tests" in html  # 1 + the odd dict + 5000 failing, 200 listed
 
 
