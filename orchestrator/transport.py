@@ -359,6 +359,11 @@ class SshTransport(Transport):
             return ConnectError(f"cannot reach {where}: {e}", host=self.host.name, retry=True)
         return ConnectError(f"cannot connect to {where}: {type(e).__name__}: {e}", host=self.host.name, retry=False)
 
+    def server_key(self) -> tuple[str, object]:
+        """The verified host key of the connection: (known_hosts name, Paramiko key)."""
+        self.connect()
+        return hostkeys.known_name(self._conn.host, self._conn.port), self._conn.transport.get_remote_server_key()
+
     def _pin_for_ssh(self, name: str, key) -> None:
         """Give system ssh the key that matched `host_key:` (a file removed on close)."""
         fd, path = tempfile.mkstemp(prefix="kdtree-pinned-", suffix=".known_hosts")

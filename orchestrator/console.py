@@ -1,0 +1,71 @@
+"""Console output: every line prefixed by its host, copied to a per-host log file; summary tables.
+
+    console = Console(log_dir=run_dir)        # log_dir None: no log files
+    out = console.host("ct200")               # a callable: out("building ...")
+    console.say("3 hosts")                    # an unprefixed line
+    console.table(["host", "status"], rows)
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence, TextIO
+
+
+class Console:
+    """Thread-safe, line-buffered output shared by the hosts of a run."""
+
+    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0):
+        self.stream = stream if stream is not None else sys.stdout
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.width = width
+        self._lock = threading.Lock()
+        self._logs: dict[str, TextIO] = {}
+
+    def host(self, name: str) -> "HostOutput":
+        """The output of one host: prefixed lines on the console and in `<log_dir>/<name>.log`."""
+        if self.log_dir is not None and name not in self._logs:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
+        return HostOutput(self, name)
+
+    def log_path(self, name: str) -> Path | None:
+        return self.log_dir / f"{name}.log" if self.log_dir is not None else None
+
+    def say(self, text: str = "") -> None:
+        with self._lock:
+            print(text, file=self.stream, flush=True)
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+        """A plain aligned table (the summary of a run)."""
+        cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        self.say("\n".join(lines))
+
+    def _line(self, name: str, text: str) -> None:
+        with self._lock:
+            print(f"[{name.ljust(self.width)}] {text}", file=self.stream, flush=True)
+            log = self._logs.get(name)
+            if log is not None:
+                log.write(text + "\n")
+                log.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for log in self._logs.values():
+                log.close()
+            self._logs.clear()
+
+
+class HostOutput:
+    """Call it with a line of text to show it as coming from one host."""
+
+    def __init__(self, console: Console, name: str):
+        self.console, self.name = console, name
+
+    def __call__(self, text: str) -> None:
+        for line in str(text).splitlines() or [""]:
+            self.console._line(self.name, line)

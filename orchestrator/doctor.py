@@ -1,0 +1,151 @@
+"""Doctor: is a host ready? A list of small checks over facts gathered in one round trip.
+
+    findings = diagnose(transport)      # [Finding(check, status, detail)], never raises
+    failed(findings)                    # the findings with status "fail"
+
+Checks: reachable, auth, host_key (from the connection), then, from one probe command: rsync,
+nvcc (path and version under cuda_home), gpu (name, compute capability, driver, from
+nvidia-smi), arch (does `arch` match the GPU), disk (free space under remote_dir), python (with
+numpy). The validate pipeline's preflight step reuses diagnose().
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from . import remote
+from .errors import AuthError, ConnectError, HostError, HostKeyError
+from .inventory import Host
+from .transport import Transport
+
+MIN_FREE_MB = 1024
+LOW_FREE_MB = 5 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    check: str
+    status: str          # ok | warn | fail
+    detail: str
+
+
+def diagnose(transport: Transport) -> list[Finding]:
+    """Every check's finding for the host of `transport` (a connection failure is a finding)."""
+    host = transport.host
+    try:
+        facts = probe(transport)
+    except HostKeyError as e:
+        return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)]
+    except AuthError as e:
+        return [Finding("reachable", "ok", host.label), Finding("host_key", "ok", "verified"),
+                Finding("auth", "fail", e.message)]
+    except (ConnectError, HostError) as e:
+        return [Finding("reachable", "fail", e.message)]
+    connection = [Finding("reachable", "ok", host.label)]
+    if not host.is_local:
+        connection += [Finding("host_key", "ok", "verified"), Finding("auth", "ok", host.user or "as configured")]
+    return connection + [check(host, facts) for check in CHECKS]
+
+
+def failed(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == "fail"]
+
+
+def probe_command(host: Host) -> str:
+    """The one command that gathers every fact the checks need (key=value lines)."""
+    return remote.script_command(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
+                                 host.python, timeout=host.timeout("preflight"))
+
+
+def probe(transport: Transport) -> dict[str, list[str]]:
+    """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU)."""
+    host = transport.host
+    result = transport.check(probe_command(host), timeout=remote.client_timeout(host.timeout("preflight")),
+                             what="the doctor probe")
+    facts: dict[str, list[str]] = {}
+    for line in result.tail.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            facts.setdefault(key, []).append(value.strip())
+    return facts
+
+
+def _one(facts, key) -> str:
+    return (facts.get(key) or [""])[0]
+
+
+def check_rsync(host: Host, facts) -> Finding:
+    path = _one(facts, "rsync")
+    if path:
+        return Finding("rsync", "ok", f"{path} ({_one(facts, 'rsync_version')})")
+    where = f"no executable rsync at {host.rsync_path}" if host.rsync_path else "no rsync on PATH"
+    return Finding("rsync", "warn", f"{where}: deploy falls back to a tar stream")
+
+
+def check_nvcc(host: Host, facts) -> Finding:
+    path, version = _one(facts, "nvcc"), _one(facts, "nvcc_version")
+    if path:
+        return Finding("nvcc", "ok", f"{path} (release {version or 'unknown'})")
+    where = f"under {host.cuda_home}/bin" if host.cuda_home else "on PATH (no cuda_home)"
+    status = "fail" if host.backend == "cuda" else "warn"
+    return Finding("nvcc", status, f"no nvcc {where}" + ("" if status == "fail" else ": CPU build only"))
+
+
+def check_gpu(host: Host, facts) -> Finding:
+    gpus = facts.get("gpu", [])
+    if not gpus:
+        status = "fail" if host.backend == "cuda" or host.gpus else "warn"
+        return Finding("gpu", status, f"no GPU found by nvidia-smi{'' if status == 'fail' else ': CPU backend'}")
+    models = sorted(set(gpus))
+    detail = f"{len(gpus)} x " + "; ".join(models) if len(models) == 1 else "; ".join(gpus)
+    if host.gpus and len(gpus) != host.gpus:
+        return Finding("gpu", "warn", f"{detail} (inventory says {host.gpus})")
+    return Finding("gpu", "ok", detail)
+
+
+def check_arch(host: Host, facts) -> Finding:
+    caps = sorted({g.split(",")[1].strip() for g in facts.get("gpu", []) if g.count(",") >= 2})
+    found = ", ".join("sm_" + c.replace(".", "") for c in caps)
+    if host.arch == "auto":
+        return Finding("arch", "ok", f"auto ({found or 'no GPU'})")
+    if not caps:
+        return Finding("arch", "warn", f"{host.arch} configured but no GPU found")
+    if found != host.arch:
+        return Finding("arch", "fail", f"inventory arch {host.arch} but the GPU is {found}")
+    return Finding("arch", "ok", host.arch)
+
+
+def check_disk(host: Host, facts) -> Finding:
+    free_kb = _one(facts, "disk_free_kb")
+    if not free_kb.isdigit():
+        return Finding("disk", "fail", f"cannot read free space under {host.remote_dir}")
+    mb = int(free_kb) // 1024
+    status = "fail" if mb < MIN_FREE_MB else "warn" if mb < LOW_FREE_MB else "ok"
+    return Finding("disk", status, f"{mb / 1024:.1f} GiB free at {_one(facts, 'disk_path')}")
+
+
+def check_python(host: Host, facts) -> Finding:
+    version, numpy = _one(facts, "python_version"), _one(facts, "numpy_version")
+    if not version:
+        return Finding("python", "fail", f"{host.python} does not run")
+    if not numpy:
+        return Finding("python", "fail", f"{host.python} {version} has no numpy")
+    return Finding("python", "ok", f"{host.python} {version}, numpy {numpy}")
+
+
+CHECKS = (check_rsync, check_nvcc, check_gpu, check_arch, check_disk, check_python)
+
+_PROBE_SCRIPT = r'''
+d=$1 rsync_path=$2 cuda=$3 py=$4
+if [ -n "$rsync_path" ]; then [ -x "$rsync_path" ] && r=$rsync_path; else r=$(command -v rsync); fi
+[ -n "$r" ] && echo "rsync=$r" && echo "rsync_version=$("$r" --version 2>/dev/null | head -n1)"
+if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
+[ -n "$n" ] && echo "nvcc=$n" && echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'
+p=$d; while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
+echo "disk_path=$p"
+echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
+v=$("$py" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) && echo "python_version=$v"
+v=$("$py" -c 'import numpy; print(numpy.__version__)' 2>/dev/null) && echo "numpy_version=$v"
+exit 0
+'''
