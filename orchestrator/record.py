@@ -319,11 +319,12 @@ class RunRecord:
         """The JSON-ready dict, ``version`` first and each host's steps in pipeline order."""
         data = asdict(self)
         for host in data["hosts"].values():
-            host["steps"] = dict(sorted(host["steps"].items(), key=lambda kv: _step_order(kv[0])))
+            host["steps"] = dict(sorted(host["steps"].items(), key=lambda kv: step_order(kv[0])))
         return {"version": data.pop("version"), **data}
 
 
-def _step_order(step: str) -> int:
+def step_order(step: str) -> int:
+    """A step's place in the pipeline's order; steps it does not know come last."""
     return STEPS.index(step) if step in STEPS else len(STEPS)
 
 

@@ -33,12 +33,12 @@ from orchestrator.record import (
     GOLDEN_CHECKS,
     RUN_JSON,
     STEP_STATUSES,
-    STEPS,
     atomic_write,
     finite_number,
     load_run,
     redact,
     short_text,
+    step_order,
     utc_now,
 )
 
@@ -137,7 +137,7 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         },
         "hosts": hosts,
         "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in ("passed", "failed")},
-        "steps": list(STEPS),
+        "steps": sorted(_unique(s["name"] for h in hosts for s in h["steps"]), key=step_order),
         "bundles": _unique(b for h in hosts for b in h["golden"]),
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
@@ -157,7 +157,7 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
     raw = _dict(host.get("fingerprint"))
     fp = {k: _fingerprint_value(raw.get(k), secrets) for k in FINGERPRINT_KEYS}
     steps = [_step_view(text(s, 40, secrets), v, secrets) for s, v in _dict(host.get("steps")).items()]
-    steps.sort(key=lambda s: STEPS.index(s["name"]) if s["name"] in STEPS else len(STEPS))
+    steps.sort(key=lambda s: step_order(s["name"]))
     deployed = text(host.get("deployed_tree_hash"), 80, secrets)
     binary = text(host.get("binary_tree_hash"), 80, secrets)
     return {
@@ -190,7 +190,7 @@ def _gpu_label(fp: dict) -> str:
     if not fp.get("gpu"):
         return "no GPU"
     count = fp.get("gpu_count", "")
-    cc = f" (sm {fp['compute_capability']})" if fp.get("compute_capability") else ""
+    cc = f" (cc {fp['compute_capability']})" if fp.get("compute_capability") else ""
     return f"{count}× {fp['gpu']}{cc}" if count and count not in ("0", "1") else f"{fp['gpu']}{cc}"
 
 

@@ -450,3 +450,18 @@ def test_browser_shows_failures_tests_benchmarks_and_plots(browser_dom):
 def test_browser_screenshot_is_written(browser_dom):
     _, png = browser_dom
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
+
+
+def test_a_deploy_run_shows_only_its_steps_and_says_what_did_not_run():
+    steps = {"preflight": rec.StepRecord("passed", 0.4, "ct200/preflight.log"),
+             "sync": rec.StepRecord("passed", 3.2, "ct200/sync.log")}
+    deploy = rec.RunRecord("20261129-180000-0a0b", "deploy", "2026-11-29T18:00:00Z", "2026-11-29T18:00:04Z", 3.6, "passed",
+                           rec.Source("abc"), {"ct200": rec.HostRecord("passed", "ssh", "ct200", steps=steps)}).to_dict()
+    md = report.render_markdown(deploy)
+    assert "| host | status | backend | GPU | tree | preflight | sync | total |" in md
+    assert "No golden checks ran." in md and "No engine tests ran." in md and "No benchmarks ran." in md
+    assert "No step failed." in md
+    root = ET.fromstring(report.render_junit(deploy))
+    assert [c.get("name") for c in root.iter("testcase")] == ["step.preflight", "step.sync"]
+    assert root.get("failures") == "0"
+    assert "No benchmarks ran." in report.render_html(deploy)
