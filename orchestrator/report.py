@@ -32,6 +32,7 @@ from orchestrator.record import (
     Fingerprint,
     GOLDEN_CHECKS,
     RUN_JSON,
+    Regression,
     STEP_STATUSES,
     atomic_write,
     finite_number,
@@ -552,8 +553,9 @@ def _tolerances(baseline: dict, thresholds: dict[str, float] | None) -> dict[str
     return {str(k): float(v) for k, v in merged.items() if finite_number(v) is not None and v >= 0}
 
 
-def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, float] | None = None) -> list[dict]:
-    """The metrics of ``current_run`` worse than ``baseline`` by more than their tolerance.
+def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, float] | None = None) -> list[Regression]:
+    """The metrics of ``current_run`` (a run.json dict) worse than ``baseline`` by more than
+    their tolerance, for RunRecord.regressions.
 
     ``baseline`` is a run record or a baseline file; ``thresholds`` maps metric names (or globs,
     ``*`` for the rest) to relative tolerances, over the baseline file's own ``thresholds``.
@@ -573,10 +575,9 @@ def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, fl
             better = "lower" if metric.get("better") == "lower" else "higher"
             tolerance, ratio = threshold_for(name, tolerances), value / base
             if (ratio < 1 - tolerance) if better == "higher" else (ratio > 1 + tolerance):
-                found.append({"host": host, "metric": name, "baseline": base, "value": value,
-                              "ratio": round(ratio, 4), "threshold": tolerance,
-                              "unit": str(metric.get("unit") or ""), "better": better})
-    return sorted(found, key=lambda r: (r["host"], r["metric"]))
+                found.append(Regression(host, name, base, value, round(ratio, 4), tolerance,
+                                        str(metric.get("unit") or ""), better))
+    return sorted(found, key=lambda r: (r.host, r.metric))
 
 
 # --------------------------------------------------------------------------------------------

@@ -304,11 +304,11 @@ def test_a_real_drop_is_a_regression_in_both_directions(run, baseline):
     metrics["decode_step_ms"]["value"] *= 1.30
     metrics["gemv_int4_bandwidth"]["value"] *= 1.50  # better, never a regression
     found = report.find_regressions(run, baseline, {"decode_*": 0.2})
-    assert [(r["host"], r["metric"]) for r in found] == [("ct200", "ddtree_tokens_per_s"), ("ct200", "decode_step_ms")]
+    assert [(r.host, r.metric) for r in found] == [("ct200", "ddtree_tokens_per_s"), ("ct200", "decode_step_ms")]
     ddtree, step = found
-    assert ddtree["ratio"] == pytest.approx(0.70 / 1.03, abs=1e-4) and ddtree["threshold"] == 0.10
-    assert ddtree["baseline"] == pytest.approx(1180.0 * 9 * 1.03) and ddtree["better"] == "higher"
-    assert step["threshold"] == 0.2 and step["better"] == "lower" and step["unit"] == "ms"
+    assert ddtree.ratio == pytest.approx(0.70 / 1.03, abs=1e-4) and ddtree.threshold == 0.10
+    assert ddtree.baseline == pytest.approx(1180.0 * 9 * 1.03) and ddtree.better == "higher"
+    assert step.threshold == 0.2 and step.better == "lower" and step.unit == "ms"
 
 
 def test_thresholds_tight_enough_flag_the_noise(run, baseline):
@@ -334,7 +334,7 @@ def test_baseline_file_round_trip_and_previous_run_as_baseline(tmp_path, run):
     assert report.baseline_values(run)["local"] == data["hosts"]["local"]
     slower = copy.deepcopy(run)
     slower["hosts"]["local"]["bench"]["metrics"]["ar_tokens_per_s"]["value"] *= 0.9
-    assert [r["metric"] for r in report.find_regressions(slower, data)] == ["ar_tokens_per_s"]  # 8 % from the file
+    assert [r.metric for r in report.find_regressions(slower, data)] == ["ar_tokens_per_s"]  # 8 % from the file
     assert report.find_regressions(slower, run) == []  # a run.json baseline, default 10 %
 
 
@@ -344,9 +344,12 @@ def test_load_baseline_rejects_junk(tmp_path):
         report.load_baseline(tmp_path / "b.json")
 
 
-def test_regressions_are_highlighted_in_the_reports(run, baseline):
-    run["hosts"]["ct200"]["bench"]["metrics"]["ddtree_tokens_per_s"]["value"] *= 0.5
-    run["regressions"] = report.find_regressions(run, baseline)
+def test_regressions_are_highlighted_in_the_reports(baseline):
+    record = fleet_record()
+    record.hosts["ct200"].bench["metrics"]["ddtree_tokens_per_s"]["value"] *= 0.5
+    record.regressions = report.find_regressions(record.to_dict(), baseline)
+    run = record.to_dict()
+    assert run["regressions"][0]["metric"] == "ddtree_tokens_per_s"
     md = report.render_markdown(run)
     assert "## Benchmark regressions" in md
     assert "| ct200 | `ddtree_tokens_per_s` | 10,939 tokens/s | **5,310** tokens/s | 0.485 | ±10% (higher is better) |" in md
