@@ -437,6 +437,19 @@ class RunDir:
         return target
 
 
+def read_tail(path: Path | str, lines: int = 60, max_bytes: int = 64_000) -> str:
+    """The last ``lines`` lines of a log, reading at most its last ``max_bytes`` bytes (a log
+    may be huge); undecodable bytes are replaced. A missing log reads as ''."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
 def create_run_dir(runs_root: Path | str, report_dir: Path | str | None = None) -> RunDir:
     """Make a new run directory: ``runs_root/<run-id>/``, or ``report_dir`` when given.
 

@@ -187,6 +187,17 @@ def test_log_paths_and_pulled_files_stay_inside_the_run_dir(tmp_path):
         run.host_file("ct200", "test_results.json")
 
 
+def test_read_tail_reads_only_the_end_of_a_huge_log(tmp_path):
+    log = tmp_path / "build.log"
+    with open(log, "wb") as f:
+        f.write(b"x" * 50_000_000 + b"\n")
+        f.write(b"".join(b"line %d\n" % i for i in range(100)) + b"bad \xff byte")
+    tail = rec.read_tail(log, lines=3)
+    assert tail == "line 98\nline 99\nbad \ufffd byte"
+    assert len(rec.read_tail(log, lines=1000, max_bytes=1000)) <= 1000
+    assert rec.read_tail(tmp_path / "missing.log") == ""
+
+
 def test_report_dir_must_be_new_empty_or_an_earlier_run(tmp_path):
     fresh = rec.create_run_dir(tmp_path / "runs", report_dir=tmp_path / "new" / "dir")
     assert fresh.path == tmp_path / "new" / "dir" and fresh.path.is_dir() and rec.RUN_ID_RE.match(fresh.run_id)
