@@ -2,12 +2,10 @@
 
 A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user names):
 
-    run.json        the record below, versioned; everything a script needs
-    report.md       \
-    report.html      > rendered from run.json by orchestrator.report
-    junit.xml       /
-    <host>/<step>.log   each step's full output on each host
-    <host>/<file>       result files pulled back from the host
+    run.json                             the record below, versioned; everything a script needs
+    report.md, report.html, junit.xml    rendered from run.json by orchestrator.report
+    <host>/<step>.log                    each step's full output on each host
+    <host>/<file>                        result files pulled back from the host
 
 ``runs/latest`` is a symlink to the newest run. The record is built with the dataclasses here
 (``RunRecord.to_dict()``) and read back as a plain dict (``load_run``). Schema, version 1:
