@@ -174,10 +174,10 @@ def is_dangerous_dir(path: str) -> str | None:
         return "is empty"
     if not posixpath.isabs(path):
         return "is not absolute"
-    if norm != path.rstrip("/") or "//" in path:
-        return f"is not normalized (use {norm!r})"
     if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):
         return "is a system directory"
+    if norm != path.rstrip("/") or "//" in path:
+        return f"is not normalized (use {norm!r})"
     if norm.count("/") < 2:
         return "is too shallow (at least two levels, e.g. /srv/kdtree)"
     if posixpath.dirname(norm) == "/home":

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,8 @@ class SshdHost:
         self.dir = lab.dir / name
         self.root = self.dir / "root"           # the host's "disk": remote_dir lives under it
         self.root.mkdir(parents=True, exist_ok=True)
+        self.home = self.dir / "home"           # HOME of its sessions: no dotfiles of this machine
+        self.home.mkdir(exist_ok=True)
         self.port = free_port()
         self.host_key = keygen(self.dir / "ssh_host_ed25519_key")
         self.log_path = self.dir / "sshd.log"
@@ -56,7 +59,8 @@ class SshdHost:
             f"PidFile {self.dir / 'sshd.pid'}", f"AuthorizedKeysFile {lab.authorized_keys}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "PermitRootLogin yes", "StrictModes no", "AllowTcpForwarding yes",
-            "MaxSessions 64", "MaxStartups 100", f"LogLevel {log_level}", "Subsystem sftp internal-sftp", ""]))
+            "MaxSessions 64", "MaxStartups 100", f"LogLevel {log_level}", "Subsystem sftp internal-sftp",
+            f"SetEnv HOME={self.home}", ""]))
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -168,7 +172,7 @@ class SshLab:
 
     def inventory_entry(self, host: SshdHost, **overrides) -> dict:
         """A hosts.yaml entry for `host`: its alias, its remote_dir under its root, the lab's keys."""
-        entry = {"address": host.name, "remote_dir": str(host.root / "kdtree-engine"),
+        entry = {"address": host.name, "remote_dir": str(host.root / "kdtree-engine"), "python": sys.executable,
                  "known_hosts": str(self.known_hosts), "timeouts": {"connect": 5, "keepalive": 5}}
         entry.update(overrides)
         return entry

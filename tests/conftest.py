@@ -1,0 +1,85 @@
+"""Shared fixtures: one loopback sshd lab per session (hosts h1, h2, bastion), a small engine-like
+source tree, and an inventory factory. The lab's machinery lives in tests/sshd.py."""
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import inventory as inventory_mod
+
+from sshd import SshLab
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The tree hash of engine_src/README.md ("Source tree hash"), for a synthetic source tree.
+TREE_HASH_SH = textwrap.dedent(r'''
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cd "${1:-.}"
+    find . -type f ! -path './build/*' ! -path './.git/*' ! -path './.kdtree/*' ! -path '*/__pycache__/*' \
+      ! -name '*.pyc' ! -path './tests/refs/model_*.kdtr' ! -path './tests/refs/manifest.json' -print0 \
+      | sed -z 's|^\./||' | LC_ALL=C sort -z | xargs -0 -r sha256sum | sha256sum | cut -d' ' -f1
+''').lstrip()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """Loopback sshd hosts h1 and h2, and a bastion whose log shows forwarded connections."""
+    lab = SshLab(tmp_path_factory.mktemp("sshlab"))
+    lab.add_host("h1")
+    lab.add_host("h2")
+    lab.add_host("bastion", log_level="DEBUG1")
+    with lab.environment():
+        yield lab
+    lab.close()
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    """A small source tree: sources, a script, and files the excludes must keep off hosts."""
+    src = tmp_path / "src"
+    files = {
+        "scripts/tree_hash.sh": TREE_HASH_SH,
+        "src/main.cpp": "int main() { return 0; }\n",
+        "python/kdtree_ref/model.py": "X = 1\n",
+        "README.md": "engine\n",
+        "tests/refs/expected_manifest.json": "{}\n",
+        # excluded:
+        "build/kdtree": "binary\n",
+        "python/kdtree_ref/__pycache__/model.cpython-311.pyc": "pyc\n",
+        "python/x.pyc": "pyc\n",
+        "tests/refs/model_tiny_fp32.kdtr": "bundle\n",
+        "tests/refs/manifest.json": "{}\n",
+    }
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    return src
+
+
+@pytest.fixture
+def make_inventory(tmp_path, source):
+    """make_inventory({name: entry, ...}) -> Inventory written to tmp_path/hosts.yaml, with the
+    project section of the shipped hosts.yaml pointed at the `source` tree."""
+    def make(hosts: dict, **project) -> inventory_mod.Inventory:
+        data = yaml.safe_load((REPO / "hosts.yaml").read_text())
+        data["project"].update({"source": str(source), **project})
+        data["hosts"] = hosts
+        data.pop("groups", None)
+        path = tmp_path / "hosts.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return inventory_mod.load(path)
+    return make
+
+
+@pytest.fixture
+def remote_dir(lab, request) -> str:
+    """A fresh remote_dir on h1 named after the test (hosts are shared by the session)."""
+    path = lab.hosts["h1"].root / request.node.name.replace("[", "_").replace("]", "")
+    shutil.rmtree(path, ignore_errors=True)
+    return str(path)

@@ -1,0 +1,137 @@
+"""Inventory: the shipped hosts.yaml, validation with exact messages, host selection."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import inventory
+from orchestrator.errors import InventoryError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_inventory():
+    inv = inventory.load(REPO / "hosts.yaml")
+    local, ct200 = inv.hosts["local"], inv.hosts["ct200"]
+    assert local.transport == "local" and local.remote_dir == str(REPO / ".deploy" / "local")
+    assert (ct200.transport, ct200.address, ct200.user) == ("ssh", "ct200", "root")
+    assert (ct200.cuda_home, ct200.arch, ct200.gpus, ct200.groups) == ("/usr/local/cuda-13.0", "sm_120", 8, ("blackwell",))
+    assert (ct200.python, ct200.remote_dir) == ("/root/venv_sglang211/bin/python", "/root/kdtree-engine")
+    assert ct200.known_hosts == str(REPO / "known_hosts")
+    assert ct200.timeout("build") == 900 and ct200.timeout("connect") == 10
+    assert {"build/", ".git/", "tests/refs/model_*.kdtr"} <= set(inv.project.excludes)
+    assert {"build", "bundles", "test", "generate", "bench"} <= set(inv.project.commands)
+    assert inv.project.source == REPO / "engine_src"
+
+
+def write(tmp_path, hosts, defaults=None, groups=None, project=None):
+    data = yaml.safe_load((REPO / "hosts.yaml").read_text())
+    data["project"]["source"] = str(tmp_path)
+    data["project"].update(project or {})
+    data["hosts"] = hosts
+    data["defaults"] = defaults if defaults is not None else {}
+    data["groups"] = groups or {}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def error(tmp_path, hosts, **kw) -> str:
+    with pytest.raises(InventoryError) as e:
+        inventory.load(write(tmp_path, hosts, **kw))
+    assert e.value.exit_code == 2
+    return str(e.value).replace(str(tmp_path / "hosts.yaml"), "FILE")
+
+
+SSH = {"address": "gpu1", "remote_dir": "/srv/kdtree"}
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({**SSH, "adress": "x"}, "FILE: host 'h': key 'adress': unknown key (did you mean 'address'?)"),
+    ({**SSH, "port": "22"}, "FILE: host 'h': key 'port': must be an integer, not a string"),
+    ({**SSH, "port": 70000}, "FILE: host 'h': key 'port': must be between 1 and 65535, not 70000"),
+    ({**SSH, "gpus": True}, "FILE: host 'h': key 'gpus': must be an integer, not a boolean"),
+    ({**SSH, "groups": "a"}, "FILE: host 'h': key 'groups': must be a list, not a string"),
+    ({**SSH, "transport": "winrm"}, "FILE: host 'h': key 'transport': must be one of ssh, local, not 'winrm'"),
+    ({**SSH, "backend": "rocm"}, "FILE: host 'h': key 'backend': must be one of auto, cpu, cuda, not 'rocm'"),
+    ({**SSH, "arch": "sm120"}, "FILE: host 'h': key 'arch': 'sm120' is not auto or sm_NN (e.g. sm_120)"),
+    ({**SSH, "timeouts": {"biuld": 5}}, "FILE: host 'h': key 'timeouts.biuld': unknown key (did you mean 'build'?)"),
+    ({**SSH, "timeouts": {"build": -1}}, "FILE: host 'h': key 'timeouts.build': must be a positive number of seconds, not -1"),
+    ({"remote_dir": "/srv/kdtree"}, "FILE: host 'h': key 'address': is missing (an ssh-config alias or a hostname)"),
+    ({"address": "gpu1"}, "FILE: host 'h': key 'remote_dir': is missing"),
+    ({**SSH, "remote_dir": "kdtree"}, "FILE: host 'h': key 'remote_dir': 'kdtree' must be absolute on an ssh host"),
+    ({**SSH, "remote_dir": "/"}, "FILE: host 'h': key 'remote_dir': '/' is a system directory; refusing to deploy there"),
+    ({**SSH, "remote_dir": "/root"}, "FILE: host 'h': key 'remote_dir': '/root' is a system directory; refusing to deploy there"),
+    ({**SSH, "remote_dir": "/home/bob"}, "FILE: host 'h': key 'remote_dir': '/home/bob' is a home directory; refusing to deploy there"),
+    ({**SSH, "remote_dir": "/usr/local"}, "FILE: host 'h': key 'remote_dir': '/usr/local' is a system directory; refusing to deploy there"),
+    ({**SSH, "remote_dir": "/data"}, "FILE: host 'h': key 'remote_dir': '/data' is too shallow (at least two levels, e.g. /srv/kdtree); refusing to deploy there"),
+    ({**SSH, "remote_dir": "/srv/a/../b"}, "FILE: host 'h': key 'remote_dir': '/srv/a/../b' is not normalized (use '/srv/b'); refusing to deploy there"),
+    ({**SSH, "remote_dir": "/srv/$(touch x)"}, "FILE: host 'h': key 'remote_dir': '/srv/$(touch x)' is not a safe path (letters, digits, space and ._/+,:@=- only)"),
+    ({**SSH, "remote_dir": "/srv/a\nb"}, "FILE: host 'h': key 'remote_dir': must not contain a newline"),
+    ({**SSH, "address": "gpu1;reboot"}, "FILE: host 'h': key 'address': 'gpu1;reboot' is not a hostname or ssh-config alias"),
+    ({**SSH, "address": "-oProxyCommand=x"}, "FILE: host 'h': key 'address': must not start with '-'"),
+    ({**SSH, "user": "ro`id`ot"}, "FILE: host 'h': key 'user': 'ro`id`ot' is not a user name"),
+    ({**SSH, "jump": "bastion:22,evil host"}, "FILE: host 'h': key 'jump': 'evil host' is not [user@]host[:port]"),
+    ({**SSH, "python": "python3 -c 'x'"}, "FILE: host 'h': key 'python': \"python3 -c 'x'\" is not a safe path (letters, digits, space and ._/+,:@=- only)"),
+    ({**SSH, "cuda_home": "cuda"}, "FILE: host 'h': key 'cuda_home': 'cuda' must be an absolute path"),
+    ({**SSH, "host_key": "abc"}, "FILE: host 'h': key 'host_key': 'abc' is not a SHA256 fingerprint (SHA256: and 43 base64 characters)"),
+])
+def test_host_validation_messages(tmp_path, entry, message):
+    assert error(tmp_path, {"h": entry}) == message
+
+
+def test_other_validation_messages(tmp_path):
+    assert error(tmp_path, {"bad name": SSH}) == \
+        "FILE: host 'bad name': a host name may use letters, digits, '_', '.', '-' and may not start with '-'"
+    assert error(tmp_path, {"h": SSH}, defaults={"pyton": "x"}) == \
+        "FILE: host 'defaults': key 'pyton': unknown key (did you mean 'python'?)"
+    assert error(tmp_path, {"h": SSH}, project={"commands": {"build": "make"}}) == \
+        "FILE: key 'project.commands.bundles': is missing"
+    assert error(tmp_path, {"h": SSH}, groups={"g": {"descr": "x"}}) == \
+        "FILE: key 'groups.g.descr': unknown key (did you mean 'description'?)"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts: [")
+    with pytest.raises(InventoryError, match=r"bad.yaml: not valid YAML"):
+        inventory.load(bad)
+    with pytest.raises(InventoryError, match=r"missing.yaml: cannot read: No such file or directory"):
+        inventory.load(tmp_path / "missing.yaml")
+
+
+def test_defaults_merge_and_local_paths(tmp_path):
+    inv = inventory.load(write(tmp_path, {
+        "local": {"transport": "local", "remote_dir": ".deploy/local"},
+        "a": {**SSH, "timeouts": {"build": 5}, "groups": ["g"], "remote_dir": "/srv/with space"},
+    }, defaults={"user": "eng", "timeouts": {"build": 7, "test": 8}, "identity": "keys/id"}))
+    a = inv.hosts["a"]
+    assert (a.user, a.timeout("build"), a.timeout("test"), a.timeout("bench")) == ("eng", 5, 8, 900)
+    assert a.identity == str(tmp_path / "keys" / "id") and a.remote_dir == "/srv/with space"
+    assert inv.hosts["local"].remote_dir == str(tmp_path / ".deploy" / "local")
+
+
+def test_selection(tmp_path):
+    inv = inventory.load(write(tmp_path, {
+        "local": {"transport": "local", "remote_dir": ".deploy/local"},
+        "ct200": {**SSH, "groups": ["blackwell"]}, "ct201": {**SSH, "groups": ["blackwell"]}},
+        groups={"blackwell": {"description": "x"}}))
+    names = lambda hosts: [h.name for h in hosts]
+    assert names(inv.select()) == ["local"]
+    assert names(inv.select(["ct201", "ct200", "ct201"])) == ["ct201", "ct200"]
+    assert names(inv.select(group="blackwell")) == ["ct200", "ct201"]
+    assert names(inv.select(all=True)) == ["local", "ct200", "ct201"]
+    with pytest.raises(InventoryError) as e:
+        inv.select(["ct2000"])
+    assert str(e.value).endswith("hosts.yaml: unknown host 'ct2000' (did you mean 'ct200'?)")
+    with pytest.raises(InventoryError) as e:
+        inv.select(group="blackwel")
+    assert str(e.value).endswith("hosts.yaml: unknown group 'blackwel' (did you mean 'blackwell'?)")
+
+
+def test_cli_exit_code_2_on_unknown_host():
+    proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--host", "ct20"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "unknown host 'ct20' (did you mean 'ct200'?)" in proc.stderr
