@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Write the reference bundles (tiny, tiny2; fp32 and int4) and their manifest.
+
+    python gen_model.py [--out DIR] [--check EXPECTED_MANIFEST]
+
+Every byte is reproducible on any machine: weights come from the integer PRNG, the golden
+prompt is the first candidate whose greedy trajectory (FP32 and INT4 twin) keeps every logit
+and routing margin far above FP32 rounding, and the drafter fit is rounded before storing.
+--check compares the written manifest (sha256 and golden tokens of every bundle) with an
+expected one and exits 1 naming the first difference.
+"""
+
+import os
+
+# The matrices are tiny: BLAS threads only add contention (and this runs beside other work).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from kdtree_ref import ddtree, kdtr, prng  # noqa: E402
+from kdtree_ref import drafter as drafting  # noqa: E402
+from kdtree_ref.model import ModelArgs, Trajectory, Transformer, generate  # noqa: E402
+from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized, quantize  # noqa: E402
+
+MANIFEST_VERSION = 1
+SEED = "kdtree-ref-v1"
+CONFIGS = {
+    "tiny": ModelArgs(
+        name="tiny", vocab_size=400, dim=192, n_layers=6, n_dense_layers=1, n_heads=4,
+        q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        inter_dim=384, moe_inter_dim=96, n_routed_experts=8, n_shared_experts=1,
+        n_activated_experts=2, n_expert_groups=1, n_limited_groups=1, route_scale=2.5,
+        rope_theta=10000.0, norm_eps=1e-6, max_seq_len=256),
+    "tiny2": ModelArgs(
+        name="tiny2", vocab_size=400, dim=128, n_layers=4, n_dense_layers=1, n_heads=2,
+        q_lora_rank=0, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+        inter_dim=256, moe_inter_dim=64, n_routed_experts=16, n_shared_experts=2,
+        n_activated_experts=4, n_expert_groups=4, n_limited_groups=2, route_scale=2.827,
+        rope_theta=50000.0, norm_eps=1e-6, max_seq_len=256),
+}
+PROMPT_LEN = 16
+GOLDEN_LEN = 64
+BLOCK_SIZE = 8
+# Weight scales (uniform weights with std gain / sqrt(fan_in)). Small attention and FFN outputs
+# keep the residual stream close to the token embedding, so the next token is predictable
+# enough for a linear drafter; a head gain of 4 makes the logits peaked (std about 4).
+GAIN_OUT = 0.3      # wo and every w2
+GAIN_GATE = 3.0     # router logits u . x with std about 3: sigmoid scores spread over (0, 1)
+GAIN_HEAD = 4.0
+# A golden trajectory is accepted only if every step stays this far from a tie. FP32 rounding
+# moves logits (std about 4) by about 1e-5 and router scores (in (0, 1)) by about 1e-6, so
+# these leave a factor of 100 or more; stricter ones leave too few candidates.
+MIN_LOGIT_MARGIN = 0.01
+MIN_ROUTE_MARGIN = 2e-4
+MIN_GROUP_MARGIN = 2e-4
+SEARCH_BATCH = 32
+MAX_CANDIDATES = 512
+MIN_DISTINCT = 24
+MAX_PERIOD = 16
+FIT_PROMPTS = 128
+EVAL_PROMPTS = 4
+EVAL_TOKENS = 48
+EVAL_BUDGETS = (8, 32)
+
+
+def init_weights(args: ModelArgs) -> dict[str, np.ndarray]:
+    """Random float32 weights under the README's tensor names, from the integer PRNG."""
+    weights = {}
+
+    def uniform(name, shape, std):
+        u = prng.uniform(prng.stream_key(SEED, args.name, name), shape)
+        weights[name] = (u * (std * 3**0.5)).astype(np.float32)
+
+    def norm(name, n):
+        u = prng.uniform(prng.stream_key(SEED, args.name, name), (n,))
+        weights[name] = (1.0 + 0.1 * u).astype(np.float32)
+
+    def mlp(prefix, inter):
+        uniform(prefix + "w1", (inter, args.dim), args.dim**-0.5)
+        uniform(prefix + "w2", (args.dim, inter), GAIN_OUT * inter**-0.5)
+        uniform(prefix + "w3", (inter, args.dim), args.dim**-0.5)
+
+    h, heads = args.dim, args.n_heads
+    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
+    uniform("embed", (args.vocab_size, h), 1.0)
+    for layer in range(args.n_layers):
+        p = f"layers.{layer}."
+        norm(p + "attn_norm", h)
+        norm(p + "ffn_norm", h)
+        if args.q_lora_rank:
+            uniform(p + "attn.wq_a", (args.q_lora_rank, h), h**-0.5)
+            norm(p + "attn.q_norm", args.q_lora_rank)
+            uniform(p + "attn.wq_b", (heads * qk, args.q_lora_rank), args.q_lora_rank**-0.5)
+        else:
+            uniform(p + "attn.wq", (heads * qk, h), h**-0.5)
+        uniform(p + "attn.wkv_a", (args.kv_lora_rank + args.qk_rope_head_dim, h), h**-0.5)
+        norm(p + "attn.kv_norm", args.kv_lora_rank)
+        uniform(p + "attn.wkv_b", (heads * (args.qk_nope_head_dim + args.v_head_dim), args.kv_lora_rank),
+                args.kv_lora_rank**-0.5)
+        uniform(p + "attn.wo", (h, heads * args.v_head_dim), GAIN_OUT * (heads * args.v_head_dim)**-0.5)
+        if layer < args.n_dense_layers:
+            mlp(p + "ffn.", args.inter_dim)
+        else:
+            uniform(p + "ffn.gate.weight", (args.n_routed_experts, h), GAIN_GATE * h**-0.5)
+            uniform(p + "ffn.gate.bias", (args.n_routed_experts,), 0.1)
+            for e in range(args.n_routed_experts):
+                mlp(p + f"ffn.experts.{e}.", args.moe_inter_dim)
+            mlp(p + "ffn.shared.", args.n_shared_experts * args.moe_inter_dim)
+    norm("norm", h)
+    uniform("head", (args.vocab_size, h), GAIN_HEAD * h**-0.5)
+    return weights
+
+
+def quantize_weights(weights: dict[str, np.ndarray]):
+    """(tensors to store, dequantized weights for the model, number of quantized matrices)."""
+    stored, model_weights, count = {}, {}, 0
+    for name, w in weights.items():
+        if is_quantized(name):
+            qw, sc = quantize(w, GROUP_SIZE)
+            stored[name + ".qw"], stored[name + ".sc"] = qw, sc
+            model_weights[name] = dequantize(qw, sc, GROUP_SIZE)
+            count += 1
+        else:
+            stored[name] = model_weights[name] = w
+    return stored, model_weights, count
+
+
+def step_margins(traj: Trajectory) -> np.ndarray:
+    """[B][3] minimum logit, route and group margins of each trajectory."""
+    return np.stack([traj.logit_margin.min(1), traj.route_margin.min(1), traj.group_margin.min(1)], 1)
+
+
+def degenerate(tokens) -> str | None:
+    """Why a golden sequence is degenerate (too few distinct tokens, a short cycle), or None."""
+    tokens = list(tokens)
+    if len(set(tokens)) < MIN_DISTINCT:
+        return f"only {len(set(tokens))} distinct tokens"
+    tail = len(tokens) // 2
+    for period in range(1, MAX_PERIOD + 1):
+        if all(tokens[i] == tokens[i + period] for i in range(tail, len(tokens) - period)):
+            return f"ends in a cycle of period {period}"
+    return None
+
+
+def robust(margins: np.ndarray) -> bool:
+    logit, route, group = margins
+    return logit >= MIN_LOGIT_MARGIN and route >= MIN_ROUTE_MARGIN and group >= MIN_GROUP_MARGIN
+
+
+def prompts_from(args: ModelArgs, purpose: str, count: int, first: int = 0) -> np.ndarray:
+    """Prompts [count][PROMPT_LEN] over tokens 0..V-2 (the mask token V-1 never appears)."""
+    return np.stack([prng.integers(prng.stream_key(SEED, args.name, purpose, i), PROMPT_LEN,
+                                   args.vocab_size - 1) for i in range(first, first + count)])
+
+
+@dataclass
+class Golden:
+    prompt: np.ndarray
+    candidate: int
+    fp32: Trajectory
+    int4: Trajectory
+
+
+def search_prompt(args: ModelArgs, fp32: Transformer, int4: Transformer) -> Golden:
+    """The first candidate prompt whose FP32 and INT4 goldens are robust, not degenerate and differ."""
+    for first in range(0, MAX_CANDIDATES, SEARCH_BATCH):
+        prompts = prompts_from(args, "golden", SEARCH_BATCH, first)
+        tf, tq = generate(fp32, prompts, GOLDEN_LEN), generate(int4, prompts, GOLDEN_LEN)
+        mf, mq = step_margins(tf), step_margins(tq)
+        for i in range(SEARCH_BATCH):
+            if (robust(mf[i]) and robust(mq[i]) and degenerate(tf.tokens[i]) is None
+                    and degenerate(tq.tokens[i]) is None and np.any(tf.tokens[i] != tq.tokens[i])):
+                return Golden(prompts[i], first + i, tf.row(i), tq.row(i))
+    raise SystemExit(f"gen_model: no robust golden prompt for {args.name} among {MAX_CANDIDATES} candidates")
+
+
+def fit_drafter(args: ModelArgs, model: Transformer) -> drafting.Drafter:
+    """Ridge-fit the drafter on the model's own greedy trajectories from FIT_PROMPTS prompts."""
+    traj = generate(model, prompts_from(args, "fit", FIT_PROMPTS), GOLDEN_LEN + BLOCK_SIZE)
+    features, targets = drafting.training_pairs(traj, model.w["embed"], BLOCK_SIZE)
+    return drafting.fit(features, targets, args.vocab_size)
+
+
+def measure_acceptance(args: ModelArgs, model: Transformer, drafter: drafting.Drafter) -> dict:
+    """Mean DDTree acceptance length per budget on held-out prompts (not used by the fit)."""
+    prompts = prompts_from(args, "eval", EVAL_PROMPTS)
+    result = {}
+    for budget in EVAL_BUDGETS:
+        lengths = [n for p in prompts for n in ddtree.decode(model, drafter, p, EVAL_TOKENS, budget).accepted]
+        result[str(budget)] = round(float(np.mean(lengths)), 4)
+    return result
+
+
+def sig(x: float) -> float | None:
+    """A margin for the manifest: 6 significant digits; None for 'no such margin' (inf)."""
+    return None if not np.isfinite(x) else float(f"{x:.6g}")
+
+
+@dataclass
+class Built:
+    """One bundle built in memory: its bytes, manifest entry and what gets printed."""
+
+    name: str
+    blob: bytes
+    entry: dict
+    n_quantized: int
+    accept: dict
+
+
+def build_config(args: ModelArgs) -> list[Built]:
+    """The fp32 and int4 bundles of one config."""
+    weights = init_weights(args)
+    stored_q, weights_q, n_quantized = quantize_weights(weights)
+    models = {"fp32": Transformer(args, weights), "int4": Transformer(args, weights_q)}
+    golden = search_prompt(args, models["fp32"], models["int4"])
+    built = []
+    for quant, stored, count, traj in (("fp32", weights, 0, golden.fp32),
+                                       ("int4", stored_q, n_quantized, golden.int4)):
+        model = models[quant]
+        drafter = fit_drafter(args, model)
+        tensors = dict(stored)
+        tensors["drafter.w"], tensors["drafter.b"] = drafter.w, drafter.b
+        quant_header = {"type": "fp32"} if quant == "fp32" else {"type": "int4", "group_size": GROUP_SIZE}
+        prompt, tokens = [int(t) for t in golden.prompt], [int(t) for t in traj.tokens[0]]
+        meta = {"config": args.to_json(), "quant": quant_header,
+                "drafter": {"block_size": BLOCK_SIZE, "mask_token": args.vocab_size - 1},
+                "prompt": prompt, "golden": tokens}
+        blob = kdtr.encode(meta, tensors)
+        lm, rm, gm = step_margins(traj)[0]
+        name = f"{args.name}_{quant}"
+        entry = {"name": name, "file": f"model_{name}.kdtr", "sha256": hashlib.sha256(blob).hexdigest(),
+                 "config": args.name, "quant": quant, "prompt": prompt, "golden": tokens,
+                 "margins": {"logit_min": sig(lm), "route_min": sig(rm), "group_min": sig(gm)},
+                 "golden_margins": [sig(m) for m in traj.logit_margin[0]]}
+        built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter)))
+    if built[0].entry["golden"] == built[1].entry["golden"]:
+        raise SystemExit(f"gen_model: {args.name}: INT4 golden equals FP32 golden: quantization left no trace")
+    return built
+
+
+def check(manifest: dict, expected_path: Path) -> str | None:
+    """The first difference (sha256, golden, prompt, file) from the expected manifest, or None."""
+    expected = json.loads(expected_path.read_text())
+    got = {b["name"]: b for b in manifest["bundles"]}
+    for want in expected["bundles"]:
+        have = got.get(want["name"])
+        if have is None:
+            return f"{want['name']}: missing from the written manifest"
+        for key in ("file", "sha256", "prompt", "golden"):
+            if have[key] != want[key]:
+                if key == "golden":
+                    i = next(i for i, (a, b) in enumerate(zip(have[key] + [None], want[key] + [None])) if a != b)
+                    return f"{want['name']}: golden differs at position {i} (expected manifest {expected_path})"
+                return f"{want['name']}: {key} differs: got {have[key]}, expected {want[key]} ({expected_path})"
+    extra = sorted(set(got) - {b["name"] for b in expected["bundles"]})
+    return f"{extra[0]}: not in the expected manifest {expected_path}" if extra else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "refs",
+                        help="output folder (default: engine_src/tests/refs)")
+    parser.add_argument("--check", type=Path, metavar="EXPECTED",
+                        help="compare sha256 and golden tokens with this manifest; exit 1 on a difference")
+    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
+                        help="configs to build (default: all)")
+    opts = parser.parse_args(argv)
+    start = time.perf_counter()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    bundles, acceptance = [], {}
+    for name in opts.configs:
+        for b in build_config(CONFIGS[name]):
+            path = opts.out / b.entry["file"]
+            path.write_bytes(b.blob)
+            bundles.append(b.entry)
+            acceptance[b.name] = b.accept
+            print(f"wrote {path}  quantized {b.n_quantized} weights (G={GROUP_SIZE})  "
+                  f"golden[:8]={b.entry['golden'][:8]}", flush=True)
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "generator": {
+            "script": "python/gen_model.py", "seed": SEED, "group_size": GROUP_SIZE,
+            "prompt_len": PROMPT_LEN, "golden_len": GOLDEN_LEN,
+            "thresholds": {"logit_min": MIN_LOGIT_MARGIN, "route_min": MIN_ROUTE_MARGIN,
+                           "group_min": MIN_GROUP_MARGIN},
+            "drafter": {"block_size": BLOCK_SIZE, "grid": f"2^-{drafting.GRID_BITS}",
+                        "fit_prompts": FIT_PROMPTS, "eval_prompts": EVAL_PROMPTS,
+                        "eval_tokens": EVAL_TOKENS},
+            "accept_mean": acceptance,
+            "python": platform.python_version(), "numpy": np.__version__,
+            "seconds": round(time.perf_counter() - start, 2),
+        },
+        "bundles": bundles,
+    }
+    manifest_path = opts.out / "manifest.json"
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {manifest_path}  {len(bundles)} bundles in {manifest['generator']['seconds']} s")
+    if opts.check:
+        problem = check(manifest, opts.check)
+        if problem:
+            print(f"CHECK FAILED: {problem}", file=sys.stderr)
+            return 1
+        print(f"check: every bundle matches {opts.check}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

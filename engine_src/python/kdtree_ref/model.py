@@ -1,0 +1,350 @@
+"""DeepSeek-V3 (and Kimi-K2) style decoder, NumPy float64 reference: the engine's ground truth.
+
+The math is engine_src/README.md's "The model" section, which follows DeepSeek-V3's published
+inference code: MLA attention with decoupled RoPE dims, absorbed over a latent cache (c, roped
+k), RMSNorm, first dense SwiGLU layer(s), then MoE layers with sigmoid gating, a correction
+bias, group-limited top-k routing, weights normalised and scaled by route_scale, and a shared
+expert. Weights are given as float32 arrays (dequantized ones for INT4 bundles) and computed
+in float64, so the reference is far more accurate than the FP32 engine it checks.
+
+`Transformer.forward` is the one general forward: a batch of sequences, N new tokens each at
+given positions, a visibility mask over the cache; prefill, AR decode and tree verification
+all use it. `Transformer.forward_full` is the cacheless, non-absorbed textbook form, kept
+only to check the absorbed path.
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Model configuration; the `config` object of a bundle header has exactly these fields."""
+
+    name: str = "tiny"              # config name, e.g. tiny, tiny2
+    vocab_size: int = 400           # V: tokens are 0..V-1
+    dim: int = 192                  # h: hidden size of the residual stream
+    n_layers: int = 6               # transformer blocks
+    n_dense_layers: int = 1         # the first blocks use a dense SwiGLU FFN, the rest MoE
+    n_heads: int = 4                # H: attention heads
+    q_lora_rank: int = 96           # d_q: query low-rank dim; 0 means a plain wq
+    kv_lora_rank: int = 64          # d_c: the latent cached per token and layer
+    qk_nope_head_dim: int = 32      # d_n: per-head query/key dims without RoPE
+    qk_rope_head_dim: int = 16      # d_r: RoPE dims; one roped key shared by all heads
+    v_head_dim: int = 32            # d_v: per-head value dim
+    inter_dim: int = 384            # dense FFN width
+    moe_inter_dim: int = 96         # routed expert width
+    n_routed_experts: int = 8       # E
+    n_shared_experts: int = 1       # shared expert width = n_shared_experts * moe_inter_dim
+    n_activated_experts: int = 2    # top-k experts per token
+    n_expert_groups: int = 1        # routing groups (experts split evenly, in index order)
+    n_limited_groups: int = 1       # groups kept per token (topk_group)
+    route_scale: float = 1.0        # routed_scaling_factor applied to the normalised weights
+    rope_theta: float = 10000.0     # RoPE base
+    norm_eps: float = 1e-6          # RMSNorm epsilon
+    max_seq_len: int = 256          # cache capacity in committed tokens
+
+    def to_json(self) -> dict:
+        """The config as a header object (field order as declared)."""
+        return asdict(self)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """Rotate adjacent pairs (x_2i, x_2i+1) of x [..., N, d_r] by positions [N] * theta^(-2i/d_r)."""
+    d = x.shape[-1]
+    freqs = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    angle = positions.astype(np.float64)[:, None] * freqs
+    cos, sin = np.cos(angle), np.sin(angle)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray) -> np.ndarray:
+    """w2 (silu(w1 x) * (w3 x)) for rows of x."""
+    return (silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; -inf entries get exactly zero weight."""
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis."""
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def top_margin(x: np.ndarray) -> np.ndarray:
+    """Top-1 minus top-2 value over the last axis: how far an argmax is from a tie."""
+    part = -np.partition(-x, 1, axis=-1)
+    return part[..., 0] - part[..., 1]
+
+
+def stable_topk(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values per row, largest first; ties go to the lower index."""
+    return np.argsort(-x, axis=-1, kind="stable")[..., :k]
+
+
+class KVCache:
+    """The latent cache of a batch of sequences: per layer c [B][cap][d_c] and roped k [B][cap][d_r].
+
+    Rows [0, length) are committed. A forward writes its new rows at [length, length + N)
+    and leaves `length` alone: the caller commits (AR) or compacts (tree verify).
+    """
+
+    def __init__(self, args: ModelArgs, batch: int = 1, capacity: int | None = None):
+        cap = capacity or args.max_seq_len
+        self.c = np.zeros((args.n_layers, batch, cap, args.kv_lora_rank))
+        self.k = np.zeros((args.n_layers, batch, cap, args.qk_rope_head_dim))
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.c.shape[2]
+
+
+@dataclass
+class ForwardOut:
+    """What a forward returns for a batch of B sequences with N new tokens each."""
+
+    logits: np.ndarray       # [B][N][V]
+    hidden: np.ndarray       # [B][N][h], after the final RMSNorm (the drafter's h_T)
+    route_margin: np.ndarray  # [B][N] min over MoE layers of k-th minus (k+1)-th selection score
+    group_margin: np.ndarray  # [B][N] min over MoE layers of last kept minus first dropped group score
+
+
+class Transformer:
+    """The reference model over float32 weights (README tensor names), computed in float64."""
+
+    def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]):
+        self.args = args
+        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+
+    # ---- building blocks -------------------------------------------------------------
+
+    def _query(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        """Per-head queries [..., H, d_n + d_r] of rows x [..., h]."""
+        a, w = self.args, self.w
+        if a.q_lora_rank:
+            cq = rms_norm(x @ w[prefix + "wq_a"].T, w[prefix + "q_norm"], a.norm_eps)
+            q = cq @ w[prefix + "wq_b"].T
+        else:
+            q = x @ w[prefix + "wq"].T
+        return q.reshape(*x.shape[:-1], a.n_heads, a.qk_nope_head_dim + a.qk_rope_head_dim)
+
+    def _latent(self, prefix: str, x: np.ndarray, positions: np.ndarray):
+        """The cache rows of x [B][N][h]: c [B][N][d_c] and roped k [B][N][d_r]."""
+        a, w = self.args, self.w
+        kv = x @ w[prefix + "wkv_a"].T
+        c = rms_norm(kv[..., :a.kv_lora_rank], w[prefix + "kv_norm"], a.norm_eps)
+        k_rope = rope(kv[..., a.kv_lora_rank:], positions, a.rope_theta)
+        return c, k_rope
+
+    def _split_wkv_b(self, prefix: str):
+        """W_UK [H][d_n][d_c] and W_UV [H][d_v][d_c] from wkv_b."""
+        a = self.args
+        wkv_b = self.w[prefix + "wkv_b"].reshape(a.n_heads, a.qk_nope_head_dim + a.v_head_dim,
+                                                 a.kv_lora_rank)
+        return wkv_b[:, :a.qk_nope_head_dim], wkv_b[:, a.qk_nope_head_dim:]
+
+    def _mla(self, layer: int, x: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+             cache: KVCache) -> np.ndarray:
+        """Absorbed MLA over the cache; writes x's rows at [cache.length, cache.length + N)."""
+        a, w = self.args, self.w
+        prefix = f"layers.{layer}.attn."
+        start, n = cache.length, x.shape[1]
+        # heads-first layout [B][H][N][.] so every product below is a batched matmul
+        q = self._query(prefix, x).transpose(0, 2, 1, 3)            # [B][H][N][d_n+d_r]
+        q_nope = q[..., :a.qk_nope_head_dim]
+        q_rope = rope(q[..., a.qk_nope_head_dim:], positions, a.rope_theta)
+        c_new, k_new = self._latent(prefix, x, positions)
+        cache.c[layer, :, start:start + n] = c_new
+        cache.k[layer, :, start:start + n] = k_new
+        c_all, k_all = cache.c[layer, :, :start + n], cache.k[layer, :, :start + n]
+        w_uk, w_uv = self._split_wkv_b(prefix)
+        q_hat = q_nope @ w_uk[None]                                  # W_UK^T q_nope: [B][H][N][d_c]
+        tau = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
+        scores = tau * (q_hat @ c_all.swapaxes(1, 2)[:, None]
+                        + q_rope @ k_all.swapaxes(1, 2)[:, None])   # [B][H][N][T]
+        scores = np.where(mask, scores, -np.inf)                     # invisible rows weigh exactly 0
+        latent = softmax(scores) @ c_all[:, None]                    # [B][H][N][d_c]
+        o = (latent @ w_uv.swapaxes(1, 2)[None]).transpose(0, 2, 1, 3)  # W_UV latent: [B][N][H][d_v]
+        return o.reshape(*x.shape[:2], -1) @ w[prefix + "wo"].T
+
+    def route(self, layer: int, x: np.ndarray):
+        """MoE routing of rows x [M][h]: (expert ids [M][k], weights [M][k], route and group margins [M])."""
+        a, w = self.args, self.w
+        prefix = f"layers.{layer}.ffn.gate."
+        scores = 1.0 / (1.0 + np.exp(-(x @ w[prefix + "weight"].T)))   # s = sigmoid(u . x)
+        select = scores + w[prefix + "bias"]                             # s' = s + b
+        group_margin = np.full(len(x), np.inf)
+        if a.n_expert_groups > 1:
+            grouped = select.reshape(len(x), a.n_expert_groups, -1)
+            group_scores = np.sum(-np.sort(-grouped, axis=-1)[..., :2], axis=-1)
+            order = stable_topk(group_scores, a.n_expert_groups)
+            kept = order[:, :a.n_limited_groups]
+            ranked = np.take_along_axis(group_scores, order, axis=-1)
+            group_margin = ranked[:, a.n_limited_groups - 1] - ranked[:, a.n_limited_groups]
+            keep = np.zeros((len(x), a.n_expert_groups), dtype=bool)
+            np.put_along_axis(keep, kept, True, axis=-1)
+            select = np.where(np.repeat(keep, a.n_routed_experts // a.n_expert_groups, axis=-1),
+                              select, -np.inf)
+        k = a.n_activated_experts
+        order = stable_topk(select, k + 1)
+        ranked = np.take_along_axis(select, order, axis=-1)
+        route_margin = ranked[:, k - 1] - ranked[:, k]
+        idx = order[:, :k]
+        chosen = np.take_along_axis(scores, idx, axis=-1)
+        weights = chosen / np.sum(chosen, axis=-1, keepdims=True) * a.route_scale
+        return idx, weights, route_margin, group_margin
+
+    def _moe(self, layer: int, x: np.ndarray):
+        """MoE FFN of rows x [M][h]: (y [M][h], route margins [M], group margins [M])."""
+        w = self.w
+        prefix = f"layers.{layer}.ffn."
+        idx, weights, route_margin, group_margin = self.route(layer, x)
+        y = swiglu(x, w[prefix + "shared.w1"], w[prefix + "shared.w2"], w[prefix + "shared.w3"])
+        for e in range(self.args.n_routed_experts):
+            rows, slot = np.nonzero(idx == e)
+            if rows.size:
+                ep = f"{prefix}experts.{e}."
+                out = swiglu(x[rows], w[ep + "w1"], w[ep + "w2"], w[ep + "w3"])
+                y[rows] += weights[rows, slot][:, None] * out
+        return y, route_margin, group_margin
+
+    def _ffn(self, layer: int, x: np.ndarray):
+        """Dense or MoE FFN of x [B][N][h], with routing margins [B][N] (inf for dense)."""
+        w, a = self.w, self.args
+        prefix = f"layers.{layer}.ffn."
+        if layer < a.n_dense_layers:
+            inf = np.full(x.shape[:2], np.inf)
+            return swiglu(x, w[prefix + "w1"], w[prefix + "w2"], w[prefix + "w3"]), inf, inf
+        y, rm, gm = self._moe(layer, x.reshape(-1, a.dim))
+        return y.reshape(x.shape), rm.reshape(x.shape[:2]), gm.reshape(x.shape[:2])
+
+    # ---- forwards --------------------------------------------------------------------
+
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                cache: KVCache) -> ForwardOut:
+        """Run N new tokens per sequence (tokens [B][N]) at positions [N] through the model.
+
+        mask [N][cache.length + N] (bool) says which cache rows, committed or new, each new
+        token sees; the new tokens' latent rows are written at [cache.length, cache.length + N).
+        """
+        a, w = self.args, self.w
+        tokens = np.asarray(tokens)
+        positions = np.asarray(positions)
+        if cache.length + tokens.shape[1] > cache.capacity:
+            raise ValueError(f"cache overflow: {cache.length} + {tokens.shape[1]} > {cache.capacity}")
+        x = w["embed"][tokens]
+        route_margin = np.full(tokens.shape, np.inf)
+        group_margin = np.full(tokens.shape, np.inf)
+        for layer in range(a.n_layers):
+            lp = f"layers.{layer}."
+            x = x + self._mla(layer, rms_norm(x, w[lp + "attn_norm"], a.norm_eps), positions, mask, cache)
+            y, rm, gm = self._ffn(layer, rms_norm(x, w[lp + "ffn_norm"], a.norm_eps))
+            x = x + y
+            route_margin = np.minimum(route_margin, rm)
+            group_margin = np.minimum(group_margin, gm)
+        hidden = rms_norm(x, w["norm"], a.norm_eps)
+        return ForwardOut(hidden @ w["head"].T, hidden, route_margin, group_margin)
+
+    def forward_full(self, tokens: np.ndarray) -> np.ndarray:
+        """Cacheless causal forward of one sequence (tokens [T]) with the textbook MLA
+        (keys and values expanded per head from the latent); returns logits [T][V]."""
+        a, w = self.args, self.w
+        tokens = np.asarray(tokens)
+        t = len(tokens)
+        positions = np.arange(t)
+        causal = np.tril(np.ones((t, t), dtype=bool))
+        tau = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
+        x = w["embed"][tokens]
+        for layer in range(a.n_layers):
+            lp = f"layers.{layer}."
+            prefix = lp + "attn."
+            h = rms_norm(x, w[lp + "attn_norm"], a.norm_eps)
+            q = self._query(prefix, h)                                   # [T][H][d_n+d_r]
+            q_nope, q_rope = q[..., :a.qk_nope_head_dim], q[..., a.qk_nope_head_dim:]
+            q_rope = rope(q_rope.swapaxes(0, 1), positions, a.rope_theta).swapaxes(0, 1)
+            c, k_rope = self._latent(prefix, h[None], positions)
+            kv = (c[0] @ w[prefix + "wkv_b"].T).reshape(t, a.n_heads, -1)
+            k_nope, v = kv[..., :a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
+            k = np.concatenate([k_nope, np.broadcast_to(k_rope[0][:, None], (t, a.n_heads, a.qk_rope_head_dim))], -1)
+            qf = np.concatenate([q_nope, q_rope], -1)
+            scores = tau * np.einsum("shd,thd->hst", qf, k)
+            probs = softmax(np.where(causal, scores, -np.inf))
+            o = np.einsum("hst,thv->shv", probs, v).reshape(t, -1)
+            x = x + o @ w[prefix + "wo"].T
+            y, _, _ = self._ffn(layer, rms_norm(x, w[lp + "ffn_norm"], a.norm_eps)[None])
+            x = x + y[0]
+        return rms_norm(x, w["norm"], a.norm_eps) @ w["head"].T
+
+
+def prefill(model: Transformer, prompts: np.ndarray, cache: KVCache) -> ForwardOut:
+    """Run prompts [B][P] causally from position cache.length and commit them."""
+    n = prompts.shape[1]
+    start = cache.length
+    mask = np.tri(n, start + n, start, dtype=bool)   # row i sees columns <= start + i
+    out = model.forward(prompts, np.arange(start, start + n), mask, cache)
+    cache.length += n
+    return out
+
+
+def decode_step(model: Transformer, tokens: np.ndarray, cache: KVCache) -> ForwardOut:
+    """Run one token per sequence (tokens [B]) at the next position and commit it."""
+    start = cache.length
+    mask = np.ones((1, start + 1), dtype=bool)
+    out = model.forward(np.asarray(tokens)[:, None], np.array([start]), mask, cache)
+    cache.length += 1
+    return out
+
+
+@dataclass
+class Trajectory:
+    """Greedy tokens of a batch and what was seen producing them; step i produced tokens[:, i]."""
+
+    tokens: np.ndarray        # [B][n]
+    logit_margin: np.ndarray  # [B][n] top-1 minus top-2 logit at each step
+    route_margin: np.ndarray  # [B][n] min routing margin over the step's forward (all its tokens)
+    group_margin: np.ndarray  # [B][n]
+    hidden: np.ndarray        # [B][n][h] final hidden state that produced tokens[:, i]
+
+    def row(self, i: int) -> "Trajectory":
+        """Sequence i alone (as a batch of one)."""
+        return Trajectory(*(getattr(self, f.name)[i:i + 1] for f in fields(self)))
+
+
+def generate(model: Transformer, prompts, n: int) -> Trajectory:
+    """Greedy autoregressive decode of n tokens after each prompt (prompts [B][P], equal lengths)."""
+    prompts = np.atleast_2d(np.asarray(prompts))
+    batch = prompts.shape[0]
+    cache = KVCache(model.args, batch, capacity=prompts.shape[1] + n)
+    out = prefill(model, prompts, cache)
+    # the first step's routing margins cover the whole prompt
+    rm, gm = out.route_margin.min(axis=1), out.group_margin.min(axis=1)
+    logits, hidden = out.logits[:, -1], out.hidden[:, -1]
+    steps = []
+    for i in range(n):
+        token = np.argmax(logits, axis=-1)
+        steps.append((token, top_margin(logits), rm, gm, hidden))
+        if i + 1 < n:
+            out = decode_step(model, token, cache)
+            logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+            rm, gm = out.route_margin[:, 0], out.group_margin[:, 0]
+    tokens, lm, rms, gms, hs = (np.stack(v, axis=1) for v in zip(*steps))
+    return Trajectory(tokens, lm, rms, gms, hs)
