@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The engine's test suite: op tests for every backend in the build (build/test_ops), then model
+# tests on the four bundles: AR == golden, engine == Python reference on prompts outside the
+# bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
+# an altered golden token is caught, bad bundles are rejected. One line per test; ends with
+# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json.
+# Builds first (incrementally) and regenerates missing bundles with $PYTHON.
+set -euo pipefail
+engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$engine"
+PYTHON="${PYTHON:-python3}"
+refs=tests/refs
+manifest="$refs/manifest.json"
+kdtree=build/kdtree
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+records=()
+passed=0; failed=0; skipped=0
+json_str() {  # a JSON string literal of $1
+    local s="${1//\\/\\\\}"
+    s="${s//\"/\\\"}"; s="${s//$'\n'/\\n}"; s="${s//$'\t'/\\t}"; s="${s//$'\r'/}"
+    printf '"%s"' "$s"
+}
+record() {  # record NAME STATUS SECONDS MESSAGE
+    local name="$1" status="$2" seconds="$3" message="${4:0:400}"
+    case "$status" in
+        passed) passed=$((passed + 1)); printf 'PASS  %-52s %6ss  %s\n' "$name" "$seconds" "$message" ;;
+        failed) failed=$((failed + 1)); printf 'FAIL  %-52s %6ss  %s\n' "$name" "$seconds" "$message" ;;
+        skipped) skipped=$((skipped + 1)); printf 'SKIP  %-52s %6ss  %s\n' "$name" "$seconds" "$message" ;;
+    esac
+    records+=("{\"name\": $(json_str "$name"), \"status\": \"$status\", \"seconds\": $seconds, \"message\": $(json_str "$message")}")
+}
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+secs() { local ms=$(( $(now_ms) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
+# check NAME CMD...: passes when CMD exits 0; the message is the last line of its output.
+check() {
+    local name="$1"; shift
+    local t0 out rc=0
+    t0=$(now_ms)
+    out="$("$@" 2>&1)" || rc=$?
+    if (( rc == 0 )); then record "$name" passed "$(secs "$t0")" "$(tail -n1 <<<"$out")"
+    else record "$name" failed "$(secs "$t0")" "exit $rc: $(tail -n3 <<<"$out" | tr '\n' ' ')"; fi
+}
+# expect_failure NAME PATTERN CMD...: passes when CMD exits non-zero and its output matches PATTERN.
+expect_failure() {
+    local name="$1" pattern="$2"; shift 2
+    local t0 out rc=0
+    t0=$(now_ms)
+    out="$("$@" 2>&1)" || rc=$?
+    if (( rc != 0 )) && grep -qE "$pattern" <<<"$out"; then
+        record "$name" passed "$(secs "$t0")" "rejected as expected: $(head -n1 <<<"$out")"
+    else
+        record "$name" failed "$(secs "$t0")" "expected a failure matching '$pattern', got exit $rc: $(head -n2 <<<"$out" | tr '\n' ' ')"
+    fi
+}
+write_results() {
+    local backend="$1" body="" r
+    for r in "${records[@]+"${records[@]}"}"; do body+="${body:+,$'\n'  }$r"; done
+    mkdir -p build
+    printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
+        "$backend" "$passed" "$failed" "$skipped" "$body" > build/test_results.json
+}
+finish() {
+    write_results "$1"
+    if (( failed )); then echo "$failed TESTS FAILED"; exit 1; fi
+    echo "ALL TESTS PASSED"
+    exit 0
+}
+
+# ---- build and bundles ---------------------------------------------------------------------
+check build bash scripts/build.sh
+if [[ ! -x "$kdtree" || ! -x build/test_ops ]]; then finish unknown; fi
+build_backend="$(sed -n 's/.* backend=\([a-z]*\) .*/\1/p' <<<"$("$kdtree" --version)")"
+backends=(cpu)
+[[ "$build_backend" == cuda ]] && backends+=(cuda)
+
+bundles_missing=0
+[[ -f "$manifest" ]] || bundles_missing=1
+if (( ! bundles_missing )); then
+    for f in $("$PYTHON" -c 'import json,sys; print(" ".join(b["file"] for b in json.load(open(sys.argv[1]))["bundles"]))' "$manifest"); do
+        [[ -f "$refs/$f" ]] || bundles_missing=1
+    done
+fi
+if (( bundles_missing )); then
+    check bundles.regenerate bash scripts/bundles.sh
+    [[ -f "$manifest" ]] || finish "$build_backend"
+fi
+
+# name file golden... of every bundle, one per line
+bundle_list="$("$PYTHON" -c '
+import json, sys
+for b in json.load(open(sys.argv[1]))["bundles"]:
+    print(b["name"], b["file"], b["config"], b["quant"], ",".join(map(str, b["golden"])))' "$manifest")"
+
+# ---- op tests: one line of build/test_ops per test ------------------------------------------
+for be in "${backends[@]}"; do
+    t0=$(now_ms)
+    out="$(build/test_ops --backend "$be" 2>&1)" || true
+    seconds="$(secs "$t0")"
+    n_lines=0
+    while read -r status name detail; do
+        case "$status" in
+            ok) record "ops.$name" passed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+            FAIL) record "ops.$name" failed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+            skip) record "ops.$name" skipped "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+        esac
+    done <<<"$out"
+    (( n_lines > 0 )) || record "ops.$be" failed "$seconds" "test_ops printed no results: $(tail -n2 <<<"$out" | tr '\n' ' ')"
+done
+
+# ---- model tests ------------------------------------------------------------------------------
+for be in "${backends[@]}"; do
+    while read -r name file config quant golden; do
+        bundle="$refs/$file"
+        # The bundle's own golden tokens (prompt from the bundle, n = golden length).
+        check "model.$be.$name.ar_equals_golden" "$kdtree" check --backend "$be" --bundle "$bundle" --expect golden
+        # The manifest's golden tokens, the list the orchestrator compares against.
+        check "model.$be.$name.ar_equals_manifest_golden" "$kdtree" check --backend "$be" --bundle "$bundle" --expect "$golden"
+        for bl in "4 2" "8 8" "16 4" "48 8"; do
+            read -r budget block <<<"$bl"
+            check "model.$be.$name.ddtree_equals_ar.B${budget}_L${block}" "$kdtree" check --backend "$be" --bundle "$bundle" \
+                --expect ar --mode ddtree --budget "$budget" --block "$block" -n 64
+        done
+        # Prompts in no bundle: engine == the float64 reference (kdtree_ref) up to the first near-tie.
+        t0=$(now_ms)
+        if ref="$("$PYTHON" tests/ref_tokens.py "$bundle" --prompts 2 -n 24 2>&1)"; then
+            i=0
+            while read -r prompt tokens; do
+                check "model.$be.$name.reference_prompt$i" "$kdtree" check --backend "$be" --bundle "$bundle" --prompt "$prompt" --expect "$tokens"
+                check "model.$be.$name.reference_prompt$i.ddtree" "$kdtree" check --backend "$be" --bundle "$bundle" --prompt "$prompt" \
+                    --expect "$tokens" --mode ddtree --budget 16
+                i=$((i + 1))
+            done < <("$PYTHON" -c '
+import json, sys
+for e in json.loads(sys.argv[1]): print(",".join(map(str, e["prompt"])), ",".join(map(str, e["tokens"])))' "$ref")
+        else
+            record "model.$be.$name.reference_prompts" failed "$(secs "$t0")" "tests/ref_tokens.py failed: $(tail -n2 <<<"$ref" | tr '\n' ' ')"
+        fi
+    done <<<"$bundle_list"
+done
+
+# ---- the manifest: quantisation leaves a trace ------------------------------------------------
+for config in $(awk '{print $3}' <<<"$bundle_list" | sort -u); do
+    fp32="$(awk -v c="$config" '$3 == c && $4 == "fp32" {print $5}' <<<"$bundle_list")"
+    int4="$(awk -v c="$config" '$3 == c && $4 == "int4" {print $5}' <<<"$bundle_list")"
+    if [[ -z "$fp32" || -z "$int4" ]]; then record "manifest.$config.int4_differs_from_fp32" skipped 0 "needs both an fp32 and an int4 bundle"
+    elif [[ "$fp32" != "$int4" ]]; then record "manifest.$config.int4_differs_from_fp32" passed 0 "INT4 golden differs from FP32 golden"
+    else record "manifest.$config.int4_differs_from_fp32" failed 0 "INT4 golden equals FP32 golden: the quantisation left no trace"; fi
+done
+
+# ---- the checks can fail ----------------------------------------------------------------------
+read -r first_name first_file _ <<<"$bundle_list"
+altered="$scratch/altered_$first_file"
+"$PYTHON" - "$refs/$first_file" "$altered" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+blob = open(src, "rb").read()
+n = struct.unpack_from("<Q", blob, 8)[0]
+header = json.loads(blob[16:16 + n])
+data = blob[(16 + n + 63) // 64 * 64:]
+k = len(header["golden"]) // 2
+header["golden"][k] = (header["golden"][k] + 1) % header["config"]["vocab_size"]   # one token altered
+text = json.dumps(header, separators=(",", ":")).encode()
+pad = (16 + len(text) + 63) // 64 * 64 - 16 - len(text)
+open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data)
+PY
+expect_failure "negative.altered_golden_token_detected" "MISMATCH" "$kdtree" check --bundle "$altered" --expect golden
+printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$scratch/bad_magic.kdtr"
+expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
+head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
+expect_failure "negative.loader_truncated" "truncated.kdtr: truncated" "$kdtree" generate --bundle "$scratch/truncated.kdtr" -n 2
+
+finish "$build_backend"
