@@ -1,0 +1,148 @@
+// backend_cuda.cu: backend.h on one CUDA device. Ops are queued on one stream in call order;
+// host-side inputs (*_host) are copied to device scratch before the op returns; ops with host
+// outputs wait for their result. The kernels live in the other files of this folder.
+#include "../backend.h"
+#include "ops.cuh"
+
+#include <cstdlib>
+#include <vector>
+
+namespace kd {
+
+namespace {
+
+using cuda::Context;
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend() {
+        int count = 0;
+        const cudaError_t err = cudaGetDeviceCount(&count);
+        if (err != cudaSuccess || count == 0)
+            throw std::runtime_error(std::string("cuda backend: no usable CUDA device (") +
+                                     (err != cudaSuccess ? cudaGetErrorString(err) : "none found") + ")");
+        KD_CUDA_CHECK(cudaGetDevice(&device_));
+        KD_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.num_sms, cudaDevAttrMultiProcessorCount, device_));
+        KD_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+        // KD_CUDA_MATMUL=kernel keeps matmul_f32 on our kernel even where cuBLAS was built in.
+        const char* mode = std::getenv("KD_CUDA_MATMUL");
+        ctx_.use_cublas = cuda::cublas_init(ctx_) && !(mode && std::string(mode) == "kernel");
+    }
+    ~CudaBackend() override {
+        cudaStreamSynchronize(ctx_.stream);
+        cuda::cublas_destroy(ctx_);
+        cudaStreamDestroy(ctx_.stream);
+    }
+
+    std::string name() const override { return "cuda"; }
+
+    std::string device_description() const override {
+        cudaDeviceProp prop{};
+        KD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        const auto ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+        return std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+               std::to_string(prop.multiProcessorCount) + " SMs, " +
+               std::to_string(prop.totalGlobalMem >> 20) + " MiB, driver CUDA " + ver(driver) + ", runtime " +
+               ver(runtime) + ", matmul_f32 via " + (ctx_.use_cublas ? "cuBLAS" : "kernel");
+    }
+
+    void* alloc(size_t nbytes) override {
+        void* p = nullptr;
+        const cudaError_t err = cudaMalloc(&p, std::max<size_t>(nbytes, 1));
+        if (err != cudaSuccess)
+            throw std::runtime_error("cuda alloc: " + std::to_string(nbytes) + " bytes: " + cudaGetErrorString(err));
+        KD_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, ctx_.stream));
+        return p;
+    }
+    void release(void* buf) override {
+        if (!buf) return;
+        KD_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+        KD_CUDA_CHECK(cudaFree(buf));
+    }
+    void upload(void* dst, const void* src_host, size_t nbytes) override {
+        // From pageable memory the call returns once src_host has been staged.
+        KD_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, nbytes, cudaMemcpyHostToDevice, ctx_.stream));
+    }
+    void download(void* dst_host, const void* src, size_t nbytes) override {
+        KD_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, nbytes, cudaMemcpyDeviceToHost, ctx_.stream));
+        KD_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    }
+    void copy(void* dst, const void* src, size_t nbytes) override {
+        KD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+    }
+    void synchronize() override { KD_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+
+    void embedding(float* out, int out_stride, const float* table, int dim, const int32_t* tokens_host,
+                   int M) override {
+        cuda::embedding(ctx_, out, out_stride, table, dim, ctx_.upload_ints(tokens_host, M), M);
+    }
+    void rmsnorm(float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
+                 float eps) override {
+        cuda::rmsnorm(ctx_, out, out_stride, x, x_stride, w, M, n, eps);
+    }
+    void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
+              const int32_t* pos_host, float theta) override {
+        cuda::rope(ctx_, x, M, row_stride, n_vec, vec_stride, offset, d_r, ctx_.upload_ints(pos_host, M), theta);
+    }
+    void silu_mul(float* out, const float* a, const float* b, size_t n) override { cuda::silu_mul(ctx_, out, a, b, n); }
+    void add(float* out, const float* a, const float* b, size_t n) override { cuda::add(ctx_, out, a, b, n); }
+
+    void matmul_f32(float* y, const float* x, const float* W, const float* bias, int M, int N, int K) override {
+        cuda::matmul_f32(ctx_, y, x, W, bias, M, N, K);
+    }
+    void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K) override {
+        cuda::matmul_w4a16(ctx_, y, x, qw, sc, M, N, K);
+    }
+
+    void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache, const Visibility& vis,
+                       int M, const MlaDims& dims) override {
+        for (int i = 0; i < M; ++i)
+            if (vis.parent_host[i] >= i || vis.parent_host[i] < -1)
+                throw std::runtime_error("mla_attention: parent of row " + std::to_string(i) + " is not below it");
+        cuda::mla_attention(ctx_, out, q, wkv_b, cache, vis.committed, ctx_.upload_ints(vis.parent_host, M), M, dims);
+    }
+    void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
+        for (int j = 0; j < n; ++j)
+            if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))
+                throw std::runtime_error("kv_compact: keep list must be strictly ascending with keep[j] >= j");
+        cuda::kv_compact(ctx_, cache, row_width, start, ctx_.upload_ints(keep_host, n), n);
+    }
+
+    void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
+                  const MoeRouting& routing) override {
+        cuda::moe_gate(ctx_, idx, weight, logits, bias, M, routing);
+    }
+    void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+                 const ExpertWeights& experts) override {
+        cuda::moe_ffn(ctx_, out, x, idx, weight, M, top_k, experts);
+    }
+
+    void argmax(int32_t* out_host, const float* x, int M, int N) override {
+        if (M <= 0) return;
+        int32_t* d = ctx_.small.get<int32_t>(static_cast<size_t>(M));
+        cuda::argmax(ctx_, d, x, M, N);
+        download(out_host, d, sizeof(int32_t) * M);
+    }
+    void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x, int M, int N, int K) override {
+        if (M <= 0 || K <= 0) return;
+        const size_t n = static_cast<size_t>(M) * K;
+        auto* tok = ctx_.small.get<int32_t>(2 * n);
+        auto* lp = reinterpret_cast<float*>(tok + n);
+        cuda::log_softmax_topk(ctx_, tok, lp, x, M, N, K);
+        download(tokens_host, tok, sizeof(int32_t) * n);
+        download(logprob_host, lp, sizeof(float) * n);
+    }
+
+private:
+    int device_ = 0;
+    Context ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace kd

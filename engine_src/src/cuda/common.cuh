@@ -1,0 +1,86 @@
+// common.cuh: error checking and small device helpers shared by the CUDA op files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kd::cuda {
+
+// Every CUDA runtime call goes through KD_CUDA_CHECK; every launch is followed by
+// KD_CUDA_LAUNCH_CHECK(op) so a bad launch is reported with the op that made it.
+inline void check(cudaError_t err, const char* what, const char* file, int line) {
+    if (err != cudaSuccess)
+        throw std::runtime_error(std::string("cuda: ") + what + " failed at " + file + ":" + std::to_string(line) +
+                                 ": " + cudaGetErrorString(err));
+}
+#define KD_CUDA_CHECK(call) ::kd::cuda::check((call), #call, __FILE__, __LINE__)
+#define KD_CUDA_LAUNCH_CHECK(op) ::kd::cuda::check(cudaGetLastError(), op " launch", __FILE__, __LINE__)
+
+inline int ceil_div(long a, long b) { return static_cast<int>((a + b - 1) / b); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// (value, index) arg-max across a warp; ties go to the lower index. Every lane gets the result.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+    }
+}
+
+// Block-wide arg-max (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ void block_argmax(float& v, int& i) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    warp_argmax(v, i);
+    __syncthreads();  // the arrays may still be read by a previous call
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    v = lane < nw ? sv[lane] : -INFINITY;
+    i = lane < nw ? si[lane] : 0x7fffffff;
+    warp_argmax(v, i);
+}
+
+// Block-wide sum in a fixed tree (lanes, then warps): deterministic for a given blockDim.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float s[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) s[warp] = v;
+    __syncthreads();
+    v = lane < nw ? s[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float s[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) s[warp] = v;
+    __syncthreads();
+    v = lane < nw ? s[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// silu(a) * b exactly as backend.h states it (a / (1 + exp(-a)), full-precision expf).
+__device__ __forceinline__ float silu_mul_f(float a, float b) { return a / (1.0f + expf(-a)) * b; }
+
+}  // namespace kd::cuda

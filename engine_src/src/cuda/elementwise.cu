@@ -1,0 +1,63 @@
+// elementwise.cu: silu_mul, the residual add, the embedding gather and KV compaction.
+#include "ops.cuh"
+
+namespace kd::cuda {
+
+namespace {
+
+__global__ void silu_mul_kernel(float* out, const float* a, const float* b, size_t n) {
+    const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    if (i < n) out[i] = silu_mul_f(a[i], b[i]);
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, size_t n) {
+    const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+// One block per row: out[m][:dim] = table[tokens[m]][:dim].
+__global__ void embedding_kernel(float* out, int out_stride, const float* table, int dim, const int32_t* tokens) {
+    const float* src = table + static_cast<long>(tokens[blockIdx.x]) * dim;
+    float* dst = out + static_cast<long>(blockIdx.x) * out_stride;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
+}
+
+// Row j of dst = row keep[j] of src (width floats each), one block per row.
+__global__ void gather_rows_kernel(float* dst, const float* src, int width, const int32_t* keep) {
+    const float* s = src + static_cast<long>(keep ? keep[blockIdx.x] : blockIdx.x) * width;
+    float* d = dst + static_cast<long>(blockIdx.x) * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) d[j] = s[j];
+}
+
+}  // namespace
+
+void silu_mul(Context& ctx, float* out, const float* a, const float* b, size_t n) {
+    if (n == 0) return;
+    silu_mul_kernel<<<ceil_div(static_cast<long>(n), 256), 256, 0, ctx.stream>>>(out, a, b, n);
+    KD_CUDA_LAUNCH_CHECK("silu_mul_kernel");
+}
+
+void add(Context& ctx, float* out, const float* a, const float* b, size_t n) {
+    if (n == 0) return;
+    add_kernel<<<ceil_div(static_cast<long>(n), 256), 256, 0, ctx.stream>>>(out, a, b, n);
+    KD_CUDA_LAUNCH_CHECK("add_kernel");
+}
+
+void embedding(Context& ctx, float* out, int out_stride, const float* table, int dim, const int32_t* tokens, int M) {
+    if (M <= 0) return;
+    embedding_kernel<<<M, 128, 0, ctx.stream>>>(out, out_stride, table, dim, tokens);
+    KD_CUDA_LAUNCH_CHECK("embedding_kernel");
+}
+
+void kv_compact(Context& ctx, float* cache, int row_width, int start, const int32_t* keep, int n) {
+    if (n <= 0) return;
+    // Gather the kept rows into scratch, then write them back in place: rows never race.
+    float* tmp = ctx.moe_h.get<float>(static_cast<size_t>(n) * row_width);
+    float* base = cache + static_cast<long>(start) * row_width;
+    gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(tmp, base, row_width, keep);
+    KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+    gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(base, tmp, row_width, nullptr);
+    KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+}
+
+}  // namespace kd::cuda

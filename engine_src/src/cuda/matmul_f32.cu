@@ -1,0 +1,123 @@
+// matmul_f32.cu: y[M][N] = x[M][K] W[N][K]^T (+ bias), fp32 end to end (no TF32).
+// cuBLAS SGEMM where the cuBLAS headers exist at build time and ctx.use_cublas is set; our
+// mm_core.cuh kernel otherwise. cuBLAS picks its algorithm by shape, so to keep a row's result
+// independent of M (backend.h) it is always called on passes of exactly 16 rows: a short last
+// pass goes through a zero-padded copy.
+#include "mm_core.cuh"
+#include "ops.cuh"
+
+#if __has_include(<cublas_v2.h>)
+#include <cublas_v2.h>
+#define KD_HAVE_CUBLAS 1
+#endif
+
+namespace kd::cuda {
+
+namespace {
+
+#ifdef KD_HAVE_CUBLAS
+__global__ void add_bias_kernel(float* y, const float* bias, int M, int N) {
+    const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
+    if (i < static_cast<long>(M) * N) y[i] += bias[i % N];
+}
+
+constexpr int kPassRows = 16;
+constexpr size_t kCublasWorkspace = 32u << 20;
+
+void cublas_check(cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error(std::string("cuda: ") + what + " failed: cuBLAS status " + std::to_string(st));
+}
+
+void matmul_cublas(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K) {
+    auto handle = static_cast<cublasHandle_t>(ctx.cublas);
+    const float one = 1.0f, zero = 0.0f;
+    for (int m0 = 0; m0 < M; m0 += kPassRows) {
+        const int rows = std::min(kPassRows, M - m0);
+        const float* xp = x + static_cast<long>(m0) * K;
+        float* yp = y + static_cast<long>(m0) * N;
+        if (rows < kPassRows) {
+            float* xs = ctx.cublas_x.get<float>(static_cast<size_t>(kPassRows) * K);
+            KD_CUDA_CHECK(cudaMemcpyAsync(xs, xp, sizeof(float) * rows * K, cudaMemcpyDeviceToDevice, ctx.stream));
+            xp = xs;
+            yp = ctx.cublas_y.get<float>(static_cast<size_t>(kPassRows) * N);
+        }
+        // Column-major view: y^T [N][16] = W^T^T ... i.e. C(N x 16) = op(W)(N x K) * x^T(K x 16).
+        cublas_check(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, kPassRows, K, &one, W, K, xp, K, &zero, yp, N),
+                     "cublasSgemm");
+        if (rows < kPassRows)
+            KD_CUDA_CHECK(cudaMemcpyAsync(y + static_cast<long>(m0) * N, yp, sizeof(float) * rows * N,
+                                          cudaMemcpyDeviceToDevice, ctx.stream));
+    }
+    if (bias) {
+        const long n = static_cast<long>(M) * N;
+        add_bias_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(y, bias, M, N);
+        KD_CUDA_LAUNCH_CHECK("add_bias_kernel");
+    }
+}
+#endif
+
+}  // namespace
+
+bool cublas_init(Context& ctx) {
+#ifdef KD_HAVE_CUBLAS
+    cublasHandle_t handle;
+    cublas_check(cublasCreate(&handle), "cublasCreate");
+    cublas_check(cublasSetStream(handle, ctx.stream), "cublasSetStream");
+    // Default math is full fp32 for SGEMM; never the TF32 tensor-op mode.
+    cublas_check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    // Our own workspace: no allocation inside a CUDA graph capture.
+    void* ws = nullptr;
+    KD_CUDA_CHECK(cudaMalloc(&ws, kCublasWorkspace));
+    cublas_check(cublasSetWorkspace(handle, ws, kCublasWorkspace), "cublasSetWorkspace");
+    ctx.cublas = handle;
+    ctx.cublas_workspace = ws;
+    return true;
+#else
+    (void)ctx;
+    return false;
+#endif
+}
+
+void cublas_destroy(Context& ctx) {
+#ifdef KD_HAVE_CUBLAS
+    if (ctx.cublas) cublasDestroy(static_cast<cublasHandle_t>(ctx.cublas));
+    if (ctx.cublas_workspace) cudaFree(ctx.cublas_workspace);
+#endif
+    ctx.cublas = nullptr;
+    ctx.cublas_workspace = nullptr;
+}
+
+void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N,
+                       int K) {
+    if (M <= 0 || N <= 0) return;
+    MmParams p;
+    p.a.w = W;
+    p.x = x;
+    p.ldx = K;
+    p.y = y;
+    p.ldy = N;
+    p.bias = bias;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.splits = mm_split_count(ctx.num_sms, N, K, M);
+    if (p.splits > 1) {
+        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
+        p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
+    }
+    mm_launch<WFmt::F32, false>(p, M, p.splits, ctx.stream);
+}
+
+void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+#ifdef KD_HAVE_CUBLAS
+    if (ctx.use_cublas && ctx.cublas) {
+        matmul_cublas(ctx, y, x, W, bias, M, N, K);
+        return;
+    }
+#endif
+    matmul_f32_kernel(ctx, y, x, W, bias, M, N, K);
+}
+
+}  // namespace kd::cuda

@@ -1,0 +1,350 @@
+// mm_core.cuh: the one matmul kernel behind matmul_w4a16, the fp32 fallback of matmul_f32 and
+// the grouped expert FFN of moe_ffn: y[m][n] = sum_k x[m][k] W[n][k], weights in INT4 (W4A16
+// layout of backend.h) or fp32, activations and accumulation in fp32.
+//
+// Shape of the work
+//   * A block is 8 warps; a warp owns R weight rows (R/2 output rows with the fused SwiGLU
+//     epilogue, whose rows come in (w1, w3) pairs) and streams them along K.
+//   * W4: a lane reads one quantisation group per step, 16 bytes = 32 nibbles, plus its scale,
+//     with an L1-bypassing load; a warp step covers 1024 inputs, 512 contiguous bytes per row.
+//     Nibbles become floats with a byte permute into the mantissa of 2^23 and one subtraction
+//     (exact), so dequantisation is ~2.4 instructions per weight and happens once per weight,
+//     reused across the MT activation rows.
+//   * fp32: a lane reads 4 strided words per step (a warp step covers 128 inputs, coalesced).
+//   * Activations for MT rows and a chunk of K sit in shared memory (W4: an XOR-swizzled layout
+//     so that the 16-byte reads of 32 lanes, 128 bytes apart, hit distinct banks).
+//   * Split-K (plain matmuls whose grid would not fill the GPU): one block per super-chunk.
+//
+// The arithmetic of one output (the DDTree == AR invariant of backend.h)
+//   K is cut into super-chunks of KD_MM_SCHUNK inputs. Inside one, lane l accumulates its inputs
+//   in ascending order (W4: per group, p = sum (nibble - 8) * x, then acc += scale * p); at the
+//   end of the super-chunk the 32 lane sums are added by an xor butterfly (identical on every
+//   lane) and the result is added to the row total, super-chunks in ascending order. With
+//   split-K, each super-chunk's value goes to a workspace and the last block adds them in the
+//   same ascending order from zero. Nothing depends on M, on which token slot a row occupies,
+//   on R, on the split choice or on grouping: matmul_w4a16, moe_ffn and split or not give
+//   bit-identical rows.
+#pragma once
+
+#include "common.cuh"
+
+#include <algorithm>
+
+namespace kd::cuda {
+
+constexpr int KD_MM_WARPS = 8;
+constexpr int KD_MM_THREADS = 32 * KD_MM_WARPS;
+constexpr int KD_MM_SCHUNK = 2048;       // inputs per super-chunk (a multiple of both warp steps)
+constexpr int KD_MM_STAGE = 1024;        // staged K chunks are multiples of this
+constexpr int KD_MM_SMEM_FLOATS = 16384; // activation staging budget (64 KiB)
+
+enum class WFmt { W4, F32 };
+
+struct MmWeights {
+    const uint32_t* q = nullptr;  // W4: [N][K/8]
+    const float* s = nullptr;     // W4: [N][K/32]
+    const float* w = nullptr;     // fp32: [N][K]
+};
+
+struct MmParams {
+    MmWeights a, b;               // b: the w3 of the fused SwiGLU epilogue (silu(a x) * (b x))
+    long q_estride = 0, s_estride = 0, w_estride = 0;  // grouped: elements between experts
+    const float* x = nullptr;
+    long ldx = 0;
+    float* y = nullptr;
+    long ldy = 0;
+    const float* bias = nullptr;  // [N] or null
+    int M = 0, N = 0, K = 0;
+    int kch = 0;                  // staged K chunk (multiple of KD_MM_STAGE)
+    // Grouped mode (slot_expert != null): blockIdx.y is a slot; its rows are
+    // [slot_start[slot], slot_start[slot + 1]) of a sorted (expert, token) pair list.
+    const int* slot_expert = nullptr;
+    const int* slot_start = nullptr;
+    const int* n_active = nullptr;
+    const int* row_in = nullptr;  // x row of pair p (null: p)
+    const int* row_out = nullptr; // y row of pair p (null: p)
+    // Split-K (splits > 1, plain mode only): blockIdx.y is the super-chunk.
+    int splits = 1;
+    float* ws = nullptr;          // [splits][M][N]
+    unsigned* counters = nullptr; // [gridDim.x], zero between launches
+};
+
+// Weight rows a warp streams together: more rows, more bytes in flight; fewer, fewer registers.
+__host__ __device__ constexpr int mm_rows_per_warp(int mt) { return mt <= 2 ? 4 : 2; }
+
+template <WFmt F>
+__host__ __device__ constexpr int mm_warp_step() { return F == WFmt::W4 ? 1024 : 128; }
+
+// Staged K chunk for MT activation rows and a K range of klen inputs.
+inline int mm_stage_chunk(int mt, int klen) {
+    const int budget = std::max(KD_MM_STAGE, KD_MM_SMEM_FLOATS / mt / KD_MM_STAGE * KD_MM_STAGE);
+    const int need = (klen + KD_MM_STAGE - 1) / KD_MM_STAGE * KD_MM_STAGE;
+    return std::min(budget, need);
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint32_t* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// The 8 nibbles of a word as exact floats (nibble - 8), element order (low nibble first).
+__device__ __forceinline__ void dequant8(uint32_t word, float f[8]) {
+    const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        // 0x4B0000nn is the float 2^23 + nn; subtracting 2^23 + 8 leaves nn - 8 exactly.
+        f[2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440 + b)) - 8388616.0f;
+        f[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440 + b)) - 8388616.0f;
+    }
+}
+
+// Shared-memory index of input kk of a staged W4 chunk: group g = kk / 32 keeps its 8 float4s
+// in one 128-byte row, float4 j stored at j ^ (g & 7) (conflict-free lane reads and stores).
+__device__ __forceinline__ int w4_smem_index(int kk) {
+    const int g = kk >> 5, e = kk & 31;
+    return ((g * 8 + ((e >> 2) ^ (g & 7))) << 2) + (e & 3);
+}
+
+template <WFmt F, int MT, int R, bool GLU>
+__global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmParams p) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);
+    // Row totals live in shared memory (written and read by lane 0 only): registers go to the
+    // loads in flight. R * MT <= 32.
+    __shared__ float total[KD_MM_WARPS][32];
+    constexpr int WS = mm_warp_step<F>();
+    constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int K = p.K, N = p.N;
+    const int n0 = (blockIdx.x * KD_MM_WARPS + warp) * ROWS;
+
+    MmWeights wa = p.a, wb = p.b;
+    int m_begin = 0, m_count = p.M;
+    if (p.slot_expert) {
+        const int slot = blockIdx.y;
+        if (slot >= *p.n_active) return;
+        const long e = p.slot_expert[slot];
+        m_begin = p.slot_start[slot];
+        m_count = p.slot_start[slot + 1] - m_begin;
+        if constexpr (F == WFmt::W4) {
+            wa.q += e * p.q_estride; wa.s += e * p.s_estride;
+            if (GLU) { wb.q += e * p.q_estride; wb.s += e * p.s_estride; }
+        } else {
+            wa.w += e * p.w_estride;
+            if (GLU) wb.w += e * p.w_estride;
+        }
+    }
+    int kb = 0, ke = K;
+    if (p.splits > 1) {
+        kb = blockIdx.y * KD_MM_SCHUNK;
+        ke = min(K, kb + KD_MM_SCHUNK);
+    }
+
+    // Weight row pointers of this warp (rows past N are clamped for loading, never stored).
+    const uint32_t* qrow[R];
+    const float* srow[R];
+    const float* wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);
+        const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
+        if constexpr (F == WFmt::W4) {
+            qrow[r] = w.q + static_cast<long>(n) * (K / 8);
+            srow[r] = w.s + static_cast<long>(n) * (K / 32);
+        } else {
+            wrow[r] = w.w + static_cast<long>(n) * K;
+        }
+    }
+    const bool active = n0 < N;
+
+    for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
+        const int mc = min(MT, m_count - mc0);
+        float part[R][MT];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
+        if (lane == 0)
+            for (int i = 0; i < R * MT; ++i) total[warp][i] = 0.0f;
+
+        for (int kc = kb; kc < ke; kc += p.kch) {
+            const int klen = min(p.kch, ke - kc);
+            __syncthreads();  // the previous chunk is no longer read
+            for (int m = 0; m < mc; ++m) {
+                const long prow = m_begin + mc0 + m;
+                const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
+                float* dst = xs + m * p.kch;
+                for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
+                    dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+            }
+            __syncthreads();
+            if (!active) continue;
+
+            for (int k = kc; k < kc + klen; k += WS) {
+                if constexpr (F == WFmt::W4) {
+                    const int kl = k + lane * 32;  // first input of this lane's group
+                    if (kl < ke) {
+                        uint4 q[R];
+                        float s[R];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            q[r] = ld_stream(qrow[r] + kl / 8);
+                            s[r] = __ldg(srow[r] + kl / 32);
+                        }
+                        const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
+                        const int sw = lane & 7;
+                        float g[R][MT];
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+#pragma unroll
+                            for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            float f[R][8];
+#pragma unroll
+                            for (int r = 0; r < R; ++r)
+                                dequant8(j == 0 ? q[r].x : j == 1 ? q[r].y : j == 2 ? q[r].z : q[r].w, f[r]);
+#pragma unroll
+                            for (int m = 0; m < MT; ++m) {
+                                if (m < mc) {
+                                    const float4* xm = xg + m * (p.kch / 4);
+                                    const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
+                                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                                        for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+                                }
+                            }
+                        }
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+#pragma unroll
+                            for (int m = 0; m < MT; ++m)
+                                if (m < mc) part[r][m] = fmaf(s[r], g[r][m], part[r][m]);
+                    }
+                } else {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const int kk = k + lane + 32 * u;
+                        if (kk < ke) {
+                            float w[R];
+#pragma unroll
+                            for (int r = 0; r < R; ++r) w[r] = __ldg(wrow[r] + kk);
+#pragma unroll
+                            for (int m = 0; m < MT; ++m)
+                                if (m < mc) {
+                                    const float xv = xs[m * p.kch + (kk - kc)];
+#pragma unroll
+                                    for (int r = 0; r < R; ++r) part[r][m] = fmaf(w[r], xv, part[r][m]);
+                                }
+                        }
+                    }
+                }
+                if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int m = 0; m < MT; ++m)
+                            if (m < mc) {
+                                const float v = warp_sum(part[r][m]);
+                                if (lane == 0) total[warp][r * MT + m] += v;
+                                part[r][m] = 0.0f;
+                            }
+                }
+            }
+        }
+
+        if (active && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int n = n0 + r;
+                if (n >= N) continue;
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    if (m >= mc) continue;
+                    const long prow = m_begin + mc0 + m;
+                    if (p.splits > 1) {
+                        p.ws[(static_cast<long>(blockIdx.y) * p.M + prow) * N + n] = total[warp][r * MT + m];
+                    } else {
+                        const float* t = total[warp];
+                        float v = GLU ? silu_mul_f(t[r * MT + m], t[(r + ROWS) * MT + m]) : t[r * MT + m];
+                        if (p.bias) v += p.bias[n];
+                        p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                    }
+                }
+            }
+        }
+    }
+
+    if (p.splits > 1) {
+        // The last block of this row block to finish adds the super-chunks in ascending order.
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last = atomicAdd(&p.counters[blockIdx.x], 1u) == static_cast<unsigned>(p.splits - 1);
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        const int nb = blockIdx.x * KD_MM_WARPS * ROWS, rows = min(KD_MM_WARPS * ROWS, N - nb);
+        for (int i = threadIdx.x; i < p.M * rows; i += KD_MM_THREADS) {
+            const int m = i / rows, n = nb + i % rows;
+            float v = 0.0f;
+            for (int s = 0; s < p.splits; ++s) v += __ldcg(p.ws + (static_cast<long>(s) * p.M + m) * N + n);
+            if (p.bias) v += p.bias[n];
+            p.y[m * p.ldy + n] = v;
+        }
+        if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+    }
+}
+
+// Rows per pass for a call whose largest row count is max_rows.
+inline int mm_pass_rows(int max_rows) {
+    return max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : max_rows <= 4 ? 4 : max_rows <= 8 ? 8 : 16;
+}
+
+// Split-K when the row blocks alone would leave SMs idle; every super-chunk then gets a block.
+// Free to depend on anything: the result is bit-identical either way.
+inline int mm_split_count(int num_sms, int N, int K, int max_rows) {
+    const int rows_per_block = KD_MM_WARPS * mm_rows_per_warp(mm_pass_rows(max_rows));
+    const int super_chunks = ceil_div(K, KD_MM_SCHUNK);
+    return ceil_div(N, rows_per_block) < num_sms && super_chunks > 1 ? super_chunks : 1;
+}
+
+// Launches mm_kernel for MT activation rows per pass (1, 2, 4, 8 or 16; more rows loop).
+// grid.y: slots (grouped) or splits (split-K), else 1.
+template <WFmt F, int MT, bool GLU>
+void mm_launch_mt(const MmParams& p, int grid_y, cudaStream_t stream) {
+    constexpr int R = mm_rows_per_warp(MT);
+    constexpr int ROWS = GLU ? R / 2 : R;
+    const size_t smem = sizeof(float) * static_cast<size_t>(MT) * p.kch;
+    static bool configured = false;  // one attribute call per instantiation
+    if (!configured) {
+        KD_CUDA_CHECK(cudaFuncSetAttribute(mm_kernel<F, MT, R, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           sizeof(float) * KD_MM_SMEM_FLOATS));
+        configured = true;
+    }
+    const dim3 grid(ceil_div(p.N, KD_MM_WARPS * ROWS), grid_y);
+    mm_kernel<F, MT, R, GLU><<<grid, KD_MM_THREADS, smem, stream>>>(p);
+    KD_CUDA_LAUNCH_CHECK("mm_kernel");
+}
+
+template <WFmt F, bool GLU>
+void mm_launch(MmParams p, int max_rows, int grid_y, cudaStream_t stream) {
+    const int mt = mm_pass_rows(max_rows);
+    p.kch = mm_stage_chunk(mt, p.splits > 1 ? KD_MM_SCHUNK : p.K);
+    switch (mt) {
+        case 1: mm_launch_mt<F, 1, GLU>(p, grid_y, stream); break;
+        case 2: mm_launch_mt<F, 2, GLU>(p, grid_y, stream); break;
+        case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, stream); break;
+        case 8: mm_launch_mt<F, 8, GLU>(p, grid_y, stream); break;
+        default: mm_launch_mt<F, 16, GLU>(p, grid_y, stream); break;
+    }
+}
+
+}  // namespace kd::cuda

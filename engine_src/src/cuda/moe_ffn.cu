@@ -1,0 +1,158 @@
+// moe_ffn.cu: the routed experts of one MoE layer as three launches whatever the routing:
+//   1. moe_lists_kernel groups the (row, slot) pairs by expert (deterministic order: experts
+//      ascending, then pairs ascending), all on the device, so the layer can be graph-captured;
+//   2. one grouped mm_kernel for w1 and w3 together (fused SwiGLU epilogue) over every selected
+//      expert, then one for w2 (mm_core.cuh: a row comes out bit-identical to matmul_w4a16 /
+//      matmul_f32_kernel on one row);
+//   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending.
+#include "mm_core.cuh"
+#include "ops.cuh"
+
+namespace kd::cuda {
+
+namespace {
+
+constexpr int kListThreads = 256;
+
+// Pair i = m * top_k + j routes row m to expert idx[i]. Outputs: for each slot s < *n_active,
+// slot_expert[s] (ascending) and its pairs [slot_start[s], slot_start[s + 1]) in pair_token
+// (the row m) and pair_id (i).
+__global__ void moe_lists_kernel(const int32_t* idx, int n_pairs, int top_k, int E, int* slot_expert,
+                                 int* slot_start, int* n_active, int* pair_token, int* pair_id) {
+    extern __shared__ int sm[];
+    int* cnt = sm;               // [E]
+    int* start = sm + E;         // [E]
+    int* slot = sm + 2 * E;      // [E]
+    int* pairs = sm + 3 * E;     // [n_pairs]
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) pairs[i] = idx[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        const int e = pairs[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // Exclusive scans of the counts and of the "expert is used" flags: lane l owns a
+        // contiguous range of experts.
+        const int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per, e1 = min(E, e0 + per);
+        int c = 0, a = 0;
+        for (int e = e0; e < e1; ++e) { c += cnt[e]; a += cnt[e] > 0; }
+        int cs = c, as = a;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int tc = __shfl_up_sync(0xffffffffu, cs, o), ta = __shfl_up_sync(0xffffffffu, as, o);
+            if (lane >= o) { cs += tc; as += ta; }
+        }
+        cs -= c;
+        as -= a;
+        for (int e = e0; e < e1; ++e) {
+            start[e] = cs;
+            slot[e] = as;
+            cs += cnt[e];
+            as += cnt[e] > 0;
+        }
+        if (lane == 31) {
+            *n_active = as;
+            slot_start[as] = cs;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (cnt[e] == 0) continue;
+        slot_expert[slot[e]] = e;
+        slot_start[slot[e]] = start[e];
+        int pos = start[e];
+        for (int i = 0; i < n_pairs; ++i)
+            if (pairs[i] == e) {
+                pair_token[pos] = i / top_k;
+                pair_id[pos] = i;
+                ++pos;
+            }
+    }
+}
+
+__global__ void moe_combine_kernel(float* out, const float* y, const float* weight, int M, int top_k, int dim) {
+    const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
+    if (i >= static_cast<long>(M) * dim) return;
+    const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j)
+        acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+    out[i] = acc;
+}
+
+}  // namespace
+
+void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+             const ExpertWeights& w) {
+    if (M <= 0) return;
+    const int E = w.n_experts, D = w.dim, I = w.inter;
+    if (D % 32 != 0 || I % 32 != 0)
+        throw std::runtime_error("moe_ffn: dim and inter must be multiples of 32 (dim " + std::to_string(D) +
+                                 ", inter " + std::to_string(I) + ")");
+    if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
+        throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
+    const int n_pairs = M * top_k, max_slots = std::min(E, n_pairs);
+
+    int* lists = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 2 * n_pairs));
+    int* slot_expert = lists;
+    int* slot_start = slot_expert + max_slots;      // [max_slots + 1]
+    int* n_active = slot_start + max_slots + 1;
+    int* pair_token = n_active + 1;
+    int* pair_id = pair_token + n_pairs;
+    const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(E) + n_pairs);
+    if (list_smem > 48 * 1024)
+        throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
+                                 " pairs exceed the routing kernel's shared memory");
+    moe_lists_kernel<<<1, kListThreads, list_smem, ctx.stream>>>(idx, n_pairs, top_k, E, slot_expert, slot_start,
+                                                                 n_active, pair_token, pair_id);
+    KD_CUDA_LAUNCH_CHECK("moe_lists_kernel");
+
+    float* h = ctx.moe_h.get<float>(static_cast<size_t>(n_pairs) * I);
+    float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_pairs) * D);
+    const long per_expert = static_cast<long>(I) * D;
+
+    MmParams p;
+    p.q_estride = per_expert / 8;
+    p.s_estride = per_expert / 32;
+    p.w_estride = per_expert;
+    p.slot_expert = slot_expert;
+    p.slot_start = slot_start;
+    p.n_active = n_active;
+    p.M = n_pairs;
+
+    // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair.
+    MmParams up = p;
+    up.a = {reinterpret_cast<const uint32_t*>(w.q1), w.s1, w.w1};
+    up.b = {reinterpret_cast<const uint32_t*>(w.q3), w.s3, w.w3};
+    up.x = x;
+    up.ldx = D;
+    up.row_in = pair_token;
+    up.y = h;
+    up.ldy = I;
+    up.N = I;
+    up.K = D;
+    // w2: y[pair_id] = w2 h.
+    MmParams down = p;
+    down.a = {reinterpret_cast<const uint32_t*>(w.q2), w.s2, w.w2};
+    down.x = h;
+    down.ldx = I;
+    down.y = y;
+    down.ldy = D;
+    down.row_out = pair_id;
+    down.N = D;
+    down.K = I;
+    if (w.int4) {
+        mm_launch<WFmt::W4, true>(up, M, max_slots, ctx.stream);
+        mm_launch<WFmt::W4, false>(down, M, max_slots, ctx.stream);
+    } else {
+        mm_launch<WFmt::F32, true>(up, M, max_slots, ctx.stream);
+        mm_launch<WFmt::F32, false>(down, M, max_slots, ctx.stream);
+    }
+
+    const long n = static_cast<long>(M) * D;
+    moe_combine_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(out, y, weight, M, top_k, D);
+    KD_CUDA_LAUNCH_CHECK("moe_combine_kernel");
+}
+
+}  // namespace kd::cuda

@@ -1,0 +1,52 @@
+// ops.cuh: the CUDA op launchers, one .cu file each. backend_cuda.cu maps backend.h onto them;
+// the GPU benchmarks call them directly. Contracts are those of the same-named ops in backend.h.
+// All pointers are device pointers unless named *_host; everything runs on ctx.stream.
+#pragma once
+
+#include "../backend.h"
+#include "context.cuh"
+
+namespace kd::cuda {
+
+// matmul_w4a16.cu
+void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K);
+
+// matmul_f32.cu: cuBLAS SGEMM (no TF32) when ctx.use_cublas, else matmul_f32_kernel.
+void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K);
+void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N,
+                       int K);
+// Creates the cuBLAS handle on ctx.stream (no-op and false in builds without cuBLAS).
+bool cublas_init(Context& ctx);
+void cublas_destroy(Context& ctx);
+
+// moe_ffn.cu
+void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+             const ExpertWeights& experts);
+
+// moe_gate.cu
+void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, const float* bias, int M,
+              const MoeRouting& routing);
+
+// mla_attention.cu (parent: device copy of Visibility::parent_host)
+void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache, int committed,
+                   const int32_t* parent, int M, const MlaDims& dims);
+
+// rmsnorm.cu
+void rmsnorm(Context& ctx, float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
+             float eps);
+
+// rope.cu (pos: device)
+void rope(Context& ctx, float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
+          const int32_t* pos, float theta);
+
+// elementwise.cu (tokens, keep: device)
+void silu_mul(Context& ctx, float* out, const float* a, const float* b, size_t n);
+void add(Context& ctx, float* out, const float* a, const float* b, size_t n);
+void embedding(Context& ctx, float* out, int out_stride, const float* table, int dim, const int32_t* tokens, int M);
+void kv_compact(Context& ctx, float* cache, int row_width, int start, const int32_t* keep, int n);
+
+// argmax.cu (results in device memory)
+void argmax(Context& ctx, int32_t* out, const float* x, int M, int N);
+void log_softmax_topk(Context& ctx, int32_t* tokens, float* logprob, const float* x, int M, int N, int K);
+
+}  // namespace kd::cuda
