@@ -1,0 +1,155 @@
+"""Command builders as data: the exact command line or argv each step sends, and that values
+reach the host literally (nothing from the inventory is ever executed)."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+from types import MappingProxyType
+
+import pytest
+
+from orchestrator import console, doctor, inventory, parallel, remote, state, sync
+from orchestrator.inventory import DEFAULT_TIMEOUTS, Host
+from orchestrator.transport import LocalTransport, SshTransport
+
+CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", address="ct200", user="root",
+             cuda_home="/usr/local/cuda-13.0", python="/root/venv_sglang211/bin/python", arch="sm_120", gpus=8,
+             known_hosts="/repo/known_hosts")
+ENV = 'exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}"'
+
+
+def test_step_command():
+    assert remote.step_command(CT200, "bash scripts/build.sh", 900) == (
+        f"cd -- /root/kdtree-engine && {ENV} PATH=/usr/local/cuda-13.0/bin:\"$PATH\" "
+        "CUDA_HOME=/usr/local/cuda-13.0 PYTHON=/root/venv_sglang211/bin/python KD_BACKEND=auto KD_ARCH=sm_120 "
+        "setsid -w timeout -k 10 900 bash -c 'bash scripts/build.sh'")
+
+
+def test_wrap_quotes_every_value_once():
+    assert remote.wrap(["echo", "a b", "$(x)"], timeout=1.5, cwd="/srv/with space", env={"K": "it's"}) == (
+        f"cd -- '/srv/with space' && {ENV} PATH=\"$PATH\" 'K=it'\"'\"'s' "
+        "setsid -w timeout -k 10 1.5 echo 'a b' '$(x)'")
+    assert remote.wrap(["true"], timeout=None) == f'{ENV} PATH="$PATH" true'
+    with pytest.raises(ValueError):
+        remote.wrap(["true"], timeout=1, env={"A;B": "x"})
+
+
+def test_hostile_values_reach_the_command_literally(tmp_path):
+    canary = tmp_path / "canary"
+    hostile = f"$(touch {canary}); `touch {canary}` | touch {canary} \n-x 'q\""
+    for command in (remote.wrap(["printf", "%s", hostile], timeout=5, cwd=str(tmp_path)),
+                    remote.wrap(["bash", "-c", 'printf "%s" "$KD_ARCH"'], timeout=5, env={"KD_ARCH": hostile})):
+        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        assert out.stdout == hostile
+    assert not canary.exists()
+
+
+def test_ssh_argv_and_jump(monkeypatch):
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", "/lab/ssh_config")
+    monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", "/lab/user known_hosts")
+    host = Host(**{**CT200.__dict__, "jump": "ops@bastion:2222", "port": 2200, "identity": "/keys/id"})
+    base = ["ssh", "-F", "/lab/ssh_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", 'UserKnownHostsFile="/repo/known_hosts" "/lab/user known_hosts"', "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3", "-i", "/keys/id"]
+    proxy = ("ProxyCommand=ssh -F /lab/ssh_config -o BatchMode=yes -o StrictHostKeyChecking=yes -o "
+             "'UserKnownHostsFile=\"/repo/known_hosts\" \"/lab/user known_hosts\"' -o ConnectTimeout=10 "
+             "-o ServerAliveInterval=15 -o ServerAliveCountMax=3 -i /keys/id -l ops -p 2222 -W '[%h]:%p' bastion")
+    assert SshTransport(host).ssh_argv("true") == base + ["-o", proxy, "-l", "root", "-p", "2200", "--", "ct200", "true"]
+
+
+def test_rsync_argv(monkeypatch, make_inventory):
+    monkeypatch.delenv("KDTREE_SSH_CONFIG", raising=False)
+    monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", "/home/me/.ssh/known_hosts")
+    inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine", "user": "root",
+                                    "rsync_path": "/opt/rsync dir/rsync"}})
+    argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project)
+    known = inv.hosts["ct200"].known_hosts
+    assert argv == [
+        "rsync", "-az", "--delete", "--stats", "--protect-args", "--exclude=/.kdtree/",
+        "--exclude=build/", "--exclude=.git/", "--exclude=.kdtree/", "--exclude=__pycache__/", "--exclude=*.pyc",
+        "--exclude=tests/refs/model_*.kdtr", "--exclude=tests/refs/manifest.json",
+        "-e", "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o "
+              f"'UserKnownHostsFile=\"{known}\" \"/home/me/.ssh/known_hosts\"' -o ConnectTimeout=10 "
+              "-o ServerAliveInterval=15 -o ServerAliveCountMax=3 -l root",
+        "--rsync-path='/opt/rsync dir/rsync'", f"{inv.project.source}/", "ct200:/root/kdtree-engine/"]
+    local = Host(name="local", transport="local", remote_dir="/work/.deploy/local")
+    assert sync.rsync_argv(LocalTransport(local), inv.project)[-2:] == [f"{inv.project.source}/", "/work/.deploy/local/"]
+
+
+def test_deploy_commands_in_order(make_inventory):
+    inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine"}})
+    owner = state.Owner("client", 42, "2026-01-01T00:00:00Z", "deploy")
+    steps = sync.deploy_commands(SshTransport(inv.hosts["ct200"]), inv.project, owner)
+    assert [what for what, _ in steps] == [
+        "host: claim remote_dir and take the lock", "host: mark the sync in progress, find rsync",
+        "local: transfer (a tar stream instead when the host has no rsync)", "host: hash the deployed tree",
+        "host: write the deploy record, clear the in-progress mark"]
+    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
+                                f"'{state._marker_text(owner)}'".replace("orchestrator's", "orchestrator'\"'\"'s"))
+    assert steps[3][1].endswith("setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'")
+
+
+@pytest.mark.parametrize("path, is_dir, excluded", [
+    ("build", True, True), ("python/build", True, True), ("build", False, False),
+    ("a/__pycache__", True, True), ("x.pyc", False, True), ("a/b/x.pyc", False, True),
+    ("tests/refs/model_tiny.kdtr", False, True), ("tests/refs/sub/model_tiny.kdtr", False, False),
+    ("x/tests/refs/model_tiny.kdtr", False, True), ("tests/refs/expected_manifest.json", False, False),
+    (".kdtree", True, True), ("src/.kdtree", True, True), ("src/main.cpp", False, False),
+])
+def test_exclude_matching_follows_rsync(path, is_dir, excluded):
+    patterns = ["/.kdtree/", *inventory.load(os.path.join(os.path.dirname(__file__), "..", "hosts.yaml")).project.excludes]
+    assert sync.is_excluded(path, is_dir, patterns) is excluded
+
+
+def host_with(**kw) -> Host:
+    return Host(**{"name": "h", "transport": "ssh", "remote_dir": "/srv/k", "address": "h", **kw})
+
+
+@pytest.mark.parametrize("host, facts, check, status, detail", [
+    (host_with(), {"rsync": ["/usr/bin/rsync"], "rsync_version": ["rsync 3.2"]}, doctor.check_rsync, "ok",
+     "/usr/bin/rsync (rsync 3.2)"),
+    (host_with(rsync_path="/opt/rsync"), {}, doctor.check_rsync, "warn",
+     "no executable rsync at /opt/rsync: deploy falls back to a tar stream"),
+    (host_with(cuda_home="/usr/local/cuda-13.0", backend="cuda"), {}, doctor.check_nvcc, "fail",
+     "no nvcc under /usr/local/cuda-13.0/bin"),
+    (host_with(cuda_home="/c"), {"nvcc": ["/c/bin/nvcc"], "nvcc_version": ["13.0"]}, doctor.check_nvcc, "ok",
+     "/c/bin/nvcc (release 13.0)"),
+    (host_with(gpus=2), {"gpu": ["NVIDIA H200, 9.0, 580.1"] * 2}, doctor.check_gpu, "ok", "2 x NVIDIA H200, 9.0, 580.1"),
+    (host_with(gpus=8), {"gpu": ["NVIDIA H200, 9.0, 580.1"]}, doctor.check_gpu, "warn",
+     "1 x NVIDIA H200, 9.0, 580.1 (inventory says 8)"),
+    (host_with(), {}, doctor.check_gpu, "warn", "no GPU found by nvidia-smi: CPU backend"),
+    (host_with(arch="sm_120"), {"gpu": ["NVIDIA H200, 9.0, 580.1"]}, doctor.check_arch, "fail",
+     "inventory arch sm_120 but the GPU is sm_90"),
+    (host_with(arch="sm_90"), {"gpu": ["NVIDIA H200, 9.0, 580.1"]}, doctor.check_arch, "ok", "sm_90"),
+    (host_with(), {"disk_free_kb": ["524288"], "disk_path": ["/srv"]}, doctor.check_disk, "fail", "0.5 GiB free at /srv"),
+    (host_with(), {"python_version": ["3.12.3"]}, doctor.check_python, "fail", "python3 3.12.3 has no numpy"),
+    (host_with(), {"python_version": ["3.12.3"], "numpy_version": ["2.1.0"]}, doctor.check_python, "ok",
+     "python3 3.12.3, numpy 2.1.0"),
+])
+def test_doctor_checks(host, facts, check, status, detail):
+    assert check(host, facts) == doctor.Finding(check.__name__.removeprefix("check_"), status, detail)
+
+
+def test_console_prefixes_and_logs(tmp_path):
+    out = io.StringIO()
+    c = console.Console(out, log_dir=tmp_path, width=5)
+    c.host("h1")("one\ntwo")
+    c.table(["host", "status"], [["h1", "ok"]])
+    c.close()
+    assert out.getvalue() == "[h1   ] one\n[h1   ] two\nhost  status\n----  ------\nh1    ok\n"
+    assert (tmp_path / "h1.log").read_text() == "one\ntwo\n"
+
+
+def test_parallel_collects_failures():
+    hosts = [Host(name=n, transport="local", remote_dir="/srv/x") for n in ("a", "b", "c")]
+
+    def fn(host):
+        if host.name == "b":
+            raise RuntimeError("boom")
+        return host.name.upper()
+
+    outcomes = parallel.run_parallel(hosts, fn, max_parallel=2)
+    assert list(outcomes) == ["a", "b", "c"]
+    assert [o.value for o in outcomes.succeeded] == ["A", "C"]
+    assert [o.summary for o in outcomes.failed] == ["RuntimeError: boom"] and outcomes.exit_code == 1
