@@ -1,0 +1,168 @@
+"""SSH transport against real sshd hosts on 127.0.0.1: commands, timeouts, host keys, trust,
+a jump host, file reads, doctor."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from orchestrator import cli, doctor, hostkeys, remote
+from orchestrator.console import Console
+from orchestrator.errors import ConnectError, FetchError, HostKeyError
+from orchestrator.transport import SshTransport, open_transport
+
+
+@pytest.fixture
+def h1(lab, make_inventory, remote_dir):
+    inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
+    with open_transport(inv.hosts["h1"]) as transport:
+        yield transport
+
+
+def test_run_streams_output_and_reuses_one_connection(h1, lab):
+    lines = []
+    result = h1.run("echo out; echo err >&2; exit 3", timeout=20, on_output=lines.append)
+    assert (result.exit_code, result.timed_out, lines) == (3, False, ["out", "err"])
+    assert result.tail == "out\nerr\n"
+    connection = h1._conn.transport
+    assert h1.run("true", timeout=20).ok and h1._conn.transport is connection
+
+
+def test_timeout_kills_the_whole_process_group_on_the_host(h1, lab):
+    marker = f"77{os.getpid() % 1000:03d}"
+    script = f"sleep 3{marker} & (sleep 4{marker} &); bash -c 'sleep 5{marker}'"
+    start = time.monotonic()
+    result = h1.run(remote.wrap(["bash", "-c", script], timeout=1, kill_after=1), timeout=20)
+    assert result.timed_out and result.exit_code == 124 and time.monotonic() - start < 5
+    time.sleep(0.3)
+    left = subprocess.run(["pgrep", "-f", f"sleep [345]{marker}"], capture_output=True, text=True).stdout
+    assert left == ""
+
+
+def test_client_timeout_when_the_host_does_not_answer(h1):
+    result = h1.run("sleep 30", timeout=1)
+    assert result.timed_out and result.exit_code is None and result.seconds < 3
+
+
+def test_unknown_host_key_is_refused_before_anything_runs(lab, make_inventory, tmp_path):
+    stranger = lab.add_host("stranger", trusted=False)
+    inv = make_inventory({"stranger": lab.inventory_entry(stranger)})
+    with pytest.raises(HostKeyError) as e:
+        open_transport(inv.hosts["stranger"]).run("touch /tmp/never", timeout=10)
+    fp = stranger.fingerprint()
+    assert not e.value.changed and e.value.fingerprint == fp
+    assert f"is not known: ssh-ed25519 {fp}" in str(e.value)
+    assert f"invoke trust --host stranger --fingerprint {fp}" in str(e.value)
+    assert "Accepted publickey" not in stranger.log()
+    # system ssh (rsync's path) refuses it too
+    ssh = subprocess.run(SshTransport(inv.hosts["stranger"]).ssh_argv("true"), capture_output=True, text=True)
+    assert ssh.returncode == 255 and "Host key verification failed" in ssh.stderr
+
+
+def test_trust_pins_the_key_and_refuses_a_wrong_fingerprint(lab, make_inventory, tmp_path):
+    newcomer = lab.add_host("newcomer", trusted=False)
+    project_known = tmp_path / "project_known_hosts"
+    inv = make_inventory({"newcomer": lab.inventory_entry(newcomer, known_hosts=str(project_known))})
+    host = inv.hosts["newcomer"]
+    wrong = "SHA256:" + "A" * 43
+    with pytest.raises(Exception, match="which is not the fingerprint given"):
+        cli.trust(host, [wrong], Console(io.StringIO()))
+    assert not project_known.exists()
+    out = io.StringIO()
+    assert cli.trust(host, [newcomer.fingerprint()], Console(out)) == 0
+    assert f"pinned {newcomer.known_name} ssh-ed25519 {newcomer.fingerprint()}" in out.getvalue()
+    assert project_known.read_text() == newcomer.known_hosts_line()
+    assert open_transport(host).run("true", timeout=10).ok
+    assert subprocess.run(SshTransport(host).ssh_argv("true")).returncode == 0
+
+
+def test_changed_host_key_is_refused_by_paramiko_and_ssh(lab, make_inventory):
+    changer = lab.add_host("changer")
+    inv = make_inventory({"changer": lab.inventory_entry(changer)})
+    assert open_transport(inv.hosts["changer"]).run("true", timeout=10).ok
+    old = changer.fingerprint()
+    changer.new_host_key()
+    with pytest.raises(HostKeyError) as e:
+        open_transport(inv.hosts["changer"]).run("true", timeout=10)
+    assert e.value.changed and f"HOST KEY CHANGED for {changer.known_name}" in str(e.value)
+    assert changer.fingerprint() in str(e.value) and old in str(e.value)
+    ssh = subprocess.run(SshTransport(inv.hosts["changer"]).ssh_argv("true"), capture_output=True, text=True)
+    assert ssh.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in ssh.stderr
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        cli.trust(inv.hosts["changer"], [], Console(io.StringIO()))
+
+
+def test_pinned_host_key_in_the_inventory(lab, make_inventory, tmp_path):
+    pinned = lab.add_host("pinned", trusted=False)
+    entry = lab.inventory_entry(pinned, known_hosts=str(tmp_path / "empty_known_hosts"))
+    inv = make_inventory({"ok": {**entry, "host_key": pinned.fingerprint()},
+                          "bad": {**entry, "host_key": "SHA256:" + "B" * 43}})
+    with open_transport(inv.hosts["ok"]) as t:
+        assert t.run("true", timeout=10).ok
+        assert subprocess.run(t.ssh_argv("true")).returncode == 0   # system ssh gets the same key
+    with pytest.raises(HostKeyError, match="is not known"):
+        open_transport(inv.hosts["bad"]).run("true", timeout=10)
+
+
+def test_jump_host(lab, make_inventory, remote_dir):
+    bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
+    inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion", remote_dir=remote_dir)})
+    target = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {h2.port}$", re.M)
+    before = len(target.findall(bastion.log()))
+    with open_transport(inv.hosts["far"]) as t:
+        assert t.run("echo far", timeout=10).tail == "far\n"
+        assert subprocess.run(t.ssh_argv("true")).returncode == 0
+    time.sleep(0.2)
+    assert len(target.findall(bastion.log())) == before + 2     # Paramiko's jump and system ssh's
+
+
+def test_unreachable_host_fails_fast(lab, make_inventory):
+    gone = lab.add_host("gone")
+    gone.stop()
+    inv = make_inventory({"gone": lab.inventory_entry(gone)})
+    start = time.monotonic()
+    with pytest.raises(ConnectError, match="cannot reach 127.0.0.1:"):
+        open_transport(inv.hosts["gone"]).run("true", timeout=10)
+    assert time.monotonic() - start < 6
+
+
+def test_read_file_and_fetch_refuse_tricks(h1, tmp_path):
+    d = h1.host.remote_dir
+    h1.check(f"mkdir -p {d} && cd {d} && echo data > f && ln -sf /etc/passwd link && head -c 5000 /dev/zero > big",
+             timeout=10)
+    assert h1.read_file("f", 100) == b"data\n"
+    with pytest.raises(FetchError, match="is a symlink; refusing to read it"):
+        h1.read_file("link", 10000)
+    with pytest.raises(FetchError, match="is larger than 4096 bytes"):
+        h1.read_file("big", 4096)
+    with pytest.raises(FetchError, match="does not exist"):
+        h1.read_file("nope", 10)
+    run_dir = tmp_path / "run"
+    assert h1.fetch("f", "h1/f.txt", within=run_dir, max_bytes=100).read_bytes() == b"data\n"
+    with pytest.raises(FetchError, match="outside"):
+        h1.fetch("f", "../escape", within=run_dir, max_bytes=100)
+    (run_dir / "h1" / "evil").symlink_to(tmp_path / "target")
+    with pytest.raises(FetchError, match="symlink"):
+        h1.fetch("f", "h1/evil", within=run_dir, max_bytes=100)
+    assert not (tmp_path / "target").exists()
+
+
+def test_doctor(lab, make_inventory, tmp_path):
+    lost = lab.add_host("lost")
+    lost.stop()
+    inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"], arch="sm_120"),
+                          "lost": lab.inventory_entry(lost)})
+    with open_transport(inv.hosts["h1"]) as t:
+        findings = {f.check: f for f in doctor.diagnose(t)}
+    assert [findings[c].status for c in ("reachable", "host_key", "auth", "rsync", "python")] == ["ok"] * 5
+    assert findings["python"].detail.endswith(f"numpy {__import__('numpy').__version__}")
+    assert findings["disk"].status in ("ok", "warn")
+    out = io.StringIO()
+    assert cli.doctor(list(inv.hosts.values()), Console(out)) == 1
+    text = out.getvalue()
+    assert "[h1  ] ok    rsync" in text and "[lost] fail  reachable" in text
+    assert any(l.startswith("lost  FAILED") for l in text.splitlines())
