@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Benchmarks the engine and writes build/bench.json (README, "Result files"): tokens/s AR vs
+# DDTree per bundle and budget, mean acceptance length, per-layer timings (FP32 vs INT4 MoE),
+# and a K2-width MoE layer (h 7168, moe_inter 2048, top-8 + 1 shared) in FP32 and INT4.
+#   KD_BENCH_ARGS: extra flags for `kdtree bench` (e.g. "--moe-experts 384 --moe-tokens 1,4,16").
+set -euo pipefail
+engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$engine"
+[[ -x build/kdtree ]] || bash scripts/build.sh
+[[ -f tests/refs/manifest.json ]] || bash scripts/bundles.sh
+# shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
+build/kdtree bench --manifest tests/refs/manifest.json --out build/bench.json ${KD_BENCH_ARGS:-}

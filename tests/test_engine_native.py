@@ -1,0 +1,93 @@
+"""The native engine in the project's test run: build the CPU engine with g++ in a temporary copy
+of engine_src/ and run its own suite (scripts/run_tests.sh), once per session.
+
+Bundles already present in engine_src/tests/refs are copied along; missing ones are regenerated
+by run_tests.sh (scripts/bundles.sh with this interpreter).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+def _env() -> dict:
+    env = dict(os.environ, KD_BACKEND="cpu", PYTHON=sys.executable)
+    env.pop("KD_ARCH", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def engine_run(tmp_path_factory):
+    """(engine copy, completed run_tests.sh) for the session."""
+    copy = tmp_path_factory.mktemp("engine") / "engine_src"
+    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree"))
+    run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
+                         timeout=900)
+    return copy, run
+
+
+def test_run_tests_passes(engine_run):
+    _, run = engine_run
+    lines = run.stdout.strip().splitlines()
+    assert run.returncode == 0, f"run_tests.sh failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+    assert lines[-1] == "ALL TESTS PASSED"
+    assert not [line for line in lines if line.startswith("FAIL")]
+
+
+def test_results_file_lists_every_test(engine_run):
+    copy, run = engine_run
+    results = json.loads((copy / "build" / "test_results.json").read_text())
+    assert results["version"] == 1 and results["backend"] == "cpu"
+    assert results["failed"] == 0 and results["passed"] == sum(t["status"] == "passed" for t in results["tests"])
+    names = {t["name"] for t in results["tests"]}
+    manifest = json.loads((copy / "tests" / "refs" / "manifest.json").read_text())
+    for bundle in manifest["bundles"]:
+        assert f"model.cpu.{bundle['name']}.ar_equals_golden" in names
+    for required in ("ops.cpu.matmul_w4a16.M17", "ops.cpu.mla_attention.tree_row_equals_chain",
+                     "negative.altered_golden_token_detected"):
+        assert required in names
+    assert all(set(t) == {"name", "status", "seconds", "message"} for t in results["tests"])
+
+
+def test_version_names_the_source_tree(engine_run):
+    copy, _ = engine_run
+    version = subprocess.run([str(copy / "build" / "kdtree"), "--version"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    match = re.fullmatch(r"kdtree \S+ tree=([0-9a-f]{64}) backend=cpu arch=none", version)
+    assert match, version
+    tree = subprocess.run(["bash", "scripts/tree_hash.sh"], cwd=copy, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert match.group(1) == tree
+
+
+def test_generate_writes_outputs_equal_to_golden(engine_run):
+    copy, _ = engine_run
+    subprocess.run(["bash", "scripts/generate.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
+                   check=True, timeout=300)
+    outputs = json.loads((copy / "build" / "outputs.json").read_text())
+    manifest = json.loads((copy / "tests" / "refs" / "manifest.json").read_text())
+    assert outputs["version"] == 1 and outputs["backend"] == "cpu"
+    for bundle in manifest["bundles"]:
+        out = outputs["bundles"][bundle["name"]]
+        assert out["ar"] == bundle["golden"]
+        assert out["ddtree"] == out["ar"]
+        assert out["accept_mean"] > 1
+
+
+def test_rebuild_is_incremental(engine_run):
+    copy, _ = engine_run
+    subprocess.run(["bash", "scripts/build.sh"], cwd=copy, env=_env(), capture_output=True, text=True, check=True)
+    info = json.loads((copy / "build" / "build_info.json").read_text())
+    assert info["rebuilt"] == []
+    assert info["key"]["backend"] == "cpu"
