@@ -1,6 +1,7 @@
 """Sync: put the engine source tree on a host, exactly, safely, and prove it.
 
-    deploy(transport, project, source_id, owner, log) -> DeployResult    # one host
+    deploy(transport, project, source_id, owner, log) -> DeployResult    # one host, takes its lock
+    sync_tree(...) -> DeployResult                                       # the same, lock already held
     deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
 
 A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir),
@@ -73,37 +74,45 @@ def source_id(project: Project) -> SourceId:
 
 def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
            log: Callable[[str], None]) -> DeployResult:
-    """Sync the project's source to the host of `transport` and verify it (see module doc)."""
-    host = transport.host
-    start = time.monotonic()
+    """Take the host's lock and sync the project's source to it (see module doc)."""
     with state.acquire(transport, owner) as lock:
         if lock.stale:
             log(f"recovered the lock left by a run that died: {lock.stale}")
-        begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path),
-                                timeout=remote.client_timeout(60), what="preparing the sync")
-        facts = dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
-        repaired = facts.get("PARTIAL")
-        if repaired:
-            log(f"the previous sync did not finish ({repaired}); this sync repairs the tree")
-        remote_rsync = facts.get("RSYNC", "").strip()
-        if remote_rsync and shutil.which("rsync"):
-            method, counts = "rsync", _rsync(transport, project, log)
-        else:
-            log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
-            method, counts = "tar", _tar_sync(transport, project, log)
-        remote_hash = _remote_hash(transport, project)
-        if remote_hash != source.tree_hash:
-            raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
-                            host=host.name)
-        record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
-                  "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
-                  "by": dataclasses.asdict(owner), "method": method, **counts}
-        transport.check(finish_command(host.remote_dir), timeout=60, stdin=json.dumps(record, indent=1).encode(),
-                        what="writing the deploy record")
+        result = sync_tree(transport, project, source, owner, log)
+    return dataclasses.replace(result, stale_lock=str(lock.stale) if lock.stale else None)
+
+
+def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
+              log: Callable[[str], None]) -> DeployResult:
+    """Sync and verify the source on a host whose lock the caller holds (validate holds it for
+    the whole run)."""
+    host = transport.host
+    start = time.monotonic()
+    begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path),
+                            timeout=remote.client_timeout(60), what="preparing the sync")
+    facts = dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
+    repaired = facts.get("PARTIAL", "").strip() or None
+    if repaired:
+        log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
+    remote_rsync = facts.get("RSYNC", "").strip()
+    if remote_rsync and shutil.which("rsync"):
+        method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired))
+    else:
+        log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
+        method, counts = "tar", _tar_sync(transport, project, log, everything=bool(repaired))
+    remote_hash = _remote_hash(transport, project)
+    if remote_hash != source.tree_hash:
+        raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
+                        host=host.name)
+    record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
+              "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
+              "by": dataclasses.asdict(owner), "method": method, **counts}
+    transport.check(finish_command(host.remote_dir), timeout=60, stdin=json.dumps(record, indent=1).encode(),
+                    what="writing the deploy record")
     log(f"deployed {source.tree_hash[:12]} with {method}: {counts['files']} files, {counts['bytes']} bytes sent, "
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
-                        repaired, str(lock.stale) if lock.stale else None, round(time.monotonic() - start, 3))
+                        repaired, None, round(time.monotonic() - start, 3))
 
 
 def deploy_commands(transport: Transport, project: Project, owner: state.Owner) -> list[tuple[str, str]]:
@@ -119,10 +128,12 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     ]
 
 
-def rsync_argv(transport: Transport, project: Project) -> list[str]:
-    """The rsync command line that mirrors the source onto the host's remote_dir."""
+def rsync_argv(transport: Transport, project: Project, checksum: bool = False) -> list[str]:
+    """The rsync command line that mirrors the source onto the host's remote_dir (`checksum`:
+    compare contents, not size and time, as when repairing a broken sync)."""
     host = transport.host
-    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args", f"--exclude={STATE_EXCLUDE}"]
+    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args"] + (["--checksum"] if checksum else [])
+    argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
     argv += transport.rsync_args()
     if host.rsync_path and not host.is_local:
@@ -157,8 +168,8 @@ def is_excluded(path: str, is_dir: bool, patterns) -> bool:
 
 
 # -- rsync -----------------------------------------------------------------------------------------
-def _rsync(transport: Transport, project: Project, log) -> dict:
-    argv = rsync_argv(transport, project)
+def _rsync(transport: Transport, project: Project, log, checksum: bool) -> dict:
+    argv = rsync_argv(transport, project, checksum)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSYNC_")}
     for attempt in range(3):
         proc = subprocess.run(argv, capture_output=True, text=True, env=env,
@@ -182,13 +193,14 @@ def _stat(stats: str, label: str) -> int:
 
 
 # -- tar stream --------------------------------------------------------------------------------------
-def _tar_sync(transport: Transport, project: Project, log) -> dict:
-    """Send changed files as a tar stream and delete files gone from the source."""
+def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> dict:
+    """Send changed files (`everything`: all files) as a tar stream; delete files gone from the source."""
     host = transport.host
     timeout = host.timeout("sync")
     listing = _remote_listing(transport, timeout)
     local = _local_listing(project)
-    changed = [p for p, entry in local.items() if entry[0] == "l" or entry[0] == "f" and listing.get(p) != entry]
+    changed = [p for p, entry in local.items()
+               if entry[0] == "l" or entry[0] == "f" and (everything or listing.get(p) != entry)]
     gone = sorted((p for p, (kind, _, _) in listing.items() if p not in local
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:

@@ -1,0 +1,181 @@
+"""Deploy against real sshd hosts on 127.0.0.1 (and the local transport): mirror, excludes,
+incremental transfer, --delete, tar fallback, destination safety, lock, repair, fleets, dry-run."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli, state, sync
+from orchestrator.console import Console
+from orchestrator.errors import DestinationError, LockError
+from orchestrator.transport import open_transport
+
+EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
+            "tests/refs/model_tiny_fp32.kdtr", "tests/refs/manifest.json"]
+SYNCED = ["README.md", "python/kdtree_ref/model.py", "scripts/tree_hash.sh", "src/main.cpp",
+          "tests/refs/expected_manifest.json"]
+
+
+def files(root) -> list[str]:
+    root = Path(root)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and not p.relative_to(root).parts[0] == ".kdtree")
+
+
+@pytest.fixture
+def deployer(lab, make_inventory, remote_dir):
+    """deployer(**entry) -> deploy(): deploys the `source` tree to h1 (or as entry says)."""
+    def make(**entry):
+        inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], **{"remote_dir": remote_dir, **entry})})
+        log = []
+
+        def deploy():
+            log.clear()
+            with open_transport(inv.hosts["h"]) as t:
+                return sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
+        deploy.inventory, deploy.log, deploy.dir = inv, log, Path(inv.hosts["h"].remote_dir)
+        return deploy
+    return make
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
+    deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
+    first = deploy()
+    assert (first.method, first.files, first.deleted) == (method, len(SYNCED), 0)
+    assert files(deploy.dir) == SYNCED
+    record = json.loads((deploy.dir / ".kdtree" / "deploy.json").read_text())
+    assert record["tree_hash"] == first.tree_hash == sync.source_id(deploy.inventory.project).tree_hash
+    assert (record["method"], record["files"]) == (method, len(SYNCED))
+    # on the host, results of earlier builds (excluded paths) must survive --delete
+    (deploy.dir / "build").mkdir()
+    (deploy.dir / "build" / "kdtree").write_text("built on the host\n")
+    (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").write_text("bundle\n")
+
+    again = deploy()
+    assert (again.files, again.deleted) == (0, 0)
+
+    time.sleep(1.1)   # a different mtime second, as for any real edit
+    (source / "src" / "main.cpp").write_text("int main() { return 1; }\n")
+    (source / "README.md").unlink()
+    changed = deploy()
+    assert (changed.files, changed.deleted) == (1, 1) and changed.tree_hash != first.tree_hash
+    assert (deploy.dir / "src" / "main.cpp").read_text() == "int main() { return 1; }\n"
+    assert files(deploy.dir) == sorted([f for f in SYNCED if f != "README.md"]
+                                       + ["build/kdtree", "tests/refs/model_tiny_fp32.kdtr"])
+    assert (deploy.dir / "build" / "kdtree").read_text() == "built on the host\n"
+    assert (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").exists()
+    assert sorted(os.listdir(deploy.dir / ".kdtree")) == ["deploy.json", "lock.flock", "marker"]
+
+
+def test_local_transport_deploy(make_inventory, tmp_path, source):
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
+    out = io.StringIO()
+    assert cli.deploy(inv, [inv.hosts["local"]], Console(out)) == 0
+    assert files(tmp_path / ".deploy" / "local") == SYNCED
+    assert (tmp_path / "runs" / "deploy" / "local.log").exists()
+
+
+def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path):
+    foreign = Path(remote_dir)
+    foreign.mkdir(parents=True)
+    (foreign / "precious").write_text("keep me\n")
+    with pytest.raises(DestinationError, match="is not empty and was not created by the orchestrator"):
+        deployer()()
+    assert os.listdir(foreign) == ["precious"]
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me\n")
+    link = Path(remote_dir + "-link")
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside)
+    with pytest.raises(DestinationError, match="is a symlink"):
+        deployer(remote_dir=str(link))()
+    with pytest.raises(DestinationError, match="resolves to"):
+        deployer(remote_dir=str(link / "sub"))()
+    assert os.listdir(outside) == ["precious"]
+
+
+def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
+    deploy = deployer()
+    deploy()
+    inv = deploy.inventory
+    holder = state.Owner("laptop", 4242, "2026-01-01T00:00:00Z", "validate")
+    with open_transport(inv.hosts["h"]) as t, state.acquire(t, holder):
+        with pytest.raises(LockError) as e:
+            deploy()
+        assert "is locked by another run: validate by pid 4242 on laptop, started 2026-01-01T00:00:00Z" in str(e.value)
+    assert deploy().stale_lock is None          # released cleanly
+
+    # a run that dies holding the lock: its ssh client is killed, the host keeps no lock
+    from orchestrator.transport import SshTransport
+    dead = state.Owner("ci-runner", 999, "2026-01-02T00:00:00Z", "deploy")
+    argv = SshTransport(inv.hosts["h"]).ssh_argv(state.lock_command(inv.hosts["h"].remote_dir, dead))
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "LOCKED"
+    proc.kill()
+    proc.wait()
+    time.sleep(0.3)
+    result = deploy()
+    assert result.stale_lock == str(dead)
+    assert f"recovered the lock left by a run that died: {dead}" in deploy.log
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_a_sync_broken_half_way_is_repaired(deployer, source, method):
+    deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
+    deploy()
+    # what an interrupted sync leaves: the in-progress mark and a damaged tree
+    (deploy.dir / sync.PARTIAL).write_text("started deploy by pid 1 on x\n")
+    main = deploy.dir / "src" / "main.cpp"
+    stat = main.stat()
+    main.write_text("int main() { return 9; }\n")                 # same size and time: only contents differ
+    os.utime(main, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (deploy.dir / "scripts" / "tree_hash.sh").unlink()
+    result = deploy()
+    assert result.repaired == "started deploy by pid 1 on x"
+    assert any("did not finish" in line and "repairs" in line for line in deploy.log)
+    assert files(deploy.dir) == SYNCED and (deploy.dir / "src" / "main.cpp").read_text() == (source / "src/main.cpp").read_text()
+    assert not (deploy.dir / sync.PARTIAL).exists()
+
+
+def test_parallel_deploy_with_one_host_down(lab, make_inventory, tmp_path):
+    down = lab.add_host("down")
+    down.stop()
+    names = {"h1": lab.hosts["h1"], "h2": lab.hosts["h2"], "down": down}
+    inv = make_inventory({n: lab.inventory_entry(h, remote_dir=str(h.root / f"fleet-{tmp_path.name}"))
+                          for n, h in names.items()})
+    out = io.StringIO()
+    assert cli.deploy(inv, list(inv.hosts.values()), Console(out)) == 1
+    text = out.getvalue()
+    rows = {line.split()[0]: line.split()[1] for line in text.splitlines() if line.split()[:1] in (["h1"], ["h2"], ["down"])}
+    assert rows == {"h1": "ok", "h2": "ok", "down": "FAILED"}
+    assert "cannot reach 127.0.0.1:" in text
+    for n in ("h1", "h2"):
+        assert files(names[n].root / f"fleet-{tmp_path.name}") == SYNCED
+
+
+def test_dry_run_changes_nothing(lab, make_inventory, remote_dir):
+    inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
+    out = io.StringIO()
+    assert cli.deploy(inv, [inv.hosts["h"]], Console(out), dry_run=True) == 0
+    assert not Path(remote_dir).exists()
+    text = out.getvalue()
+    assert "[h] # local: transfer" in text and f"rsync -az --delete" in text and f"h1:{remote_dir}/" in text
+
+
+def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
+    inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--inventory", str(inv.path), "--host", "h"],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[h] deployed" in proc.stdout and files(remote_dir) == SYNCED
