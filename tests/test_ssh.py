@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator import cli, doctor, hostkeys, remote
+from orchestrator import cli, doctor, remote, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
 from orchestrator.transport import SshTransport, open_transport
@@ -115,9 +115,11 @@ def test_jump_host(lab, make_inventory, remote_dir):
     before = len(target.findall(bastion.log()))
     with open_transport(inv.hosts["far"]) as t:
         assert t.run("echo far", timeout=10).tail == "far\n"
-        assert subprocess.run(t.ssh_argv("true")).returncode == 0
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
+    assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
     time.sleep(0.2)
-    assert len(target.findall(bastion.log())) == before + 2     # Paramiko's jump and system ssh's
+    # two connections went through the bastion: Paramiko's (reused by every command) and rsync's ssh
+    assert len(target.findall(bastion.log())) == before + 2
 
 
 def test_unreachable_host_fails_fast(lab, make_inventory):
