@@ -4,7 +4,8 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
         lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
         ...
-    state.read_deploy_record(transport) / state.write_deploy_record(transport, record)
+    state.read_deploy_record(transport)                  # what the last deploy recorded
+    state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
 
 acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
 nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
@@ -119,19 +120,25 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
                         host=host.name) from None
 
 
+def read_json(transport: Transport, name: str) -> dict | None:
+    """A JSON document of the orchestrator's state on the host (`.kdtree/<name>`), or None."""
+    try:
+        data = json.loads(transport.read_file(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES))
+    except (FetchError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_deploy_record(transport: Transport) -> dict | None:
     """The record of the last completed deploy on the host, or None if there is none."""
-    try:
-        return json.loads(transport.read_file(DEPLOY_RECORD, RECORD_MAX_BYTES))
-    except FetchError:
-        return None
-    except ValueError:
-        return None
+    return read_json(transport, "deploy.json")
 
 
-def write_deploy_record_command(remote_dir: str) -> str:
-    """The command that stores a deploy record (given on stdin) atomically."""
-    return remote.script_command(_WRITE_RECORD_SCRIPT, remote_dir, timeout=60)
+def write_json(transport: Transport, name: str, data: dict) -> None:
+    """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
+    transport.check(remote.script_command(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60),
+                    timeout=remote.client_timeout(60), stdin=json.dumps(data, indent=1).encode(),
+                    what=f"writing {STATE_DIR}/{name}")
 
 
 def _marker_text(owner: Owner) -> str:
@@ -166,6 +173,6 @@ IFS= read -r reply || reply=
 exit 0
 '''
 
-_WRITE_RECORD_SCRIPT = r'''
-cd -- "$1/.kdtree" && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json
+_WRITE_JSON_SCRIPT = r'''
+cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"
 '''
