@@ -118,17 +118,19 @@ for o in "${objects[@]}"; do
         *) engine_objs+=("$o") ;;
     esac
 done
-link() {  # link OUT OBJECTS...: only when an object is newer than OUT
+link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was linked under another key
     local out="$1"; shift
     local need=0 o
-    [[ -f "$out" ]] || need=1
+    [[ -f "$out" && "$(cat "$out.key" 2>/dev/null || true)" == "$key" ]] || need=1
     for o in "$@"; do [[ "$o" -nt "$out" ]] && need=1; done
     (( need )) || return 0
+    rm -f "$out.key"
     if [[ "$backend" == cuda ]]; then
         "$NVCC" ${nvccflags} "$@" -o "$out" $libs
     else
         "$CXX" $cxxflags "$@" -o "$out"
     fi
+    echo "$key" > "$out.key"
     rebuilt+=("$out")
 }
 link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }

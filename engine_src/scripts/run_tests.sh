@@ -87,6 +87,12 @@ if (( bundles_missing )); then
     [[ -f "$manifest" ]] || finish "$build_backend"
 fi
 
+# A CUDA build on a machine without a usable GPU (a compile check) tests the CPU backend only.
+if [[ "$build_backend" == cuda ]]; then
+    probe="$(build/test_ops --backend cuda 2>&1 | grep '^skip cuda' || true)"
+    if [[ -n "$probe" ]]; then record backend.cuda skipped 0 "${probe#skip cuda.\* }"; backends=(cpu); fi
+fi
+
 # name file golden... of every bundle, one per line
 bundle_list="$("$PYTHON" -c '
 import json, sys

@@ -122,12 +122,15 @@ public:
         for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
     }
 
+    // Weight row outer, activation rows inner: the matrix streams through once for all M rows.
     void matmul_f32(float* y, const float* x, const float* W, const float* bias, int M, int N, int K) override {
-        for (int m = 0; m < M; ++m) {
-            float* yr = y + static_cast<long>(m) * N;
-            cpu::matvec_f32(yr, x + static_cast<long>(m) * K, W, N, K);
-            if (bias)
-                for (int n = 0; n < N; ++n) yr[n] += bias[n];
+        for (int n = 0; n < N; ++n) {
+            const float* wr = W + static_cast<long>(n) * K;
+            for (int m = 0; m < M; ++m) {
+                float v = cpu::dot(x + static_cast<long>(m) * K, wr, K);
+                if (bias) v += bias[n];
+                y[static_cast<long>(m) * N + n] = v;
+            }
         }
     }
 
@@ -225,30 +228,49 @@ public:
         }
     }
 
+    // Rows are grouped by expert so each expert's weights (dequantised once per weight row for
+    // INT4) serve all rows routed to it; every row still gets exactly the one-row arithmetic.
     void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
                  const ExpertWeights& w) override {
         const int D = w.dim, I = w.inter;
-        std::vector<float> a(static_cast<size_t>(I)), b(static_cast<size_t>(I)), y(static_cast<size_t>(D)),
-            scratch(static_cast<size_t>(std::max(D, I)));
+        const size_t slots = static_cast<size_t>(M) * top_k;
+        std::vector<std::vector<int>> routed(static_cast<size_t>(w.n_experts));  // slot = m * top_k + j
+        for (size_t slot = 0; slot < slots; ++slot) {
+            const int e = idx[slot];
+            if (e < 0 || e >= w.n_experts) throw std::runtime_error("moe_ffn: expert index " + std::to_string(e) + " out of range");
+            routed[static_cast<size_t>(e)].push_back(static_cast<int>(slot));
+        }
+        std::vector<float> xs, a, b, ys(slots * static_cast<size_t>(D));  // ys: each slot's expert output
+        for (int e = 0; e < w.n_experts; ++e) {
+            const std::vector<int>& rows = routed[static_cast<size_t>(e)];
+            const int R = static_cast<int>(rows.size());
+            if (R == 0) continue;
+            xs.resize(static_cast<size_t>(R) * D);
+            a.resize(static_cast<size_t>(R) * I);
+            b.resize(static_cast<size_t>(R) * I);
+            for (int r = 0; r < R; ++r)
+                std::memcpy(&xs[static_cast<size_t>(r) * D], x + static_cast<long>(rows[r] / top_k) * D, sizeof(float) * D);
+            const long up = static_cast<long>(e) * I * D;  // elements of one [I][D] (or [D][I]) expert matrix
+            float* y = ys.data();
+            if (w.int4) {
+                matmul_w4a16(a.data(), xs.data(), w.q1 + up / 8, w.s1 + up / 32, R, I, D);
+                matmul_w4a16(b.data(), xs.data(), w.q3 + up / 8, w.s3 + up / 32, R, I, D);
+            } else {
+                matmul_f32(a.data(), xs.data(), w.w1 + up, nullptr, R, I, D);
+                matmul_f32(b.data(), xs.data(), w.w3 + up, nullptr, R, I, D);
+            }
+            silu_mul(a.data(), a.data(), b.data(), a.size());
+            if (w.int4) matmul_w4a16(xs.data(), a.data(), w.q2 + up / 8, w.s2 + up / 32, R, D, I);
+            else matmul_f32(xs.data(), a.data(), w.w2 + up, nullptr, R, D, I);
+            for (int r = 0; r < R; ++r)
+                std::memcpy(y + static_cast<long>(rows[r]) * D, &xs[static_cast<size_t>(r) * D], sizeof(float) * D);
+        }
         for (int m = 0; m < M; ++m) {
-            const float* xr = x + static_cast<long>(m) * D;
             float* outr = out + static_cast<long>(m) * D;
             std::fill(outr, outr + D, 0.0f);
             for (int j = 0; j < top_k; ++j) {
-                const long e = idx[static_cast<long>(m) * top_k + j];
-                if (e < 0 || e >= w.n_experts) throw std::runtime_error("moe_ffn: expert index out of range");
-                const long up = e * I * D;  // elements of one [I][D] (or [D][I]) expert matrix
-                if (w.int4) {
-                    cpu::matvec_w4(a.data(), xr, w.q1 + up / 8, w.s1 + up / 32, I, D, scratch.data());
-                    cpu::matvec_w4(b.data(), xr, w.q3 + up / 8, w.s3 + up / 32, I, D, scratch.data());
-                } else {
-                    cpu::matvec_f32(a.data(), xr, w.w1 + up, I, D);
-                    cpu::matvec_f32(b.data(), xr, w.w3 + up, I, D);
-                }
-                silu_mul(a.data(), a.data(), b.data(), static_cast<size_t>(I));
-                if (w.int4) cpu::matvec_w4(y.data(), a.data(), w.q2 + up / 8, w.s2 + up / 32, D, I, scratch.data());
-                else cpu::matvec_f32(y.data(), a.data(), w.w2 + up, D, I);
                 const float g = weight[static_cast<long>(m) * top_k + j];
+                const float* y = &ys[(static_cast<size_t>(m) * top_k + j) * D];
                 for (int k = 0; k < D; ++k) outr[k] += g * y[k];
             }
         }

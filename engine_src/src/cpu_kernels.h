@@ -14,7 +14,7 @@ inline float dot(const float* a, const float* b, int n) {
     int k = 0;
     for (; k + 8 <= n; k += 8)
         for (int l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
-    for (int l = 0; k < n; ++k, ++l) acc[l] += a[k] * b[k];
+    for (int l = 0; l < 8 && k + l < n; ++l) acc[l] += a[k + l] * b[k + l];
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
@@ -31,16 +31,6 @@ inline void dequant_row(float* out, const int32_t* qw, const float* sc, int K) {
 // y[N] = W[N][K] x[K].
 inline void matvec_f32(float* y, const float* x, const float* W, int N, int K) {
     for (int n = 0; n < N; ++n) y[n] = dot(x, W + static_cast<long>(n) * K, K);
-}
-
-// y[N] = dequant(qw, sc)[N][K] x[K]; scratch holds K floats. Same arithmetic as matvec_f32
-// on the dequantised weights.
-inline void matvec_w4(float* y, const float* x, const int32_t* qw, const float* sc, int N, int K,
-                      float* scratch) {
-    for (int n = 0; n < N; ++n) {
-        dequant_row(scratch, qw + static_cast<long>(n) * (K / 8), sc + static_cast<long>(n) * (K / 32), K);
-        y[n] = dot(x, scratch, K);
-    }
 }
 
 }  // namespace kd::cpu
