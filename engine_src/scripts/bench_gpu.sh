@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU kernel benchmarks (bench/bench_gpu.cu): the read-bandwidth ceiling, w4a16 GEMM at
+# M = 1..16 against cuBLAS SGEMM and bf16 on K2 shapes, and a K2-shaped MoE layer INT4 vs FP32.
+# Builds build/bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes build/bench_gpu.json.
+#   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi)   CUDA_HOME (default /usr/local/cuda)
+#   KD_BENCH_GPU_ARGS  extra flags for bench_gpu (--quick: fewer repeats and token counts)
+set -euo pipefail
+engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$engine"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+NVCC="$CUDA_HOME/bin/nvcc"
+[[ -x "$NVCC" ]] || { echo "bench_gpu.sh: $NVCC not found (set CUDA_HOME)" >&2; exit 2; }
+[[ -f "$CUDA_HOME/include/cublas_v2.h" ]] || { echo "bench_gpu.sh: cuBLAS headers missing under $CUDA_HOME" >&2; exit 2; }
+arch="${KD_ARCH:-}"
+if [[ -z "$arch" ]]; then
+    cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ')"
+    [[ "$cap" =~ ^[0-9]+\.[0-9]+$ ]] || { echo "bench_gpu.sh: no GPU visible; set KD_ARCH" >&2; exit 2; }
+    arch="sm_${cap/./}"
+fi
+cc="${arch#sm_}"
+flags=(-O3 -std=c++17 -gencode "arch=compute_${cc},code=sm_${cc}" -Isrc)
+out=build/obj/bench_gpu
+mkdir -p "$out"
+sources=(bench/bench_gpu.cu src/cuda/matmul_w4a16.cu src/cuda/matmul_f32.cu src/cuda/moe_ffn.cu src/cuda/moe_gate.cu
+         src/cuda/elementwise.cu)
+objects=()
+pids=()
+for src in "${sources[@]}"; do
+    o="$out/$(basename "${src%.cu}").o"
+    objects+=("$o")
+    "$NVCC" "${flags[@]}" -c "$src" -o "$o" &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2; exit 1; }; done
+"$NVCC" "${flags[@]}" "${objects[@]}" -o build/bench_gpu -lcublas
+# shellcheck disable=SC2086  # a list of flags
+build/bench_gpu --json build/bench_gpu.json ${KD_BENCH_GPU_ARGS:-}
