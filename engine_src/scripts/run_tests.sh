@@ -146,7 +146,24 @@ for e in json.loads(sys.argv[1]): print(",".join(map(str, e["prompt"])), ",".joi
     done <<<"$bundle_list"
 done
 
-# ---- the manifest: quantisation leaves a trace ------------------------------------------------
+# ---- the manifest: what was regenerated is what is committed; quantisation leaves a trace ------
+check manifest.matches_expected "$PYTHON" - "$manifest" "$refs/expected_manifest.json" <<'PY'
+import hashlib, json, sys
+got, want = (json.load(open(p)) for p in sys.argv[1:3])
+have = {b["name"]: b for b in got["bundles"]}
+for w in want["bundles"]:
+    g = have.get(w["name"])
+    if g is None:
+        sys.exit(f"bundle {w['name']} is in the expected manifest but was not generated")
+    for key in ("file", "sha256", "golden"):
+        if g[key] != w[key]:
+            sys.exit(f"bundle {w['name']}: {key} differs from tests/refs/expected_manifest.json")
+    digest = hashlib.sha256(open(f"{sys.argv[1].rsplit('/', 1)[0]}/{g['file']}", "rb").read()).hexdigest()
+    if digest != g["sha256"]:
+        sys.exit(f"bundle {w['name']}: {g['file']} has sha256 {digest[:16]}..., the manifest says {g['sha256'][:16]}...")
+print(f"{len(want['bundles'])} bundles: files, sha256 and golden tokens match the expected manifest")
+PY
+
 for config in $(awk '{print $3}' <<<"$bundle_list" | sort -u); do
     fp32="$(awk -v c="$config" '$3 == c && $4 == "fp32" {print $5}' <<<"$bundle_list")"
     int4="$(awk -v c="$config" '$3 == c && $4 == "int4" {print $5}' <<<"$bundle_list")"
@@ -157,21 +174,36 @@ done
 
 # ---- the checks can fail ----------------------------------------------------------------------
 read -r first_name first_file _ <<<"$bundle_list"
-altered="$scratch/altered_$first_file"
-"$PYTHON" - "$refs/$first_file" "$altered" <<'PY'
+# rewrite_bundle SRC DST MODE: a copy of a bundle with its header changed (golden | missing | bounds).
+rewrite_bundle() {
+    "$PYTHON" - "$@" <<'PY'
 import json, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, mode = sys.argv[1:4]
 blob = open(src, "rb").read()
 n = struct.unpack_from("<Q", blob, 8)[0]
 header = json.loads(blob[16:16 + n])
 data = blob[(16 + n + 63) // 64 * 64:]
-k = len(header["golden"]) // 2
-header["golden"][k] = (header["golden"][k] + 1) % header["config"]["vocab_size"]   # one token altered
+if mode == "golden":      # one golden token altered
+    k = len(header["golden"]) // 2
+    header["golden"][k] = (header["golden"][k] + 1) % header["config"]["vocab_size"]
+elif mode == "missing":   # the tensor table lacks the final norm
+    header["tensors"] = [t for t in header["tensors"] if t["name"] != "norm"]
+elif mode == "bounds":    # the head's bytes point past the end of the data section
+    for t in header["tensors"]:
+        if t["name"] == "head":
+            t["offset"] = (len(data) + 63) // 64 * 64
 text = json.dumps(header, separators=(",", ":")).encode()
 pad = (16 + len(text) + 63) // 64 * 64 - 16 - len(text)
 open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data)
 PY
+}
+altered="$scratch/altered_$first_file"
+rewrite_bundle "$refs/$first_file" "$altered" golden
 expect_failure "negative.altered_golden_token_detected" "MISMATCH" "$kdtree" check --bundle "$altered" --expect golden
+rewrite_bundle "$refs/$first_file" "$scratch/missing.kdtr" missing
+expect_failure "negative.loader_missing_tensor" "missing.kdtr: missing tensor norm" "$kdtree" generate --bundle "$scratch/missing.kdtr" -n 2
+rewrite_bundle "$refs/$first_file" "$scratch/bounds.kdtr" bounds
+expect_failure "negative.loader_tensor_out_of_bounds" "bounds.kdtr: tensor head out of bounds" "$kdtree" generate --bundle "$scratch/bounds.kdtr" -n 2
 printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$scratch/bad_magic.kdtr"
 expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
