@@ -44,3 +44,47 @@ def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False):
     with cli.exit_codes():
         inv, selected = cli.load_selection(inventory, host, group, all)
         raise Exit(code=cli.deploy(inv, selected, Console(), dry_run))
+
+
+STEP_HELP = {"steps": "comma list of steps to run (default: all of preflight,sync,build,bundles,golden,test,bench)",
+             "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",
+             "no_cache": "rebuild and regenerate even when nothing changed"}
+
+
+@task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
+def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
+             no_cache=False):
+    """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
+    with cli.exit_codes():
+        inv, selected = cli.load_selection(inventory, host, group, all)
+        raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
+                                     no_cache=no_cache))
+
+
+@task(iterable=["host"], help={**SELECT_HELP, "report_dir": STEP_HELP["report_dir"],
+                               "baseline": "a baseline file (default: the last good nightly run)"})
+def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None):
+    """Validate every host but `local` (or the selection) and flag benchmark regressions (exit 3)."""
+    with cli.exit_codes():
+        inv, selected = cli.load_selection(inventory, host, group, all)
+        if not (host or group or all):
+            selected = [h for h in inv.hosts.values() if h.name != "local"]
+        raise Exit(code=cli.validate(inv, selected, Console(), report_dir=report_dir, command="nightly",
+                                     baseline=baseline))
+
+
+@task(help={"run": "a run id, a run directory or latest (default)", "compare": "a second run to compare with",
+            "inventory": SELECT_HELP["inventory"]})
+def report(c, run=None, compare=None, inventory=None):
+    """Re-render a run's report.md, report.html and junit.xml; --compare puts two runs' benchmarks side by side."""
+    with cli.exit_codes():
+        inv, _ = cli.load_selection(inventory)
+        raise Exit(code=cli.rerender(inv, Console(), run, compare))
+
+
+@task(help={"keep": "how many of the newest runs to keep (default 10)", "inventory": SELECT_HELP["inventory"]})
+def clean(c, keep=10, inventory=None):
+    """Delete old runs under runs/, keeping the newest --keep."""
+    with cli.exit_codes():
+        inv, _ = cli.load_selection(inventory)
+        raise Exit(code=cli.clean(inv, Console(), int(keep)))

@@ -1,4 +1,5 @@
-"""The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust` and `deploy` do in
+"""The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust`, `deploy`, `validate`,
+`nightly`, `report` and `clean` do in
 terms of the library, and how failures become exit codes (0 ok, 1 a host failed, 2 usage or
 inventory error). `main()` is the `kdtree-orch` console entry: Invoke's Program over tasks.py.
 """
@@ -8,7 +9,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from . import doctor as doctor_mod, hostkeys, inventory as inventory_mod, parallel, state, sync
+from . import doctor as doctor_mod, hostkeys, inventory as inventory_mod, parallel, pipeline, record, report, state, sync
 from .console import Console
 from .errors import HostKeyError, KdError, UsageError
 from .inventory import Host, Inventory
@@ -124,6 +125,78 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
         finally:
             transport.close()
     raise KdError("too many unknown keys on the way", host=host.name)
+
+
+def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
+             skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
+             command: str = "validate", baseline: str | None = None) -> int:
+    """Run the pipeline on the hosts, write the run directory, print the summary. Exit code:
+    0 passed, 1 a host failed, 3 (nightly) a benchmark regressed, 130 interrupted."""
+    plan = pipeline.Plan.choose(steps, skip, use_cache=not no_cache)
+    run_dir, run = pipeline.validate(inv, hosts, plan, console, command=command, report_dir=report_dir)
+    runs_root = inv.project.root / "runs"
+    if command == "nightly":
+        reference = _baseline(runs_root, baseline, exclude=run.run_id)
+        if reference is not None:
+            run.regressions = report.find_regressions(run.to_dict(), reference)
+    paths = pipeline.finish(run_dir, run, runs_root)
+    run_summary(console, run)
+    console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
+    if run.status == "interrupted":
+        return 130
+    if run.status != "passed":
+        return 1
+    return 3 if run.regressions else 0
+
+
+def _baseline(runs_root: Path, path: str | None, exclude: str) -> dict | None:
+    """The nightly's baseline: a baseline file given with --baseline, else the last good nightly."""
+    if path:
+        try:
+            return report.load_baseline(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return record.last_good_run(runs_root, "nightly", exclude=exclude)
+
+
+def run_summary(console: Console, run: record.RunRecord) -> None:
+    """The final table of a validate run: every host, its status, backend and each step's outcome."""
+    console.say()
+    rows = []
+    for name, host in run.hosts.items():
+        golden = sum(g.status == "passed" for g in host.golden.values())
+        tests = f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"
+        failed = next((f"{step}: {s.message}" for step, s in host.steps.items()
+                       if s.status in record.FAILED_STEP_STATUSES), "")
+        rows.append([name, host.status.upper() if host.status != "passed" else "passed", host.backend or "-",
+                     *[host.steps[s].status if s in host.steps else "-" for s in pipeline.ORDER],
+                     f"{golden}/{len(host.golden)}" if host.golden else "-", tests, failed.splitlines()[0][:100] if failed else ""])
+    console.table(["host", "status", "backend", *pipeline.ORDER, "golden", "tests", "first failure"], rows)
+    for reg in run.regressions:
+        console.say(f"REGRESSION {reg.host} {reg.metric}: {reg.value:g} vs baseline {reg.baseline:g} "
+                    f"(x{reg.ratio:.2f}, tolerance {reg.threshold:.0%})")
+
+
+def rerender(inv: Inventory, console: Console, run: str | None = None, compare_to: str | None = None) -> int:
+    """Re-render a run's reports (default: the latest); with compare_to, write the benchmark
+    comparison of the two runs beside the newer one's reports."""
+    runs_root = inv.project.root / "runs"
+    run_dir = record.resolve_run(runs_root, run)
+    paths = report.render_run(run_dir)
+    console.say(f"rendered {paths['md']}, {paths['html']}, {paths['junit']}")
+    if compare_to:
+        written = report.write_compare(record.resolve_run(runs_root, compare_to), run_dir)
+        console.say(f"comparison: {written['md']}, {written['html']}")
+    return 0
+
+
+def clean(inv: Inventory, console: Console, keep: int) -> int:
+    """Delete all but the newest `keep` runs under runs/."""
+    if keep < 0:
+        raise UsageError(f"--keep must be 0 or more, not {keep}")
+    removed = record.clean(inv.project.root / "runs", keep)
+    console.say(f"removed {len(removed)} run(s), kept the newest {keep}")
+    return 0
 
 
 def summary(console: Console, outcomes: parallel.Outcomes, columns, header: list[str]) -> None:

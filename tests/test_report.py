@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,6 +12,8 @@ import pytest
 
 from orchestrator import record as rec
 from orchestrator import report
+
+from browser import chromium
 
 SECRET = "hunter2-passphrase-9f8e7d"
 GOLDEN = [17, 4, 88, 23, 5, 61, 61, 2, 40, 9, 33, 12, 7, 90, 14, 3, 55, 71, 8, 26, 44, 19, 63, 1]
@@ -390,24 +390,9 @@ def test_compare_puts_two_runs_side_by_side(tmp_path, run):
 # --------------------------------------------------------------------------------------------
 # The HTML in a real browser
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
-
-
-def chromium(tmp_path: Path, *args: str) -> str:
-    profile = tmp_path / "chromium-profile"
-    out = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                         capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout
-
-
 @pytest.fixture(scope="module")
 def browser_dom(tmp_path_factory) -> tuple[str, Path]:
     """The fleet report rendered by headless Chromium: its DOM after layout, and a screenshot."""
-    if not CHROMIUM:
-        pytest.skip("chromium is not installed (.ci/run installs it: apt-get install chromium)")
     tmp = tmp_path_factory.mktemp("browser")
     run = json.loads(json.dumps(fleet_record().to_dict()))
     run["regressions"] = [{"host": "ct200", "metric": "ddtree_tokens_per_s", "baseline": 12000.0, "value": 10620.0,

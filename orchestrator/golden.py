@@ -1,0 +1,83 @@
+"""The golden-token matrix: one host's row of per-bundle checks.
+
+For every bundle of the committed expected manifest, five checks:
+
+    local_vs_expected        this machine's regeneration has the expected golden tokens and bytes
+    host_vs_expected         the host's regeneration has them too
+    host_ar_vs_golden        the engine's autoregressive output on the host equals the golden tokens
+    host_ddtree_vs_golden    the engine's DDTree output on the host equals them
+    int4_differs_from_fp32   an INT4 bundle's golden tokens differ from its FP32 twin's (skipped for FP32)
+
+A failed token check keeps the first divergent position, the tokens around it on both sides and
+the reference's top-1/top-2 logit margin there (the manifest's golden_margins).
+"""
+from __future__ import annotations
+
+from .record import GoldenRecord, Mismatch
+
+
+def matrix_row(expected: dict, local: dict, host: dict, outputs: dict) -> dict[str, GoldenRecord]:
+    """Every expected bundle's checks for one host, from the four documents (manifests, outputs)."""
+    local_bundles, host_bundles = _by_name(local), _by_name(host)
+    engine = outputs.get("bundles") if isinstance(outputs.get("bundles"), dict) else {}
+    expected_bundles = _by_name(expected)
+    row = {}
+    for name, want in expected_bundles.items():
+        golden, margins = list(want.get("golden", [])), want.get("golden_margins")
+        ran = engine.get(name) if isinstance(engine.get(name), dict) else {}
+        checks = [
+            _manifest_check("local_vs_expected", want, local_bundles.get(name), margins),
+            _manifest_check("host_vs_expected", want, host_bundles.get(name), margins),
+            _tokens_check("host_ar_vs_golden", golden, ran.get("ar"), margins),
+            _tokens_check("host_ddtree_vs_golden", golden, ran.get("ddtree"), margins),
+            _twin_check(want, host_bundles, expected_bundles),
+        ]
+        statuses = {check: status for check, status, _ in checks}
+        mismatch = next((m for _, status, m in checks if status == "failed" and m is not None), None)
+        row[name] = GoldenRecord("failed" if "failed" in statuses.values() else "passed", statuses, mismatch)
+    return row
+
+
+def failures(row: dict[str, GoldenRecord]) -> list[str]:
+    """One line per failed bundle: which checks failed and where the tokens first diverge."""
+    lines = []
+    for name, rec in row.items():
+        if rec.status != "failed":
+            continue
+        failed = ", ".join(c for c, s in rec.checks.items() if s == "failed")
+        where = f" (first at position {rec.mismatch.position})" if rec.mismatch else ""
+        lines.append(f"{name}: {failed}{where}")
+    return lines
+
+
+def _by_name(manifest: dict) -> dict[str, dict]:
+    bundles = manifest.get("bundles") if isinstance(manifest, dict) else None
+    return {b["name"]: b for b in bundles if isinstance(b, dict) and isinstance(b.get("name"), str)} \
+        if isinstance(bundles, list) else {}
+
+
+def _manifest_check(check: str, want: dict, got: dict | None, margins) -> tuple[str, str, Mismatch | None]:
+    if got is None:
+        return check, "failed", Mismatch(check, 0, list(want.get("golden", []))[:5], [], 0, None)
+    name, status, mismatch = _tokens_check(check, list(want.get("golden", [])), got.get("golden"), margins)
+    if status == "passed" and got.get("sha256") != want.get("sha256"):
+        return name, "failed", None          # same tokens, different bytes: the weights differ
+    return name, status, mismatch
+
+
+def _tokens_check(check: str, golden: list, got, margins) -> tuple[str, str, Mismatch | None]:
+    actual = list(got) if isinstance(got, list) else []
+    mismatch = Mismatch.first(check, golden, actual, margins if isinstance(margins, list) else None)
+    return check, "failed" if mismatch else "passed", mismatch
+
+
+def _twin_check(want: dict, host_bundles: dict, expected_bundles: dict) -> tuple[str, str, None]:
+    check = "int4_differs_from_fp32"
+    if want.get("quant") != "int4":
+        return check, "skipped", None
+    twin = next((b for b in expected_bundles.values()
+                 if b.get("config") == want.get("config") and b.get("quant") == "fp32"), None)
+    mine, theirs = host_bundles.get(want["name"]), host_bundles.get(twin["name"]) if twin else None
+    if mine is None or theirs is None:
+        return check, "failed", None
+    return check, "failed" if mine.get("golden") == theirs.get("golden") else "passed", None

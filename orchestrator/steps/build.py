@@ -1,0 +1,60 @@
+"""Build: compile the engine on the host, or skip it (cached) when nothing it depends on changed;
+then prove the binary was built from the deployed tree."""
+from __future__ import annotations
+
+import json
+
+from .. import state
+from .context import Outcome, StepContext, StepError
+
+STAMP = "build.json"
+
+
+def run(ctx: StepContext) -> Outcome:
+    """Build unless the stamp of the last successful build matches (tree hash + build key)."""
+    tree = ctx.tree_hash()
+    key = {"tree": tree, "build": _build_key(ctx)}
+    if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
+        version = _checked_version(ctx, tree)
+        return Outcome("cached", f"{version['backend']} build for {version['arch']} of tree {tree[:12]} is up to date")
+    ctx.engine("build")
+    version = _checked_version(ctx, tree)
+    state.write_json(ctx.transport, STAMP, key)
+    return Outcome("passed", f"{version['backend']} build for {version['arch']}")
+
+
+def parse_version(line: str) -> dict[str, str]:
+    """`kdtree 0.1.0 tree=<hash> backend=cpu arch=none` -> {"version", "tree", "backend", "arch"}."""
+    words = line.split()
+    if len(words) < 2 or words[0] != "kdtree":
+        return {}
+    fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+    return {"version": words[1], **fields}
+
+
+def _build_key(ctx: StepContext) -> dict:
+    text = ctx.engine_output("build_key")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise StepError("the build key is not JSON", host=ctx.host.name, tail=text) from None
+
+
+def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:
+    """The binary's --version, recorded; StepError unless it was built from `tree`."""
+    line = ctx.engine_output("version").strip().splitlines()
+    version = parse_version(line[-1] if line else "")
+    if not version.get("tree"):
+        raise StepError(f"cannot read the engine's version line: {line[-1] if line else '(nothing)'}",
+                        host=ctx.host.name)
+    ctx.log(f"binary: {line[-1]}")
+    ctx.record.binary_tree_hash = version["tree"]
+    ctx.record.backend = version.get("backend")
+    if version.get("arch") not in (None, "none"):
+        ctx.record.fingerprint.arch = version["arch"]
+    if version["tree"] != tree:
+        raise StepError(f"the binary was built from tree {version['tree'][:12]} but the deployed tree is {tree[:12]}",
+                        host=ctx.host.name)
+    version.setdefault("backend", "?")
+    version.setdefault("arch", "?")
+    return version

@@ -1,0 +1,90 @@
+"""What a step works with: the host and its open transport, the project, the run directory,
+the local reference (shared by every host of the run) and the host's record, which steps fill.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+from .. import remote, state
+from ..errors import CommandError, HostError
+from ..inventory import Host, Project
+from ..record import HostRecord, RunDir
+from ..sync import SourceId
+from ..transport import Result, Transport
+
+RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
+
+
+class StepError(HostError):
+    """A step found something wrong (not a failed command: a wrong result)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a step ended when it did not raise: passed, or cached (nothing needed doing)."""
+
+    status: str = "passed"
+    message: str = ""
+
+
+@dataclasses.dataclass
+class StepContext:
+    """One host's view of the run, handed to each step in turn."""
+
+    host: Host
+    transport: Transport
+    project: Project
+    run_dir: RunDir
+    source: SourceId
+    owner: state.Owner
+    reference: Any                      # pipeline.LocalReference: expected and local manifests
+    record: HostRecord
+    use_cache: bool = True
+    step: str = ""
+    log: Callable[[str], None] = print
+    deployed_tree_hash: str | None = None
+
+    def tree_hash(self) -> str:
+        """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
+        if self.deployed_tree_hash is None:
+            deployed = state.read_deploy_record(self.transport) or {}
+            if not deployed.get("tree_hash"):
+                raise StepError("nothing has been deployed to the host yet: run the sync step", host=self.host.name)
+            self.deployed_tree_hash = self.record.deployed_tree_hash = str(deployed["tree_hash"])
+        return self.deployed_tree_hash
+
+    def engine(self, name: str) -> Result:
+        """Run the project's command `name` on the host under the current step's timeout;
+        its output goes to the step log. Raises CommandError (with the tail) unless it exits 0."""
+        snippet = self.project.commands[name]
+        timeout = self.host.timeout(self.step)
+        command = remote.step_command(self.host, snippet, timeout)
+        self.log(f"$ {snippet}")
+        result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log)
+        if not result.ok:
+            why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
+            raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
+                               exit_status=result.exit_code, tail=result.tail)
+        return result
+
+    def engine_output(self, name: str, max_bytes: int = 1 << 20) -> str:
+        """The standard output of a short project command (e.g. build_key, tree_hash)."""
+        command = remote.step_command(self.host, self.project.commands[name], self.host.timeout(self.step))
+        return self.transport.capture(command, timeout=remote.client_timeout(self.host.timeout(self.step)),
+                                      max_bytes=max_bytes, what=name).decode(errors="replace")
+
+    def pull_json(self, result: str) -> dict:
+        """Fetch the project's result file `result` (a key of project.results) into the run
+        directory (<host>/<file name>) and parse it; StepError names the file when it is not JSON."""
+        remote_path = self.project.results[result]
+        local = self.run_dir.host_file(self.host.name, remote_path.rsplit("/", 1)[-1])
+        self.transport.fetch(remote_path, local, within=self.run_dir.path, max_bytes=RESULT_MAX_BYTES)
+        try:
+            data = json.loads(local.read_text(encoding="utf-8", errors="replace"))
+        except ValueError as e:
+            raise StepError(f"{remote_path} is not valid JSON: {e}", host=self.host.name) from None
+        if not isinstance(data, dict):
+            raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
+        return data

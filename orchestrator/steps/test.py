@@ -1,0 +1,29 @@
+"""Test: run the engine's test suite on the host and read its machine-readable results."""
+from __future__ import annotations
+
+from ..errors import CommandError, KdError
+from ..record import TestsRecord
+from .context import Outcome, StepContext, StepError
+
+
+def run(ctx: StepContext) -> Outcome:
+    """Run the test command; record every test case (also when the suite failed)."""
+    failure = None
+    try:
+        ctx.engine("test")
+    except CommandError as e:
+        failure = e
+    try:
+        ctx.record.tests = TestsRecord.from_engine(ctx.pull_json("tests"))
+    except KdError:
+        if failure:
+            raise failure from None
+        raise
+    tests = ctx.record.tests
+    failed = [c.name for c in tests.cases if c.status == "failed"]
+    if failed or failure:
+        names = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        raise StepError(f"{tests.failed} of {len(tests.cases)} engine tests failed" + (f": {names}" if names else ""),
+                        host=ctx.host.name, command=failure.command if failure else None,
+                        exit_status=failure.exit_status if failure else None, tail=failure.tail if failure else "")
+    return Outcome("passed", f"{tests.passed} passed, {tests.skipped} skipped")

@@ -1,0 +1,214 @@
+"""`invoke validate` end to end against loopback sshd hosts, with the real engine (CPU backend).
+
+One full run on h1 builds the engine there once; the later runs reuse that build through the
+orchestrator's own cache (a copy of h1's deployment carries its build stamp), which is itself
+one of the things tested.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from browser import dom
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE = REPO / "engine_src"
+
+# A host whose bundle regeneration differs from everybody else's: its "python" flips golden
+# token 17 of tiny_fp32 in the manifest that gen_model.py writes.
+FLIPPING_PYTHON = r'''#!/usr/bin/env bash
+"{python}" "$@"; rc=$?
+if [ $rc -eq 0 ] && [[ " $* " == *gen_model.py* ]]; then
+  "{python}" - "${{KD_BUNDLE_DIR:-tests/refs}}/manifest.json" <<'EOF'
+import json, sys
+path = sys.argv[1]
+manifest = json.load(open(path))
+bundle = next(b for b in manifest["bundles"] if b["name"] == "tiny_fp32")
+bundle["golden"][17] = (bundle["golden"][17] + 1) % 400
+json.dump(manifest, open(path, "w"))
+EOF
+fi
+exit $rc
+'''
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """The folder of this module's inventories, runs/ and local bundle cache."""
+    return tmp_path_factory.mktemp("validate")
+
+
+def write_inventory(workdir: Path, name: str, hosts: dict, source: Path = ENGINE) -> Path:
+    """An inventory like the shipped one, with `hosts` and the engine `source`."""
+    data = yaml.safe_load((REPO / "hosts.yaml").read_text())
+    data["project"]["source"] = str(source)
+    data["hosts"] = hosts
+    data.pop("groups", None)
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def invoke(lab, inventory: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    """`invoke validate` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "invoke", "validate", "--inventory", str(inventory), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **lab.env()})
+
+
+def load_run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def steps(run: dict, host: str) -> dict[str, str]:
+    return {name: step["status"] for name, step in run["hosts"][host]["steps"].items()}
+
+
+@pytest.fixture(scope="module")
+def full_run(lab, workdir):
+    """The whole pipeline once on h1, from an empty remote_dir."""
+    inventory = write_inventory(workdir, "h1", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(
+        lab.hosts["h1"].root / "engine"))})
+    run_dir = workdir / "run-full"
+    proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
+    return proc, run_dir
+
+
+def test_full_pipeline_passes_on_a_cpu_host(full_run):
+    proc, run_dir = full_run
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    run = load_run(run_dir)
+    assert run["status"] == "passed"
+    host = run["hosts"]["h1"]
+    assert steps(run, "h1") == dict.fromkeys(["preflight", "sync", "build", "bundles", "golden", "test", "bench"],
+                                             "passed")
+    assert host["backend"] == "cpu"
+    assert host["deployed_tree_hash"] == host["binary_tree_hash"] == run["source"]["tree_hash"]
+    assert set(host["golden"]) == {"tiny_fp32", "tiny_int4", "tiny2_fp32", "tiny2_int4"}
+    for bundle in host["golden"].values():
+        assert bundle["status"] == "passed"
+        assert bundle["checks"]["host_ar_vs_golden"] == bundle["checks"]["host_ddtree_vs_golden"] == "passed"
+    assert host["tests"]["failed"] == 0 and host["tests"]["passed"] >= 10
+    assert host["bench"]["metrics"]
+    for name in ("report.md", "report.html", "junit.xml", "h1/build.log", "h1/test.log", "h1/test_results.json"):
+        assert (run_dir / name).is_file(), name
+    assert "[h1] build" in proc.stdout and "ALL TESTS PASSED" in proc.stdout
+
+
+def test_junit_has_a_case_per_step_and_per_engine_test(full_run):
+    _, run_dir = full_run
+    run = load_run(run_dir)
+    cases = ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
+    names = [c.get("name") for c in cases]
+    assert [n for n in names if n.startswith("step.")] == [f"step.{s}" for s in run["hosts"]["h1"]["steps"]]
+    assert len([n for n in names if n.startswith("test.")]) == len(run["hosts"]["h1"]["tests"]["cases"])
+
+
+@pytest.fixture(scope="module")
+def second_run(lab, workdir, full_run):
+    """h1 again (nothing changed) and h2, a copy of h1's deployment whose Python regenerates a
+    different golden token: build cached on both, h2 fails at golden, h1 passes."""
+    h1, h2 = lab.hosts["h1"], lab.hosts["h2"]
+    shutil.copytree(h1.root / "engine", h2.root / "engine", symlinks=True, dirs_exist_ok=True)
+    flipping = workdir / "flipping-python"
+    flipping.write_text(FLIPPING_PYTHON.format(python=sys.executable))
+    flipping.chmod(0o755)
+    inventory = write_inventory(workdir, "h1h2", {
+        "h1": lab.inventory_entry(h1, remote_dir=str(h1.root / "engine")),
+        "h2": lab.inventory_entry(h2, remote_dir=str(h2.root / "engine"), python=str(flipping))})
+    run_dir = workdir / "run-second"
+    proc = invoke(lab, inventory, "--host", "h1", "--host", "h2", "--skip", "test,bench", "--report-dir", str(run_dir))
+    return proc, run_dir
+
+
+def test_second_run_hits_the_build_cache(second_run):
+    proc, run_dir = second_run
+    run = load_run(run_dir)
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
+                                "golden": "passed", "test": "skipped", "bench": "skipped"}, proc.stdout[-4000:]
+    assert steps(run, "h2")["build"] == "cached"
+    assert run["hosts"]["h1"]["steps"]["build"]["seconds"] < 30
+
+
+def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_run, tmp_path):
+    proc, run_dir = second_run
+    assert proc.returncode == 1
+    run = load_run(run_dir)
+    assert run["status"] == "failed" and run["hosts"]["h1"]["status"] == "passed"
+    assert steps(run, "h2")["bundles"] == "passed" and steps(run, "h2")["golden"] == "failed"
+    golden = run["hosts"]["h2"]["golden"]
+    assert golden["tiny_fp32"]["checks"]["host_vs_expected"] == "failed"
+    assert golden["tiny_fp32"]["checks"]["host_ar_vs_golden"] == "passed"
+    assert [b for b, g in golden.items() if g["status"] == "failed"] == ["tiny_fp32"]
+    mismatch = golden["tiny_fp32"]["mismatch"]
+    assert mismatch["check"] == "host_vs_expected" and mismatch["position"] == 17
+    expected = json.loads((ENGINE / "tests/refs/expected_manifest.json").read_text())
+    want = next(b for b in expected["bundles"] if b["name"] == "tiny_fp32")
+    assert mismatch["expected"] == want["golden"][13:22]
+    assert mismatch["actual"][4] == (want["golden"][17] + 1) % 400
+    assert mismatch["margin"] == pytest.approx(want["golden_margins"][17])
+    assert "position 17" in run["hosts"]["h2"]["steps"]["golden"]["message"]
+    html = dom(tmp_path, run_dir / "report.html")
+    assert 'data-host="h2" data-bundle="tiny_fp32" data-status="failed"' in html
+    assert 'diverges at position <span class="pos">17</span>' in html
+    assert "golden tokens differ" in (run_dir / "report.md").read_text()
+
+
+def test_a_failing_build_shows_the_compiler_error(lab, workdir, full_run):
+    broken = workdir / "broken-engine"
+    shutil.copytree(ENGINE, broken, ignore=shutil.ignore_patterns("build", "*.kdtr", "__pycache__"))
+    with open(broken / "src" / "main.cpp", "a") as f:
+        f.write("\nthis is not C++;\n")
+    h1 = lab.hosts["h1"]
+    shutil.copytree(h1.root / "engine", h1.root / "broken", symlinks=True)   # incremental: only main.cpp
+    inventory = write_inventory(workdir, "broken", {"h1": lab.inventory_entry(h1, remote_dir=str(h1.root / "broken"))},
+                                source=broken)
+    run_dir = workdir / "run-broken"
+    proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
+    assert proc.returncode == 1
+    run = load_run(run_dir)
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "failed", "bundles": "skipped",
+                                "golden": "skipped", "test": "skipped", "bench": "skipped"}
+    build = run["hosts"]["h1"]["steps"]["build"]
+    assert "main.cpp" in build["tail"] and "error" in build["tail"]
+    assert "this is not C++" in (run_dir / "report.md").read_text()
+    failure = next(c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
+                   if c.get("name") == "step.build").find("failure")
+    assert failure is not None and "main.cpp" in (failure.text or "")
+
+
+def test_a_step_timeout_kills_the_build_and_keeps_its_partial_log(lab, workdir):
+    h2 = lab.hosts["h2"]
+    remote_dir = h2.root / "slow"
+    inventory = write_inventory(workdir, "slow", {"h2": lab.inventory_entry(
+        h2, remote_dir=str(remote_dir), timeouts={"connect": 5, "keepalive": 5, "build": 3})})
+    run_dir = workdir / "run-timeout"
+    proc = invoke(lab, inventory, "--host", "h2", "--steps", "preflight,sync,build", "--report-dir", str(run_dir))
+    assert proc.returncode == 1
+    run = load_run(run_dir)
+    build = run["hosts"]["h2"]["steps"]["build"]
+    assert build["status"] == "timeout", build
+    assert 3 <= build["seconds"] < 30
+    assert "scripts/build.sh" in (run_dir / "h2" / "build.log").read_text()
+    assert steps(run, "h2")["bundles"] == "skipped"
+    assert not processes_in(remote_dir), "the build outlived its timeout"
+
+
+def processes_in(directory: Path) -> list[str]:
+    """Command lines of the processes whose working directory is inside `directory`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cwd = os.readlink(proc / "cwd")
+            if cwd == str(directory) or cwd.startswith(f"{directory}/"):
+                found.append((proc / "cmdline").read_text().replace("\0", " "))
+        except OSError:
+            continue
+    return found
