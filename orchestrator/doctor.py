@@ -11,7 +11,6 @@ numpy). The validate pipeline's preflight step reuses diagnose().
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from . import remote
 from .errors import AuthError, ConnectError, HostError, HostKeyError

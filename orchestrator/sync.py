@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import remote, state
-from .errors import CommandError, SyncError
+from .errors import SyncError
 from .inventory import Project
-from .transport import SshTransport, Transport
+from .transport import Transport
 
 STATE_EXCLUDE = "/" + state.STATE_DIR + "/"    # always excluded: --delete spares the state dir
 PARTIAL = f"{state.STATE_DIR}/sync.partial"

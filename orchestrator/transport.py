@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from . import hostkeys, remote
-from .errors import AuthError, CommandError, ConnectError, FetchError, HostError, HostKeyError
+from .errors import AuthError, CommandError, ConnectError, FetchError, HostError
 from .inventory import Host
 
 TAIL_BYTES = 64 * 1024

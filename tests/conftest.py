@@ -2,7 +2,6 @@
 source tree, and an inventory factory. The lab's machinery lives in tests/sshd.py."""
 from __future__ import annotations
 
-import os
 import shutil
 import textwrap
 from pathlib import Path

@@ -5,12 +5,11 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-from types import MappingProxyType
 
 import pytest
 
 from orchestrator import console, doctor, inventory, parallel, remote, state, sync
-from orchestrator.inventory import DEFAULT_TIMEOUTS, Host
+from orchestrator.inventory import Host
 from orchestrator.transport import LocalTransport, SshTransport
 
 CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", address="ct200", user="root",

@@ -169,7 +169,7 @@ def test_dry_run_changes_nothing(lab, make_inventory, remote_dir):
     assert cli.deploy(inv, [inv.hosts["h"]], Console(out), dry_run=True) == 0
     assert not Path(remote_dir).exists()
     text = out.getvalue()
-    assert "[h] # local: transfer" in text and f"rsync -az --delete" in text and f"h1:{remote_dir}/" in text
+    assert "[h] # local: transfer" in text and "rsync -az --delete" in text and f"h1:{remote_dir}/" in text
 
 
 def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
