@@ -108,6 +108,28 @@ __device__ __forceinline__ int w4_smem_index(int kk) {
     return ((g * 8 + ((e >> 2) ^ (g & 7))) << 2) + (e & 3);
 }
 
+// Split-K: the last block of row block rb to finish adds the super-chunks in ascending order.
+template <int ROWS>
+__device__ void split_reduce(const MmParams& p, int rb) {
+    const int N = p.N;
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&p.counters[rb], 1u) == static_cast<unsigned>(p.splits - 1);
+    __syncthreads();
+    if (!last) return;  // uniform: `last` is shared
+    __threadfence();
+    const int nb = rb * KD_MM_WARPS * ROWS, rows = min(KD_MM_WARPS * ROWS, N - nb);
+    for (int i = threadIdx.x; i < p.M * rows; i += KD_MM_THREADS) {
+        const int m = i / rows, n = nb + i % rows;
+        float v = 0.0f;
+        for (int s = 0; s < p.splits; ++s) v += __ldcg(p.ws + (static_cast<long>(s) * p.M + m) * N + n);
+        if (p.bias) v += p.bias[n];
+        p.y[m * p.ldy + n] = v;
+    }
+    if (threadIdx.x == 0) p.counters[rb] = 0;
+}
+
 template <WFmt F, int MT, int R, bool GLU>
 __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmParams p) {
     extern __shared__ float4 smem4[];
@@ -119,7 +141,6 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
     constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int K = p.K, N = p.N;
-    const int n0 = (blockIdx.x * KD_MM_WARPS + warp) * ROWS;
 
     MmWeights wa = p.a, wb = p.b;
     int m_begin = 0, m_count = p.M;
@@ -143,164 +164,155 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
         ke = min(K, kb + KD_MM_SCHUNK);
     }
 
-    // Weight row pointers of this warp (rows past N are clamped for loading, never stored).
-    const uint32_t* qrow[R];
-    const float* srow[R];
-    const float* wrow[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);
-        const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
-        if constexpr (F == WFmt::W4) {
-            qrow[r] = w.q + static_cast<long>(n) * (K / 8);
-            srow[r] = w.s + static_cast<long>(n) * (K / 32);
-        } else {
-            wrow[r] = w.w + static_cast<long>(n) * K;
-        }
-    }
-    const bool active = n0 < N;
-
-    for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
-        const int mc = min(MT, m_count - mc0);
-        float part[R][MT];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
-        if (lane == 0)
-            for (int i = 0; i < R * MT; ++i) total[warp][i] = 0.0f;
-
-        for (int kc = kb; kc < ke; kc += p.kch) {
-            const int klen = min(p.kch, ke - kc);
-            __syncthreads();  // the previous chunk is no longer read
-            for (int m = 0; m < mc; ++m) {
-                const long prow = m_begin + mc0 + m;
-                const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
-                float* dst = xs + m * p.kch;
-                for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
-                    dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+    // Blocks loop over row blocks so that, when one staged chunk holds all of K and all rows,
+    // the activations are staged once per block rather than once per row block.
+    const int n_rb = (N + KD_MM_WARPS * ROWS - 1) / (KD_MM_WARPS * ROWS);
+    int staged_kc = -1, staged_mc0 = -1;
+    for (int rb = blockIdx.x; rb < n_rb; rb += gridDim.x) {
+        const int n0 = (rb * KD_MM_WARPS + warp) * ROWS;
+        // Weight row pointers of this warp (rows past N are clamped for loading, never stored).
+        const uint32_t* qrow[R];
+        const float* srow[R];
+        const float* wrow[R];
+    #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);
+            const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
+            if constexpr (F == WFmt::W4) {
+                qrow[r] = w.q + static_cast<long>(n) * (K / 8);
+                srow[r] = w.s + static_cast<long>(n) * (K / 32);
+            } else {
+                wrow[r] = w.w + static_cast<long>(n) * K;
             }
-            __syncthreads();
-            if (!active) continue;
+        }
+        const bool active = n0 < N;
 
-            for (int k = kc; k < kc + klen; k += WS) {
-                if constexpr (F == WFmt::W4) {
-                    const int kl = k + lane * 32;  // first input of this lane's group
-                    if (kl < ke) {
-                        uint4 q[R];
-                        float s[R];
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {
-                            q[r] = ld_stream(qrow[r] + kl / 8);
-                            s[r] = __ldg(srow[r] + kl / 32);
-                        }
-                        const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
-                        const int sw = lane & 7;
-                        float g[R][MT];
-#pragma unroll
-                        for (int r = 0; r < R; ++r)
-#pragma unroll
-                            for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            float f[R][8];
-#pragma unroll
+        for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
+            const int mc = min(MT, m_count - mc0);
+            float part[R][MT];
+    #pragma unroll
+            for (int r = 0; r < R; ++r)
+    #pragma unroll
+                for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
+            if (lane == 0)
+                for (int i = 0; i < R * MT; ++i) total[warp][i] = 0.0f;
+
+            for (int kc = kb; kc < ke; kc += p.kch) {
+                const int klen = min(p.kch, ke - kc);
+                if (kc != staged_kc || mc0 != staged_mc0) {
+                    __syncthreads();  // the previous chunk is no longer read
+                    for (int m = 0; m < mc; ++m) {
+                        const long prow = m_begin + mc0 + m;
+                        const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
+                        float* dst = xs + m * p.kch;
+                        for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
+                            dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+                    }
+                    __syncthreads();
+                    staged_kc = kc;
+                    staged_mc0 = mc0;
+                }
+                if (!active) continue;
+
+                for (int k = kc; k < kc + klen; k += WS) {
+                    if constexpr (F == WFmt::W4) {
+                        const int kl = k + lane * 32;  // first input of this lane's group
+                        if (kl < ke) {
+                            uint4 q[R];
+                            float s[R];
+    #pragma unroll
+                            for (int r = 0; r < R; ++r) {
+                                q[r] = ld_stream(qrow[r] + kl / 8);
+                                s[r] = __ldg(srow[r] + kl / 32);
+                            }
+                            const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
+                            const int sw = lane & 7;
+                            float g[R][MT];
+    #pragma unroll
                             for (int r = 0; r < R; ++r)
-                                dequant8(j == 0 ? q[r].x : j == 1 ? q[r].y : j == 2 ? q[r].z : q[r].w, f[r]);
-#pragma unroll
-                            for (int m = 0; m < MT; ++m) {
-                                if (m < mc) {
-                                    const float4* xm = xg + m * (p.kch / 4);
-                                    const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                                    for (int r = 0; r < R; ++r)
-#pragma unroll
-                                        for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+    #pragma unroll
+                                for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
+    #pragma unroll
+                            for (int j = 0; j < 4; ++j) {
+                                float f[R][8];
+    #pragma unroll
+                                for (int r = 0; r < R; ++r)
+                                    dequant8(j == 0 ? q[r].x : j == 1 ? q[r].y : j == 2 ? q[r].z : q[r].w, f[r]);
+    #pragma unroll
+                                for (int m = 0; m < MT; ++m) {
+                                    if (m < mc) {
+                                        const float4* xm = xg + m * (p.kch / 4);
+                                        const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
+                                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    #pragma unroll
+                                        for (int r = 0; r < R; ++r)
+    #pragma unroll
+                                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+                                    }
                                 }
                             }
+    #pragma unroll
+                            for (int r = 0; r < R; ++r)
+    #pragma unroll
+                                for (int m = 0; m < MT; ++m)
+                                    if (m < mc) part[r][m] = fmaf(s[r], g[r][m], part[r][m]);
                         }
-#pragma unroll
-                        for (int r = 0; r < R; ++r)
-#pragma unroll
-                            for (int m = 0; m < MT; ++m)
-                                if (m < mc) part[r][m] = fmaf(s[r], g[r][m], part[r][m]);
-                    }
-                } else {
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const int kk = k + lane + 32 * u;
-                        if (kk < ke) {
-                            float w[R];
-#pragma unroll
-                            for (int r = 0; r < R; ++r) w[r] = __ldg(wrow[r] + kk);
-#pragma unroll
-                            for (int m = 0; m < MT; ++m)
-                                if (m < mc) {
-                                    const float xv = xs[m * p.kch + (kk - kc)];
-#pragma unroll
-                                    for (int r = 0; r < R; ++r) part[r][m] = fmaf(w[r], xv, part[r][m]);
-                                }
-                        }
-                    }
-                }
-                if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-#pragma unroll
-                        for (int m = 0; m < MT; ++m)
-                            if (m < mc) {
-                                const float v = warp_sum(part[r][m]);
-                                if (lane == 0) total[warp][r * MT + m] += v;
-                                part[r][m] = 0.0f;
-                            }
-                }
-            }
-        }
-
-        if (active && lane == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const int n = n0 + r;
-                if (n >= N) continue;
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    if (m >= mc) continue;
-                    const long prow = m_begin + mc0 + m;
-                    if (p.splits > 1) {
-                        p.ws[(static_cast<long>(blockIdx.y) * p.M + prow) * N + n] = total[warp][r * MT + m];
                     } else {
-                        const float* t = total[warp];
-                        float v = GLU ? silu_mul_f(t[r * MT + m], t[(r + ROWS) * MT + m]) : t[r * MT + m];
-                        if (p.bias) v += p.bias[n];
-                        p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+    #pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            const int kk = k + lane + 32 * u;
+                            if (kk < ke) {
+                                float w[R];
+    #pragma unroll
+                                for (int r = 0; r < R; ++r) w[r] = __ldg(wrow[r] + kk);
+    #pragma unroll
+                                for (int m = 0; m < MT; ++m)
+                                    if (m < mc) {
+                                        const float xv = xs[m * p.kch + (kk - kc)];
+    #pragma unroll
+                                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(w[r], xv, part[r][m]);
+                                    }
+                            }
+                        }
+                    }
+                    if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
+    #pragma unroll
+                        for (int r = 0; r < R; ++r)
+    #pragma unroll
+                            for (int m = 0; m < MT; ++m)
+                                if (m < mc) {
+                                    const float v = warp_sum(part[r][m]);
+                                    if (lane == 0) total[warp][r * MT + m] += v;
+                                    part[r][m] = 0.0f;
+                                }
+                    }
+                }
+            }
+
+            if (active && lane == 0) {
+    #pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const int n = n0 + r;
+                    if (n >= N) continue;
+    #pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        if (m >= mc) continue;
+                        const long prow = m_begin + mc0 + m;
+                        if (p.splits > 1) {
+                            p.ws[(static_cast<long>(blockIdx.y) * p.M + prow) * N + n] = total[warp][r * MT + m];
+                        } else {
+                            const float* t = total[warp];
+                            float v = GLU ? silu_mul_f(t[r * MT + m], t[(r + ROWS) * MT + m]) : t[r * MT + m];
+                            if (p.bias) v += p.bias[n];
+                            p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                        }
                     }
                 }
             }
         }
-    }
 
-    if (p.splits > 1) {
-        // The last block of this row block to finish adds the super-chunks in ascending order.
-        __shared__ bool last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            last = atomicAdd(&p.counters[blockIdx.x], 1u) == static_cast<unsigned>(p.splits - 1);
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        const int nb = blockIdx.x * KD_MM_WARPS * ROWS, rows = min(KD_MM_WARPS * ROWS, N - nb);
-        for (int i = threadIdx.x; i < p.M * rows; i += KD_MM_THREADS) {
-            const int m = i / rows, n = nb + i % rows;
-            float v = 0.0f;
-            for (int s = 0; s < p.splits; ++s) v += __ldcg(p.ws + (static_cast<long>(s) * p.M + m) * N + n);
-            if (p.bias) v += p.bias[n];
-            p.y[m * p.ldy + n] = v;
-        }
-        if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
-    }
+        if (p.splits > 1) split_reduce<ROWS>(p, rb);
+    }  // row blocks
 }
 
 // Rows per pass for a call whose largest row count is max_rows.
@@ -319,31 +331,36 @@ inline int mm_split_count(int num_sms, int N, int K, int max_rows) {
 // Launches mm_kernel for MT activation rows per pass (1, 2, 4, 8 or 16; more rows loop).
 // grid.y: slots (grouped) or splits (split-K), else 1.
 template <WFmt F, int MT, bool GLU>
-void mm_launch_mt(const MmParams& p, int grid_y, cudaStream_t stream) {
+void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t stream) {
     constexpr int R = mm_rows_per_warp(MT);
     constexpr int ROWS = GLU ? R / 2 : R;
-    const size_t smem = sizeof(float) * static_cast<size_t>(MT) * p.kch;
+    const auto kernel = mm_kernel<F, MT, R, GLU>;
+    const int smem = static_cast<int>(sizeof(float)) * MT * p.kch;
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
-        KD_CUDA_CHECK(cudaFuncSetAttribute(mm_kernel<F, MT, R, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           sizeof(float) * KD_MM_SMEM_FLOATS));
+        KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
         configured = true;
     }
-    const dim3 grid(ceil_div(p.N, KD_MM_WARPS * ROWS), grid_y);
-    mm_kernel<F, MT, R, GLU><<<grid, KD_MM_THREADS, smem, stream>>>(p);
+    // One resident wave of blocks; each loops over row blocks (see mm_kernel).
+    int per_sm = 0;
+    KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
+    const int n_rb = ceil_div(p.N, KD_MM_WARPS * ROWS);
+    const int grid_x = std::max(1, std::min(n_rb, std::max(1, per_sm) * num_sms / grid_y));
+    kernel<<<dim3(grid_x, grid_y), KD_MM_THREADS, smem, stream>>>(p);
     KD_CUDA_LAUNCH_CHECK("mm_kernel");
 }
 
 template <WFmt F, bool GLU>
-void mm_launch(MmParams p, int max_rows, int grid_y, cudaStream_t stream) {
+void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t stream) {
     const int mt = mm_pass_rows(max_rows);
     p.kch = mm_stage_chunk(mt, p.splits > 1 ? KD_MM_SCHUNK : p.K);
     switch (mt) {
-        case 1: mm_launch_mt<F, 1, GLU>(p, grid_y, stream); break;
-        case 2: mm_launch_mt<F, 2, GLU>(p, grid_y, stream); break;
-        case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, stream); break;
-        case 8: mm_launch_mt<F, 8, GLU>(p, grid_y, stream); break;
-        default: mm_launch_mt<F, 16, GLU>(p, grid_y, stream); break;
+        case 1: mm_launch_mt<F, 1, GLU>(p, grid_y, num_sms, stream); break;
+        case 2: mm_launch_mt<F, 2, GLU>(p, grid_y, num_sms, stream); break;
+        case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, num_sms, stream); break;
+        case 8: mm_launch_mt<F, 8, GLU>(p, grid_y, num_sms, stream); break;
+        default: mm_launch_mt<F, 16, GLU>(p, grid_y, num_sms, stream); break;
     }
 }
 

@@ -143,11 +143,11 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     down.N = D;
     down.K = I;
     if (w.int4) {
-        mm_launch<WFmt::W4, true>(up, M, max_slots, ctx.stream);
-        mm_launch<WFmt::W4, false>(down, M, max_slots, ctx.stream);
+        mm_launch<WFmt::W4, true>(up, M, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::W4, false>(down, M, max_slots, ctx.num_sms, ctx.stream);
     } else {
-        mm_launch<WFmt::F32, true>(up, M, max_slots, ctx.stream);
-        mm_launch<WFmt::F32, false>(down, M, max_slots, ctx.stream);
+        mm_launch<WFmt::F32, true>(up, M, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::F32, false>(down, M, max_slots, ctx.num_sms, ctx.stream);
     }
 
     const long n = static_cast<long>(M) * D;
