@@ -18,15 +18,15 @@ step() {  # step LOG SECONDS CMD...: run with a time limit, append to LOG, print
     return "$rc"
 }
 nvidia-smi >"$out/setup.log" 2>&1
-step setup.log 300 bash scripts/build.sh || { tail -n 40 "$out/setup.log"; exit 1; }
-step tests.log 120 build/test_ops --backend cuda
-step bench_gpu.log 300 bash scripts/bench_gpu.sh
+step setup.log 180 bash scripts/build.sh || { tail -n 40 "$out/setup.log"; exit 1; }
+step tests.log 60 build/test_ops --backend cuda
+step bench_gpu.log 200 bash scripts/bench_gpu.sh
 cp build/bench_gpu.json "$out/" 2>/dev/null
-[[ -f tests/refs/manifest.json ]] || step setup.log 180 bash scripts/bundles.sh
-step tests.log 400 bash scripts/run_tests.sh
+[[ -f tests/refs/manifest.json ]] || step setup.log 120 bash scripts/bundles.sh
+step tests.log 240 bash scripts/run_tests.sh
 cp build/test_results.json "$out/" 2>/dev/null
-step memcheck.log 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda
-step bench.log 300 bash scripts/bench.sh
+step memcheck.log 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda
+step bench.log 150 bash scripts/bench.sh
 cp build/bench.json "$out/" 2>/dev/null
 grep -E "ok |FAIL|skip" "$out/tests.log" | grep -c '^ok' | sed 's/^/op tests ok: /'
 grep -E "^FAIL|FAILED|PASSED" "$out/tests.log" | head -n 20
