@@ -42,6 +42,37 @@ void visible_rows(std::vector<int>& rows, const Visibility& vis, int i) {
     std::reverse(rows.begin() + static_cast<long>(first_batch_row), rows.end());
 }
 
+// Threads for large matmuls: KD_THREADS, else the hardware's, at most 16.
+int thread_count() {
+    static const int n = [] {
+        const char* env = std::getenv("KD_THREADS");
+        const int hw = static_cast<int>(std::thread::hardware_concurrency());
+        const int want = env && std::atoi(env) > 0 ? std::atoi(env) : hw;
+        return std::max(1, std::min(want, 16));
+    }();
+    return n;
+}
+
+// Runs body(begin, end) over [0, n) in contiguous chunks, one per thread, when `work`
+// (multiply-adds) is large enough to pay for starting threads. Each output element is still
+// computed by one thread with the same code, so results do not depend on the split.
+template <class Body>
+void parallel_for(int n, double work, const Body& body) {
+    const int threads = work < 2e6 ? 1 : std::min(thread_count(), n);
+    if (threads <= 1) {
+        body(0, n);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const int chunk = (n + threads - 1) / threads;
+    for (int t = 1; t < threads; ++t) {
+        const int begin = t * chunk, end = std::min(n, begin + chunk);
+        if (begin < end) pool.emplace_back([&body, begin, end] { body(begin, end); });
+    }
+    body(0, std::min(n, chunk));
+    for (std::thread& th : pool) th.join();
+}
+
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Indices of the k largest values of v[0..n) (descending; ties: lower index first).
@@ -60,7 +91,8 @@ public:
 
     std::string device_description() const override {
         return cpu_model_name() + ", " + std::to_string(std::thread::hardware_concurrency()) +
-               " hardware threads (engine uses 1)";
+               " hardware threads (engine uses " +
+               std::to_string(thread_count()) + ")";
     }
 
     void* alloc(size_t nbytes) override {
@@ -124,25 +156,29 @@ public:
 
     // Weight row outer, activation rows inner: the matrix streams through once for all M rows.
     void matmul_f32(float* y, const float* x, const float* W, const float* bias, int M, int N, int K) override {
-        for (int n = 0; n < N; ++n) {
-            const float* wr = W + static_cast<long>(n) * K;
-            for (int m = 0; m < M; ++m) {
-                float v = cpu::dot(x + static_cast<long>(m) * K, wr, K);
-                if (bias) v += bias[n];
-                y[static_cast<long>(m) * N + n] = v;
+        parallel_for(N, static_cast<double>(M) * N * K, [&](int n0, int n1) {
+            for (int n = n0; n < n1; ++n) {
+                const float* wr = W + static_cast<long>(n) * K;
+                for (int m = 0; m < M; ++m) {
+                    float v = cpu::dot(x + static_cast<long>(m) * K, wr, K);
+                    if (bias) v += bias[n];
+                    y[static_cast<long>(m) * N + n] = v;
+                }
             }
-        }
+        });
     }
 
+    // Each weight row is dequantised once and reused for all M activations.
     void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K) override {
         if (K % 32 != 0) throw std::runtime_error("matmul_w4a16: K = " + std::to_string(K) + " is not a multiple of 32");
-        std::vector<float> row(static_cast<size_t>(K));
-        // Dequantise each weight row once and reuse it for all M activations.
-        for (int n = 0; n < N; ++n) {
-            cpu::dequant_row(row.data(), qw + static_cast<long>(n) * (K / 8), sc + static_cast<long>(n) * (K / 32), K);
-            for (int m = 0; m < M; ++m)
-                y[static_cast<long>(m) * N + n] = cpu::dot(x + static_cast<long>(m) * K, row.data(), K);
-        }
+        parallel_for(N, static_cast<double>(M + 4) * N * K, [&](int n0, int n1) {
+            std::vector<float> row(static_cast<size_t>(K));
+            for (int n = n0; n < n1; ++n) {
+                cpu::dequant_row(row.data(), qw + static_cast<long>(n) * (K / 8), sc + static_cast<long>(n) * (K / 32), K);
+                for (int m = 0; m < M; ++m)
+                    y[static_cast<long>(m) * N + n] = cpu::dot(x + static_cast<long>(m) * K, row.data(), K);
+            }
+        });
     }
 
     void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache, const Visibility& vis,
