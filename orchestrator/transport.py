@@ -351,6 +351,8 @@ class SshTransport(Transport):
                                     "known_hosts")
         if isinstance(e, paramiko.AuthenticationException):
             return AuthError(f"authentication to {where} as {conn.user} failed: {e}", host=self.host.name)
+        if isinstance(e, socket.gaierror):
+            return ConnectError(f"cannot reach {where}: {e.strerror or e}", host=self.host.name, retry=False)
         if isinstance(e, (socket.timeout, TimeoutError)):
             return ConnectError(f"cannot reach {where}: timed out after {self.host.timeout('connect')} s",
                                 host=self.host.name, retry=False)

@@ -80,6 +80,18 @@ def test_trust_pins_the_key_and_refuses_a_wrong_fingerprint(lab, make_inventory,
     assert subprocess.run(SshTransport(host).ssh_argv("true")).returncode == 0
 
 
+def test_trust_through_an_unknown_bastion(lab, make_inventory, tmp_path):
+    gate, inner = lab.add_host("gate", trusted=False), lab.add_host("inner", trusted=False)
+    project_known = tmp_path / "project_known_hosts"
+    inv = make_inventory({"inner": lab.inventory_entry(inner, jump="gate", known_hosts=str(project_known))})
+    with pytest.raises(HostKeyError, match=f"the key of jump host {re.escape(gate.known_name)} is not known"):
+        open_transport(inv.hosts["inner"]).run("true", timeout=10)
+    out = io.StringIO()
+    assert cli.trust(inv.hosts["inner"], [gate.fingerprint(), inner.fingerprint()], Console(out)) == 0
+    assert project_known.read_text() == gate.known_hosts_line() + inner.known_hosts_line()
+    assert open_transport(inv.hosts["inner"]).run("true", timeout=10).ok
+
+
 def test_changed_host_key_is_refused_by_paramiko_and_ssh(lab, make_inventory):
     changer = lab.add_host("changer")
     inv = make_inventory({"changer": lab.inventory_entry(changer)})
