@@ -295,29 +295,30 @@ class SshTransport(Transport):
                 self._pinned_file = None
 
     def _open(self):
+        """Open the jump hosts' connections in order, then the host's through them."""
         import fabric
         host = self.host
         config = fabric.Config(runtime_ssh_path=ssh_config_file()) if ssh_config_file() else fabric.Config()
         ssh_config = config.base_ssh_config.lookup(host.address)
-        gateway: object = False
         hops = self.jump_hops(ssh_config)
-        self._hops = []
-        for hop in hops:
-            gateway = self._connection(config, hop, None, None, gateway,
-                                       hostkeys.VerifyPolicy(host.name, None, hop=True))
-            self._hops.append(gateway)
-        if not hops and "proxycommand" in ssh_config and ssh_config["proxycommand"].lower() != "none":
+        gateway: object = False
+        if not hops and ssh_config.get("proxycommand", "none").lower() != "none":
             gateway = ssh_config["proxycommand"]
-        policy = hostkeys.VerifyPolicy(host.name, host.host_key, hop=False)
-        conn = self._connection(config, host.address, host.user, host.port, gateway, policy)
+        self._hops = []
         try:
-            conn.open()
+            for hop in hops:
+                gateway = self._connection(config, hop, None, None, gateway,
+                                           hostkeys.VerifyPolicy(host.name, None, hop=True))
+                self._hops.append(gateway)
+                self._open_one(gateway)
+            policy = hostkeys.VerifyPolicy(host.name, host.host_key, hop=False)
+            conn = self._connection(config, host.address, host.user, host.port, gateway, policy)
+            self._open_one(conn)
         except HostError:
-            conn.close()
+            for hop in self._hops:
+                hop.close()
+            self._hops = []
             raise
-        except Exception as e:
-            conn.close()
-            raise self._connect_error(e, conn) from None
         conn.transport.set_keepalive(int(host.timeout("keepalive")))
         key = conn.transport.get_remote_server_key()
         name = hostkeys.known_name(conn.host, conn.port)
@@ -327,6 +328,17 @@ class SshTransport(Transport):
         if policy.accepted:
             self._pin_for_ssh(name, key)
         return conn
+
+    def _open_one(self, conn) -> None:
+        """Open one Fabric connection, its failure as a HostError of the right kind."""
+        try:
+            conn.open()
+        except HostError:
+            conn.close()
+            raise
+        except Exception as e:
+            conn.close()
+            raise self._connect_error(e, conn) from None
 
     def _connection(self, config, target, user, port, gateway, policy):
         import fabric
@@ -346,7 +358,7 @@ class SshTransport(Transport):
         import paramiko
         where = f"{conn.host}:{conn.port}"
         if isinstance(e, paramiko.BadHostKeyException):
-            name = hostkeys.known_name(e.hostname, conn.port) if ":" not in e.hostname else e.hostname
+            name = hostkeys.known_name(e.hostname, conn.port)
             return hostkeys.changed(self.host.name, name, e.key, hostkeys.fingerprint(e.expected_key),
                                     "known_hosts")
         if isinstance(e, paramiko.AuthenticationException):
