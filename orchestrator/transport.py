@@ -347,7 +347,7 @@ class SshTransport(Transport):
             kwargs["key_filename"] = [self.host.identity]
         conn = fabric.Connection(target, user=user, port=port, config=config, gateway=gateway,
                                  connect_timeout=int(self.host.timeout("connect")), connect_kwargs=kwargs)
-        # Fabric sets AutoAddPolicy and loads no known_hosts: verify against ours instead.
+        # Fabric accepts unknown keys (auto-add) and loads no known_hosts: verify against ours instead.
         conn.client.set_missing_host_key_policy(policy)
         for file in hostkeys.known_hosts_files(self.host.known_hosts):
             if file.is_file():

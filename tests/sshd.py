@@ -2,6 +2,7 @@
 
     lab = SshLab(tmp_dir)                  # a client key, an ssh config, known_hosts files
     h1 = lab.add_host("h1")                # its own sshd: port, host key, remote root, log
+    fleet = lab.add_hosts(16, "node")      # node1 .. node16
     bastion = lab.add_host("bastion", log_level="DEBUG1")
     lab.inventory_entry(h1, jump="bastion")   # a hosts.yaml entry for it
     with lab.environment(): ...            # KDTREE_SSH_CONFIG / KDTREE_USER_KNOWN_HOSTS set
@@ -139,6 +140,10 @@ class SshLab:
         if trusted:
             self.trust(host)
         return host
+
+    def add_hosts(self, count: int, prefix: str = "host", **kwargs) -> list[SshdHost]:
+        """Start `count` hosts named prefix1, prefix2, ... (as add_host)."""
+        return [self.add_host(f"{prefix}{i}", **kwargs) for i in range(1, count + 1)]
 
     def trust(self, host: SshdHost) -> None:
         with open(self.known_hosts, "a") as f:
