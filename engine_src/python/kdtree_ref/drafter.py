@@ -17,7 +17,7 @@ import numpy as np
 from .model import Trajectory
 
 GRID_BITS = 12          # stored weights are multiples of 2^-12
-LOGIT_SCALE = 8.0       # ridge outputs (about 0..1) times this become the drafter's logits
+LOGIT_SCALE = 16.0      # ridge outputs (about 0..1) times this become the drafter's logits
 RIDGE = 1.0             # ridge strength relative to the mean diagonal of the Gram matrix / 100
 SAFE_MARGIN = 1e-6      # trajectory steps closer than this to an argmax or routing tie are not used
 
@@ -69,9 +69,10 @@ def fit(features: np.ndarray, targets: np.ndarray, vocab: int) -> Drafter:
     gram = x.T @ x
     lam = RIDGE * np.trace(gram) / (dim + 1) / 100.0
     gram[np.diag_indices(dim + 1)] += lam
-    onehot = np.zeros((m, block * vocab))
-    onehot[np.arange(m)[:, None], np.arange(block) * vocab + targets] = 1.0
-    sol = np.linalg.solve(gram, x.T @ onehot) * LOGIT_SCALE     # [dim+1][L*V]
+    # x.T @ onehot(targets), column (j, v) = sum of the samples whose depth-j target is v
+    rhs = np.zeros((block * vocab, dim + 1))
+    np.add.at(rhs, (np.arange(block) * vocab + targets).ravel(), np.repeat(x, block, axis=0))
+    sol = np.linalg.solve(gram, rhs.T) * LOGIT_SCALE            # [dim+1][L*V]
     sol = np.round(sol * 2.0**GRID_BITS) * 2.0**-GRID_BITS
     w = sol[:dim].T.reshape(block, vocab, dim)
     b = sol[dim].reshape(block, vocab)

@@ -72,9 +72,9 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def swiglu(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray) -> np.ndarray:
-    """w2 (silu(w1 x) * (w3 x)) for rows of x."""
-    return (silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+def swiglu(x: np.ndarray, w1t: np.ndarray, w2t: np.ndarray, w3t: np.ndarray) -> np.ndarray:
+    """w2 (silu(w1 x) * (w3 x)) for rows of x, given the transposed weights w.T."""
+    return (silu(x @ w1t) * (x @ w3t)) @ w2t
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -134,6 +134,11 @@ class Transformer:
     def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]):
         self.args = args
         self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+        # y = W x on rows is x @ W.T; a contiguous copy of W.T makes those products twice as fast
+        self.wt = {name: np.ascontiguousarray(value.T) for name, value in self.w.items() if value.ndim == 2}
+
+    def _ffn_weights(self, prefix: str):
+        return self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"]
 
     # ---- building blocks -------------------------------------------------------------
 
@@ -141,16 +146,16 @@ class Transformer:
         """Per-head queries [..., H, d_n + d_r] of rows x [..., h]."""
         a, w = self.args, self.w
         if a.q_lora_rank:
-            cq = rms_norm(x @ w[prefix + "wq_a"].T, w[prefix + "q_norm"], a.norm_eps)
-            q = cq @ w[prefix + "wq_b"].T
+            cq = rms_norm(x @ self.wt[prefix + "wq_a"], w[prefix + "q_norm"], a.norm_eps)
+            q = cq @ self.wt[prefix + "wq_b"]
         else:
-            q = x @ w[prefix + "wq"].T
+            q = x @ self.wt[prefix + "wq"]
         return q.reshape(*x.shape[:-1], a.n_heads, a.qk_nope_head_dim + a.qk_rope_head_dim)
 
     def _latent(self, prefix: str, x: np.ndarray, positions: np.ndarray):
         """The cache rows of x [B][N][h]: c [B][N][d_c] and roped k [B][N][d_r]."""
         a, w = self.args, self.w
-        kv = x @ w[prefix + "wkv_a"].T
+        kv = x @ self.wt[prefix + "wkv_a"]
         c = rms_norm(kv[..., :a.kv_lora_rank], w[prefix + "kv_norm"], a.norm_eps)
         k_rope = rope(kv[..., a.kv_lora_rank:], positions, a.rope_theta)
         return c, k_rope
@@ -165,7 +170,7 @@ class Transformer:
     def _mla(self, layer: int, x: np.ndarray, positions: np.ndarray, mask: np.ndarray,
              cache: KVCache) -> np.ndarray:
         """Absorbed MLA over the cache; writes x's rows at [cache.length, cache.length + N)."""
-        a, w = self.args, self.w
+        a = self.args
         prefix = f"layers.{layer}.attn."
         start, n = cache.length, x.shape[1]
         # heads-first layout [B][H][N][.] so every product below is a batched matmul
@@ -179,18 +184,20 @@ class Transformer:
         w_uk, w_uv = self._split_wkv_b(prefix)
         q_hat = q_nope @ w_uk[None]                                  # W_UK^T q_nope: [B][H][N][d_c]
         tau = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
-        scores = tau * (q_hat @ c_all.swapaxes(1, 2)[:, None]
-                        + q_rope @ k_all.swapaxes(1, 2)[:, None])   # [B][H][N][T]
+        b, h, t = x.shape[0], a.n_heads, start + n
+        # all heads share the cache rows: fold them into the query rows, one matmul per sequence
+        scores = tau * (q_hat.reshape(b, h * n, -1) @ c_all.swapaxes(1, 2)
+                        + q_rope.reshape(b, h * n, -1) @ k_all.swapaxes(1, 2)).reshape(b, h, n, t)
         scores = np.where(mask, scores, -np.inf)                     # invisible rows weigh exactly 0
-        latent = softmax(scores) @ c_all[:, None]                    # [B][H][N][d_c]
+        latent = (softmax(scores).reshape(b, h * n, t) @ c_all).reshape(b, h, n, -1)
         o = (latent @ w_uv.swapaxes(1, 2)[None]).transpose(0, 2, 1, 3)  # W_UV latent: [B][N][H][d_v]
-        return o.reshape(*x.shape[:2], -1) @ w[prefix + "wo"].T
+        return o.reshape(*x.shape[:2], -1) @ self.wt[prefix + "wo"]
 
     def route(self, layer: int, x: np.ndarray):
         """MoE routing of rows x [M][h]: (expert ids [M][k], weights [M][k], route and group margins [M])."""
         a, w = self.args, self.w
         prefix = f"layers.{layer}.ffn.gate."
-        scores = 1.0 / (1.0 + np.exp(-(x @ w[prefix + "weight"].T)))   # s = sigmoid(u . x)
+        scores = 1.0 / (1.0 + np.exp(-(x @ self.wt[prefix + "weight"])))   # s = sigmoid(u . x)
         select = scores + w[prefix + "bias"]                             # s' = s + b
         group_margin = np.full(len(x), np.inf)
         if a.n_expert_groups > 1:
@@ -215,25 +222,23 @@ class Transformer:
 
     def _moe(self, layer: int, x: np.ndarray):
         """MoE FFN of rows x [M][h]: (y [M][h], route margins [M], group margins [M])."""
-        w = self.w
         prefix = f"layers.{layer}.ffn."
         idx, weights, route_margin, group_margin = self.route(layer, x)
-        y = swiglu(x, w[prefix + "shared.w1"], w[prefix + "shared.w2"], w[prefix + "shared.w3"])
+        y = swiglu(x, *self._ffn_weights(prefix + "shared."))
         for e in range(self.args.n_routed_experts):
             rows, slot = np.nonzero(idx == e)
             if rows.size:
-                ep = f"{prefix}experts.{e}."
-                out = swiglu(x[rows], w[ep + "w1"], w[ep + "w2"], w[ep + "w3"])
+                out = swiglu(x[rows], *self._ffn_weights(f"{prefix}experts.{e}."))
                 y[rows] += weights[rows, slot][:, None] * out
         return y, route_margin, group_margin
 
     def _ffn(self, layer: int, x: np.ndarray):
         """Dense or MoE FFN of x [B][N][h], with routing margins [B][N] (inf for dense)."""
-        w, a = self.w, self.args
+        a = self.args
         prefix = f"layers.{layer}.ffn."
         if layer < a.n_dense_layers:
             inf = np.full(x.shape[:2], np.inf)
-            return swiglu(x, w[prefix + "w1"], w[prefix + "w2"], w[prefix + "w3"]), inf, inf
+            return swiglu(x, *self._ffn_weights(prefix)), inf, inf
         y, rm, gm = self._moe(layer, x.reshape(-1, a.dim))
         return y.reshape(x.shape), rm.reshape(x.shape[:2]), gm.reshape(x.shape[:2])
 
@@ -262,7 +267,7 @@ class Transformer:
             route_margin = np.minimum(route_margin, rm)
             group_margin = np.minimum(group_margin, gm)
         hidden = rms_norm(x, w["norm"], a.norm_eps)
-        return ForwardOut(hidden @ w["head"].T, hidden, route_margin, group_margin)
+        return ForwardOut(hidden @ self.wt["head"], hidden, route_margin, group_margin)
 
     def forward_full(self, tokens: np.ndarray) -> np.ndarray:
         """Cacheless causal forward of one sequence (tokens [T]) with the textbook MLA
@@ -282,17 +287,17 @@ class Transformer:
             q_nope, q_rope = q[..., :a.qk_nope_head_dim], q[..., a.qk_nope_head_dim:]
             q_rope = rope(q_rope.swapaxes(0, 1), positions, a.rope_theta).swapaxes(0, 1)
             c, k_rope = self._latent(prefix, h[None], positions)
-            kv = (c[0] @ w[prefix + "wkv_b"].T).reshape(t, a.n_heads, -1)
+            kv = (c[0] @ self.wt[prefix + "wkv_b"]).reshape(t, a.n_heads, -1)
             k_nope, v = kv[..., :a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
             k = np.concatenate([k_nope, np.broadcast_to(k_rope[0][:, None], (t, a.n_heads, a.qk_rope_head_dim))], -1)
             qf = np.concatenate([q_nope, q_rope], -1)
             scores = tau * np.einsum("shd,thd->hst", qf, k)
             probs = softmax(np.where(causal, scores, -np.inf))
             o = np.einsum("hst,thv->shv", probs, v).reshape(t, -1)
-            x = x + o @ w[prefix + "wo"].T
+            x = x + o @ self.wt[prefix + "wo"]
             y, _, _ = self._ffn(layer, rms_norm(x, w[lp + "ffn_norm"], a.norm_eps)[None])
             x = x + y[0]
-        return rms_norm(x, w["norm"], a.norm_eps) @ w["head"].T
+        return rms_norm(x, w["norm"], a.norm_eps) @ self.wt["head"]
 
 
 def prefill(model: Transformer, prompts: np.ndarray, cache: KVCache) -> ForwardOut:
