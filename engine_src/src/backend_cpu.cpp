@@ -168,15 +168,16 @@ public:
         });
     }
 
-    // Each weight row is dequantised once and reused for all M activations.
     void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K) override {
         if (K % 32 != 0) throw std::runtime_error("matmul_w4a16: K = " + std::to_string(K) + " is not a multiple of 32");
-        parallel_for(N, static_cast<double>(M + 4) * N * K, [&](int n0, int n1) {
-            std::vector<float> row(static_cast<size_t>(K));
+        std::vector<float> xt(static_cast<size_t>(M) * K);
+        for (int m = 0; m < M; ++m) cpu::regroup_for_w4(&xt[static_cast<size_t>(m) * K], x + static_cast<long>(m) * K, K);
+        parallel_for(N, static_cast<double>(M) * N * K, [&](int n0, int n1) {
             for (int n = n0; n < n1; ++n) {
-                cpu::dequant_row(row.data(), qw + static_cast<long>(n) * (K / 8), sc + static_cast<long>(n) * (K / 32), K);
+                const int32_t* qr = qw + static_cast<long>(n) * (K / 8);
+                const float* sr = sc + static_cast<long>(n) * (K / 32);
                 for (int m = 0; m < M; ++m)
-                    y[static_cast<long>(m) * N + n] = cpu::dot(x + static_cast<long>(m) * K, row.data(), K);
+                    y[static_cast<long>(m) * N + n] = cpu::dot_w4(&xt[static_cast<size_t>(m) * K], qr, sr, K);
             }
         });
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace kd::cpu {
 
@@ -18,14 +19,35 @@ inline float dot(const float* a, const float* b, int n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// Dequantises one W4A16 row of K inputs into out[K]: (nibble - 8) * scale (layout: backend.h).
-inline void dequant_row(float* out, const int32_t* qw, const float* sc, int K) {
-    for (int j = 0; j < K / 8; ++j) {
-        const uint32_t word = static_cast<uint32_t>(qw[j]);
-        const float s = sc[(8 * j) / 32];
+// W4A16 dot products without materialising the dequantised row. Activations are regrouped once
+// per row so that a 16-byte load of four weight words lines up with four contiguous activations:
+// for group g (32 inputs, words 4g..4g+3), xt[32g + 4k + j] = x[32g + 8j + k], k = nibble index.
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+
+inline void regroup_for_w4(float* xt, const float* x, int K) {
+    for (int g = 0; g < K / 32; ++g)
         for (int k = 0; k < 8; ++k)
-            out[8 * j + k] = static_cast<float>(static_cast<int>((word >> (4 * k)) & 15u) - 8) * s;
+            for (int j = 0; j < 4; ++j) xt[32 * g + 4 * k + j] = x[32 * g + 8 * j + k];
+}
+
+// sum_i x[i] * (nibble_i - 8) * scale_(i/32), with xt from regroup_for_w4: per group a 4-lane
+// fp32 sum over the nibble positions, scaled, added lane-wise; lanes combined at the end.
+inline float dot_w4(const float* xt, const int32_t* qw, const float* sc, int K) {
+    f32x4 acc = {0, 0, 0, 0};
+    for (int g = 0; g < K / 32; ++g) {
+        i32x4 words;
+        std::memcpy(&words, qw + 4 * g, 16);
+        f32x4 part = {0, 0, 0, 0};
+        for (int k = 0; k < 8; ++k) {
+            const i32x4 level = ((words >> (4 * k)) & 15) - 8;
+            f32x4 xv;
+            std::memcpy(&xv, xt + 32 * g + 4 * k, 16);
+            part += __builtin_convertvector(level, f32x4) * xv;
+        }
+        acc += part * sc[g];
     }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 // y[N] = W[N][K] x[K].
