@@ -119,7 +119,7 @@ def decode(model: Transformer, drafter: Drafter, prompt, n: int, budget: int,
     """Greedy DDTree decode of n tokens after `prompt` with node budget B and block size <= L."""
     block = block or drafter.block_size
     prompt = np.asarray(prompt)
-    cache = KVCache(model.args, 1, capacity=len(prompt) + n + budget + 1)
+    cache = KVCache(model.args, 1, capacity=len(prompt) + n + budget + 1, dtype=model.dtype)
     out = prefill(model, prompt[None], cache)
     bonus, hidden = int(np.argmax(out.logits[0, -1])), out.hidden[0, -1]
     tokens, accepted = [bonus], []

@@ -5,7 +5,8 @@ inference code: MLA attention with decoupled RoPE dims, absorbed over a latent c
 k), RMSNorm, first dense SwiGLU layer(s), then MoE layers with sigmoid gating, a correction
 bias, group-limited top-k routing, weights normalised and scaled by route_scale, and a shared
 expert. Weights are given as float32 arrays (dequantized ones for INT4 bundles) and computed
-in float64, so the reference is far more accurate than the FP32 engine it checks.
+in float64, so the reference is far more accurate than the FP32 engine it checks (a float32
+instance exists to show that FP32 rounding leaves the golden tokens alone).
 
 `Transformer.forward` is the one general forward: a batch of sequences, N new tokens each at
 given positions, a visibility mask over the cache; prefill, AR decode and tree verification
@@ -60,7 +61,7 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     d = x.shape[-1]
     freqs = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     angle = positions.astype(np.float64)[:, None] * freqs
-    cos, sin = np.cos(angle), np.sin(angle)
+    cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin
@@ -107,10 +108,10 @@ class KVCache:
     and leaves `length` alone: the caller commits (AR) or compacts (tree verify).
     """
 
-    def __init__(self, args: ModelArgs, batch: int = 1, capacity: int | None = None):
+    def __init__(self, args: ModelArgs, batch: int = 1, capacity: int | None = None, dtype=np.float64):
         cap = capacity or args.max_seq_len
-        self.c = np.zeros((args.n_layers, batch, cap, args.kv_lora_rank))
-        self.k = np.zeros((args.n_layers, batch, cap, args.qk_rope_head_dim))
+        self.c = np.zeros((args.n_layers, batch, cap, args.kv_lora_rank), dtype=dtype)
+        self.k = np.zeros((args.n_layers, batch, cap, args.qk_rope_head_dim), dtype=dtype)
         self.length = 0
 
     @property
@@ -129,11 +130,13 @@ class ForwardOut:
 
 
 class Transformer:
-    """The reference model over float32 weights (README tensor names), computed in float64."""
+    """The reference model over float32 weights (README tensor names), computed in float64
+    (or in float32 with dtype=np.float32, to measure what FP32 rounding does)."""
 
-    def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]):
+    def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray], dtype=np.float64):
         self.args = args
-        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+        self.dtype = dtype
+        self.w = {name: np.asarray(value, dtype=dtype) for name, value in weights.items()}
         # y = W x on rows is x @ W.T; a contiguous copy of W.T makes those products twice as fast
         self.wt = {name: np.ascontiguousarray(value.T) for name, value in self.w.items() if value.ndim == 2}
 
@@ -338,7 +341,7 @@ def generate(model: Transformer, prompts, n: int) -> Trajectory:
     """Greedy autoregressive decode of n tokens after each prompt (prompts [B][P], equal lengths)."""
     prompts = np.atleast_2d(np.asarray(prompts))
     batch = prompts.shape[0]
-    cache = KVCache(model.args, batch, capacity=prompts.shape[1] + n)
+    cache = KVCache(model.args, batch, capacity=prompts.shape[1] + n, dtype=model.dtype)
     out = prefill(model, prompts, cache)
     # the first step's routing margins cover the whole prompt
     rm, gm = out.route_margin.min(axis=1), out.group_margin.min(axis=1)

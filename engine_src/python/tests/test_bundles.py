@@ -9,7 +9,7 @@ import pytest
 import gen_model
 from kdtree_ref import bundle, ddtree, kdtr
 from kdtree_ref.drafter import Drafter
-from kdtree_ref.model import generate
+from kdtree_ref.model import Transformer, generate
 from kdtree_ref.quant import is_quantized
 
 NAMES = ["tiny_fp32", "tiny_int4", "tiny2_fp32", "tiny2_int4"]
@@ -102,6 +102,20 @@ def test_int4_bundle_quantizes_exactly_the_ffn_weights(bundle_paths, config):
 def test_autoregressive_decode_reproduces_golden(loaded, name):
     b = loaded[name]
     assert generate(b.model, b.prompt, len(b.golden)).tokens[0].tolist() == b.golden
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_rounding_stays_far_below_the_margins(loaded, name):
+    """The same model run in float32 (as the engine runs) gives the golden tokens, and its
+    margins move by less than 1% of the thresholds the golden prompt was chosen with."""
+    b = loaded[name]
+    fp32 = Transformer(b.args, b.model.w, dtype=np.float32)
+    ref, run = generate(b.model, b.prompt, len(b.golden)), generate(fp32, b.prompt, len(b.golden))
+    assert run.tokens[0].tolist() == b.golden
+    assert np.max(np.abs(run.logit_margin - ref.logit_margin)) < 0.01 * gen_model.MIN_LOGIT_MARGIN
+    assert np.max(np.abs(run.route_margin - ref.route_margin)) < 0.01 * gen_model.MIN_ROUTE_MARGIN
+    if b.args.n_expert_groups > 1:
+        assert np.max(np.abs(run.group_margin - ref.group_margin)) < 0.01 * gen_model.MIN_GROUP_MARGIN
 
 
 @pytest.mark.parametrize("budget,block", [(1, 8), (6, 3), (48, 8)])
