@@ -7,6 +7,7 @@ set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
 [[ -x build/kdtree ]] || bash scripts/build.sh
-[[ -f tests/refs/manifest.json ]] || bash scripts/bundles.sh
+refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes the bundles
+[[ -f "$refs/manifest.json" ]] || bash scripts/bundles.sh
 # shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
-build/kdtree bench --manifest tests/refs/manifest.json --out build/bench.json ${KD_BENCH_ARGS:-}
+build/kdtree bench --manifest "$refs/manifest.json" --out build/bench.json ${KD_BENCH_ARGS:-}

@@ -4,12 +4,13 @@
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
 # an altered golden token is caught, bad bundles are rejected. One line per test; ends with
 # "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json.
-# Builds first (incrementally) and regenerates missing bundles with $PYTHON.
+# Builds first (incrementally) and regenerates missing bundles with $PYTHON (into $KD_BUNDLE_DIR,
+# default tests/refs, as scripts/bundles.sh does).
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
 PYTHON="${PYTHON:-python3}"
-refs=tests/refs
+refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes them
 manifest="$refs/manifest.json"
 kdtree=build/kdtree
 scratch="$(mktemp -d)"
@@ -147,7 +148,7 @@ for e in json.loads(sys.argv[1]): print(",".join(map(str, e["prompt"])), ",".joi
 done
 
 # ---- the manifest: what was regenerated is what is committed; quantisation leaves a trace ------
-check manifest.matches_expected "$PYTHON" - "$manifest" "$refs/expected_manifest.json" <<'PY'
+check manifest.matches_expected "$PYTHON" - "$manifest" tests/refs/expected_manifest.json <<'PY'
 import hashlib, json, sys
 got, want = (json.load(open(p)) for p in sys.argv[1:3])
 have = {b["name"]: b for b in got["bundles"]}
