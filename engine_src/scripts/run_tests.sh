@@ -205,6 +205,11 @@ rewrite_bundle "$refs/$first_file" "$scratch/missing.kdtr" missing
 expect_failure "negative.loader_missing_tensor" "missing.kdtr: missing tensor norm" "$kdtree" generate --bundle "$scratch/missing.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/bounds.kdtr" bounds
 expect_failure "negative.loader_tensor_out_of_bounds" "bounds.kdtr: tensor head out of bounds" "$kdtree" generate --bundle "$scratch/bounds.kdtr" -n 2
+printf 'KDTR\x02\x00\x00\x00' > "$scratch/version2.kdtr"; tail -c +9 "$refs/$first_file" >> "$scratch/version2.kdtr"
+expect_failure "negative.loader_bad_version" "version2.kdtr: unsupported version 2" "$kdtree" generate --bundle "$scratch/version2.kdtr" -n 2
+head -c 16 "$refs/$first_file" > "$scratch/not_json.kdtr"; printf '{"config": [' >> "$scratch/not_json.kdtr"
+tail -c +29 "$refs/$first_file" >> "$scratch/not_json.kdtr"
+expect_failure "negative.loader_header_not_json" "not_json.kdtr: bad header, not JSON" "$kdtree" generate --bundle "$scratch/not_json.kdtr" -n 2
 printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$scratch/bad_magic.kdtr"
 expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
