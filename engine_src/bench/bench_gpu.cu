@@ -193,10 +193,14 @@ T* dev_alloc(size_t n) {
     return p;
 }
 
+// Work runs on a non-blocking stream, which a plain cudaMemcpy does not wait for.
+cudaStream_t g_stream = nullptr;
+
 template <class T>
 std::vector<T> to_host(const T* d, size_t n) {
     std::vector<T> h(n);
-    KD_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    KD_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, g_stream));
+    KD_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     return h;
 }
 
@@ -359,39 +363,62 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
 
 // ---- 3. the K2-shaped MoE layer -------------------------------------------------------------
 
+// Experts are stacked [E + 1][..][..]: the routed ones, then the shared expert, so that the
+// shared expert can also run as one more slot of the grouped kernel ("fused").
 struct MoeLayer {
     int h = 7168, E = 384, k = 8, inter = 2048;
     float* gate_w = nullptr;   // [E][h]
     float* gate_b = nullptr;   // [E]
-    float* w[3] = {};          // fp32 experts: w1, w2, w3 stacked [E][..][..]
+    float* w[3] = {};          // fp32 experts: w1, w2, w3 stacked [E + 1][..][..]
     uint32_t* q[3] = {};
     float* s[3] = {};
-    float* sw[3] = {};         // shared expert fp32 (w1 [inter][h], w2 [h][inter], w3)
-    uint32_t* sq[3] = {};
-    float* ss[3] = {};
+    const float* sw[3] = {};   // the shared expert inside those stacks
+    const uint32_t* sq[3] = {};
+    const float* ss[3] = {};
 };
 
 // Scratch for one layer call of up to 16 tokens.
 struct MoeBuffers {
     float *logits, *weight, *xn, *out, *sh_a, *sh_b, *sh_y;
-    int32_t* idx;
+    int32_t *idx, *idx_ext;   // [T][k], [T][k + 1] (the shared expert appended)
+    float* weight_ext;
     // cuBLAS FP32 path
     float *xs, *ha, *hb, *ys;
     int* d_rows;  // [2 * 16 * k]: pair rows, then pair positions
 };
 
-void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const float* x, int T, bool int4) {
+// Appends the shared expert (index E, weight 1) to every row's routed experts.
+__global__ void append_shared(int32_t* idx_ext, float* w_ext, const int32_t* idx, const float* w, int T, int k, int E) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * (k + 1)) return;
+    const int t = i / (k + 1), j = i % (k + 1);
+    idx_ext[i] = j < k ? idx[t * k + j] : E;
+    w_ext[i] = j < k ? w[t * k + j] : 1.0f;
+}
+
+// The layer through the backend's ops. fused = false: as the engine's model runs it (moe_ffn
+// for the routed experts, three matmuls + silu_mul for the shared expert, then add);
+// fused = true: the shared expert as slot k + 1 of the same grouped launches.
+void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const float* x, int T, bool int4,
+                    bool fused = false) {
     const MoeRouting r{L.E, L.k, 1, 1, 2.827f};
     matmul_f32(ctx, b.logits, x, L.gate_w, nullptr, T, L.E, L.h);
     moe_gate(ctx, b.idx, b.weight, b.logits, L.gate_b, T, r);
     ExpertWeights ew;
-    ew.n_experts = L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = int4;
+    ew.n_experts = fused ? L.E + 1 : L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = int4;
     if (int4) {
         ew.q1 = reinterpret_cast<const int32_t*>(L.q[0]); ew.q2 = reinterpret_cast<const int32_t*>(L.q[1]);
         ew.q3 = reinterpret_cast<const int32_t*>(L.q[2]);
         ew.s1 = L.s[0]; ew.s2 = L.s[1]; ew.s3 = L.s[2];
     } else {
         ew.w1 = L.w[0]; ew.w2 = L.w[1]; ew.w3 = L.w[2];
+    }
+    if (fused) {
+        append_shared<<<ceil_div(T * (L.k + 1), 128), 128, 0, ctx.stream>>>(b.idx_ext, b.weight_ext, b.idx, b.weight,
+                                                                            T, L.k, L.E);
+        KD_CUDA_LAUNCH_CHECK("append_shared");
+        moe_ffn(ctx, b.out, x, b.idx_ext, b.weight_ext, T, L.k + 1, ew);
+        return;
     }
     moe_ffn(ctx, b.out, x, b.idx, b.weight, T, L.k, ew);
     // The shared expert as the model runs it: three matmuls and silu_mul, then the add.
@@ -472,7 +499,7 @@ void moe_fp32_cublas_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b,
 std::string bench_moe(Context& ctx, bool quick, int& failures) {
     MoeLayer L;
     const long per = static_cast<long>(L.inter) * L.h;
-    const size_t all = static_cast<size_t>(L.E) * per;
+    const size_t all = static_cast<size_t>(L.E + 1) * per;
     L.gate_w = dev_alloc<float>(static_cast<size_t>(L.E) * L.h);
     L.gate_b = dev_alloc<float>(L.E);
     fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.gate_w, static_cast<size_t>(L.E) * L.h, 11, -0.05f, 0.05f);
@@ -483,11 +510,9 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
         L.s[j] = dev_alloc<float>(all / 32);
         fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.w[j], all, 20 + j, -0.03f, 0.03f);
         quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.q[j], L.s[j], L.w[j], all / 32);
-        L.sw[j] = dev_alloc<float>(per);
-        L.sq[j] = dev_alloc<uint32_t>(per / 8);
-        L.ss[j] = dev_alloc<float>(per / 32);
-        fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.sw[j], per, 30 + j, -0.03f, 0.03f);
-        quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.sq[j], L.ss[j], L.sw[j], per / 32);
+        L.sw[j] = L.w[j] + L.E * per;
+        L.sq[j] = L.q[j] + L.E * per / 8;
+        L.ss[j] = L.s[j] + L.E * per / 32;
     }
     KD_CUDA_LAUNCH_CHECK("moe weights");
     const int Tmax = 16, P = Tmax * L.k, n_inputs = 8;
@@ -495,6 +520,8 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
     b.logits = dev_alloc<float>(static_cast<size_t>(Tmax) * L.E);
     b.weight = dev_alloc<float>(P);
     b.idx = dev_alloc<int32_t>(P);
+    b.idx_ext = dev_alloc<int32_t>(P + Tmax);
+    b.weight_ext = dev_alloc<float>(P + Tmax);
     b.out = dev_alloc<float>(static_cast<size_t>(Tmax) * L.h);
     b.sh_a = dev_alloc<float>(static_cast<size_t>(Tmax) * L.inter);
     b.sh_b = dev_alloc<float>(static_cast<size_t>(Tmax) * L.inter);
@@ -523,23 +550,29 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
         const std::vector<float> ref = to_host(out_ref, static_cast<size_t>(T) * L.h);
         moe_int4_layer(ctx, L, b, xi(0), T, false);
         const double err_f32 = nmse(to_host(b.out, static_cast<size_t>(T) * L.h), ref);
+        moe_int4_layer(ctx, L, b, xi(0), T, true, true);
+        const std::vector<float> fused = to_host(b.out, static_cast<size_t>(T) * L.h);
         moe_int4_layer(ctx, L, b, xi(0), T, true);
-        const double err_q = nmse(to_host(b.out, static_cast<size_t>(T) * L.h), ref);
-        const bool ok = err_f32 < 1e-9 && err_q < 5e-2;  // INT4 vs FP32: quantisation noise only
+        const std::vector<float> q4 = to_host(b.out, static_cast<size_t>(T) * L.h);
+        const double err_q = nmse(q4, ref), err_fused = nmse(fused, q4);
+        const bool ok = err_f32 < 1e-9 && err_q < 5e-2 && err_fused < 1e-9;  // INT4 vs FP32: quantisation noise
         if (!ok) ++failures;
 
         // INT4 captured once per input batch (pointers are baked into a graph).
-        std::vector<cudaGraphExec_t> graphs(n_inputs);
-        for (int i = 0; i < n_inputs; ++i) {
+        std::vector<cudaGraphExec_t> graphs(n_inputs), graphs_fused(n_inputs);
+        for (int i = 0; i < 2 * n_inputs; ++i) {
             cudaGraph_t g;
             KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-            moe_int4_layer(ctx, L, b, xi(i), T, true);
+            moe_int4_layer(ctx, L, b, xi(i), T, true, i >= n_inputs);
             KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-            KD_CUDA_CHECK(cudaGraphInstantiate(&graphs[i], g, 0));
+            KD_CUDA_CHECK(cudaGraphInstantiate(i < n_inputs ? &graphs[i] : &graphs_fused[i - n_inputs], g, 0));
             KD_CUDA_CHECK(cudaGraphDestroy(g));
         }
         const double t_graph = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
             KD_CUDA_CHECK(cudaGraphLaunch(graphs[i], ctx.stream));
+        });
+        const double t_fused = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
+            KD_CUDA_CHECK(cudaGraphLaunch(graphs_fused[i], ctx.stream));
         });
         const double t_eager = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
             moe_int4_layer(ctx, L, b, xi(i), T, true);
@@ -551,28 +584,30 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
             moe_fp32_cublas_layer(ctx, L, b, xi(i), T);
         });
         for (auto& g : graphs) cudaGraphExecDestroy(g);
-        std::printf("  T=%-2d  int4 graph %8.1f us  eager %8.1f us | fp32 cuBLAS %8.1f us  grouped %8.1f us"
-                    " | x%5.2f vs cuBLAS  x%5.2f vs grouped | nmse int4 %.1e fp32 %.1e %s\n",
-                    T, t_graph, t_eager, t_cublas, t_f32_grouped, t_cublas / t_graph, t_f32_grouped / t_graph, err_q,
-                    err_f32, ok ? "" : "FAILED");
+        for (auto& g : graphs_fused) cudaGraphExecDestroy(g);
+        std::printf("  T=%-2d int4 graph %7.1f us fused %7.1f us eager %7.1f us | fp32 cuBLAS %8.1f us grouped %8.1f us"
+                    " | x%5.2f (fused x%5.2f) vs cuBLAS, x%5.2f vs grouped | nmse int4 %.1e fp32 %.1e %s\n",
+                    T, t_graph, t_fused, t_eager, t_cublas, t_f32_grouped, t_cublas / t_graph, t_cublas / t_fused,
+                    t_f32_grouped / t_graph, err_q, err_f32, ok ? "" : "FAILED");
         std::fflush(stdout);
         JsonOut j;
         j.num("tokens", T);
-        j.num("int4_graph_us", t_graph); j.num("int4_eager_us", t_eager);
+        j.num("int4_graph_us", t_graph); j.num("int4_fused_graph_us", t_fused); j.num("int4_eager_us", t_eager);
         j.num("fp32_cublas_us", t_cublas); j.num("fp32_grouped_us", t_f32_grouped);
         j.num("speedup_int4_vs_fp32_cublas", t_cublas / t_graph);
+        j.num("speedup_int4_fused_vs_fp32_cublas", t_cublas / t_fused);
         j.num("speedup_int4_vs_fp32_grouped", t_f32_grouped / t_graph);
-        j.num("nmse_int4_vs_fp32", err_q); j.num("nmse_fp32_grouped_vs_cublas", err_f32);
+        j.num("nmse_int4_vs_fp32", err_q); j.num("nmse_fused_vs_ops", err_fused); j.num("nmse_fp32_grouped_vs_cublas", err_f32);
         j.raw("valid", ok ? "true" : "false");
         rows << (first ? "" : ",\n    ") << j.obj();
         first = false;
     }
     for (int j = 0; j < 3; ++j) {
-        cudaFree(L.w[j]); cudaFree(L.q[j]); cudaFree(L.s[j]); cudaFree(L.sw[j]); cudaFree(L.sq[j]); cudaFree(L.ss[j]);
+        cudaFree(L.w[j]); cudaFree(L.q[j]); cudaFree(L.s[j]);
     }
     cudaFree(L.gate_w); cudaFree(L.gate_b); cudaFree(xin); cudaFree(out_ref);
     for (float* p : {b.logits, b.weight, b.out, b.sh_a, b.sh_b, b.sh_y, b.xs, b.ha, b.hb, b.ys}) cudaFree(p);
-    cudaFree(b.idx); cudaFree(b.d_rows);
+    cudaFree(b.idx); cudaFree(b.idx_ext); cudaFree(b.weight_ext); cudaFree(b.d_rows);
     return rows.str();
 }
 
@@ -590,6 +625,7 @@ int main(int argc, char** argv) {
     try {
         Context ctx;
         KD_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
+        g_stream = ctx.stream;
         KD_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.num_sms, cudaDevAttrMultiProcessorCount, 0));
         if (!cublas_init(ctx)) throw std::runtime_error("bench_gpu needs cuBLAS");
         ctx.use_cublas = true;

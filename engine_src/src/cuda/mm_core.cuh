@@ -108,6 +108,42 @@ __device__ __forceinline__ int w4_smem_index(int kk) {
     return ((g * 8 + ((e >> 2) ^ (g & 7))) << 2) + (e & 3);
 }
 
+// One warp step of weights for R rows (see mm_kernel).
+template <WFmt F, int R>
+struct WStep;
+template <int R>
+struct WStep<WFmt::W4, R> {
+    uint4 q[R];
+    float s[R];
+};
+template <int R>
+struct WStep<WFmt::F32, R> {
+    float w[R][4];
+};
+
+template <WFmt F, int R>
+__device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const* qrow, const float* const* srow,
+                                          const float* const* wrow, int k, int ke, int lane, bool active) {
+    if (!active) return;
+    if constexpr (F == WFmt::W4) {
+        const int kl = k + lane * 32;
+        if (kl < ke) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                st.q[r] = ld_stream(qrow[r] + kl / 8);
+                st.s[r] = __ldg(srow[r] + kl / 32);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int kk = k + lane + 32 * u;
+#pragma unroll
+            for (int r = 0; r < R; ++r) st.w[r][u] = kk < ke ? __ldg(wrow[r] + kk) : 0.0f;
+        }
+    }
+}
+
 // Split-K: the last block of row block rb to finish adds the super-chunks in ascending order.
 template <int ROWS>
 __device__ void split_reduce(const MmParams& p, int rb) {
@@ -170,11 +206,12 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
     int staged_kc = -1, staged_mc0 = -1;
     for (int rb = blockIdx.x; rb < n_rb; rb += gridDim.x) {
         const int n0 = (rb * KD_MM_WARPS + warp) * ROWS;
+        const bool active = n0 < N;
         // Weight row pointers of this warp (rows past N are clamped for loading, never stored).
         const uint32_t* qrow[R];
         const float* srow[R];
         const float* wrow[R];
-    #pragma unroll
+#pragma unroll
         for (int r = 0; r < R; ++r) {
             const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);
             const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
@@ -185,100 +222,125 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                 wrow[r] = w.w + static_cast<long>(n) * K;
             }
         }
-        const bool active = n0 < N;
+        // The weights of one warp step: W4, a group per lane (16 bytes + its scale) per row;
+        // fp32, 4 strided words per lane per row. Loaded one step ahead of their use, so a
+        // warp always has a step of loads in flight while it computes.
+        WStep<F, R> cur, nxt;
+        load_step<F, R>(cur, qrow, srow, wrow, kb, ke, lane, active);
 
         for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
             const int mc = min(MT, m_count - mc0);
             float part[R][MT];
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < R; ++r)
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
             if (lane == 0)
                 for (int i = 0; i < R * MT; ++i) total[warp][i] = 0.0f;
 
-            for (int kc = kb; kc < ke; kc += p.kch) {
-                const int klen = min(p.kch, ke - kc);
-                if (kc != staged_kc || mc0 != staged_mc0) {
-                    __syncthreads();  // the previous chunk is no longer read
-                    for (int m = 0; m < mc; ++m) {
-                        const long prow = m_begin + mc0 + m;
-                        const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
-                        float* dst = xs + m * p.kch;
-                        for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
-                            dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+            int kc = kb;  // start of the staged chunk
+            for (int k = kb; k < ke; k += WS) {
+                if ((k - kb) % p.kch == 0) {
+                    kc = k;
+                    if (kc != staged_kc || mc0 != staged_mc0) {
+                        const int klen = min(p.kch, ke - kc);
+                        __syncthreads();  // the previous chunk is no longer read
+                        for (int m = 0; m < mc; ++m) {
+                            const long prow = m_begin + mc0 + m;
+                            const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
+                            float* dst = xs + m * p.kch;
+                            for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
+                                dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+                        }
+                        __syncthreads();
+                        staged_kc = kc;
+                        staged_mc0 = mc0;
                     }
-                    __syncthreads();
-                    staged_kc = kc;
-                    staged_mc0 = mc0;
                 }
-                if (!active) continue;
-
-                for (int k = kc; k < kc + klen; k += WS) {
+                // Next step's weights: the next k, or the first k again for the next token pass.
+                const bool last_k = k + WS >= ke;
+                if (!last_k || mc0 + MT < m_count) load_step<F, R>(nxt, qrow, srow, wrow, last_k ? kb : k + WS, ke, lane, active);
+                if (active) {
                     if constexpr (F == WFmt::W4) {
                         const int kl = k + lane * 32;  // first input of this lane's group
                         if (kl < ke) {
-                            uint4 q[R];
-                            float s[R];
-    #pragma unroll
-                            for (int r = 0; r < R; ++r) {
-                                q[r] = ld_stream(qrow[r] + kl / 8);
-                                s[r] = __ldg(srow[r] + kl / 32);
-                            }
                             const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
                             const int sw = lane & 7;
                             float g[R][MT];
-    #pragma unroll
+#pragma unroll
                             for (int r = 0; r < R; ++r)
-    #pragma unroll
+#pragma unroll
                                 for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
-    #pragma unroll
+#pragma unroll
                             for (int j = 0; j < 4; ++j) {
-                                float f[R][8];
-    #pragma unroll
-                                for (int r = 0; r < R; ++r)
-                                    dequant8(j == 0 ? q[r].x : j == 1 ? q[r].y : j == 2 ? q[r].z : q[r].w, f[r]);
-    #pragma unroll
-                                for (int m = 0; m < MT; ++m) {
-                                    if (m < mc) {
+                                if constexpr (MT <= 2) {
+                                    // Few activation rows: hold their 8 inputs, dequantise row by row.
+                                    float xv[MT][8];
+#pragma unroll
+                                    for (int m = 0; m < MT; ++m) {
                                         const float4* xm = xg + m * (p.kch / 4);
                                         const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    #pragma unroll
-                                        for (int r = 0; r < R; ++r)
-    #pragma unroll
-                                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+                                        xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
+                                        xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
+                                    }
+#pragma unroll
+                                    for (int r = 0; r < R; ++r) {
+                                        const uint4& q = cur.q[r];
+                                        float f[8];
+                                        dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f);
+#pragma unroll
+                                        for (int m = 0; m < MT; ++m)
+                                            if (m < mc)
+#pragma unroll
+                                                for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[e], xv[m][e], g[r][m]);
+                                    }
+                                } else {
+                                    // Many rows: dequantise the R rows once, stream the inputs.
+                                    float f[R][8];
+#pragma unroll
+                                    for (int r = 0; r < R; ++r) {
+                                        const uint4& q = cur.q[r];
+                                        dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f[r]);
+                                    }
+#pragma unroll
+                                    for (int m = 0; m < MT; ++m) {
+                                        if (m < mc) {
+                                            const float4* xm = xg + m * (p.kch / 4);
+                                            const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
+                                            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                                            for (int r = 0; r < R; ++r)
+#pragma unroll
+                                                for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+                                        }
                                     }
                                 }
                             }
-    #pragma unroll
+#pragma unroll
                             for (int r = 0; r < R; ++r)
-    #pragma unroll
+#pragma unroll
                                 for (int m = 0; m < MT; ++m)
-                                    if (m < mc) part[r][m] = fmaf(s[r], g[r][m], part[r][m]);
+                                    if (m < mc) part[r][m] = fmaf(cur.s[r], g[r][m], part[r][m]);
                         }
                     } else {
-    #pragma unroll
+#pragma unroll
                         for (int u = 0; u < 4; ++u) {
                             const int kk = k + lane + 32 * u;
                             if (kk < ke) {
-                                float w[R];
-    #pragma unroll
-                                for (int r = 0; r < R; ++r) w[r] = __ldg(wrow[r] + kk);
-    #pragma unroll
+#pragma unroll
                                 for (int m = 0; m < MT; ++m)
                                     if (m < mc) {
                                         const float xv = xs[m * p.kch + (kk - kc)];
-    #pragma unroll
-                                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(w[r], xv, part[r][m]);
+#pragma unroll
+                                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
                                     }
                             }
                         }
                     }
-                    if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
-    #pragma unroll
+                    if ((k + WS) % KD_MM_SCHUNK == 0 || last_k) {  // end of a super-chunk
+#pragma unroll
                         for (int r = 0; r < R; ++r)
-    #pragma unroll
+#pragma unroll
                             for (int m = 0; m < MT; ++m)
                                 if (m < mc) {
                                     const float v = warp_sum(part[r][m]);
@@ -287,14 +349,15 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                                 }
                     }
                 }
+                cur = nxt;
             }
 
             if (active && lane == 0) {
-    #pragma unroll
+#pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     const int n = n0 + r;
                     if (n >= N) continue;
-    #pragma unroll
+#pragma unroll
                     for (int m = 0; m < MT; ++m) {
                         if (m >= mc) continue;
                         const long prow = m_begin + mc0 + m;
@@ -310,7 +373,6 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                 }
             }
         }
-
         if (p.splits > 1) split_reduce<ROWS>(p, rb);
     }  // row blocks
 }

@@ -142,12 +142,16 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     down.row_out = pair_id;
     down.N = D;
     down.K = I;
+    // Token rows per pass: twice the mean number of rows an expert gets (more loop, as passes
+    // over the same weights, which L2 still holds); spares registers and staging for the
+    // common case of one or two rows per expert. The result does not depend on it.
+    const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     if (w.int4) {
-        mm_launch<WFmt::W4, true>(up, M, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<WFmt::W4, false>(down, M, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::W4, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::W4, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
     } else {
-        mm_launch<WFmt::F32, true>(up, M, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<WFmt::F32, false>(down, M, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::F32, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::F32, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
     }
 
     const long n = static_cast<long>(M) * D;

@@ -1,12 +1,12 @@
-// moe_gate.cu: noaux_tc routing, one block per row: sigmoid scores, optional group-limited
-// masking, then top_k by repeated block arg-max (ties to the lower index, as backend.h says).
+// moe_gate.cu: noaux_tc routing, one warp per row: sigmoid scores, optional group-limited
+// masking, then top_k by repeated warp arg-max (ties to the lower index, as backend.h says).
+// A warp needs no block barriers, which keeps this small op at a few microseconds.
 #include "ops.cuh"
 
 namespace kd::cuda {
 
 namespace {
 
-constexpr int kGateThreads = 128;
 
 __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits, const float* bias, int E,
                                 int top_k, int n_groups, int topk_groups, float route_scale) {
@@ -17,14 +17,15 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
     int* chosen = reinterpret_cast<int*>(sm + 2 * E + n_groups);  // [top_k]
     const int m = blockIdx.x;
     const float* l = logits + static_cast<long>(m) * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int lane = threadIdx.x;
+    for (int e = lane; e < E; e += 32) {
         s[e] = 1.0f / (1.0f + expf(-l[e]));
         sel[e] = s[e] + bias[e];
     }
-    __syncthreads();
+    __syncwarp();
     if (n_groups > 1) {
         const int gs = E / n_groups;
-        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
+        for (int g = lane; g < n_groups; g += 32) {
             const float* v = sel + g * gs;
             int b1 = 0;
             for (int e = 1; e < gs; ++e)
@@ -38,8 +39,8 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
             }
             gscore[g] = score;
         }
-        __syncthreads();
-        if (threadIdx.x == 0) {
+        __syncwarp();
+        if (lane == 0) {
             // Keep the topk_groups best groups (ties: lower group); mark a kept group by
             // moving its score to +inf so the mask pass below can read it.
             for (int k = 0; k < topk_groups; ++k) {
@@ -49,10 +50,10 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
                 gscore[best] = INFINITY;
             }
         }
-        __syncthreads();
-        for (int e = threadIdx.x; e < E; e += blockDim.x)
+        __syncwarp();
+        for (int e = lane; e < E; e += 32)
             if (gscore[e / gs] != INFINITY) sel[e] = -INFINITY;
-        __syncthreads();
+        __syncwarp();
     }
     // The j-th pick is the best entry strictly after the (j-1)-th in the order
     // (value descending, index ascending): no "taken" set needed.
@@ -61,17 +62,18 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
     for (int j = 0; j < top_k; ++j) {
         float v = -INFINITY;
         int i = 0x7fffffff;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        for (int e = lane; e < E; e += 32) {
             const float x = sel[e];
             const bool after = x < pv || (x == pv && e > pi);
             if (after && (x > v || (x == v && e < i))) { v = x; i = e; }
         }
-        block_argmax(v, i);
+        warp_argmax(v, i);
         pv = v;
         pi = i;
-        if (threadIdx.x == 0) chosen[j] = i;
+        if (lane == 0) chosen[j] = i;
     }
-    if (threadIdx.x == 0) {
+    __syncwarp();
+    if (lane == 0) {
         float total = 0.0f;
         for (int j = 0; j < top_k; ++j) total += s[chosen[j]];
         for (int j = 0; j < top_k; ++j) {
@@ -92,7 +94,7 @@ void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, co
                                  ", groups " + std::to_string(r.n_groups) + ", top_k " + std::to_string(r.top_k) + ")");
     const size_t smem = sizeof(float) * (2 * static_cast<size_t>(r.n_experts) + r.n_groups) + sizeof(int) * r.top_k;
     if (smem > 48 * 1024) throw std::runtime_error("moe_gate: too many experts for one block");
-    moe_gate_kernel<<<M, kGateThreads, smem, ctx.stream>>>(idx, weight, logits, bias, r.n_experts, r.top_k,
+    moe_gate_kernel<<<M, 32, smem, ctx.stream>>>(idx, weight, logits, bias, r.n_experts, r.top_k,
                                                            r.n_groups, r.topk_groups, r.route_scale);
     KD_CUDA_LAUNCH_CHECK("moe_gate_kernel");
 }
