@@ -32,9 +32,10 @@ def matrix_row(expected: dict, local: dict, host: dict, outputs: dict) -> dict[s
             _tokens_check("host_ddtree_vs_golden", golden, ran.get("ddtree"), margins),
             _twin_check(want, host_bundles, expected_bundles),
         ]
-        statuses = {check: status for check, status, _ in checks}
-        mismatch = next((m for _, status, m in checks if status == "failed" and m is not None), None)
-        row[name] = GoldenRecord("failed" if "failed" in statuses.values() else "passed", statuses, mismatch)
+        statuses = {check: status for check, status, _, _ in checks}
+        mismatch = next((m for _, status, m, _ in checks if status == "failed" and m is not None), None)
+        detail = "; ".join(f"{check}: {why}" for check, status, _, why in checks if status == "failed" and why)
+        row[name] = GoldenRecord("failed" if "failed" in statuses.values() else "passed", statuses, mismatch, detail)
     return row
 
 
@@ -45,7 +46,7 @@ def failures(row: dict[str, GoldenRecord]) -> list[str]:
         if rec.status != "failed":
             continue
         failed = ", ".join(c for c, s in rec.checks.items() if s == "failed")
-        where = f" (first at position {rec.mismatch.position})" if rec.mismatch else ""
+        where = f" (first at position {rec.mismatch.position})" if rec.mismatch else f" ({rec.detail})"
         lines.append(f"{name}: {failed}{where}")
     return lines
 
@@ -56,28 +57,35 @@ def _by_name(manifest: dict) -> dict[str, dict]:
         if isinstance(bundles, list) else {}
 
 
-def _manifest_check(check: str, want: dict, got: dict | None, margins) -> tuple[str, str, Mismatch | None]:
+def _manifest_check(check: str, want: dict, got: dict | None, margins):
+    """(check, status, mismatch, why): a regenerated bundle has the expected tokens and bytes."""
     if got is None:
-        return check, "failed", Mismatch(check, 0, list(want.get("golden", []))[:5], [], 0, None)
-    name, status, mismatch = _tokens_check(check, list(want.get("golden", [])), got.get("golden"), margins)
+        return check, "failed", None, "the bundle is missing from the manifest"
+    name, status, mismatch, why = _tokens_check(check, list(want.get("golden", [])), got.get("golden"), margins)
     if status == "passed" and got.get("sha256") != want.get("sha256"):
-        return name, "failed", None          # same tokens, different bytes: the weights differ
-    return name, status, mismatch
+        return name, "failed", None, (f"same tokens but different bundle bytes (sha256 {str(got.get('sha256'))[:12]}, "
+                                      f"expected {str(want.get('sha256'))[:12]})")
+    return name, status, mismatch, why
 
 
-def _tokens_check(check: str, golden: list, got, margins) -> tuple[str, str, Mismatch | None]:
-    actual = list(got) if isinstance(got, list) else []
-    mismatch = Mismatch.first(check, golden, actual, margins if isinstance(margins, list) else None)
-    return check, "failed" if mismatch else "passed", mismatch
+def _tokens_check(check: str, golden: list, got, margins):
+    """(check, status, mismatch, why): `got` equals the golden tokens."""
+    if not isinstance(got, list):
+        return check, "failed", None, "no tokens"
+    mismatch = Mismatch.first(check, golden, list(got), margins if isinstance(margins, list) else None)
+    return check, "failed" if mismatch else "passed", mismatch, ""
 
 
-def _twin_check(want: dict, host_bundles: dict, expected_bundles: dict) -> tuple[str, str, None]:
+def _twin_check(want: dict, host_bundles: dict, expected_bundles: dict):
+    """(check, status, None, why): an INT4 bundle's golden tokens differ from its FP32 twin's."""
     check = "int4_differs_from_fp32"
     if want.get("quant") != "int4":
-        return check, "skipped", None
+        return check, "skipped", None, ""
     twin = next((b for b in expected_bundles.values()
                  if b.get("config") == want.get("config") and b.get("quant") == "fp32"), None)
     mine, theirs = host_bundles.get(want["name"]), host_bundles.get(twin["name"]) if twin else None
     if mine is None or theirs is None:
-        return check, "failed", None
-    return check, "failed" if mine.get("golden") == theirs.get("golden") else "passed", None
+        return check, "failed", None, "no FP32 twin to compare with"
+    if mine.get("golden") == theirs.get("golden"):
+        return check, "failed", None, "the INT4 golden tokens equal the FP32 ones: the quantization left no trace"
+    return check, "passed", None, ""

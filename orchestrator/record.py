@@ -21,7 +21,8 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                          "log": "<host>/<step>.log", "message", "tail"}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
-                                                "window_start", "margin"}}},
+                                                "window_start", "margin"},
+                            "detail": "what failed, when no token position says it"}},
         "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower"}}, "details": {...}}}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
@@ -166,6 +167,7 @@ class GoldenRecord:
     status: str
     checks: dict[str, str] = field(default_factory=dict)
     mismatch: Mismatch | None = None
+    detail: str = ""
 
 
 @dataclass

@@ -215,6 +215,7 @@ def _golden_view(golden: Any, secrets: list[str]) -> dict:
         "checks": [(text(c, 60, secrets), _status(checks.get(c), ("passed", "failed", "skipped")))
                    for c in _unique([*GOLDEN_CHECKS, *checks]) if c in checks],
         "mismatch": _mismatch_view(golden.get("mismatch"), secrets),
+        "detail": text(golden.get("detail") or "", 300, secrets),
     }
 
 
