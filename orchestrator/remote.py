@@ -22,7 +22,10 @@ from .inventory import Host
 KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
 CLIENT_GRACE = 15        # the client waits this long past TIMEOUT + KILL_AFTER before giving up
 TIMEOUT_EXIT_CODES = (124, 137)
-INHERITED_ENV = ('HOME="$HOME"', 'USER="$USER"', 'LOGNAME="$LOGNAME"', 'LANG="${LANG:-C.UTF-8}"')
+# What a step keeps of the host's own session environment. LD_LIBRARY_PATH stays: GPU hosts
+# commonly reach the driver's and CUDA's libraries through it (the host's setting, not ours).
+INHERITED_ENV = ('HOME="$HOME"', 'USER="$USER"', 'LOGNAME="$LOGNAME"', 'LANG="${LANG:-C.UTF-8}"',
+                 'LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"')
 
 
 def quote(argv: Sequence[str]) -> str:

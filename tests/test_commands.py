@@ -15,7 +15,7 @@ from orchestrator.transport import LocalTransport, SshTransport
 CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", address="ct200", user="root",
              cuda_home="/usr/local/cuda-13.0", python="/root/venv_sglang211/bin/python", arch="sm_120", gpus=8,
              known_hosts="/repo/known_hosts")
-ENV = 'exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}"'
+ENV = 'exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"'
 
 
 def test_step_command():

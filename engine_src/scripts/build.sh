@@ -47,7 +47,8 @@ if [[ "$backend" == cuda ]]; then
     cxxflags="$cxxflags -DKD_WITH_CUDA"
     cc="${arch#sm_}"
     nvccflags="-O2 -std=c++17 -DKD_WITH_CUDA -gencode arch=compute_${cc},code=sm_${cc}"
-    if [[ -f "$CUDA_HOME/include/cublas_v2.h" ]]; then cublas=true; libs="-lcublas"; fi
+    # rpath: the binary finds cuBLAS under CUDA_HOME without LD_LIBRARY_PATH (steps run with a clean env).
+    if [[ -f "$CUDA_HOME/include/cublas_v2.h" ]]; then cublas=true; libs="-lcublas -Xlinker -rpath -Xlinker $CUDA_HOME/lib64"; fi
 fi
 cxx_version="$("$CXX" --version | head -n1)"
 nvcc_version="none"
