@@ -35,8 +35,9 @@ namespace kd::cuda {
 constexpr int KD_MM_WARPS = 8;
 constexpr int KD_MM_THREADS = 32 * KD_MM_WARPS;
 constexpr int KD_MM_SCHUNK = 2048;       // inputs per super-chunk (a multiple of both warp steps)
-constexpr int KD_MM_STAGE = 1024;        // staged K chunks are multiples of this
 constexpr int KD_MM_SMEM_FLOATS = 16384; // activation staging budget (64 KiB)
+constexpr int KD_MM_MAX_RB = 8;         // row blocks one block may own (their totals sit in shared memory)
+constexpr int KD_MM_MAX_PASS = 8;       // activation rows per pass (more rows: more passes)
 
 enum class WFmt { W4, F32 };
 
@@ -55,7 +56,7 @@ struct MmParams {
     long ldy = 0;
     const float* bias = nullptr;  // [N] or null
     int M = 0, N = 0, K = 0;
-    int kch = 0;                  // staged K chunk (multiple of KD_MM_STAGE)
+    int kch = 0;                  // staged K chunk (multiple of KD_MM_SCHUNK)
     // Grouped mode (slot_expert != null): blockIdx.y is a slot; its rows are
     // [slot_start[slot], slot_start[slot + 1]) of a sorted (expert, token) pair list.
     const int* slot_expert = nullptr;
@@ -75,10 +76,11 @@ __host__ __device__ constexpr int mm_rows_per_warp(int mt) { return mt <= 2 ? 4 
 template <WFmt F>
 __host__ __device__ constexpr int mm_warp_step() { return F == WFmt::W4 ? 1024 : 128; }
 
-// Staged K chunk for MT activation rows and a K range of klen inputs.
+// Staged K chunk for MT activation rows and a K range of klen inputs: a multiple of the
+// super-chunk (so a super-chunk never spans two chunks), as much of K as the budget holds.
 inline int mm_stage_chunk(int mt, int klen) {
-    const int budget = std::max(KD_MM_STAGE, KD_MM_SMEM_FLOATS / mt / KD_MM_STAGE * KD_MM_STAGE);
-    const int need = (klen + KD_MM_STAGE - 1) / KD_MM_STAGE * KD_MM_STAGE;
+    const int budget = KD_MM_SMEM_FLOATS / mt / KD_MM_SCHUNK * KD_MM_SCHUNK;
+    const int need = (klen + KD_MM_SCHUNK - 1) / KD_MM_SCHUNK * KD_MM_SCHUNK;
     return std::min(budget, need);
 }
 
@@ -123,8 +125,7 @@ struct WStep<WFmt::F32, R> {
 
 template <WFmt F, int R>
 __device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const* qrow, const float* const* srow,
-                                          const float* const* wrow, int k, int ke, int lane, bool active) {
-    if (!active) return;
+                                          const float* const* wrow, int k, int ke, int lane) {
     if constexpr (F == WFmt::W4) {
         const int kl = k + lane * 32;
         if (kl < ke) {
@@ -140,6 +141,88 @@ __device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const
             const int kk = k + lane + 32 * u;
 #pragma unroll
             for (int r = 0; r < R; ++r) st.w[r][u] = kk < ke ? __ldg(wrow[r] + kk) : 0.0f;
+        }
+    }
+}
+
+// One warp step: adds this lane's share of the step's inputs into part (see mm_kernel for
+// the order). W4: one group of 32 inputs per lane; fp32: 4 strided inputs per lane.
+template <WFmt F, int MT, int R>
+__device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>& cur, const float* xs, int kch, int k,
+                                        int kc, int ke, int mc, int lane) {
+    if constexpr (F == WFmt::W4) {
+        const int kl = k + lane * 32;  // first input of this lane's group
+        if (kl >= ke) return;
+        const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
+        const int sw = lane & 7;
+        float g[R][MT];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if constexpr (MT <= 2) {
+                // Few activation rows: hold their 8 inputs, dequantise row by row.
+                float xv[MT][8];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const float4* xm = xg + m * (kch / 4);
+                    const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
+                    xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
+                    xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const uint4& q = cur.q[r];
+                    float f[8];
+                    dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f);
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+                        if (m < mc)
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[e], xv[m][e], g[r][m]);
+                }
+            } else {
+                // More rows: dequantise the R rows once, stream the inputs.
+                float f[R][8];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const uint4& q = cur.q[r];
+                    dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f[r]);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    if (m < mc) {
+                        const float4* xm = xg + m * (kch / 4);
+                        const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                if (m < mc) part[r][m] = fmaf(cur.s[r], g[r][m], part[r][m]);
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int kk = k + lane + 32 * u;
+            if (kk < ke) {
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+                    if (m < mc) {
+                        const float xv = xs[m * kch + (kk - kc)];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
+                    }
+            }
         }
     }
 }
@@ -170,9 +253,9 @@ template <WFmt F, int MT, int R, bool GLU>
 __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmParams p) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
-    // Row totals live in shared memory (written and read by lane 0 only): registers go to the
-    // loads in flight. R * MT <= 32.
-    __shared__ float total[KD_MM_WARPS][32];
+    // Row totals of every row block this block owns (written and read by lane 0 of the warp
+    // only): registers go to the loads in flight. R * MT <= 32.
+    __shared__ float total[KD_MM_MAX_RB][KD_MM_WARPS][32];
     constexpr int WS = mm_warp_step<F>();
     constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -199,160 +282,93 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
         kb = blockIdx.y * KD_MM_SCHUNK;
         ke = min(K, kb + KD_MM_SCHUNK);
     }
-
-    // Blocks loop over row blocks so that, when one staged chunk holds all of K and all rows,
-    // the activations are staged once per block rather than once per row block.
+    // This block owns row blocks blockIdx.x + i * gridDim.x, i < n_my (<= KD_MM_MAX_RB). For each
+    // token pass and each staged chunk of K, it streams the weights of all of them: activations
+    // are staged once per chunk, whatever the number of row blocks.
     const int n_rb = (N + KD_MM_WARPS * ROWS - 1) / (KD_MM_WARPS * ROWS);
-    int staged_kc = -1, staged_mc0 = -1;
-    for (int rb = blockIdx.x; rb < n_rb; rb += gridDim.x) {
-        const int n0 = (rb * KD_MM_WARPS + warp) * ROWS;
-        const bool active = n0 < N;
-        // Weight row pointers of this warp (rows past N are clamped for loading, never stored).
-        const uint32_t* qrow[R];
-        const float* srow[R];
-        const float* wrow[R];
+    const int n_my = blockIdx.x < n_rb ? (n_rb - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const auto first_row = [&](int i) { return ((blockIdx.x + i * gridDim.x) * KD_MM_WARPS + warp) * ROWS; };
+    // The weights of warp step k of owned row block i.
+    const auto load = [&](int i, int k) {
+        WStep<F, R> st;
+        const int n0 = first_row(i);
+        if (n0 < N) {
+            const uint32_t* qrow[R];
+            const float* srow[R];
+            const float* wrow[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);
-            const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
-            if constexpr (F == WFmt::W4) {
-                qrow[r] = w.q + static_cast<long>(n) * (K / 8);
-                srow[r] = w.s + static_cast<long>(n) * (K / 32);
-            } else {
-                wrow[r] = w.w + static_cast<long>(n) * K;
-            }
-        }
-        // The weights of one warp step: W4, a group per lane (16 bytes + its scale) per row;
-        // fp32, 4 strided words per lane per row. Loaded one step ahead of their use, so a
-        // warp always has a step of loads in flight while it computes.
-        WStep<F, R> cur, nxt;
-        load_step<F, R>(cur, qrow, srow, wrow, kb, ke, lane, active);
-
-        for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
-            const int mc = min(MT, m_count - mc0);
-            float part[R][MT];
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
-            if (lane == 0)
-                for (int i = 0; i < R * MT; ++i) total[warp][i] = 0.0f;
-
-            int kc = kb;  // start of the staged chunk
-            for (int k = kb; k < ke; k += WS) {
-                if ((k - kb) % p.kch == 0) {
-                    kc = k;
-                    if (kc != staged_kc || mc0 != staged_mc0) {
-                        const int klen = min(p.kch, ke - kc);
-                        __syncthreads();  // the previous chunk is no longer read
-                        for (int m = 0; m < mc; ++m) {
-                            const long prow = m_begin + mc0 + m;
-                            const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
-                            float* dst = xs + m * p.kch;
-                            for (int kk = threadIdx.x; kk < klen; kk += KD_MM_THREADS)
-                                dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
-                        }
-                        __syncthreads();
-                        staged_kc = kc;
-                        staged_mc0 = mc0;
-                    }
+            for (int r = 0; r < R; ++r) {
+                const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
+                const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
+                if constexpr (F == WFmt::W4) {
+                    qrow[r] = w.q + static_cast<long>(n) * (K / 8);
+                    srow[r] = w.s + static_cast<long>(n) * (K / 32);
+                } else {
+                    wrow[r] = w.w + static_cast<long>(n) * K;
                 }
-                // Next step's weights: the next k, or the first k again for the next token pass.
-                const bool last_k = k + WS >= ke;
-                if (!last_k || mc0 + MT < m_count) load_step<F, R>(nxt, qrow, srow, wrow, last_k ? kb : k + WS, ke, lane, active);
-                if (active) {
-                    if constexpr (F == WFmt::W4) {
-                        const int kl = k + lane * 32;  // first input of this lane's group
-                        if (kl < ke) {
-                            const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
-                            const int sw = lane & 7;
-                            float g[R][MT];
+            }
+            load_step<F, R>(st, qrow, srow, wrow, k, ke, lane);
+        }
+        return st;
+    };
+
+    // The weights of one warp step are loaded one step ahead of their use (the step sequence
+    // runs over token passes, chunks, row blocks, then K), so a warp always has loads in flight.
+    WStep<F, R> cur{};
+    if (n_my > 0) cur = load(0, kb);
+    for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
+        const int mc = min(MT, m_count - mc0);
+        if (lane == 0)
+            for (int i = 0; i < n_my; ++i)
+                for (int j = 0; j < R * MT; ++j) total[i][warp][j] = 0.0f;
+        for (int kc = kb; kc < ke; kc += p.kch) {
+            const int kc_end = min(ke, kc + p.kch);
+            __syncthreads();  // the previous chunk is no longer read
+            for (int m = 0; m < mc; ++m) {
+                const long prow = m_begin + mc0 + m;
+                const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
+                float* dst = xs + m * p.kch;
+                for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS)
+                    dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+            }
+            __syncthreads();
+            for (int i = 0; i < n_my; ++i) {
+                const int n0 = first_row(i);
+                float part[R][MT];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) part[r][m] = 0.0f;
+                for (int k = kc; k < kc_end; k += WS) {
+                    // The next step: next k, next row block, next chunk, next token pass.
+                    int ni = i, nk = k + WS;
+                    if (nk >= kc_end) {
+                        ni = i + 1 < n_my ? i + 1 : 0;
+                        nk = i + 1 < n_my ? kc : kc_end < ke ? kc_end : mc0 + MT < m_count ? kb : -1;
+                    }
+                    const WStep<F, R> nxt = nk >= 0 ? load(ni, nk) : cur;
+                    if (n0 < N) {
+                        mm_step<F, MT, R>(part, cur, xs, p.kch, k, kc, ke, mc, lane);
+                        if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
 #pragma unroll
                             for (int r = 0; r < R; ++r)
-#pragma unroll
-                                for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
-#pragma unroll
-                            for (int j = 0; j < 4; ++j) {
-                                if constexpr (MT <= 2) {
-                                    // Few activation rows: hold their 8 inputs, dequantise row by row.
-                                    float xv[MT][8];
-#pragma unroll
-                                    for (int m = 0; m < MT; ++m) {
-                                        const float4* xm = xg + m * (p.kch / 4);
-                                        const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                                        xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
-                                        xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
-                                    }
-#pragma unroll
-                                    for (int r = 0; r < R; ++r) {
-                                        const uint4& q = cur.q[r];
-                                        float f[8];
-                                        dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f);
-#pragma unroll
-                                        for (int m = 0; m < MT; ++m)
-                                            if (m < mc)
-#pragma unroll
-                                                for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[e], xv[m][e], g[r][m]);
-                                    }
-                                } else {
-                                    // Many rows: dequantise the R rows once, stream the inputs.
-                                    float f[R][8];
-#pragma unroll
-                                    for (int r = 0; r < R; ++r) {
-                                        const uint4& q = cur.q[r];
-                                        dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f[r]);
-                                    }
-#pragma unroll
-                                    for (int m = 0; m < MT; ++m) {
-                                        if (m < mc) {
-                                            const float4* xm = xg + m * (p.kch / 4);
-                                            const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                                            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                                            for (int r = 0; r < R; ++r)
-#pragma unroll
-                                                for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
-                                        }
-                                    }
-                                }
-                            }
-#pragma unroll
-                            for (int r = 0; r < R; ++r)
-#pragma unroll
-                                for (int m = 0; m < MT; ++m)
-                                    if (m < mc) part[r][m] = fmaf(cur.s[r], g[r][m], part[r][m]);
-                        }
-                    } else {
-#pragma unroll
-                        for (int u = 0; u < 4; ++u) {
-                            const int kk = k + lane + 32 * u;
-                            if (kk < ke) {
 #pragma unroll
                                 for (int m = 0; m < MT; ++m)
                                     if (m < mc) {
-                                        const float xv = xs[m * p.kch + (kk - kc)];
-#pragma unroll
-                                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
+                                        const float v = warp_sum(part[r][m]);
+                                        if (lane == 0) total[i][warp][r * MT + m] += v;
+                                        part[r][m] = 0.0f;
                                     }
-                            }
                         }
                     }
-                    if ((k + WS) % KD_MM_SCHUNK == 0 || last_k) {  // end of a super-chunk
-#pragma unroll
-                        for (int r = 0; r < R; ++r)
-#pragma unroll
-                            for (int m = 0; m < MT; ++m)
-                                if (m < mc) {
-                                    const float v = warp_sum(part[r][m]);
-                                    if (lane == 0) total[warp][r * MT + m] += v;
-                                    part[r][m] = 0.0f;
-                                }
-                    }
+                    cur = nxt;
                 }
-                cur = nxt;
             }
-
-            if (active && lane == 0) {
+        }
+        if (lane == 0) {
+            for (int i = 0; i < n_my; ++i) {
+                const int n0 = first_row(i);
+                const float* t = total[i][warp];
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     const int n = n0 + r;
@@ -362,9 +378,8 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                         if (m >= mc) continue;
                         const long prow = m_begin + mc0 + m;
                         if (p.splits > 1) {
-                            p.ws[(static_cast<long>(blockIdx.y) * p.M + prow) * N + n] = total[warp][r * MT + m];
+                            p.ws[(static_cast<long>(blockIdx.y) * p.M + prow) * N + n] = t[r * MT + m];
                         } else {
-                            const float* t = total[warp];
                             float v = GLU ? silu_mul_f(t[r * MT + m], t[(r + ROWS) * MT + m]) : t[r * MT + m];
                             if (p.bias) v += p.bias[n];
                             p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
@@ -373,13 +388,14 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                 }
             }
         }
-        if (p.splits > 1) split_reduce<ROWS>(p, rb);
-    }  // row blocks
+    }
+    if (p.splits > 1)
+        for (int i = 0; i < n_my; ++i) split_reduce<ROWS>(p, blockIdx.x + i * gridDim.x);
 }
 
 // Rows per pass for a call whose largest row count is max_rows.
 inline int mm_pass_rows(int max_rows) {
-    return max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : max_rows <= 4 ? 4 : max_rows <= 8 ? 8 : 16;
+    return max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : max_rows <= 4 ? 4 : KD_MM_MAX_PASS;
 }
 
 // Split-K when the row blocks alone would leave SMs idle; every super-chunk then gets a block.
@@ -390,7 +406,7 @@ inline int mm_split_count(int num_sms, int N, int K, int max_rows) {
     return ceil_div(N, rows_per_block) < num_sms && super_chunks > 1 ? super_chunks : 1;
 }
 
-// Launches mm_kernel for MT activation rows per pass (1, 2, 4, 8 or 16; more rows loop).
+// Launches mm_kernel for MT activation rows per pass (1, 2, 4 or 8; more rows take more passes).
 // grid.y: slots (grouped) or splits (split-K), else 1.
 template <WFmt F, int MT, bool GLU>
 void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t stream) {
@@ -404,11 +420,13 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
                                            static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
         configured = true;
     }
-    // One resident wave of blocks; each loops over row blocks (see mm_kernel).
+    // One resident wave of blocks, each owning several row blocks (see mm_kernel), but never
+    // more than KD_MM_MAX_RB of them.
     int per_sm = 0;
     KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
     const int n_rb = ceil_div(p.N, KD_MM_WARPS * ROWS);
-    const int grid_x = std::max(1, std::min(n_rb, std::max(1, per_sm) * num_sms / grid_y));
+    const int wave = std::max(1, std::max(1, per_sm) * num_sms / grid_y);
+    const int grid_x = std::min(n_rb, std::max(wave, ceil_div(n_rb, KD_MM_MAX_RB)));
     kernel<<<dim3(grid_x, grid_y), KD_MM_THREADS, smem, stream>>>(p);
     KD_CUDA_LAUNCH_CHECK("mm_kernel");
 }
@@ -421,8 +439,7 @@ void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t s
         case 1: mm_launch_mt<F, 1, GLU>(p, grid_y, num_sms, stream); break;
         case 2: mm_launch_mt<F, 2, GLU>(p, grid_y, num_sms, stream); break;
         case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, num_sms, stream); break;
-        case 8: mm_launch_mt<F, 8, GLU>(p, grid_y, num_sms, stream); break;
-        default: mm_launch_mt<F, 16, GLU>(p, grid_y, num_sms, stream); break;
+        default: mm_launch_mt<F, KD_MM_MAX_PASS, GLU>(p, grid_y, num_sms, stream); break;
     }
 }
 
