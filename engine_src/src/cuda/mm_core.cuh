@@ -420,13 +420,14 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
                                            static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
         configured = true;
     }
-    // One resident wave of blocks, each owning several row blocks (see mm_kernel), but never
-    // more than KD_MM_MAX_RB of them.
+    // At most one resident wave of blocks, each owning the same number of row blocks (see
+    // mm_kernel; at most KD_MM_MAX_RB): equal work keeps every block streaming to the end.
     int per_sm = 0;
     KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
     const int n_rb = ceil_div(p.N, KD_MM_WARPS * ROWS);
     const int wave = std::max(1, std::max(1, per_sm) * num_sms / grid_y);
-    const int grid_x = std::min(n_rb, std::max(wave, ceil_div(n_rb, KD_MM_MAX_RB)));
+    const int rounds = std::min(KD_MM_MAX_RB, ceil_div(n_rb, wave));
+    const int grid_x = ceil_div(n_rb, rounds);
     kernel<<<dim3(grid_x, grid_y), KD_MM_THREADS, smem, stream>>>(p);
     KD_CUDA_LAUNCH_CHECK("mm_kernel");
 }
