@@ -6,11 +6,16 @@ POSIX shell. Values (paths, environment, arguments) are quoted with shlex.quote 
 the engine's trusted snippets are passed as one quoted argument to `bash -c`, never spliced.
 
     cd -- DIR && exec env -i HOME="$HOME" ... PATH=CUDA/bin:"$PATH" KEY=VALUE ... \
-        setsid -w timeout -k KILL_AFTER TIMEOUT ARGV...
+        bash -c GUARD kdtree-step KILL_AFTER TIMEOUT ARGV...
 
-`setsid -w` starts a new session (own process group) and waits for it; coreutils `timeout`
-signals the whole group (TERM, then KILL after KILL_AFTER seconds), so nothing the step
-started outlives its timeout. Exit status 124 (or 137 after KILL) means the timeout fired.
+GUARD starts `setsid -w timeout -k KILL_AFTER TIMEOUT ARGV...`: a new session (own process
+group) that coreutils `timeout` signals as a whole (TERM, then KILL after KILL_AFTER seconds),
+so nothing the step started outlives its timeout (exit status 124, or 137 after KILL). GUARD
+also stops that process group when the command's stdin reaches its end: the client keeps stdin
+open while it waits, so closing the channel, a dead client or a lost connection stops the step
+on the host too (closing an ssh channel alone does not); and when the step ends, whatever it
+left running in its group is killed. A command that reads data from stdin (`reads_stdin=True`)
+runs without GUARD, under the timeout only.
 """
 from __future__ import annotations
 
@@ -52,17 +57,20 @@ def host_path_prefix(host: Host) -> tuple[str, ...]:
 
 def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
          env: Mapping[str, str] | None = None, path_prefix: Sequence[str] = (),
-         kill_after: float = KILL_AFTER) -> str:
+         kill_after: float = KILL_AFTER, reads_stdin: bool = False) -> str:
     """`argv` as a command line run in `cwd` with only the inherited basics plus `env`,
-    `path_prefix` first on PATH, in its own session, killed (whole group) after `timeout`."""
+    `path_prefix` first on PATH, in its own session, killed (whole group) after `timeout` or
+    when its stdin closes (unless it `reads_stdin`); timeout None: none of this, just `argv`."""
     for key in (env or {}):
         if not key.isidentifier():
             raise ValueError(f"not an environment variable name: {key!r}")
     path = 'PATH=' + (shlex.quote(":".join(path_prefix) + ":") if path_prefix else "") + '"$PATH"'
     parts = ["exec env -i", *INHERITED_ENV, path]
     parts += [shlex.quote(f"{k}={v}") for k, v in (env or {}).items()]
-    if timeout is not None:
+    if timeout is not None and reads_stdin:
         parts += ["setsid -w timeout -k", _seconds(kill_after), _seconds(timeout)]
+    elif timeout is not None:
+        parts += ["bash -c", shlex.quote(GUARD), "kdtree-step", _seconds(kill_after), _seconds(timeout)]
     parts.append(quote(argv))
     line = " ".join(parts)
     return f"cd -- {shlex.quote(cwd)} && {line}" if cwd else line
@@ -74,9 +82,10 @@ def step_command(host: Host, snippet: str, timeout: float) -> str:
                 env=host_env(host), path_prefix=host_path_prefix(host))
 
 
-def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None) -> str:
+def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None,
+                   reads_stdin: bool = False) -> str:
     """One of the orchestrator's own bash scripts, its values passed as positional arguments."""
-    return wrap(["bash", "-c", script, "kdtree", *args], timeout=timeout, cwd=cwd)
+    return wrap(["bash", "-c", script, "kdtree", *args], timeout=timeout, cwd=cwd, reads_stdin=reads_stdin)
 
 
 def client_timeout(timeout: float) -> float:
@@ -91,3 +100,19 @@ def is_timeout(exit_code: int | None, seconds: float, timeout: float | None) -> 
 
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a background
+# watcher reads our stdin (fd 3) and stops the step's process group when it ends; whatever the
+# step left in its group when it ends is killed too.
+GUARD = r'''exec 3<&0 0</dev/null
+setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
+step=$!
+{ read -r _ <&3; kill -TERM -- "-$step"; } >/dev/null 2>&1 &
+guard=$!
+exec 3<&-
+wait "$step"
+rc=$?
+kill "$guard" 2>/dev/null
+kill -KILL -- "-$step" 2>/dev/null
+exit "$rc"'''

@@ -148,7 +148,7 @@ def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -
 
 def finish_command(remote_dir: str) -> str:
     """Stores the deploy record (stdin) and clears the in-progress mark."""
-    return remote.script_command(_FINISH_SCRIPT, remote_dir, timeout=60)
+    return remote.script_command(_FINISH_SCRIPT, remote_dir, timeout=60, reads_stdin=True)
 
 
 def is_excluded(path: str, is_dir: bool, patterns) -> bool:
@@ -204,7 +204,7 @@ def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> 
     gone = sorted((p for p, (kind, _, _) in listing.items() if p not in local
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:
-        transport.check(remote.script_command(_DELETE_SCRIPT, host.remote_dir, timeout=timeout),
+        transport.check(remote.script_command(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, reads_stdin=True),
                         timeout=remote.client_timeout(timeout), what="deleting removed files",
                         stdin=b"".join(p.encode() + b"\0" for p in gone))
     with tempfile.TemporaryFile() as stream:
@@ -215,7 +215,7 @@ def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> 
                 tar.add(project.source / path, arcname=path, recursive=False)
         size = stream.tell()
         stream.seek(0)
-        transport.check(remote.script_command(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout),
+        transport.check(remote.script_command(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout, reads_stdin=True),
                         timeout=remote.client_timeout(timeout), what="extracting the tar stream", stdin=stream)
     return {"files": len(changed), "bytes": size, "deleted": len(gone)}
 

@@ -230,8 +230,8 @@ class LocalTransport(Transport):
     """Commands run with bash on this machine, in their own session."""
 
     def _exec(self, command, stdin, sink, deadline):
-        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         feeder = _feed(stdin, lambda data: (proc.stdin.write(data), proc.stdin.flush()), proc.stdin.close) \
             if stdin else None
         fd = proc.stdout.fileno()
@@ -257,6 +257,8 @@ class LocalTransport(Transport):
             proc.stdout.close()
             if feeder:
                 feeder.join(1)
+            else:
+                _close(proc.stdin)      # the end of stdin stops a guarded command (remote.GUARD)
 
 
 class SshTransport(Transport):
@@ -405,9 +407,8 @@ class SshTransport(Transport):
         with chan:
             chan.set_combine_stderr(True)
             chan.exec_command(command)
-            feeder = _feed(stdin, chan.sendall, chan.shutdown_write) if stdin else None
-            if feeder is None:
-                chan.shutdown_write()
+            if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
+                _feed(stdin, chan.sendall, chan.shutdown_write)
             while True:
                 wait = _remaining(deadline)
                 if wait is not None and wait <= 0:
@@ -566,6 +567,13 @@ def _feed(source, write, done) -> threading.Thread:
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
     return thread
+
+
+def _close(stream) -> None:
+    try:
+        stream.close()
+    except OSError:
+        pass
 
 
 def _remaining(deadline: float | None) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
+import shlex
 
 import pytest
 
@@ -16,19 +16,21 @@ CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", ad
              cuda_home="/usr/local/cuda-13.0", python="/root/venv_sglang211/bin/python", arch="sm_120", gpus=8,
              known_hosts="/repo/known_hosts")
 ENV = 'exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"'
+GUARD = "bash -c " + shlex.quote(remote.GUARD) + " kdtree-step"
 
 
 def test_step_command():
     assert remote.step_command(CT200, "bash scripts/build.sh", 900) == (
         f"cd -- /root/kdtree-engine && {ENV} PATH=/usr/local/cuda-13.0/bin:\"$PATH\" "
         "CUDA_HOME=/usr/local/cuda-13.0 PYTHON=/root/venv_sglang211/bin/python KD_BACKEND=auto KD_ARCH=sm_120 "
-        "setsid -w timeout -k 10 900 bash -c 'bash scripts/build.sh'")
+        f"{GUARD} 10 900 bash -c 'bash scripts/build.sh'")
 
 
 def test_wrap_quotes_every_value_once():
     assert remote.wrap(["echo", "a b", "$(x)"], timeout=1.5, cwd="/srv/with space", env={"K": "it's"}) == (
         f"cd -- '/srv/with space' && {ENV} PATH=\"$PATH\" 'K=it'\"'\"'s' "
-        "setsid -w timeout -k 10 1.5 echo 'a b' '$(x)'")
+        f"{GUARD} 10 1.5 echo 'a b' '$(x)'")
+    assert remote.wrap(["cat"], timeout=3, reads_stdin=True) == f'{ENV} PATH="$PATH" setsid -w timeout -k 10 3 cat'
     assert remote.wrap(["true"], timeout=None) == f'{ENV} PATH="$PATH" true'
     with pytest.raises(ValueError):
         remote.wrap(["true"], timeout=1, env={"A;B": "x"})
@@ -37,10 +39,10 @@ def test_wrap_quotes_every_value_once():
 def test_hostile_values_reach_the_command_literally(tmp_path):
     canary = tmp_path / "canary"
     hostile = f"$(touch {canary}); `touch {canary}` | touch {canary} \n-x 'q\""
+    local = LocalTransport(Host(name="local", transport="local", remote_dir=str(tmp_path)))
     for command in (remote.wrap(["printf", "%s", hostile], timeout=5, cwd=str(tmp_path)),
                     remote.wrap(["bash", "-c", 'printf "%s" "$KD_ARCH"'], timeout=5, env={"KD_ARCH": hostile})):
-        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
-        assert out.stdout == hostile
+        assert local.run(command, timeout=10).tail == hostile
     assert not canary.exists()
 
 
@@ -86,7 +88,7 @@ def test_deploy_commands_in_order(make_inventory):
         "host: write the deploy record, clear the in-progress mark"]
     assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
                                 f"'{state._marker_text(owner)}'".replace("orchestrator's", "orchestrator'\"'\"'s"))
-    assert steps[3][1].endswith("setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'")
+    assert steps[3][1].endswith("kdtree-step 10 300 bash -c 'bash scripts/tree_hash.sh'")
 
 
 @pytest.mark.parametrize("path, is_dir, excluded", [

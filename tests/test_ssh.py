@@ -38,14 +38,37 @@ def test_timeout_kills_the_whole_process_group_on_the_host(h1, lab):
     start = time.monotonic()
     result = h1.run(remote.wrap(["bash", "-c", script], timeout=1, kill_after=1), timeout=20)
     assert result.timed_out and result.exit_code == 124 and time.monotonic() - start < 5
+    assert left_on_host(f"sleep [345]{marker}") == ""
+
+
+def left_on_host(pattern: str) -> str:
     time.sleep(0.3)
-    left = subprocess.run(["pgrep", "-f", f"sleep [345]{marker}"], capture_output=True, text=True).stdout
-    assert left == ""
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
 
 
-def test_client_timeout_when_the_host_does_not_answer(h1):
-    result = h1.run("sleep 30", timeout=1)
+def test_client_timeout_stops_the_command_on_the_host(h1):
+    marker = f"78{os.getpid() % 1000:03d}"
+    result = h1.run(remote.wrap(["bash", "-c", f"sleep 6{marker}; sleep 7{marker}"], timeout=60), timeout=1)
     assert result.timed_out and result.exit_code is None and result.seconds < 3
+    assert left_on_host(f"sleep [67]{marker}") == ""
+
+
+def test_a_dead_client_leaves_nothing_running_on_the_host(h1):
+    marker = f"79{os.getpid() % 1000:03d}"
+    command = remote.wrap(["bash", "-c", f"echo started; sleep 6{marker}"], timeout=60)
+    client = subprocess.Popen(h1.ssh_argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline() == "started\n"
+    assert left_on_host(f"sleep 6{marker}") != ""
+    client.kill()
+    client.wait()
+    assert left_on_host(f"sleep 6{marker}") == ""
+
+
+def test_what_a_step_leaves_behind_is_killed_when_it_ends(h1):
+    marker = f"80{os.getpid() % 1000:03d}"
+    result = h1.run(remote.wrap(["bash", "-c", f"(sleep 6{marker} &); echo done"], timeout=60), timeout=20)
+    assert result.ok and result.tail == "done\n"
+    assert left_on_host(f"sleep 6{marker}") == ""
 
 
 def test_unknown_host_key_is_refused_before_anything_runs(lab, make_inventory, tmp_path):
