@@ -10,23 +10,22 @@ and routing margin far above FP32 rounding, and the drafter fit is rounded befor
 expected one and exits 1 naming the first difference.
 """
 
+import argparse
+import hashlib
+import json
 import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 # The matrices are tiny: BLAS threads only add contention (and this runs beside other work).
+# Set before NumPy loads its BLAS.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import numpy as np  # noqa: E402
-
 from kdtree_ref import ddtree, kdtr, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, Trajectory, Transformer, generate  # noqa: E402
@@ -153,6 +152,7 @@ def degenerate(tokens) -> str | None:
 
 
 def robust(margins: np.ndarray) -> bool:
+    """Whether minimum (logit, route, group) margins all clear the golden thresholds."""
     logit, route, group = margins
     return logit >= MIN_LOGIT_MARGIN and route >= MIN_ROUTE_MARGIN and group >= MIN_GROUP_MARGIN
 
@@ -165,6 +165,8 @@ def prompts_from(args: ModelArgs, purpose: str, count: int, first: int = 0) -> n
 
 @dataclass
 class Golden:
+    """The chosen golden prompt and the FP32 and INT4 greedy trajectories after it."""
+
     prompt: np.ndarray
     candidate: int
     fp32: Trajectory
@@ -201,7 +203,7 @@ def measure_acceptance(args: ModelArgs, model: Transformer, drafter: drafting.Dr
     return result
 
 
-def sig(x: float) -> float | None:
+def rounded_margin(x: float) -> float | None:
     """A margin for the manifest: 6 significant digits; None for 'no such margin' (inf)."""
     return None if not np.isfinite(x) else float(f"{x:.6g}")
 
@@ -240,30 +242,41 @@ def build_config(args: ModelArgs) -> list[Built]:
         name = f"{args.name}_{quant}"
         entry = {"name": name, "file": f"model_{name}.kdtr", "sha256": hashlib.sha256(blob).hexdigest(),
                  "config": args.name, "quant": quant, "prompt": prompt, "golden": tokens,
-                 "margins": {"logit_min": sig(lm), "route_min": sig(rm), "group_min": sig(gm)},
-                 "golden_margins": [sig(m) for m in traj.logit_margin[0]]}
+                 "margins": {"logit_min": rounded_margin(lm), "route_min": rounded_margin(rm),
+                             "group_min": rounded_margin(gm)},
+                 "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]]}
         built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter)))
     if built[0].entry["golden"] == built[1].entry["golden"]:
         raise SystemExit(f"gen_model: {args.name}: INT4 golden equals FP32 golden: quantization left no trace")
     return built
 
 
+def first_difference(a: list, b: list) -> int:
+    """Index of the first position where two token lists differ (or the shorter length)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def check(manifest: dict, expected_path: Path) -> str | None:
-    """The first difference (sha256, golden, prompt, file) from the expected manifest, or None."""
-    expected = json.loads(expected_path.read_text())
+    """The first difference (file, sha256, prompt, golden tokens) between the bundles of the
+    written manifest and those of the same configs in the expected one, or None."""
+    try:
+        expected = json.loads(expected_path.read_text())
+    except (OSError, ValueError) as err:
+        return f"cannot read the expected manifest {expected_path}: {err}"
     got = {b["name"]: b for b in manifest["bundles"]}
-    for want in expected["bundles"]:
+    built = {b["config"] for b in manifest["bundles"]}
+    wanted = [b for b in expected["bundles"] if b["config"] in built]
+    for want in wanted:
         have = got.get(want["name"])
         if have is None:
-            return f"{want['name']}: missing from the written manifest"
+            return f"{want['name']}: in {expected_path} but not written"
         for key in ("file", "sha256", "prompt", "golden"):
             if have[key] != want[key]:
-                if key == "golden":
-                    i = next(i for i, (a, b) in enumerate(zip(have[key] + [None], want[key] + [None])) if a != b)
-                    return f"{want['name']}: golden differs at position {i} (expected manifest {expected_path})"
-                return f"{want['name']}: {key} differs: got {have[key]}, expected {want[key]} ({expected_path})"
-    extra = sorted(set(got) - {b["name"] for b in expected["bundles"]})
-    return f"{extra[0]}: not in the expected manifest {expected_path}" if extra else None
+                detail = (f"first difference at token {first_difference(have[key], want[key])}"
+                          if key in ("prompt", "golden") else f"got {have[key]}, expected {want[key]}")
+                return f"{want['name']}: {key} differs from {expected_path} ({detail})"
+    extra = sorted(set(got) - {b["name"] for b in wanted})
+    return f"{extra[0]}: written but not in {expected_path}" if extra else None
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,13 @@
 """The generated bundles: manifest, golden tokens, quantization trace, DDTree == AR, determinism."""
 
+import copy
 import hashlib
+import json
 import re
 
+import gen_model
 import numpy as np
 import pytest
-
-import gen_model
 from kdtree_ref import bundle, ddtree, kdtr
 from kdtree_ref.drafter import Drafter
 from kdtree_ref.model import Transformer, generate
@@ -145,3 +146,26 @@ def test_regeneration_is_bit_identical(bundle_paths, generator, tmp_path):
     for name in ("tiny2_fp32", "tiny2_int4"):
         again = tmp_path / f"model_{name}.kdtr"
         assert again.read_bytes() == bundle_paths[name].read_bytes(), name
+
+
+def test_check_names_the_first_difference(manifest, tmp_path):
+    path = tmp_path / "expected.json"
+    path.write_text(json.dumps(manifest))
+    assert gen_model.check(manifest, path) is None
+    altered = copy.deepcopy(manifest)
+    altered["bundles"][1]["golden"][5] += 1
+    path.write_text(json.dumps(altered))
+    problem = gen_model.check(manifest, path)
+    assert problem.startswith("tiny_int4: golden differs") and "first difference at token 5" in problem
+    altered = copy.deepcopy(manifest)
+    altered["bundles"][2]["sha256"] = "0" * 64
+    path.write_text(json.dumps(altered))
+    assert gen_model.check(manifest, path).startswith("tiny2_fp32: sha256 differs")
+    assert "cannot read" in gen_model.check(manifest, tmp_path / "missing.json")
+
+
+def test_check_of_one_config_ignores_the_others(manifest, tmp_path):
+    path = tmp_path / "expected.json"
+    path.write_text(json.dumps(manifest))
+    only_tiny2 = dict(manifest, bundles=[b for b in manifest["bundles"] if b["config"] == "tiny2"])
+    assert gen_model.check(only_tiny2, path) is None
