@@ -38,6 +38,8 @@ def top_prefixes(lq: np.ndarray, budget: int) -> list[tuple]:
     """
     depth_max, vocab = lq.shape
     k = min(budget, vocab)
+    if k < 1 or depth_max < 1:
+        return []
     order = rank_order(lq, k)
     terms = [[float(lq[d, order[d, r]]) for r in range(k)] for d in range(depth_max)]
     heap = [(-terms[0][0], (0,), 0.0)]     # (-score, ranks, score of ranks[:-1])
@@ -116,8 +118,11 @@ class DecodeResult:
 
 def decode(model: Transformer, drafter: Drafter, prompt, n: int, budget: int,
            block: int | None = None) -> DecodeResult:
-    """Greedy DDTree decode of n tokens after `prompt` with node budget B and block size <= L."""
+    """Greedy DDTree decode of n tokens after `prompt` with node budget B and block size <= L
+    (the drafter's first `block` positions; budget 0 is plain AR decoding)."""
     block = block or drafter.block_size
+    if not 1 <= block <= drafter.block_size:
+        raise ValueError(f"block size {block} outside 1..{drafter.block_size} (the drafter's)")
     prompt = np.asarray(prompt)
     cache = KVCache(model.args, 1, capacity=len(prompt) + n + budget + 1, dtype=model.dtype)
     out = prefill(model, prompt[None], cache)

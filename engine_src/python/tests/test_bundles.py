@@ -119,13 +119,13 @@ def test_float32_rounding_stays_far_below_the_margins(loaded, name):
         assert np.max(np.abs(run.group_margin - ref.group_margin)) < 0.01 * gen_model.MIN_GROUP_MARGIN
 
 
-@pytest.mark.parametrize("budget,block", [(1, 8), (6, 3), (48, 8)])
+@pytest.mark.parametrize("budget,block", [(0, 8), (1, 8), (6, 3), (48, 8)])
 @pytest.mark.parametrize("name", NAMES)
 def test_ddtree_equals_autoregressive(loaded, name, budget, block):
     b = loaded[name]
     result = ddtree.decode(b.model, b.drafter, b.prompt, len(b.golden), budget, block)
     assert result.tokens == b.golden
-    assert result.accept_mean > 1
+    assert result.accept_mean > 1 or budget == 0
 
 
 @pytest.mark.parametrize("name", NAMES)

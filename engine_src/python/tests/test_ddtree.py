@@ -51,6 +51,11 @@ def test_budget_larger_than_the_tree_stops_early():
     assert len(ddtree.top_prefixes(lq, 100)) == 2 + 4
 
 
+def test_zero_budget_is_an_empty_tree():
+    assert ddtree.top_prefixes(draft_logprobs(10, 3, 5), 0) == []
+    assert list(ddtree.build_tree(7, draft_logprobs(10, 3, 5), 0).tokens) == [7]
+
+
 def test_compiled_tree_is_consistent():
     lq = draft_logprobs(11, 4, 9)
     tree = ddtree.build_tree(42, lq, 25)
