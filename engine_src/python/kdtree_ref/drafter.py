@@ -18,7 +18,7 @@ from .model import Trajectory
 
 GRID_BITS = 12          # stored weights are multiples of 2^-12
 LOGIT_SCALE = 16.0      # ridge outputs (about 0..1) times this become the drafter's logits
-RIDGE = 1.0             # ridge strength relative to the mean diagonal of the Gram matrix / 100
+RIDGE = 1.0             # lambda = RIDGE / 100 x the mean diagonal of the Gram matrix
 SAFE_MARGIN = 1e-6      # trajectory steps closer than this to an argmax or routing tie are not used
 
 
