@@ -13,7 +13,7 @@
 //      and eager) against FP32 through cuBLAS (routing read back, 3 SGEMMs per selected expert,
 //      no TF32) and FP32 through our grouped kernel; outputs compared.
 //
-//   bench_gpu [--json PATH] [--quick]
+//   bench_gpu [--json PATH] [--quick] [--only N K M]   (--only: one matmul_w4a16 shape, for ncu)
 #include "../src/cuda/mm_core.cuh"
 #include "../src/cuda/ops.cuh"
 
@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -616,11 +617,13 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
 int main(int argc, char** argv) {
     std::string json_path;
     bool quick = false;
+    int only[3] = {0, 0, 0};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--json" && i + 1 < argc) json_path = argv[++i];
         else if (a == "--quick") quick = true;
-        else { std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick]\n"); return 2; }
+        else if (a == "--only" && i + 3 < argc) for (int& v : only) v = std::atoi(argv[++i]);
+        else { std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M]\n"); return 2; }
     }
     try {
         Context ctx;
@@ -634,6 +637,21 @@ int main(int argc, char** argv) {
         std::printf("device: %s, sm_%d%d, %d SMs, %zu MiB, L2 %d MiB\n", prop.name, prop.major, prop.minor,
                     prop.multiProcessorCount, prop.totalGlobalMem >> 20, prop.l2CacheSize >> 20);
 
+        if (only[0] > 0) {  // one matmul_w4a16 shape, a few calls, nothing else: for a profiler
+            const int N = only[0], K = only[1], M = only[2];
+            const size_t nw = static_cast<size_t>(N) * K;
+            uint32_t* q = dev_alloc<uint32_t>(nw / 8);
+            float* sc = dev_alloc<float>(nw / 32);
+            float* x = dev_alloc<float>(static_cast<size_t>(M) * K);
+            float* y = dev_alloc<float>(static_cast<size_t>(M) * N);
+            fill_nibbles<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q, nw / 8, 1);
+            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(sc, nw / 32, 2, 0.002f, 0.02f);
+            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(x, static_cast<size_t>(M) * K, 3, -1.0f, 1.0f);
+            for (int i = 0; i < 5; ++i) matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(q), sc, M, N, K);
+            KD_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+            std::printf("ran matmul_w4a16 %dx%d M=%d five times\n", N, K, M);
+            return 0;
+        }
         double copy_gbs = 0;
         const double ceiling = bench_ceiling(ctx, copy_gbs);
         std::printf("read-bandwidth ceiling (128-bit read-only kernel, 4 GiB): %.0f GB/s; D2D copy %.0f GB/s (read+write)\n",

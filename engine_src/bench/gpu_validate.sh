@@ -25,11 +25,13 @@ cp build/bench_gpu.json "$out/" 2>/dev/null
 [[ -f tests/refs/manifest.json ]] || step setup.log 120 bash scripts/bundles.sh
 step tests.log 240 bash scripts/run_tests.sh
 cp build/test_results.json "$out/" 2>/dev/null
-step memcheck.log 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda
+step tests.log 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda
 step bench.log 150 bash scripts/bench.sh
 cp build/bench.json "$out/" 2>/dev/null
 grep -E "ok |FAIL|skip" "$out/tests.log" | grep -c '^ok' | sed 's/^/op tests ok: /'
 grep -E "^FAIL|FAILED|PASSED" "$out/tests.log" | head -n 20
-grep -E "ERROR SUMMARY" "$out/memcheck.log"
+grep -E "ERROR SUMMARY" "$out/tests.log"
 tail -n 45 "$out/bench_gpu.log"
+cat "$out/summary.txt" >>"$out/setup.log"
 cat "$out/summary.txt"
+rm -f "$out/summary.txt"

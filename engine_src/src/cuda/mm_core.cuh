@@ -7,9 +7,10 @@
 //     epilogue, whose rows come in (w1, w3) pairs) and streams them along K.
 //   * W4: a lane reads one quantisation group per step, 16 bytes = 32 nibbles, plus its scale,
 //     with an L1-bypassing load; a warp step covers 1024 inputs, 512 contiguous bytes per row.
-//     Nibbles become floats with a byte permute into the mantissa of 2^23 and one subtraction
-//     (exact), so dequantisation is ~2.4 instructions per weight and happens once per weight,
-//     reused across the MT activation rows.
+//     A nibble becomes the float 16 + nibble with one byte permute (4 shared mask ops per 8),
+//     so a weight costs ~1.5 instructions plus its FMA, once, reused across the MT activation
+//     rows; the offset is removed per group with the group's activation sum X:
+//     sum (nibble - 8) x = sum (16 + nibble) x - 24 X (X summed once per staged chunk).
 //   * fp32: a lane reads 4 strided words per step (a warp step covers 128 inputs, coalesced).
 //   * Activations for MT rows and a chunk of K sit in shared memory (W4: an XOR-swizzled layout
 //     so that the 16-byte reads of 32 lanes, 128 bytes apart, hit distinct banks).
@@ -17,7 +18,8 @@
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
 //   K is cut into super-chunks of KD_MM_SCHUNK inputs. Inside one, lane l accumulates its inputs
-//   in ascending order (W4: per group, p = sum (nibble - 8) * x, then acc += scale * p); at the
+//   in ascending order (W4: per group, g = sum (16 + nibble) x in input order, X = the xor
+//   butterfly sum of the group's inputs, acc += scale * (g - 24 X)); at the
 //   end of the super-chunk the 32 lane sums are added by an xor butterfly (identical on every
 //   lane) and the result is added to the row total, super-chunks in ascending order. With
 //   split-K, each super-chunk's value goes to a workspace and the last block adds them in the
@@ -92,14 +94,16 @@ __device__ __forceinline__ uint4 ld_stream(const uint32_t* p) {
     return v;
 }
 
-// The 8 nibbles of a word as exact floats (nibble - 8), element order (low nibble first).
+// The 8 nibbles of a word as the exact floats 16 + nibble, element order (low nibble first).
+// Byte b of `even` is 0x80 | nibble(2b) << 3 (of `odd`: nibble 2b + 1); placed under the byte
+// 0x41 that is the float 0x41800000 + (nibble << 19) = 16 + nibble.
 __device__ __forceinline__ void dequant8(uint32_t word, float f[8]) {
-    const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+    const uint32_t even = ((word << 3) & 0x78787878u) | 0x80808080u;
+    const uint32_t odd = ((word >> 1) & 0x78787878u) | 0x80808080u;
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-        // 0x4B0000nn is the float 2^23 + nn; subtracting 2^23 + 8 leaves nn - 8 exactly.
-        f[2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440 + b)) - 8388616.0f;
-        f[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440 + b)) - 8388616.0f;
+        f[2 * b] = __uint_as_float(__byte_perm(even, 0x41000000u, 0x7044 | (b << 8)));
+        f[2 * b + 1] = __uint_as_float(__byte_perm(odd, 0x41000000u, 0x7044 | (b << 8)));
     }
 }
 
@@ -148,8 +152,8 @@ __device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const
 // One warp step: adds this lane's share of the step's inputs into part (see mm_kernel for
 // the order). W4: one group of 32 inputs per lane; fp32: 4 strided inputs per lane.
 template <WFmt F, int MT, int R>
-__device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>& cur, const float* xs, int kch, int k,
-                                        int kc, int ke, int mc, int lane) {
+__device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>& cur, const float* xs,
+                                        const float* xsum, int kch, int k, int kc, int ke, int mc, int lane) {
     if constexpr (F == WFmt::W4) {
         const int kl = k + lane * 32;  // first input of this lane's group
         if (kl >= ke) return;
@@ -205,11 +209,14 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
                 }
             }
         }
+        const int gl = (kl - kc) >> 5;
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+        for (int m = 0; m < MT; ++m)
+            if (m < mc) {
+                const float X = xsum[m * (kch / 32) + gl];
 #pragma unroll
-            for (int m = 0; m < MT; ++m)
-                if (m < mc) part[r][m] = fmaf(cur.s[r], g[r][m], part[r][m]);
+                for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.s[r], fmaf(-24.0f, X, g[r][m]), part[r][m]);
+            }
     } else {
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -252,7 +259,8 @@ __device__ void split_reduce(const MmParams& p, int rb) {
 template <WFmt F, int MT, int R, bool GLU>
 __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmParams p) {
     extern __shared__ float4 smem4[];
-    float* xs = reinterpret_cast<float*>(smem4);
+    float* xs = reinterpret_cast<float*>(smem4);   // [MT][kch] staged activations
+    float* xsum = xs + MT * p.kch;                  // [MT][kch / 32] their group sums (W4)
     // Row totals of every row block this block owns (written and read by lane 0 of the warp
     // only): registers go to the loads in flight. R * MT <= 32.
     __shared__ float total[KD_MM_MAX_RB][KD_MM_WARPS][32];
@@ -328,8 +336,18 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                 const long prow = m_begin + mc0 + m;
                 const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
                 float* dst = xs + m * p.kch;
-                for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS)
-                    dst[F == WFmt::W4 ? w4_smem_index(kk) : kk] = xr[kk];
+                for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) {
+                    const float v = xr[kk];
+                    if constexpr (F == WFmt::W4) {
+                        // A warp stages one whole group (the chunk is a multiple of 32): its sum
+                        // X by the butterfly, the same for every weight row and every M.
+                        dst[w4_smem_index(kk)] = v;
+                        const float X = warp_sum(v);
+                        if (lane == 0) xsum[m * (p.kch / 32) + kk / 32] = X;
+                    } else {
+                        dst[kk] = v;
+                    }
+                }
             }
             __syncthreads();
             for (int i = 0; i < n_my; ++i) {
@@ -348,7 +366,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                     }
                     const WStep<F, R> nxt = nk >= 0 ? load(ni, nk) : cur;
                     if (n0 < N) {
-                        mm_step<F, MT, R>(part, cur, xs, p.kch, k, kc, ke, mc, lane);
+                        mm_step<F, MT, R>(part, cur, xs, xsum, p.kch, k, kc, ke, mc, lane);
                         if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
 #pragma unroll
                             for (int r = 0; r < R; ++r)
@@ -413,11 +431,11 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
     constexpr int R = mm_rows_per_warp(MT);
     constexpr int ROWS = GLU ? R / 2 : R;
     const auto kernel = mm_kernel<F, MT, R, GLU>;
-    const int smem = static_cast<int>(sizeof(float)) * MT * p.kch;
+    const int smem = static_cast<int>(sizeof(float)) * MT * (p.kch + (F == WFmt::W4 ? p.kch / 32 : 0));
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
+                                           static_cast<int>(sizeof(float)) * (KD_MM_SMEM_FLOATS * 33 / 32)));
         configured = true;
     }
     // At most one resident wave of blocks, each owning the same number of row blocks (see
