@@ -117,10 +117,13 @@ def decode(blob: bytes, path="<bytes>", verify: bool = True) -> Bundle:
         raise KdtrError(path, "checksum mismatch: data section sha256 differs from data_sha256")
     tensors = {}
     for entry in header["tensors"]:
-        name = entry.get("name")
-        dtype = _DTYPES.get(entry.get("dtype"))
+        missing = [k for k in ("name", "dtype", "shape", "offset", "nbytes") if k not in entry]
+        if missing:
+            raise KdtrError(path, f"bad header: tensor entry {entry.get('name')!r} lacks {missing}")
+        name = entry["name"]
+        dtype = _DTYPES.get(entry["dtype"])
         if dtype is None:
-            raise KdtrError(path, f"tensor {name!r}: unknown dtype {entry.get('dtype')!r}")
+            raise KdtrError(path, f"tensor {name!r}: unknown dtype {entry['dtype']!r}")
         shape, offset, nbytes = tuple(entry["shape"]), entry["offset"], entry["nbytes"]
         if nbytes != 4 * int(np.prod(shape, dtype=np.int64)):
             raise KdtrError(path, f"tensor {name!r}: nbytes {nbytes} does not match shape {list(shape)}")

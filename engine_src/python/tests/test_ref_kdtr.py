@@ -122,6 +122,18 @@ def test_tensor_shape_mismatch(tmp_path, blob):
     expect_error(tmp_path, rewrite_header(blob, edit), "'c'", "does not match shape")
 
 
+def test_tensor_entry_without_a_key(tmp_path, blob):
+    def edit(h):
+        del h["tensors"][1]["offset"]
+    expect_error(tmp_path, rewrite_header(blob, edit), "'b.qw' lacks ['offset']")
+
+
+def test_unknown_dtype(tmp_path, blob):
+    def edit(h):
+        h["tensors"][0]["dtype"] = "f16"
+    expect_error(tmp_path, rewrite_header(blob, edit), "'a': unknown dtype 'f16'")
+
+
 def test_missing_tensor(tmp_path, blob):
     b, path = read_bytes(tmp_path, blob)
     with pytest.raises(kdtr.KdtrError) as err:
