@@ -17,17 +17,21 @@ from .transport import SshTransport, open_transport
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
+INTERRUPTED = 130
 
 
 @contextlib.contextmanager
 def exit_codes():
-    """Turn an orchestrator error into its message on stderr and its exit code."""
+    """Turn an orchestrator error into its message on stderr and its exit code (130: interrupted)."""
     from invoke import Exit
     try:
         yield
     except KdError as e:
         print(f"error: {e}", file=sys.stderr)
         raise Exit(code=e.exit_code) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise Exit(code=INTERRUPTED) from None
 
 
 def load_selection(inventory: str | None, host=None, group=None, all=False) -> tuple[Inventory, list[Host]]:

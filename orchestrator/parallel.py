@@ -2,6 +2,7 @@
 
 One host failing never stops the others: its exception is kept in its Outcome. As in Fabric's
 group.py, the caller gets every host's result and decides (succeeded / failed / exit_code).
+An interrupt (Ctrl-C) closes every transport, which stops the commands running on the hosts.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
+from . import transport
 from .errors import KdError
 from .inventory import Host
 
@@ -71,6 +73,13 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel:
     if not hosts:
         return outcomes
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
-        for host, outcome in zip(hosts, pool.map(call, hosts)):
-            outcomes[host.name] = outcome
+        futures = [pool.submit(call, host) for host in hosts]
+        try:
+            for host, future in zip(hosts, futures):
+                outcomes[host.name] = future.result()
+        except KeyboardInterrupt:           # stop the hosts' work, here and on the hosts
+            for future in futures:
+                future.cancel()
+            transport.close_all()
+            raise
     return outcomes

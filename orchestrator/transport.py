@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -42,6 +43,7 @@ CHUNK = 64 * 1024
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF = (0.5, 1.5)
 KEEPALIVE_COUNT = 3
+STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
 
 OutputCallback = Callable[[str], None]
 
@@ -67,6 +69,7 @@ class Transport:
 
     def __init__(self, host: Host):
         self.host = host
+        _ALL.add(self)
 
     # -- to implement -------------------------------------------------------------------------
     def _exec(self, command: str, stdin: BinaryIO | None, sink: Callable[[bytes], None],
@@ -229,9 +232,19 @@ class Process:
 class LocalTransport(Transport):
     """Commands run with bash on this machine, in their own session."""
 
+    def __init__(self, host: Host):
+        super().__init__(host)
+        self._running: set[subprocess.Popen] = set()
+
+    def close(self) -> None:
+        """Stop the commands still running (as a closed channel does on an ssh host)."""
+        for proc in list(self._running):
+            _stop(proc)
+
     def _exec(self, command, stdin, sink, deadline):
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self._running.add(proc)
         feeder = _feed(stdin, lambda data: (proc.stdin.write(data), proc.stdin.flush()), proc.stdin.close) \
             if stdin else None
         fd = proc.stdout.fileno()
@@ -239,7 +252,7 @@ class LocalTransport(Transport):
             while True:
                 wait = _remaining(deadline)
                 if wait is not None and wait <= 0:
-                    _kill_group(proc)
+                    _stop(proc)
                     return None
                 ready, _, _ = select.select([fd], [], [], min(wait, 1.0) if wait is not None else 1.0)
                 if ready:
@@ -251,9 +264,10 @@ class LocalTransport(Transport):
             try:
                 return proc.wait(timeout=max(wait, 0.1) if wait is not None else None)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                _stop(proc)
                 return None
         finally:
+            self._running.discard(proc)
             proc.stdout.close()
             if feeder:
                 feeder.join(1)
@@ -486,6 +500,12 @@ class SshTransport(Transport):
         return ["-o", "ProxyCommand=" + command]
 
 
+def close_all() -> None:
+    """Close every transport of this process (on an interrupt): remote commands stop too."""
+    for transport in list(_ALL):
+        transport.close()
+
+
 def open_transport(host: Host) -> Transport:
     """The transport for a host (nothing is opened until it is used)."""
     return LocalTransport(host) if host.is_local else SshTransport(host)
@@ -504,6 +524,8 @@ def ssh_config_lookup(alias: str) -> dict:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+_ALL: "weakref.WeakSet[Transport]" = weakref.WeakSet()
+
 _READ_SCRIPT = r'''
 [ -L "$1" ] && exit 3
 [ -e "$1" ] || exit 4
@@ -580,12 +602,17 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a local command: end its stdin (a guarded command kills its group), then kill."""
+    _close(proc.stdin)
     try:
-        os.killpg(proc.pid, 9)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        proc.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def _pct(value: str) -> str:

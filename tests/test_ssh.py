@@ -5,8 +5,11 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,8 @@ from orchestrator import cli, doctor, remote, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
 from orchestrator.transport import SshTransport, open_transport
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -203,3 +208,33 @@ def test_doctor(lab, make_inventory, tmp_path):
     text = out.getvalue()
     assert "[h1  ] ok    rsync" in text and "[lost] fail  reachable" in text
     assert any(l.startswith("lost  FAILED") for l in text.splitlines())
+
+
+INTERRUPTED_RUN = """
+import sys
+from orchestrator import inventory, parallel, remote
+from orchestrator.transport import open_transport
+inv = inventory.load(sys.argv[1])
+def work(host):
+    print("started", flush=True)
+    return open_transport(host).run(remote.wrap(["sleep", sys.argv[2]], timeout=120), timeout=200)
+try:
+    parallel.run_parallel(list(inv.hosts.values()), work)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path):
+    seconds = f"81{os.getpid() % 1000:03d}"
+    inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"]), "h2": lab.inventory_entry(lab.hosts["h2"]),
+                          "local": {"transport": "local", "remote_dir": str(tmp_path / "local")}})
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(inv.path), seconds], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    assert [proc.stdout.readline() for _ in range(3)] == ["started\n"] * 3
+    deadline = time.monotonic() + 10
+    while left_on_host(f"sleep {seconds}").count("\n") < 3 and time.monotonic() < deadline:
+        pass
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.read() == "interrupted\n" and proc.wait(10) == 0
+    assert left_on_host(f"sleep {seconds}") == ""
