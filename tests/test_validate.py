@@ -40,16 +40,22 @@ exit $rc
 '''
 
 
+COPY_IGNORE = shutil.ignore_patterns("build", "__pycache__", "*.kdtr", "manifest.json")
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """The folder of this module's inventories, runs/ and local bundle cache."""
-    return tmp_path_factory.mktemp("validate")
+    """The folder of this module's inventories, runs/, local bundle cache and a snapshot of
+    engine_src (so that edits to the working tree during the tests change nothing)."""
+    path = tmp_path_factory.mktemp("validate")
+    shutil.copytree(ENGINE, path / "engine_src", ignore=COPY_IGNORE)
+    return path
 
 
-def write_inventory(workdir: Path, name: str, hosts: dict, source: Path = ENGINE) -> Path:
-    """An inventory like the shipped one, with `hosts` and the engine `source`."""
+def write_inventory(workdir: Path, name: str, hosts: dict, source: Path | None = None) -> Path:
+    """An inventory like the shipped one, with `hosts` and the engine `source` (default: the snapshot)."""
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
-    data["project"]["source"] = str(source)
+    data["project"]["source"] = str(source or workdir / "engine_src")
     data["hosts"] = hosts
     data.pop("groups", None)
     path = workdir / f"{name}.yaml"
@@ -149,7 +155,7 @@ def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_
     assert [b for b, g in golden.items() if g["status"] == "failed"] == ["tiny_fp32"]
     mismatch = golden["tiny_fp32"]["mismatch"]
     assert mismatch["check"] == "host_vs_expected" and mismatch["position"] == 17
-    expected = json.loads((ENGINE / "tests/refs/expected_manifest.json").read_text())
+    expected = json.loads((run_dir.parent / "engine_src/tests/refs/expected_manifest.json").read_text())
     want = next(b for b in expected["bundles"] if b["name"] == "tiny_fp32")
     assert mismatch["expected"] == want["golden"][13:22]
     assert mismatch["actual"][4] == (want["golden"][17] + 1) % 400
@@ -163,7 +169,7 @@ def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_
 
 def test_a_failing_build_shows_the_compiler_error(lab, workdir, full_run):
     broken = workdir / "broken-engine"
-    shutil.copytree(ENGINE, broken, ignore=shutil.ignore_patterns("build", "*.kdtr", "__pycache__"))
+    shutil.copytree(workdir / "engine_src", broken, ignore=COPY_IGNORE)
     with open(broken / "src" / "main.cpp", "a") as f:
         f.write("\nthis is not C++;\n")
     h1 = lab.hosts["h1"]
