@@ -5,15 +5,21 @@ inventory error). `main()` is the `kdtree-orch` console entry: Invoke's Program 
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import doctor as doctor_mod, hostkeys, inventory as inventory_mod, parallel, pipeline, record, report, state, sync
+from . import inventory as inventory_mod
 from .console import Console
 from .errors import HostKeyError, KdError, UsageError
 from .inventory import Host, Inventory
-from .transport import SshTransport, open_transport
+
+# Start-up time counts (engineers run these tasks dozens of times a day): each task imports what
+# it uses (Paramiko only when a host is reached; Jinja2 and the pipeline only for validate/report).
+if TYPE_CHECKING:
+    from . import parallel, record
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
@@ -56,6 +62,8 @@ def hosts_table(inv: Inventory, console: Console) -> int:
 
 def doctor(hosts: list[Host], console: Console) -> int:
     """Check every host in parallel; print the findings and a summary; 1 if a check failed."""
+    from . import doctor as doctor_mod, parallel
+    from .transport import open_transport
     console.width = max(len(h.name) for h in hosts)
 
     def check(host: Host) -> list[doctor_mod.Finding]:
@@ -74,7 +82,10 @@ def doctor(hosts: list[Host], console: Console) -> int:
 
 
 def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = False) -> int:
-    """Sync the project source to every host in parallel (or print what would run); summary."""
+    """Sync the project source to every host in parallel (or print what would run); summary.
+    The local tree hash runs while the hosts connect (a subprocess: it overlaps the handshakes)."""
+    from . import parallel, state, sync
+    from .transport import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)
     if dry_run:
@@ -84,17 +95,25 @@ def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = 
                 out(f"# {what}")
                 out(command)
         return 0
-    source = sync.source_id(inv.project)
-    console.say(f"deploying {inv.project.source} (tree {source.tree_hash[:12]}"
-                f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
-                f"{', uncommitted changes' if source.git_dirty else ''}) to {len(hosts)} host(s)")
     console.log_dir = inv.project.root / "runs" / "deploy"
+
+    def announce(pending) -> None:
+        if pending.exception() is None:
+            source = pending.result()
+            console.say(f"deploying {inv.project.source} (tree {source.tree_hash[:12]}"
+                        f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
+                        f"{', uncommitted changes' if source.git_dirty else ''}) to {len(hosts)} host(s)")
 
     def one(host: Host) -> sync.DeployResult:
         with open_transport(host) as transport:
-            return sync.deploy(transport, inv.project, source, owner, console.host(host.name))
+            transport.connect()
+            return sync.deploy(transport, inv.project, pending.result(), owner, console.host(host.name))
 
-    outcomes = parallel.run_parallel(hosts, one)
+    with concurrent.futures.ThreadPoolExecutor(1) as hasher:
+        pending = hasher.submit(sync.source_id, inv.project)
+        pending.add_done_callback(announce)
+        outcomes = parallel.run_parallel(hosts, one)
+    pending.result()        # a failed local tree hash failed every host: report it once, as the task's error
     summary(console, outcomes, lambda o: [o.value.method, o.value.files, o.value.bytes, o.value.deleted]
             if o.ok else ["", "", "", ""], ["method", "files", "bytes", "deleted"])
     return outcomes.exit_code
@@ -103,6 +122,8 @@ def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = 
 def trust(host: Host, fingerprints: list[str], console: Console) -> int:
     """Show the host's key (and its jump hosts' keys) and pin unknown ones into the project
     known_hosts file; with --fingerprint, only keys with those fingerprints are pinned."""
+    from . import hostkeys
+    from .transport import SshTransport
     if host.is_local:
         raise UsageError(f"host {host.name!r} is local: it has no host key")
     out = console.host(host.name)
@@ -136,6 +157,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
              command: str = "validate", baseline: str | None = None) -> int:
     """Run the pipeline on the hosts, write the run directory, print the summary. Exit code:
     0 passed, 1 a host failed, 3 (nightly) a benchmark regressed, 130 interrupted."""
+    from . import pipeline, report
     plan = pipeline.Plan.choose(steps, skip, use_cache=not no_cache)
     run_dir, run = pipeline.validate(inv, hosts, plan, console, command=command, report_dir=report_dir)
     runs_root = inv.project.root / "runs"
@@ -155,6 +177,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
 
 def _baseline(runs_root: Path, path: str | None, exclude: str) -> dict | None:
     """The nightly's baseline: a baseline file given with --baseline, else the last good nightly."""
+    from . import record, report
     if path:
         try:
             return report.load_baseline(path)
@@ -165,6 +188,7 @@ def _baseline(runs_root: Path, path: str | None, exclude: str) -> dict | None:
 
 def run_summary(console: Console, run: record.RunRecord) -> None:
     """The final table of a validate run: every host, its status, backend and each step's outcome."""
+    from . import pipeline, record
     console.say()
     rows = []
     for name, host in run.hosts.items():
@@ -184,6 +208,7 @@ def run_summary(console: Console, run: record.RunRecord) -> None:
 def rerender(inv: Inventory, console: Console, run: str | None = None, compare_to: str | None = None) -> int:
     """Re-render a run's reports (default: the latest); with compare_to, write the benchmark
     comparison of the two runs beside the newer one's reports."""
+    from . import record, report
     runs_root = inv.project.root / "runs"
     run_dir = record.resolve_run(runs_root, run)
     paths = report.render_run(run_dir)
@@ -194,8 +219,18 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
     return 0
 
 
+def baseline(inv: Inventory, console: Console, out: str, run: str | None = None) -> int:
+    """Write a baseline file from a run (default: the latest) for `nightly --baseline`."""
+    run_dir = record.resolve_run(inv.project.root / "runs", run)
+    path = report.write_baseline(record.load_run(run_dir), out)
+    hosts = report.load_baseline(path)["hosts"]
+    console.say(f"wrote {path}: {sum(len(m) for m in hosts.values())} metrics of {len(hosts)} host(s) from {run_dir.name}")
+    return 0
+
+
 def clean(inv: Inventory, console: Console, keep: int) -> int:
     """Delete all but the newest `keep` runs under runs/."""
+    from . import record
     if keep < 0:
         raise UsageError(f"--keep must be 0 or more, not {keep}")
     removed = record.clean(inv.project.root / "runs", keep)
