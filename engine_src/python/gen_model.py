@@ -53,7 +53,7 @@ BLOCK_SIZE = 8
 # Weight scales (uniform weights with std gain / sqrt(fan_in)). Small attention and FFN outputs
 # keep the residual stream close to the token embedding, so the next token is predictable
 # enough for a linear drafter; a head gain of 4 makes the logits peaked (std about 4).
-GAIN_OUT = 0.3      # wo and every w2
+GAIN_OUT = 0.2      # wo and every w2
 GAIN_GATE = 3.0     # router logits u . x with std about 3: sigmoid scores spread over (0, 1)
 GAIN_HEAD = 4.0
 # A golden trajectory is accepted only if every step stays this far from a tie. FP32 rounding
