@@ -47,6 +47,7 @@ struct Context {
     void* cublas_workspace = nullptr;
     bool use_cublas = false;    // matmul_f32 through cuBLAS (else our kernel)
     Scratch split_ws, split_counters;          // matmul split-K
+    Scratch sched;                             // matmul dynamic-scheduling counters
     Scratch moe_lists, moe_h, moe_y;           // moe_ffn routing lists and intermediates
     Scratch cublas_x, cublas_y;                // matmul_f32 padding for cuBLAS
     Scratch host_ints;                         // *_host int arrays copied to the device

@@ -106,6 +106,7 @@ void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, c
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
         p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
     }
+    p.sched = ctx.sched.get<unsigned>(2);
     mm_launch<WFmt::F32, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
 }
 

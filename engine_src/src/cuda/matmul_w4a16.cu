@@ -26,6 +26,7 @@ void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, con
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
         p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
     }
+    p.sched = ctx.sched.get<unsigned>(2);
     mm_launch<WFmt::W4, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
 }
 

@@ -70,6 +70,8 @@ struct MmParams {
     int splits = 1;
     float* ws = nullptr;          // [splits][M][N]
     unsigned* counters = nullptr; // [gridDim.x], zero between launches
+    // Dynamic scheduling: two counters per slot (next unit, blocks done), zero between launches.
+    unsigned* sched = nullptr;
 };
 
 // Weight rows a warp streams together: more rows, more bytes in flight; fewer, fewer registers.
@@ -296,10 +298,9 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
     const int n_rb = (N + KD_MM_WARPS * ROWS - 1) / (KD_MM_WARPS * ROWS);
     const int n_my = blockIdx.x < n_rb ? (n_rb - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     const auto first_row = [&](int i) { return ((blockIdx.x + i * gridDim.x) * KD_MM_WARPS + warp) * ROWS; };
-    // The weights of warp step k of owned row block i.
-    const auto load = [&](int i, int k) {
+    // The weights of warp step k of the warp's rows n0 .. n0 + ROWS.
+    const auto load = [&](int n0, int k) {
         WStep<F, R> st;
-        const int n0 = first_row(i);
         if (n0 < N) {
             const uint32_t* qrow[R];
             const float* srow[R];
@@ -322,8 +323,96 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
 
     // The weights of one warp step are loaded one step ahead of their use (the step sequence
     // runs over token passes, chunks, row blocks, then K), so a warp always has loads in flight.
+    // Stages activation rows mc0 .. mc0 + mc, inputs kc .. kc_end, into shared memory.
+    const auto stage = [&](int kc, int kc_end, int mc0, int mc) {
+        for (int m = 0; m < mc; ++m) {
+            const long prow = m_begin + mc0 + m;
+            const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
+            float* dst = xs + m * p.kch;
+            for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) {
+                const float v = xr[kk];
+                if constexpr (F == WFmt::W4) {
+                    // A warp stages one whole group (the chunk is a multiple of 32): its sum
+                    // X by the butterfly, the same for every weight row and every M.
+                    dst[w4_smem_index(kk)] = v;
+                    const float X = warp_sum(v);
+                    if (lane == 0) xsum[m * (p.kch / 32) + kk / 32] = X;
+                } else {
+                    dst[kk] = v;
+                }
+            }
+        }
+    };
+
+    if (p.splits == 1 && ke - kb <= p.kch && m_count <= MT) {
+        // Dynamic mode: all of K and all rows fit one staged chunk. Stage it once; then each
+        // warp takes units of ROWS rows from a counter until none are left, so every warp
+        // streams weights until the very end (no block-level imbalance).
+        stage(kb, ke, 0, m_count);
+        __syncthreads();
+        unsigned* ctr = p.sched + 2 * (p.slot_expert ? blockIdx.y : 0);
+        const int n_units = (N + ROWS - 1) / ROWS;
+        const auto grab = [&]() {
+            int u = 0;
+            if (lane == 0) u = static_cast<int>(atomicAdd(ctr, 1u));
+            return __shfl_sync(0xffffffffu, u, 0);
+        };
+        int unit = grab();
+        WStep<F, R> cur{};
+        if (unit < n_units) cur = load(unit * ROWS, kb);
+        while (unit < n_units) {
+            const int next = grab(), n0 = unit * ROWS;
+            float part[R][MT], tot[R][MT];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) part[r][m] = tot[r][m] = 0.0f;
+            for (int k = kb; k < ke; k += WS) {
+                const WStep<F, R> nxt = k + WS < ke ? load(n0, k + WS) : next < n_units ? load(next * ROWS, kb) : cur;
+                mm_step<F, MT, R>(part, cur, xs, xsum, p.kch, k, kb, ke, m_count, lane);
+                if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int m = 0; m < MT; ++m)
+                            if (m < m_count) {
+                                tot[r][m] += warp_sum(part[r][m]);
+                                part[r][m] = 0.0f;
+                            }
+                }
+                cur = nxt;
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const int n = n0 + r;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        if (m >= m_count || n >= N) continue;
+                        const long prow = m_begin + m;
+                        float v = GLU ? silu_mul_f(tot[r][m], tot[r + ROWS][m]) : tot[r][m];
+                        if (p.bias) v += p.bias[n];
+                        p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                    }
+                }
+            }
+            unit = next;
+        }
+        // The last block out resets the slot's counters for the next launch.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+            }
+        }
+        return;
+    }
+
+    // Static mode: this block owns row blocks blockIdx.x + i * gridDim.x (see above).
     WStep<F, R> cur{};
-    if (n_my > 0) cur = load(0, kb);
+    if (n_my > 0) cur = load(first_row(0), kb);
     for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
         const int mc = min(MT, m_count - mc0);
         if (lane == 0)
@@ -332,23 +421,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
         for (int kc = kb; kc < ke; kc += p.kch) {
             const int kc_end = min(ke, kc + p.kch);
             __syncthreads();  // the previous chunk is no longer read
-            for (int m = 0; m < mc; ++m) {
-                const long prow = m_begin + mc0 + m;
-                const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
-                float* dst = xs + m * p.kch;
-                for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) {
-                    const float v = xr[kk];
-                    if constexpr (F == WFmt::W4) {
-                        // A warp stages one whole group (the chunk is a multiple of 32): its sum
-                        // X by the butterfly, the same for every weight row and every M.
-                        dst[w4_smem_index(kk)] = v;
-                        const float X = warp_sum(v);
-                        if (lane == 0) xsum[m * (p.kch / 32) + kk / 32] = X;
-                    } else {
-                        dst[kk] = v;
-                    }
-                }
-            }
+            stage(kc, kc_end, mc0, mc);
             __syncthreads();
             for (int i = 0; i < n_my; ++i) {
                 const int n0 = first_row(i);
@@ -364,7 +437,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                         ni = i + 1 < n_my ? i + 1 : 0;
                         nk = i + 1 < n_my ? kc : kc_end < ke ? kc_end : mc0 + MT < m_count ? kb : -1;
                     }
-                    const WStep<F, R> nxt = nk >= 0 ? load(ni, nk) : cur;
+                    const WStep<F, R> nxt = nk >= 0 ? load(first_row(ni), nk) : cur;
                     if (n0 < N) {
                         mm_step<F, MT, R>(part, cur, xs, xsum, p.kch, k, kc, ke, mc, lane);
                         if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
@@ -438,14 +511,16 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
                                            static_cast<int>(sizeof(float)) * (KD_MM_SMEM_FLOATS * 33 / 32)));
         configured = true;
     }
-    // At most one resident wave of blocks, each owning the same number of row blocks (see
-    // mm_kernel; at most KD_MM_MAX_RB): equal work keeps every block streaming to the end.
+    // Static mode: at most one resident wave of blocks, each owning the same number of row
+    // blocks (at most KD_MM_MAX_RB). Dynamic mode: one full wave; warps share the work.
     int per_sm = 0;
     KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
     const int n_rb = ceil_div(p.N, KD_MM_WARPS * ROWS);
     const int wave = std::max(1, std::max(1, per_sm) * num_sms / grid_y);
     const int rounds = std::min(KD_MM_MAX_RB, ceil_div(n_rb, wave));
-    const int grid_x = ceil_div(n_rb, rounds);
+    int grid_x = ceil_div(n_rb, rounds);
+    if (p.splits == 1 && p.kch >= p.K && (p.slot_expert || p.M <= MT))  // dynamic mode: a full wave
+        grid_x = std::max(std::min(wave, ceil_div(ceil_div(p.N, ROWS), KD_MM_WARPS)), ceil_div(n_rb, KD_MM_MAX_RB));
     kernel<<<dim3(grid_x, grid_y), KD_MM_THREADS, smem, stream>>>(p);
     KD_CUDA_LAUNCH_CHECK("mm_kernel");
 }

@@ -116,6 +116,7 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     p.q_estride = per_expert / 8;
     p.s_estride = per_expert / 32;
     p.w_estride = per_expert;
+    p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(max_slots));
     p.slot_expert = slot_expert;
     p.slot_start = slot_start;
     p.n_active = n_active;
