@@ -246,6 +246,11 @@ def build_config(args: ModelArgs) -> list[Built]:
                              "group_min": rounded_margin(gm)},
                  "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]]}
         built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter)))
+    # the prompt search guarantees these; checked again on what is written, loudly
+    for b in built:
+        problem = degenerate(b.entry["golden"])
+        if problem or len(b.entry["golden"]) != GOLDEN_LEN:
+            raise SystemExit(f"gen_model: {b.name}: degenerate golden tokens: {problem}")
     if built[0].entry["golden"] == built[1].entry["golden"]:
         raise SystemExit(f"gen_model: {args.name}: INT4 golden equals FP32 golden: quantization left no trace")
     return built
