@@ -14,6 +14,7 @@ def run(ctx: StepContext) -> Outcome:
     """Build unless the stamp of the last successful build matches (tree hash + build key)."""
     tree = ctx.tree_hash()
     key = {"tree": tree, "build": _build_key(ctx)}
+    ctx.cache_keys["build"] = key["build"]
     if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
         version = _checked_version(ctx, tree)
         return Outcome("cached", f"{version['backend']} build for {version['arch']} of tree {tree[:12]} is up to date")

@@ -12,6 +12,7 @@ STAMP = "bundles.json"
 def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
+    ctx.cache_keys["bundles"] = key
     if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key and _manifest_present(ctx):
         return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date")
     ctx.engine("bundles")

@@ -4,6 +4,7 @@ the local reference (shared by every host of the run) and the host's record, whi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -45,6 +46,42 @@ class StepContext:
     step: str = ""
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
+    cache_keys: dict = dataclasses.field(default_factory=dict)     # build/bundles keys of this run
+
+    # -- results cache: test and bench are not re-run when nothing they depend on changed ---------
+    def results_key(self) -> dict | None:
+        """What the current step's results depend on: the deployed tree and this run's build and
+        bundle keys. None (the step runs) without the cache (--no-cache), in a nightly run, or when
+        build or bundles did not run in this run."""
+        if not self.use_cache or self.owner.command == "nightly" or not {"build", "bundles"} <= self.cache_keys.keys():
+            return None
+        return {"tree": self.tree_hash(), **self.cache_keys}
+
+    def cached_result(self, result: str) -> dict | None:
+        """The result file `result` (a key of project.results) left by the last successful run of
+        the current step with the same inputs, pulled into the run directory; None when the step
+        must run: inputs changed, no stamp, or the file is not the one the stamp recorded."""
+        key = self.results_key()
+        if key is None:
+            return None
+        stamp = state.read_json(self.transport, f"{self.step}.json")
+        if not stamp or stamp.get("key") != key:
+            return None
+        try:
+            data = self.pull_json(result)
+        except HostError:
+            return None
+        if _digest(data) != stamp.get("digest"):
+            return None
+        self.log(f"{self.project.results[result]}: from the last successful {self.step} of this tree, build and "
+                 "bundles (not re-run; --no-cache re-runs it)")
+        return data
+
+    def stamp_result(self, data: dict) -> None:
+        """Record that the current step passed with these inputs and this result file."""
+        key = self.results_key()
+        if key is not None:
+            state.write_json(self.transport, f"{self.step}.json", {"key": key, "digest": _digest(data)})
 
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
@@ -88,3 +125,7 @@ class StepContext:
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
         return data
+
+
+def _digest(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,93 @@
+"""What keeps the orchestrator fast, as unit tests (the figures are benchmarks/bench_orchestrator.py's):
+no delayed-ACK wait per round trip, lazy imports, and the results cache of the test and bench steps."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import record, state, transport
+from orchestrator.steps import StepContext, bench as bench_step, test as test_step
+from orchestrator.sync import SourceId
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_paramiko_sockets_get_tcp_nodelay():
+    with socket.socket() as s:
+        transport._no_delay(s)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    transport._no_delay(object())          # a jump host's channel or a ProxyCommand: left alone
+
+
+def test_the_task_layer_imports_neither_paramiko_nor_jinja2():
+    code = "import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'jinja2') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+TESTS = {"version": 1, "backend": "cpu", "passed": 2, "failed": 0, "skipped": 0,
+         "tests": [{"name": "a", "status": "passed", "seconds": 0.1, "message": ""},
+                   {"name": "b", "status": "passed", "seconds": 0.1, "message": ""}]}
+
+
+@pytest.fixture
+def context(make_inventory, tmp_path):
+    """A step context on a local host whose deployment already holds test and bench results."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    host = inv.hosts["local"]
+    root = Path(host.remote_dir)
+    (root / ".kdtree").mkdir(parents=True)
+    (root / ".kdtree" / "deploy.json").write_text(json.dumps({"tree_hash": "t" * 64}))
+    (root / "build").mkdir()
+    (root / "build" / "test_results.json").write_text(json.dumps(TESTS))
+    (root / "build" / "bench.json").write_text(json.dumps({"version": 1, "metrics": {}}))
+
+    def make(command="validate", use_cache=True, keys=("build", "bundles")):
+        run_dir = record.create_run_dir(tmp_path / "runs")
+        ctx = StepContext(host, transport.open_transport(host), inv.project, run_dir, SourceId("t" * 64, None, False),
+                          state.Owner.now(command), None, record.HostRecord(), use_cache, step="test",
+                          log=lambda line: None)
+        ctx.cache_keys.update({k: {"key": k} for k in keys})
+        return ctx
+    make.root = root
+    return make
+
+
+def test_results_key_needs_this_runs_build_and_bundle_keys(context):
+    assert context().results_key() == {"tree": "t" * 64, "build": {"key": "build"}, "bundles": {"key": "bundles"}}
+    assert context(use_cache=False).results_key() is None
+    assert context(command="nightly").results_key() is None
+    assert context(keys=("build",)).results_key() is None
+
+
+def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
+    ctx = context()
+    assert ctx.cached_result("tests") is None                     # no stamp yet: the step runs
+    ctx.stamp_result(TESTS)
+    stamp = json.loads((context.root / ".kdtree" / "test.json").read_text())
+    assert stamp["key"] == ctx.results_key() and len(stamp["digest"]) == 64
+    assert context().cached_result("tests") == TESTS
+    other = context()
+    other.cache_keys["build"] = {"key": "another compiler"}
+    assert other.cached_result("tests") is None                   # inputs changed
+    changed = dict(TESTS, passed=1)
+    (context.root / "build" / "test_results.json").write_text(json.dumps(changed))
+    assert context().cached_result("tests") is None               # not the file the stamp recorded
+    assert context(command="nightly").cached_result("tests") is None
+
+
+def test_cached_test_and_bench_steps(context):
+    ctx = context()
+    ctx.stamp_result(TESTS)
+    outcome = test_step.run(context())
+    assert outcome.status == "cached" and "2 passed" in outcome.message
+    ctx.step = "bench"
+    ctx.stamp_result({"version": 1, "metrics": {}})
+    bench_ctx = context()
+    bench_ctx.step = "bench"
+    assert bench_step.run(bench_ctx).status == "cached"
