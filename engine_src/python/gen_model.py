@@ -26,6 +26,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+
 from kdtree_ref import ddtree, kdtr, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, Trajectory, Transformer, generate  # noqa: E402
@@ -217,6 +218,7 @@ class Built:
     entry: dict
     n_quantized: int
     accept: dict
+    candidate: int      # index of the golden prompt among the candidates
 
 
 def build_config(args: ModelArgs) -> list[Built]:
@@ -245,7 +247,7 @@ def build_config(args: ModelArgs) -> list[Built]:
                  "margins": {"logit_min": rounded_margin(lm), "route_min": rounded_margin(rm),
                              "group_min": rounded_margin(gm)},
                  "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]]}
-        built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter)))
+        built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter), golden.candidate))
     # the prompt search guarantees these; checked again on what is written, loudly
     for b in built:
         problem = degenerate(b.entry["golden"])
@@ -295,20 +297,21 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     start = time.perf_counter()
     opts.out.mkdir(parents=True, exist_ok=True)
-    bundles, acceptance = [], {}
+    bundles, acceptance, candidates = [], {}, {}
     for name in opts.configs:
         for b in build_config(CONFIGS[name]):
             path = opts.out / b.entry["file"]
             path.write_bytes(b.blob)
             bundles.append(b.entry)
             acceptance[b.name] = b.accept
+            candidates[name] = b.candidate
             print(f"wrote {path}  quantized {b.n_quantized} weights (G={GROUP_SIZE})  "
                   f"golden[:8]={b.entry['golden'][:8]}", flush=True)
     manifest = {
         "version": MANIFEST_VERSION,
         "generator": {
             "script": "python/gen_model.py", "seed": SEED, "group_size": GROUP_SIZE,
-            "prompt_len": PROMPT_LEN, "golden_len": GOLDEN_LEN,
+            "prompt_len": PROMPT_LEN, "golden_len": GOLDEN_LEN, "golden_candidate": candidates,
             "thresholds": {"logit_min": MIN_LOGIT_MARGIN, "route_min": MIN_ROUTE_MARGIN,
                            "group_min": MIN_GROUP_MARGIN},
             "drafter": {"block_size": BLOCK_SIZE, "grid": f"2^-{drafting.GRID_BITS}",

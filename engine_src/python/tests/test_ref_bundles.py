@@ -5,9 +5,10 @@ import hashlib
 import json
 import re
 
-import gen_model
 import numpy as np
 import pytest
+
+import gen_model
 from kdtree_ref import bundle, ddtree, kdtr
 from kdtree_ref.drafter import Drafter
 from kdtree_ref.model import Transformer, generate

@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from kdtree_ref import ddtree, prng
 from kdtree_ref.model import KVCache, ModelArgs, log_softmax
 

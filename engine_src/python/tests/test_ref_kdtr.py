@@ -4,6 +4,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from kdtree_ref import kdtr
 
 META = {"config": {"name": "t"}, "quant": {"type": "fp32"}, "drafter": {"block_size": 2, "mask_token": 3},

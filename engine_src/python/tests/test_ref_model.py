@@ -2,9 +2,10 @@
 
 import dataclasses
 
-import gen_model
 import numpy as np
 import pytest
+
+import gen_model
 from kdtree_ref import prng
 from kdtree_ref.model import KVCache, Transformer, decode_step, generate, prefill, rope, top_margin
 

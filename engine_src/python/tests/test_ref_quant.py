@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from kdtree_ref import prng
 from kdtree_ref.quant import dequantize, is_quantized, quantize, unpack_nibbles
 
