@@ -30,9 +30,6 @@ class Console:
             self._logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
         return HostOutput(self, name)
 
-    def log_path(self, name: str) -> Path | None:
-        return self.log_dir / f"{name}.log" if self.log_dir is not None else None
-
     def say(self, text: str = "") -> None:
         with self._lock:
             print(text, file=self.stream, flush=True)

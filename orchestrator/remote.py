@@ -93,11 +93,6 @@ def client_timeout(timeout: float) -> float:
     return timeout + KILL_AFTER + CLIENT_GRACE
 
 
-def is_timeout(exit_code: int | None, seconds: float, timeout: float | None) -> bool:
-    """Whether an exit status of a wrapped command means its host-side timeout fired."""
-    return timeout is not None and exit_code in TIMEOUT_EXIT_CODES and seconds >= timeout * 0.99
-
-
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 

@@ -94,10 +94,12 @@ class Transport:
 
     # -- built on _exec ------------------------------------------------------------------------
     def run(self, command: str, *, timeout: float | None, on_output: OutputCallback | None = None,
-            stdin: bytes | BinaryIO | None = None, tail_bytes: int = TAIL_BYTES) -> Result:
+            stdin: bytes | BinaryIO | None = None) -> Result:
         """Run a command line; stream its output lines to `on_output`; never raises for a
-        non-zero exit (HostError only when the host cannot be reached)."""
-        collector = _Collector(on_output, tail_bytes)
+        non-zero exit (HostError only when the host cannot be reached). Without `stdin` data the
+        command's stdin stays open until it ends: a guarded command (remote.GUARD) stops when
+        it closes (the client gives up, closes the transport, or dies)."""
+        collector = _Collector(on_output, TAIL_BYTES)
         if isinstance(stdin, (bytes, bytearray)):
             stdin = _BytesReader(bytes(stdin))
         start = time.monotonic()
