@@ -98,12 +98,12 @@ def _seconds(value: float) -> str:
 
 
 # $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a background
-# watcher reads our stdin (fd 3) and stops the step's process group when it ends; whatever the
-# step left in its group when it ends is killed too.
+# watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the step's
+# process, if it has not made its group yet); what the step left in its group is killed at the end.
 GUARD = r'''exec 3<&0 0</dev/null
 setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
 step=$!
-{ read -r _ <&3; kill -TERM -- "-$step"; } >/dev/null 2>&1 &
+{ read -r _ <&3; kill -TERM -- "-$step" || kill -TERM "$step"; } >/dev/null 2>&1 &
 guard=$!
 exec 3<&-
 wait "$step"
