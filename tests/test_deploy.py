@@ -179,3 +179,11 @@ def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[h] deployed" in proc.stdout and files(remote_dir) == SYNCED
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_a_remote_dir_with_spaces(deployer, remote_dir, method):
+    spaced = remote_dir + "/a dir with spaces"
+    deploy = deployer(remote_dir=spaced, **({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
+    assert deploy().method == method
+    assert files(spaced) == SYNCED
