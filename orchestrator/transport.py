@@ -3,11 +3,12 @@
     t = open_transport(host)            # SshTransport or LocalTransport, nothing opened yet
     r = t.run(command, timeout=60, on_output=print)   # -> Result(exit_code, seconds, tail, timed_out)
     t.check(command, timeout=60)        # the same, raises CommandError unless it exited 0
+    out = t.capture(command, timeout=60, max_bytes=1 << 20)   # its raw output (bytes)
     data = t.read_file("build/bench.json", max_bytes=1 << 20)
     t.fetch("build/bench.json", run_dir / "ct200" / "bench.json", within=run_dir, max_bytes=...)
     p = t.start(command)                # a long-running command: p.readline(), p.write(), p.close()
     t.rsync_args(), t.rsync_dest(path)  # how rsync reaches the host (sync.py)
-    t.close()
+    t.close()                           # also stops its running commands (close_all(): every transport)
 
 `command` is a complete shell command line, as built by remote.py. `timeout` is the client-side
 limit in seconds (None: none): when it passes the client stops waiting and the Result says
