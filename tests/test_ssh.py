@@ -164,6 +164,21 @@ def test_jump_host(lab, make_inventory, remote_dir):
     assert len(target.findall(bastion.log())) == before + 2
 
 
+def test_proxyjump_of_the_ssh_config(lab, make_inventory):
+    bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
+    with open(lab.ssh_config, "a") as f:
+        f.write(f"Host h2-behind\n  HostName 127.0.0.1\n  Port {h2.port}\n  User root\n"
+                f"  IdentityFile {lab.client_key}\n  ProxyJump bastion\n\n")
+    inv = make_inventory({"behind": {**lab.inventory_entry(h2), "address": "h2-behind"}})
+    target = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {h2.port}$", re.M)
+    before = len(target.findall(bastion.log()))
+    with open_transport(inv.hosts["behind"]) as t:
+        assert t.run("echo behind", timeout=10).tail == "behind\n"
+        assert subprocess.run(t.ssh_argv("true")).returncode == 0
+    time.sleep(0.2)
+    assert len(target.findall(bastion.log())) == before + 2
+
+
 def test_unreachable_host_fails_fast(lab, make_inventory):
     gone = lab.add_host("gone")
     gone.stop()
