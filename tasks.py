@@ -17,7 +17,7 @@ SELECT_HELP = {"host": "a host of the inventory (repeatable)", "group": "every h
 def hosts(c, inventory=None):
     """List the inventory's hosts and groups."""
     with cli.exit_codes():
-        inv, _ = cli.load_selection(inventory)
+        inv = cli.load_inventory(inventory)
         raise Exit(code=cli.hosts_table(inv, Console()))
 
 
@@ -61,16 +61,26 @@ def validate(c, host=None, group=None, all=False, inventory=None, steps=None, sk
                                      no_cache=no_cache))
 
 
-@task(iterable=["host"], help={**SELECT_HELP, "report_dir": STEP_HELP["report_dir"],
+@task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
                                "baseline": "a baseline file (default: the last good nightly run)"})
-def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None):
+def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
+            skip=None, no_cache=False):
     """Validate every host but `local` (or the selection) and flag benchmark regressions (exit 3)."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(inventory, host, group, all)
         if not (host or group or all):
             selected = [h for h in inv.hosts.values() if h.name != "local"]
-        raise Exit(code=cli.validate(inv, selected, Console(), report_dir=report_dir, command="nightly",
-                                     baseline=baseline))
+        raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
+                                     no_cache=no_cache, command="nightly", baseline=baseline))
+
+
+@task(help={"run": "a run id, a run directory or latest (default)", "out": "the baseline file to write",
+            "inventory": SELECT_HELP["inventory"]})
+def baseline(c, out, run=None, inventory=None):
+    """Write a benchmark baseline file (for nightly --baseline) from a run's passing hosts."""
+    with cli.exit_codes():
+        inv = cli.load_inventory(inventory)
+        raise Exit(code=cli.baseline(inv, Console(), out, run))
 
 
 @task(help={"run": "a run id, a run directory or latest (default)", "compare": "a second run to compare with",
@@ -78,7 +88,7 @@ def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, 
 def report(c, run=None, compare=None, inventory=None):
     """Re-render a run's report.md, report.html and junit.xml; --compare puts two runs' benchmarks side by side."""
     with cli.exit_codes():
-        inv, _ = cli.load_selection(inventory)
+        inv = cli.load_inventory(inventory)
         raise Exit(code=cli.rerender(inv, Console(), run, compare))
 
 
@@ -86,5 +96,5 @@ def report(c, run=None, compare=None, inventory=None):
 def clean(c, keep=10, inventory=None):
     """Delete old runs under runs/, keeping the newest --keep."""
     with cli.exit_codes():
-        inv, _ = cli.load_selection(inventory)
+        inv = cli.load_inventory(inventory)
         raise Exit(code=cli.clean(inv, Console(), int(keep)))

@@ -40,11 +40,16 @@ def exit_codes():
         raise Exit(code=INTERRUPTED) from None
 
 
+def load_inventory(inventory: str | None) -> Inventory:
+    """The inventory file given with --inventory, or hosts.yaml beside tasks.py."""
+    return inventory_mod.load(inventory or DEFAULT_INVENTORY)
+
+
 def load_selection(inventory: str | None, host=None, group=None, all=False) -> tuple[Inventory, list[Host]]:
-    """The inventory (default: hosts.yaml beside tasks.py) and the hosts the flags select."""
+    """The inventory and the hosts the flags select (none selected: `local`)."""
     if all and (host or group):
         raise UsageError("--all cannot be combined with --host or --group")
-    inv = inventory_mod.load(inventory or DEFAULT_INVENTORY)
+    inv = load_inventory(inventory)
     return inv, inv.select(host or (), group, all)
 
 

@@ -218,3 +218,36 @@ def processes_in(directory: Path) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run):
+    _, full_dir = full_run
+    full = load_run(full_dir)
+    metric, value = next((m, v["value"]) for m, v in full["hosts"]["h1"]["bench"]["metrics"].items()
+                         if v["better"] == "higher" and v["value"] > 0)
+    baseline = workdir / "baseline.json"
+    baseline.write_text(json.dumps({"version": 1, "hosts": {"h1": {metric: value * 10}}, "thresholds": {"*": 0.5}}))
+    run_dir = workdir / "run-nightly"
+    proc = subprocess.run([sys.executable, "-m", "invoke", "nightly", "--inventory", str(workdir / "h1.yaml"),
+                           "--host", "h1", "--skip", "test", "--baseline", str(baseline), "--report-dir", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, **lab.env()})
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert run["command"] == "nightly" and run["status"] == "passed"
+    assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
+    assert f"REGRESSION h1 {metric}" in proc.stdout
+    assert metric in (run_dir / "report.md").read_text()
+
+
+def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
+    _, full_dir = full_run
+    again = workdir / "run-copy"
+    shutil.copytree(full_dir, again)
+    (again / "report.html").unlink()
+    proc = subprocess.run([sys.executable, "-m", "invoke", "report", "--inventory", str(workdir / "h1.yaml"),
+                           "--run", str(again), "--compare", str(full_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (again / "report.html").is_file()
+    compare = next(again.glob("compare-*.md")).read_text()
+    assert "h1" in compare and "tokens/s" in compare
