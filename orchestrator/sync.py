@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import remote, state
+from . import relay, remote, state
 from .errors import SyncError
 from .inventory import Project
 from .transport import Transport
@@ -128,14 +128,15 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     ]
 
 
-def rsync_argv(transport: Transport, project: Project, checksum: bool = False) -> list[str]:
+def rsync_argv(transport: Transport, project: Project, checksum: bool = False, rsh: str | None = None) -> list[str]:
     """The rsync command line that mirrors the source onto the host's remote_dir (`checksum`:
-    compare contents, not size and time, as when repairing a broken sync)."""
+    compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
+    shell, relay.rsync_shell's, instead of the transport's system ssh)."""
     host = transport.host
     argv = ["rsync", "-az", "--delete", "--stats", "--protect-args"] + (["--checksum"] if checksum else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
-    argv += transport.rsync_args()
+    argv += ["-e", rsh] if rsh else transport.rsync_args()
     if host.rsync_path and not host.is_local:
         argv.append("--rsync-path=" + remote.quote([host.rsync_path]))
     return argv + [f"{project.source}/", transport.rsync_dest(host.remote_dir + "/")]
@@ -169,11 +170,13 @@ def is_excluded(path: str, is_dir: bool, patterns) -> bool:
 
 # -- rsync -----------------------------------------------------------------------------------------
 def _rsync(transport: Transport, project: Project, log, checksum: bool) -> dict:
-    argv = rsync_argv(transport, project, checksum)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSYNC_")}
     for attempt in range(3):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env,
-                              timeout=remote.client_timeout(transport.host.timeout("sync")))
+        # rsync's remote side runs over the transport's own (verified) connection: no second handshake
+        with relay.rsync_shell(transport) as rsh:
+            argv = rsync_argv(transport, project, checksum, rsh)
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                                  timeout=remote.client_timeout(transport.host.timeout("sync")))
         if proc.returncode not in (255, 12) or "Host key verification failed" in proc.stderr \
                 or "Permission denied" in proc.stderr or attempt == 2:
             break

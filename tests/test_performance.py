@@ -91,3 +91,31 @@ def test_cached_test_and_bench_steps(context):
     bench_ctx = context()
     bench_ctx.step = "bench"
     assert bench_step.run(bench_ctx).status == "cached"
+
+
+def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
+    from orchestrator import relay, sync
+    from orchestrator.transport import SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree", "rsync_path": "/opt/rsync dir/rsync"}})
+    rsh = relay.remote.quote(relay.helper_argv("/tmp/kdtree-rsh-x/s"))
+    argv = sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, rsh=rsh)
+    assert argv[argv.index("-e") + 1] == f"{sys.executable} -I -S {relay.HELPER} /tmp/kdtree-rsh-x/s"
+    assert "--rsync-path='/opt/rsync dir/rsync'" in argv and argv[-1] == "h:/srv/kdtree/"
+    assert relay.HELPER.is_file()
+
+
+@pytest.mark.parametrize("command, rsync_path, ok", [
+    ("rsync --server -slogDtprze.iLsfxCIvu", None, True),     # what rsync asks for (--protect-args)
+    ("rsync --server -logDtprze.iLsfxCIvu --delete . /srv/kdtree/", None, True),
+    ("'/opt/rsync dir/rsync' --server -slogDtprcze.iLsfxCIvu", "/opt/rsync dir/rsync", True),
+    ("rsync --server -slogDtprcze.iLsfxCIvu", "/opt/rsync dir/rsync", False),
+    ("rsync --server . /x; touch /tmp/canary", None, False),
+    ("rsync --server . '$(touch /tmp/canary)'", None, False),
+    ("rm -rf / --server ", None, False),
+    ("rsync --daemon", None, False),
+    ("/usr/bin/rsync --server . /x", None, False),
+    ("rsync --server . /x\ntouch /tmp/canary", None, False),
+])
+def test_the_relay_runs_only_rsyncs_server(command, rsync_path, ok):
+    from orchestrator import relay
+    assert relay.allowed(command, rsync_path) is ok

@@ -158,9 +158,13 @@ def test_jump_host(lab, make_inventory, remote_dir):
     with open_transport(inv.hosts["far"]) as t:
         assert t.run("echo far", timeout=10).tail == "far\n"
         result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
-    assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
+        assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
+        time.sleep(0.2)
+        # one connection went through the bastion: Paramiko's, reused by every command and by rsync (relay.py)
+        assert len(target.findall(bastion.log())) == before + 1
+        # system ssh goes through the same bastion
+        assert subprocess.run(t.ssh_argv("true"), capture_output=True, timeout=30).returncode == 0
     time.sleep(0.2)
-    # two connections went through the bastion: Paramiko's (reused by every command) and rsync's ssh
     assert len(target.findall(bastion.log())) == before + 2
 
 
