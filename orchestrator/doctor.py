@@ -94,7 +94,8 @@ def check_gpu(host: Host, facts) -> Finding:
     gpus = facts.get("gpu", [])
     if not gpus:
         status = "fail" if host.backend == "cuda" or host.gpus else "warn"
-        return Finding("gpu", status, f"no GPU found by nvidia-smi{'' if status == 'fail' else ': CPU backend'}")
+        why = "nvidia-smi is not on the host's PATH" if facts.get("nvidia_smi") else "no GPU found by nvidia-smi"
+        return Finding("gpu", status, f"{why}{'' if status == 'fail' else ': CPU backend'}")
     models = sorted(set(gpus))
     detail = f"{len(gpus)} x " + "; ".join(models) if len(models) == 1 else "; ".join(gpus)
     if host.gpus and len(gpus) != host.gpus:
@@ -140,7 +141,14 @@ if [ -n "$rsync_path" ]; then [ -x "$rsync_path" ] && r=$rsync_path; else r=$(co
 [ -n "$r" ] && echo "rsync=$r" && echo "rsync_version=$("$r" --version 2>/dev/null | head -n1)"
 if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
 [ -n "$n" ] && echo "nvcc=$n" && echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'
+  apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c .)
+  [ "${apps:-0}" -gt 0 ] && echo "gpu_busy=yes" || echo "gpu_busy=no"
+else
+  echo "nvidia_smi=missing"
+fi
+sed -n 's/^model name[[:space:]]*: */cpu=/p' /proc/cpuinfo 2>/dev/null | head -n1
 p=$d; while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
 echo "disk_path=$p"
 echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
