@@ -31,6 +31,7 @@
 #include "common.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kd::cuda {
 
@@ -100,8 +101,9 @@ __device__ __forceinline__ uint4 ld_stream(const uint32_t* p) {
 // Byte b of `even` is 0x80 | nibble(2b) << 3 (of `odd`: nibble 2b + 1); placed under the byte
 // 0x41 that is the float 0x41800000 + (nibble << 19) = 16 + nibble.
 __device__ __forceinline__ void dequant8(uint32_t word, float f[8]) {
-    const uint32_t even = ((word << 3) & 0x78787878u) | 0x80808080u;
-    const uint32_t odd = ((word >> 1) & 0x78787878u) | 0x80808080u;
+    uint32_t even, odd;  // (w & 0x78787878) | 0x80808080 as one LOP3 each
+    asm("lop3.b32 %0, %1, 0x78787878, 0x80808080, 0xea;" : "=r"(even) : "r"(word << 3));
+    asm("lop3.b32 %0, %1, 0x78787878, 0x80808080, 0xea;" : "=r"(odd) : "r"(word >> 1));
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
         f[2 * b] = __uint_as_float(__byte_perm(even, 0x41000000u, 0x7044 | (b << 8)));
@@ -153,12 +155,13 @@ __device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const
 
 // One warp step: adds this lane's share of the step's inputs into part (see mm_kernel for
 // the order). W4: one group of 32 inputs per lane; fp32: 4 strided inputs per lane.
-template <WFmt F, int MT, int R>
+// FULL: the step lies wholly inside K (no lane is past its end).
+template <WFmt F, int MT, int R, bool FULL = false>
 __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>& cur, const float* xs,
                                         const float* xsum, int kch, int k, int kc, int ke, int mc, int lane) {
     if constexpr (F == WFmt::W4) {
         const int kl = k + lane * 32;  // first input of this lane's group
-        if (kl >= ke) return;
+        if (!FULL && kl >= ke) return;
         const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
         const int sw = lane & 7;
         float g[R][MT];
@@ -185,7 +188,7 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
                     dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f);
 #pragma unroll
                     for (int m = 0; m < MT; ++m)
-                        if (m < mc)
+                        if (m == 0 || m < mc)
 #pragma unroll
                             for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[e], xv[m][e], g[r][m]);
                 }
@@ -199,7 +202,7 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
                 }
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-                    if (m < mc) {
+                    if (m == 0 || m < mc) {
                         const float4* xm = xg + m * (kch / 4);
                         const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
                         const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -214,7 +217,7 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
         const int gl = (kl - kc) >> 5;
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-            if (m < mc) {
+            if (m == 0 || m < mc) {
                 const float X = xsum[m * (kch / 32) + gl];
 #pragma unroll
                 for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.s[r], fmaf(-24.0f, X, g[r][m]), part[r][m]);
@@ -223,10 +226,10 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int kk = k + lane + 32 * u;
-            if (kk < ke) {
+            if (FULL || kk < ke) {
 #pragma unroll
                 for (int m = 0; m < MT; ++m)
-                    if (m < mc) {
+                    if (m == 0 || m < mc) {
                         const float xv = xs[m * kch + (kk - kc)];
 #pragma unroll
                         for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
@@ -234,6 +237,62 @@ __device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>&
             }
         }
     }
+}
+
+// mm_step, then at the end of a super-chunk the butterfly of the lane sums into tot.
+template <WFmt F, int MT, int R, bool FULL>
+__device__ __forceinline__ void mm_step_reduce(float (&part)[R][MT], float (&tot)[R][MT], const WStep<F, R>& cur,
+                                               const float* xs, const float* xsum, int kch, int k, int kc, int ke,
+                                               int mc, int lane) {
+    mm_step<F, MT, R, FULL>(part, cur, xs, xsum, kch, k, kc, ke, mc, lane);
+    if ((k + mm_warp_step<F>()) % KD_MM_SCHUNK == 0 || k + mm_warp_step<F>() >= ke) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                if (m == 0 || m < mc) {
+                    tot[r][m] += warp_sum(part[r][m]);
+                    part[r][m] = 0.0f;
+                }
+    }
+}
+
+// Per-lane weight pointers of one warp's rows, positioned at a step and advanced by fetch:
+// in the dynamic loop a step then costs its loads and one pointer increment per row.
+template <WFmt F, int R>
+struct WPtr {
+    const uint32_t* q[R];
+    const float* s[R];
+    const float* w[R];
+};
+
+template <WFmt F, int R, bool FULL>
+__device__ __forceinline__ WStep<F, R> fetch(WPtr<F, R>& ptr, int k, int ke, int lane) {
+    WStep<F, R> st;
+    if constexpr (F == WFmt::W4) {
+        if (FULL || k + lane * 32 < ke) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                st.q[r] = ld_stream(ptr.q[r]);
+                st.s[r] = __ldg(ptr.s[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            ptr.q[r] += mm_warp_step<F>() / 8;
+            ptr.s[r] += mm_warp_step<F>() / 32;
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const bool ok = FULL || k + lane + 32 * u < ke;
+#pragma unroll
+            for (int r = 0; r < R; ++r) st.w[r][u] = ok ? __ldg(ptr.w[r] + 32 * u) : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) ptr.w[r] += mm_warp_step<F>();
+    }
+    return st;
 }
 
 // Split-K: the last block of row block rb to finish adds the super-chunks in ascending order.
@@ -259,7 +318,7 @@ __device__ void split_reduce(const MmParams& p, int rb) {
 }
 
 template <WFmt F, int MT, int R, bool GLU>
-__global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmParams p) {
+__global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);   // [MT][kch] staged activations
     float* xsum = xs + MT * p.kch;                  // [MT][kch / 32] their group sums (W4)
@@ -357,47 +416,80 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
             if (lane == 0) u = static_cast<int>(atomicAdd(ctr, 1u));
             return __shfl_sync(0xffffffffu, u, 0);
         };
-        int unit = grab();
-        WStep<F, R> cur{};
-        if (unit < n_units) cur = load(unit * ROWS, kb);
-        while (unit < n_units) {
-            const int next = grab(), n0 = unit * ROWS;
-            float part[R][MT], tot[R][MT];
+        // The lane's pointers for the rows n0 .. n0 + ROWS at input kb.
+        const auto unit_ptrs = [&](int n0) {
+            WPtr<F, R> ptr;
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int m = 0; m < MT; ++m) part[r][m] = tot[r][m] = 0.0f;
-            for (int k = kb; k < ke; k += WS) {
-                const WStep<F, R> nxt = k + WS < ke ? load(n0, k + WS) : next < n_units ? load(next * ROWS, kb) : cur;
-                mm_step<F, MT, R>(part, cur, xs, xsum, p.kch, k, kb, ke, m_count, lane);
-                if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-#pragma unroll
-                        for (int m = 0; m < MT; ++m)
-                            if (m < m_count) {
-                                tot[r][m] += warp_sum(part[r][m]);
-                                part[r][m] = 0.0f;
-                            }
+            for (int r = 0; r < R; ++r) {
+                const long n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
+                const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
+                if constexpr (F == WFmt::W4) {
+                    ptr.q[r] = w.q + n * (K / 8) + kb / 8 + lane * 4;
+                    ptr.s[r] = w.s + n * (K / 32) + kb / 32 + lane;
+                } else {
+                    ptr.w[r] = w.w + n * K + kb + lane;
                 }
-                cur = nxt;
             }
-            if (lane == 0) {
+            return ptr;
+        };
+        // FULL: every step lies wholly inside K, so no lane needs a bounds check.
+        const auto run = [&](auto full) {
+            constexpr bool FULL = decltype(full)::value;
+            int unit = grab();
+            WPtr<F, R> ptr;
+            WStep<F, R> cur{};
+            if (unit < n_units) {
+                ptr = unit_ptrs(unit * ROWS);
+                cur = fetch<F, R, FULL>(ptr, kb, ke, lane);
+            }
+            const int n_steps = (ke - kb + WS - 1) / WS;
+            WStep<F, R> other;
+            while (unit < n_units) {
+                const int next = grab(), n0 = unit * ROWS;
+                float part[R][MT], tot[R][MT];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    const int n = n0 + r;
+                for (int r = 0; r < R; ++r)
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        if (m >= m_count || n >= N) continue;
-                        const long prow = m_begin + m;
-                        float v = GLU ? silu_mul_f(tot[r][m], tot[r + ROWS][m]) : tot[r][m];
-                        if (p.bias) v += p.bias[n];
-                        p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                    for (int m = 0; m < MT; ++m) part[r][m] = tot[r][m] = 0.0f;
+                // Two steps per iteration with two register buffers (no copies): while one step
+                // computes, the next one (in this unit or the next) is loading.
+                // After the last step of the last unit the warp re-reads its unit's first step
+                // (a wasted load, never used), so that every fetch is unconditional.
+                const int after = (next < n_units ? next : unit) * ROWS;
+                for (int st = 0; st < n_steps; st += 2) {
+                    const int k = kb + st * WS;
+                    const bool last_a = st + 1 >= n_steps;
+                    if (last_a) ptr = unit_ptrs(after);
+                    other = fetch<F, R, FULL>(ptr, last_a ? kb : k + WS, ke, lane);
+                    mm_step_reduce<F, MT, R, FULL>(part, tot, cur, xs, xsum, p.kch, k, kb, ke, m_count, lane);
+                    if (last_a) {  // odd step count: the next unit starts in `other`
+                        cur = other;
+                        break;
+                    }
+                    const bool last_b = st + 2 >= n_steps;
+                    if (last_b) ptr = unit_ptrs(after);
+                    cur = fetch<F, R, FULL>(ptr, last_b ? kb : k + 2 * WS, ke, lane);
+                    mm_step_reduce<F, MT, R, FULL>(part, tot, other, xs, xsum, p.kch, k + WS, kb, ke, m_count, lane);
+                }
+                if (lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) {
+                        const int n = n0 + r;
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            if (m >= m_count || n >= N) continue;
+                            const long prow = m_begin + m;
+                            float v = GLU ? silu_mul_f(tot[r][m], tot[r + ROWS][m]) : tot[r][m];
+                            if (p.bias) v += p.bias[n];
+                            p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                        }
                     }
                 }
+                unit = next;
             }
-            unit = next;
-        }
+        };
+        if ((ke - kb) % WS == 0) run(std::true_type{});
+        else run(std::false_type{});
         // The last block out resets the slot's counters for the next launch.
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -445,7 +537,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, MT == 1 ? 3 : 2) mm_kernel(MmPa
                             for (int r = 0; r < R; ++r)
 #pragma unroll
                                 for (int m = 0; m < MT; ++m)
-                                    if (m < mc) {
+                                    if (m == 0 || m < mc) {
                                         const float v = warp_sum(part[r][m]);
                                         if (lane == 0) total[i][warp][r * MT + m] += v;
                                         part[r][m] = 0.0f;
