@@ -226,6 +226,7 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
 
 def baseline(inv: Inventory, console: Console, out: str, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the latest) for `nightly --baseline`."""
+    from . import record, report
     run_dir = record.resolve_run(inv.project.root / "runs", run)
     path = report.write_baseline(record.load_run(run_dir), out)
     hosts = report.load_baseline(path)["hosts"]
@@ -255,8 +256,28 @@ def summary(console: Console, outcomes: parallel.Outcomes, columns, header: list
 
 
 def main() -> None:
-    """kdtree-orch: the tasks of tasks.py, from anywhere."""
+    """kdtree-orch: the tasks of tasks.py, from anywhere (a flag Invoke cannot parse: exit 2)."""
     from invoke import Collection, Program
+    from invoke.exceptions import ParseError
+
+    class UsageExit2(Program):
+        def parse_core(self, argv):
+            try:
+                return super().parse_core(argv)
+            except ParseError as e:
+                _usage_exit(e)
+
+        def parse_tasks(self):
+            try:
+                return super().parse_tasks()
+            except ParseError as e:
+                _usage_exit(e)
+
     sys.path.insert(0, str(REPO_ROOT))
     import tasks
-    Program(namespace=Collection.from_module(tasks), version="0.1.0", name="kdtree-orch").run()
+    UsageExit2(namespace=Collection.from_module(tasks), version="0.1.0", name="kdtree-orch").run()
+
+
+def _usage_exit(error: Exception) -> None:
+    print(error, file=sys.stderr)
+    sys.exit(2)

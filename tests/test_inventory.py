@@ -135,3 +135,10 @@ def test_cli_exit_code_2_on_unknown_host():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "unknown host 'ct20' (did you mean 'ct200'?)" in proc.stderr
+
+
+def test_kdtree_orch_usage_errors_exit_2():
+    for argv in (["deploy", "--nope"], ["trust"], ["deploy", "--host", "nope"]):
+        proc = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *argv],
+                              cwd="/", capture_output=True, text=True)
+        assert proc.returncode == 2, (argv, proc.stderr)
