@@ -350,14 +350,15 @@ class SshTransport(Transport):
 
     def _open_one(self, conn) -> None:
         """Open one Fabric connection, its failure as a HostError of the right kind."""
+        start = time.monotonic()
         try:
             conn.open()
         except HostError:
-            conn.close()
+            _discard(conn)
             raise
         except Exception as e:
-            conn.close()
-            raise self._connect_error(e, conn) from None
+            _discard(conn)
+            raise self._connect_error(e, conn, time.monotonic() - start) from None
         _no_delay(conn.transport.sock)
 
     def _connection(self, config, target, user, port, gateway, policy):
@@ -374,7 +375,7 @@ class SshTransport(Transport):
                 conn.client.get_host_keys().load(str(file))
         return conn
 
-    def _connect_error(self, e: Exception, conn) -> HostError:
+    def _connect_error(self, e: Exception, conn, elapsed: float = 0.0) -> HostError:
         import paramiko
         where = f"{conn.host}:{conn.port}"
         if isinstance(e, paramiko.BadHostKeyException):
@@ -388,6 +389,12 @@ class SshTransport(Transport):
         if isinstance(e, (socket.timeout, TimeoutError)):
             return ConnectError(f"cannot reach {where}: timed out after {self.host.timeout('connect')} s",
                                 host=self.host.name, retry=False)
+        if isinstance(e, paramiko.SSHException) and (isinstance(e.__context__, (socket.timeout, TimeoutError))
+                                                      or elapsed >= self.host.timeout("connect") - 0.5):
+            # the TCP connection opened but the host said nothing in time (a hung sshd): not
+            # transient, and retrying would multiply the wait
+            return ConnectError(f"cannot reach {where}: no SSH answer within {self.host.timeout('connect')} s "
+                                f"(sshd hung or not an SSH server: {e})", host=self.host.name, retry=False)
         if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, EOFError,
                           paramiko.SSHException, OSError)):
             return ConnectError(f"cannot reach {where}: {e}", host=self.host.name, retry=True)
@@ -617,6 +624,13 @@ def _stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def _discard(conn) -> None:
+    """Close a connection that failed to open: Fabric's close() does nothing before open()
+    succeeded, which would leave Paramiko's socket open (a session half-way through auth)."""
+    conn.close()
+    conn.client.close()
 
 
 def _no_delay(sock) -> None:
