@@ -53,6 +53,13 @@ def allowed(command: str, rsync_path: str | None) -> bool:
     return all(_OPTION_WORD.fullmatch(word) for word in command[len(program) + 1:].split(" "))
 
 
+def dry_run_shell(transport: Transport) -> str | None:
+    """rsync_shell's value as --dry-run shows it (the private directory is made when it runs)."""
+    if not isinstance(transport, SshTransport):
+        return None
+    return remote.quote(helper_argv(os.path.join(tempfile.gettempdir(), "kdtree-rsh-XXXXXXXX", "s")))
+
+
 @contextlib.contextmanager
 def rsync_shell(transport: Transport):
     """rsync's `-e` value (a command line) that runs rsync's remote side over the transport's own

@@ -122,7 +122,8 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     return [
         (f"{where}: claim remote_dir and take the lock", state.lock_command(host.remote_dir, owner)),
         (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path)),
-        ("local: transfer (a tar stream instead when the host has no rsync)", remote.quote(rsync_argv(transport, project))),
+        ("local: transfer (a tar stream instead when the host has no rsync)",
+         remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
         (f"{where}: hash the deployed tree", remote.step_command(host, project.commands["tree_hash"], host.timeout("sync"))),
         (f"{where}: write the deploy record, clear the in-progress mark", finish_command(host.remote_dir)),
     ]

@@ -119,3 +119,14 @@ def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
 def test_the_relay_runs_only_rsyncs_server(command, rsync_path, ok):
     from orchestrator import relay
     assert relay.allowed(command, rsync_path) is ok
+
+
+def test_dry_run_shows_the_relay(make_inventory):
+    from orchestrator import relay, state, sync
+    from orchestrator.transport import LocalTransport, SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"},
+                          "local": {"transport": "local", "remote_dir": "/work/.deploy/local"}})
+    transfer = dict(sync.deploy_commands(SshTransport(inv.hosts["h"]), inv.project, state.Owner.now("deploy")))
+    line = transfer["local: transfer (a tar stream instead when the host has no rsync)"]
+    assert f"-e '{sys.executable} -I -S {relay.HELPER} " in line and "kdtree-rsh-XXXXXXXX/s'" in line
+    assert relay.dry_run_shell(LocalTransport(inv.hosts["local"])) is None
