@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shlex
 import shutil
 import statistics
@@ -108,12 +109,21 @@ class Runner:
 
     def __init__(self, lab, work: Path, verbose: bool):
         self.lab, self.work, self.verbose = lab, work, verbose
-        self.env = {**os.environ, **lab.env(), "PYTHONDONTWRITEBYTECODE": "1"}
+        self.env = {**os.environ, **lab.env()}
+
+    last_cpu = 0.0       # CPU seconds of the last command's process tree on the client (not the sshd side)
+
+    @staticmethod
+    def _children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     def run(self, argv, *, cwd=REPO, env=None, what="") -> float:
+        cpu = self._children_cpu()
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=cwd, env=env or self.env, capture_output=True, text=True, timeout=1800)
         seconds = time.perf_counter() - start
+        self.last_cpu = self._children_cpu() - cpu
         if proc.returncode != 0:
             raise SystemExit(f"benchmark command failed ({what}): {shlex.join(map(str, argv))}\n"
                              f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -123,11 +133,13 @@ class Runner:
 
     def run_parallel(self, argvs, *, what="") -> float:
         """Every argv at once (one process per host, as `cmd & cmd & wait`); wall time."""
+        cpu = self._children_cpu()
         start = time.perf_counter()
         procs = [subprocess.Popen(a, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True) for a in argvs]
         outs = [p.communicate(timeout=1800)[0] for p in procs]
         seconds = time.perf_counter() - start
+        self.last_cpu = self._children_cpu() - cpu
         for p, out, argv in zip(procs, outs, argvs):
             if p.returncode != 0:
                 raise SystemExit(f"benchmark command failed ({what}): {shlex.join(map(str, argv))}\n"
@@ -296,10 +308,11 @@ def bench_deploy(tools, host, subdir_of, repeats, source) -> dict:
     for r in range(repeats):
         for tool in tools:
             reset([host], subdir_of[tool.name])
-            times[tool.name]["cold"].append(tool.deploy([host]))
-            times[tool.name]["warm"].append(tool.deploy([host]))
-            change_one_file(source, counter)
-            times[tool.name]["changed"].append(tool.deploy([host]))
+            for case in ("cold", "warm", "changed"):
+                if case == "changed":
+                    change_one_file(source, counter)
+                times[tool.name][case].append(tool.deploy([host]))
+                times[tool.name][f"{case}_client_cpu"].append(tool.runner.last_cpu)
             # every tool sees the same change: put it back for the next tool
         print(f"  deploy repeat {r + 1}/{repeats}: " + ", ".join(
             f"{t.name} {times[t.name]['warm'][-1]:.2f}" for t in tools) + " s warm", file=sys.stderr)
@@ -340,15 +353,17 @@ def bench_fanout(tools_by_name, lab, counts_list, repeats, source) -> dict:
         for n in counts_list:
             hosts = hosts_all[:n]
             tool.deploy(hosts)            # bring every host up to date (not timed)
-            warm, changed, doctor = [], [], []
+            warm, changed, doctor, cpu = [], [], [], []
             for _ in range(repeats):
                 warm.append(tool.deploy(hosts))
+                cpu.append(tool.runner.last_cpu)
                 change_one_file(source, counter)
                 changed.append(tool.deploy(hosts))
                 doctor.append(tool.doctor(hosts))
-            result[tool_name][n] = {"warm": median(warm), "changed": median(changed), "doctor": median(doctor)}
-            print(f"  fanout {tool_name} x{n}: warm {median(warm):.2f} s, changed {median(changed):.2f} s, "
-                  f"doctor {median(doctor):.2f} s", file=sys.stderr)
+            result[tool_name][n] = {"warm": median(warm), "changed": median(changed), "doctor": median(doctor),
+                                    "warm_client_cpu": median(cpu)}
+            print(f"  fanout {tool_name} x{n}: warm {median(warm):.2f} s (client CPU {median(cpu):.2f} s), "
+                  f"changed {median(changed):.2f} s, doctor {median(doctor):.2f} s", file=sys.stderr)
     for by_n in result.values():
         base = by_n[counts_list[0]]
         for n, row in by_n.items():
@@ -475,10 +490,13 @@ def report(results: dict) -> str:
             bare = d.get("bare", {}).get(case, {}).get("median")
             inv = d.get("invoke", {}).get(case, {}).get("median")
             ans = d.get("ansible", {}).get(case, {}).get("median")
-            rows.append([case, bare, inv, ans if ans is not None else "-", ratio(inv, bare), ratio(ans, inv)])
+            cpu = [d.get(t, {}).get(f"{case}_client_cpu", {}).get("median") for t in ("bare", "invoke", "ansible")]
+            rows.append([case, bare, inv, ans if ans is not None else "-", ratio(inv, bare), ratio(ans, inv),
+                         " / ".join("-" if c is None else f"{c:.2f}" for c in cpu)])
         out += [f"deploy, one host, {results['source']['files']} files ({results['source']['mb']} MB), "
                 f"median of {results['repeats']} (seconds)",
-                table(["case", "bare rsync+ssh", "invoke deploy", "ansible", "invoke/bare", "ansible/invoke"], rows),
+                table(["case", "bare rsync+ssh", "invoke deploy", "ansible", "invoke/bare", "ansible/invoke",
+                       "client CPU s bare/invoke/ansible"], rows),
                 "targets: warm invoke/bare <= 1.5x; ansible/invoke >= 2x", ""]
     if "validate" in results:
         v = results["validate"]
@@ -493,10 +511,12 @@ def report(results: dict) -> str:
         rows = []
         for tool, by_n in results["fanout"].items():
             for n, row in by_n.items():
-                rows.append([tool, n, row["warm"], row["ratio"]["warm"], row["changed"], row["ratio"]["changed"],
-                             row["doctor"], row["ratio"]["doctor"]])
-        out += ["fan-out (seconds, ratio to the first host count)",
-                table(["tool", "hosts", "warm deploy", "ratio", "1 changed", "ratio", "doctor/probe", "ratio"], rows),
+                rows.append([tool, n, row["warm"], row["ratio"]["warm"], row["warm_client_cpu"], row["changed"],
+                             row["ratio"]["changed"], row["doctor"], row["ratio"]["doctor"]])
+        out += ["fan-out (seconds, ratio to the first host count; client CPU: the command's own process tree,"
+                " not the sshd side, which shares this machine's cores)",
+                table(["tool", "hosts", "warm deploy", "ratio", "client CPU", "1 changed", "ratio", "doctor/probe",
+                       "ratio"], rows),
                 "target: invoke deploy on 16 hosts <= 1.5x of 1 host", ""]
     if "counts" in results:
         rows = []
