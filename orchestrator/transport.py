@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import os
 import posixpath
 import queue
@@ -41,9 +42,8 @@ from .inventory import Host
 
 TAIL_BYTES = 64 * 1024
 CHUNK = 64 * 1024
-CONNECT_ATTEMPTS = 3
-CONNECT_BACKOFF = (0.5, 1.5)
-KEEPALIVE_COUNT = 3
+CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
+KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
 STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
 
 OutputCallback = Callable[[str], None]
@@ -288,20 +288,29 @@ class SshTransport(Transport):
         self._hops: list = []
         self._pinned_file: Path | None = None
         self._lock = threading.Lock()
+        self._lost: str | None = None       # why the keepalive watchdog closed the connection
 
     # -- connection ----------------------------------------------------------------------------
     def connect(self) -> None:
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
                 return
-            for attempt in range(CONNECT_ATTEMPTS):
+            # a refused or reset connection (sshd restarting) is retried with backoff for as long as
+            # the connect timeout lasts; a timeout, a host key or an authentication failure never is
+            start, delay = time.monotonic(), CONNECT_BACKOFF
+            for attempt in itertools.count(1):
                 try:
                     self._conn = self._open()
                     return
                 except ConnectError as e:
-                    if not e.retry or attempt == CONNECT_ATTEMPTS - 1:
-                        raise
-                    time.sleep(CONNECT_BACKOFF[min(attempt, len(CONNECT_BACKOFF) - 1)])
+                    left = start + self.host.timeout("connect") - time.monotonic()
+                    if not e.retry or left <= 0:
+                        if attempt == 1:
+                            raise
+                        raise ConnectError(f"{e.message} ({attempt} attempts in {time.monotonic() - start:.1f} s)",
+                                           host=self.host.name, retry=False) from None
+                    time.sleep(min(delay, left))
+                    delay *= 2
 
     def close(self) -> None:
         with self._lock:
@@ -339,6 +348,8 @@ class SshTransport(Transport):
             self._hops = []
             raise
         conn.transport.set_keepalive(int(host.timeout("keepalive")))
+        self._lost = None
+        threading.Thread(target=self._watch, args=(conn.transport,), daemon=True).start()
         key = conn.transport.get_remote_server_key()
         name = hostkeys.known_name(conn.host, conn.port)
         if host.host_key and hostkeys.fingerprint(key) != host.host_key:
@@ -400,6 +411,28 @@ class SshTransport(Transport):
             return ConnectError(f"cannot reach {where}: {e}", host=self.host.name, retry=True)
         return ConnectError(f"cannot connect to {where}: {type(e).__name__}: {e}", host=self.host.name, retry=False)
 
+    def _watch(self, transport) -> None:
+        """Keepalive with a deadline (ssh's ServerAliveCountMax; Paramiko's keepalive never waits for
+        an answer): every `keepalive` seconds ask the host for a reply; when none comes within
+        KEEPALIVE_COUNT intervals (a hung host, a dead network), close the connection, so every
+        command on it fails at once instead of waiting for its own timeout."""
+        interval = self.host.timeout("keepalive")
+        while transport.is_active():
+            time.sleep(interval)
+            answered = threading.Event()
+
+            def ask():
+                try:
+                    transport.global_request("keepalive@openssh.com", wait=True)
+                except Exception:
+                    pass
+                answered.set()
+            threading.Thread(target=ask, daemon=True).start()
+            if not answered.wait(interval * KEEPALIVE_COUNT) and transport.is_active():
+                self._lost = f"the host answered no keepalive for {interval * KEEPALIVE_COUNT:g} s"
+                transport.close()
+                return
+
     def server_key(self) -> tuple[str, object]:
         """The verified host key of the connection: (known_hosts name, Paramiko key)."""
         self.connect()
@@ -452,12 +485,14 @@ class SshTransport(Transport):
                 wait = _remaining(deadline)
                 if not transport.is_active() or (wait is not None and wait <= 0):
                     break
-            if not chan.exit_status_ready():
-                if transport.is_active():
-                    return None
-                raise ConnectError("connection lost while running a command", host=self.host.name,
-                                   command=command, retry=False)
-            return chan.recv_exit_status()
+            # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
+            code = chan.recv_exit_status() if chan.exit_status_ready() else None
+            if code is None and transport.is_active():
+                return None
+            if code is None or code < 0:
+                raise ConnectError("connection lost while running a command" + (f": {self._lost}" if self._lost else ""),
+                                   host=self.host.name, command=command, retry=False)
+            return code
 
     # -- system ssh / rsync --------------------------------------------------------------------
     def ssh_options(self) -> list[str]:

@@ -176,12 +176,16 @@ def test_3_authentication_failure_is_one_attempt_with_a_clear_error(lab, make_in
     with pytest.raises(AuthError, match=r"authentication to 127\.0\.0\.1:\d+ as root failed"):
         open_transport(inv.hosts["l"]).run("true", timeout=10)
     assert time.monotonic() - start < 5
-    assert wait_for(lambda: count(locked, attempts), 2) == connections + 1
+    wait_for(lambda: count(locked, attempts) == connections + 1, 3)
+    time.sleep(0.3)
+    assert count(locked, attempts) == connections + 1
     start = time.monotonic()
     proc = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "l")
     assert proc.returncode == 1 and "authentication to 127.0.0.1:" in proc.stdout and "failed" in proc.stdout
     assert time.monotonic() - start < 10
-    assert wait_for(lambda: count(locked, attempts), 2) == connections + 2
+    wait_for(lambda: count(locked, attempts) == connections + 2, 3)
+    time.sleep(0.3)
+    assert count(locked, attempts) == connections + 2
     assert accepted(locked) == 0 and not Path(remote_dir).exists()
 
 
@@ -219,3 +223,94 @@ def test_4_unreachable_host_fails_within_the_connect_timeout_while_others_finish
         if fault != "closed-port":
             os.kill(bad.proc.pid, signal.SIGCONT)
             bad.stop()
+
+
+# -- 5: a host that hangs mid-step --------------------------------------------------------------------
+def fake_commands(**overrides) -> dict:
+    """The shipped project commands with fast stand-ins for the engine's (build key, version)."""
+    import yaml
+    commands = dict(yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["commands"])
+    commands.update({"build_key": "echo '{}'", "version": "echo kdtree 0.0 tree=none"}, **overrides)
+    return commands
+
+
+def run_validate(inv, host_names, steps, report_dir, **kwargs):
+    """The validate pipeline in this process (as `invoke validate` runs it): (exit code, run dir, output)."""
+    out = io.StringIO()
+    code = cli.validate(inv, [inv.hosts[n] for n in host_names], Console(out), steps=steps,
+                        report_dir=str(report_dir), **kwargs)
+    return code, Path(report_dir), out.getvalue()
+
+
+def test_5_a_host_that_hangs_mid_step_is_detected_by_keepalive(lab, make_inventory, tmp_path):
+    """Scenario 5. The host's sshd session processes are stopped (SIGSTOP) while a step runs. The user
+    sees: the step FAILED with `connection lost while running a command: the host answered no
+    keepalive for 6 s`, within keepalive (2 s) x 3 plus a little, not after the step's 60 s timeout.
+    Afterwards (the host resumes): the step's remote process tree is gone, and the next run works."""
+    hung = fresh_host(lab, "hung")
+    marker = f"5{os.getpid() % 1000:03d}"
+    inv = make_inventory({"hung": entry(lab, hung, remote_dir=str(hung.root / "engine"), timeouts={"build": 60})},
+                         commands=fake_commands(build=f"echo started; sleep 6{marker} & sleep 7{marker}; wait"))
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(
+        r=run_validate(inv, ["hung"], "sync,build", tmp_path / "run")))
+    runner.start()
+    assert wait_for(lambda: len(processes(rf"^sleep [67]{marker}")) == 2, 30)
+    stopped = session_pids(hung)
+    assert stopped
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        runner.join(30)
+        detected = time.monotonic() - start
+        assert not runner.is_alive()
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    code, run_dir, out = result["r"]
+    assert code == 1 and detected < 2 * 3 + 4, (detected, out)
+    build = json.loads((run_dir / "run.json").read_text())["hosts"]["hung"]["steps"]["build"]
+    assert build["status"] == "failed"
+    assert "connection lost while running a command: the host answered no keepalive for 6 s" in build["message"]
+    assert wait_for(lambda: not processes(rf"^sleep [67]{marker}"), 10), processes(rf"^sleep [67]{marker}")
+    code, _, out = run_validate(inv, ["hung"], "sync", tmp_path / "next")
+    assert code == 0, out
+
+
+# -- 14: transient failures -----------------------------------------------------------------------------
+def test_14_sshd_down_for_a_few_seconds_is_retried_with_backoff(lab, make_inventory, remote_dir, monkeypatch):
+    """Scenario 14. sshd is down for 3 s when the deploy starts. The user sees: the deploy succeeds
+    (a little late). Afterwards: the tree is deployed; the connection was attempted several times with
+    growing pauses (backoff); an authentication or host-key failure is attempted exactly once."""
+    flaky = fresh_host(lab, "flaky")
+    inv = make_inventory({"f": entry(lab, flaky, remote_dir=remote_dir, timeouts={"connect": 5})})
+    attempts = []
+    real_open = SshTransport._open
+
+    def counting_open(self):
+        attempts.append(time.monotonic())
+        return real_open(self)
+    monkeypatch.setattr(SshTransport, "_open", counting_open)
+    flaky.stop()
+    threading.Timer(3, flaky.start).start()
+    start = time.monotonic()
+    with open_transport(inv.hosts["f"]) as t:
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
+    assert result.files > 0 and (Path(remote_dir) / "src" / "main.cpp").is_file()
+    assert time.monotonic() - start >= 3 and len(attempts) >= 3
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0], gaps
+
+    attempts.clear()                                       # host key changed: one attempt, no retry
+    flaky.new_host_key()
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        open_transport(inv.hosts["f"]).connect()
+    assert len(attempts) == 1
+    attempts.clear()                                       # authentication refused: one attempt
+    key = inv.hosts["f"]
+    lab.untrust(flaky)                                      # (the new key is trusted from here on)
+    lab.trust(flaky)
+    with pytest.raises(AuthError):
+        open_transport(inventory_mod.Host(**{**key.__dict__, "user": "nosuchuser"})).connect()
+    assert len(attempts) == 1
