@@ -10,7 +10,8 @@ the engine's trusted snippets are passed as one quoted argument to `bash -c`, ne
 
 GUARD starts `setsid -w timeout -k KILL_AFTER TIMEOUT ARGV...`: a new session (own process
 group) that coreutils `timeout` signals as a whole (TERM, then KILL after KILL_AFTER seconds),
-so nothing the step started outlives its timeout (exit status 124, or 137 after KILL). GUARD
+so nothing the step started outlives its timeout (exit status 124, or 137 after KILL); processes
+that left the group (setsid, daemons) are found by a tag in their environment and killed. GUARD
 also stops that process group when the command's stdin reaches its end: the client keeps stdin
 open while it waits, so closing the channel, a dead client or a lost connection stops the step
 on the host too (closing an ssh channel alone does not); and when the step ends, whatever it
@@ -100,8 +101,11 @@ def _seconds(value: float) -> str:
 # $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a background
 # watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the step's
 # process, if it has not made its group yet); what the step left in its group is killed at the end.
+# Every process of the step carries a tag in its environment (KDTREE_STEP=<guard pid>.<random>):
+# at the end, those that left the group (setsid, daemons) are found by it in /proc and killed too.
 GUARD = r'''exec 3<&0 0</dev/null
-setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
+tag=KDTREE_STEP=$$.$RANDOM$RANDOM$RANDOM
+env "$tag" setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
 step=$!
 { read -r _ <&3; kill -TERM -- "-$step" || kill -TERM "$step"; } >/dev/null 2>&1 &
 guard=$!
@@ -110,4 +114,5 @@ wait "$step"
 rc=$?
 kill "$guard" 2>/dev/null
 kill -KILL -- "-$step" 2>/dev/null
+for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
 exit "$rc"'''

@@ -314,3 +314,32 @@ def test_14_sshd_down_for_a_few_seconds_is_retried_with_backoff(lab, make_invent
     with pytest.raises(AuthError):
         open_transport(inventory_mod.Host(**{**key.__dict__, "user": "nosuchuser"})).connect()
     assert len(attempts) == 1
+
+
+# -- 6: step timeout -----------------------------------------------------------------------------------
+def test_6_a_step_timeout_kills_the_whole_remote_tree_and_keeps_the_partial_log(lab, make_inventory, tmp_path):
+    """Scenario 6. A build that outlives its 3 s timeout, having started a grandchild, background
+    children (`&`, a subshell's `&`, nohup) and one that left the process group (setsid). The user
+    sees: build TIMEOUT after ~3 s, later steps skipped, exit code 1, and the output printed before
+    the timeout in the report (run.json tail, report.md, report.html, junit.xml) and the step log.
+    Afterwards: not one of those processes is left on the host."""
+    m = f"6{os.getpid() % 1000:03d}"
+    build = (f"echo partial-output-{m}; sleep 5{m} & (sleep 6{m} &); nohup sleep 7{m} >/dev/null 2>&1 & "
+             f"setsid sleep 8{m} & bash -c 'sleep 9{m}'")
+    h2 = lab.hosts["h2"]
+    inv = make_inventory({"h2": entry(lab, h2, remote_dir=str(h2.root / f"timeout-{tmp_path.name}"),
+                                      timeouts={"build": 3})}, commands=fake_commands(build=build))
+    start = time.monotonic()
+    code, run_dir, out = run_validate(inv, ["h2"], "sync,build,test", tmp_path / "run")
+    assert code == 1 and time.monotonic() - start < 20
+    run = json.loads((run_dir / "run.json").read_text())
+    steps = run["hosts"]["h2"]["steps"]
+    assert steps["build"]["status"] == "timeout" and steps["test"]["status"] == "skipped"
+    assert 3 <= steps["build"]["seconds"] < 10
+    assert "timed out after 3 s" in steps["build"]["message"]
+    assert f"partial-output-{m}" in steps["build"]["tail"]
+    assert f"partial-output-{m}" in (run_dir / "h2" / "build.log").read_text()
+    for name in ("report.md", "report.html", "junit.xml"):
+        assert f"partial-output-{m}" in (run_dir / name).read_text(), name
+    assert re.search(r"h2 .*build.*TIMEOUT|build +TIMEOUT", out)
+    assert wait_for(lambda: not processes(rf"^sleep [5-9]{m}"), 3), processes(rf"^sleep [5-9]{m}")
