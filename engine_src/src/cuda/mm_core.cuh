@@ -14,6 +14,10 @@
 //   * fp32: a lane reads 4 strided words per step (a warp step covers 128 inputs, coalesced).
 //   * Activations for MT rows and a chunk of K sit in shared memory (W4: an XOR-swizzled layout
 //     so that the 16-byte reads of 32 lanes, 128 bytes apart, hit distinct banks).
+//   * Dynamic mode (all of K for all rows of the pass fits one staged chunk): one resident wave
+//     of blocks stages the activations once; warps take units of R rows from a device counter
+//     (no block-level tail) and keep the next step's weights loading in a second register buffer.
+//     Static mode otherwise: a block owns a balanced set of row blocks, streamed per K chunk.
 //   * Split-K (plain matmuls whose grid would not fill the GPU): one block per super-chunk.
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
@@ -70,7 +74,7 @@ struct MmParams {
     // Split-K (splits > 1, plain mode only): blockIdx.y is the super-chunk.
     int splits = 1;
     float* ws = nullptr;          // [splits][M][N]
-    unsigned* counters = nullptr; // [gridDim.x], zero between launches
+    unsigned* counters = nullptr; // [row blocks]: blocks done per row block, zero between launches
     // Dynamic scheduling: two counters per slot (next unit, blocks done), zero between launches.
     unsigned* sched = nullptr;
 };
@@ -380,8 +384,6 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         return st;
     };
 
-    // The weights of one warp step are loaded one step ahead of their use (the step sequence
-    // runs over token passes, chunks, row blocks, then K), so a warp always has loads in flight.
     // Stages activation rows mc0 .. mc0 + mc, inputs kc .. kc_end, into shared memory.
     const auto stage = [&](int kc, int kc_end, int mc0, int mc) {
         for (int m = 0; m < mc; ++m) {
@@ -502,7 +504,9 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         return;
     }
 
-    // Static mode: this block owns row blocks blockIdx.x + i * gridDim.x (see above).
+    // Static mode: this block owns row blocks blockIdx.x + i * gridDim.x (see above). The
+    // weights of one warp step are loaded one step ahead of their use (the step sequence runs
+    // over token passes, chunks, row blocks, then K), so a warp always has loads in flight.
     WStep<F, R> cur{};
     if (n_my > 0) cur = load(first_row(0), kb);
     for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
