@@ -11,3 +11,9 @@ refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes the bund
 [[ -f "$refs/manifest.json" ]] || bash scripts/bundles.sh
 # shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
 build/kdtree bench --manifest "$refs/manifest.json" --out build/bench.json ${KD_BENCH_ARGS:-}
+# With the CUDA backend, the GPU kernel benchmarks (ceiling, w4a16 vs cuBLAS, K2 MoE layer) join
+# the report; KD_BENCH_GPU_ARGS defaults to --quick (fewer repeats and token counts).
+if grep -q '"backend": "cuda"' build/build_info.json 2>/dev/null; then
+    KD_BENCH_GPU_ARGS="${KD_BENCH_GPU_ARGS:---quick}" bash scripts/bench_gpu.sh
+    "${PYTHON:-python3}" scripts/merge_gpu_bench.py build/bench.json build/bench_gpu.json
+fi
