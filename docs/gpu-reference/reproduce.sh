@@ -13,6 +13,7 @@ R=/opt/kd-openssh
 lab=/opt/kd-lab
 mkdir -p "$R" "$lab" "$out"
 
+host_path=$PATH          # the machine's own PATH, before ours: what its ssh sessions get
 for deb in .debs/*.deb; do dpkg -x "$deb" "$R"; done
 export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:$R/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$R/usr/bin:$R/usr/sbin:$PATH"
@@ -21,8 +22,9 @@ if ! python3 -c 'import fabric, invoke, paramiko' 2>/dev/null; then
 fi
 export PYTHONPATH="$lab/site:$repo"
 
-# sshd on 127.0.0.1 with a fresh host key, key-only auth; its sessions get this machine's PATH
-# (where the image keeps nvidia-smi) and the unpacked libraries, as a host's own profile would.
+# sshd on 127.0.0.1 with a fresh host key, key-only auth; its sessions get this machine's own PATH
+# (where the image keeps nvidia-smi; not our unpacked rsync) and the unpacked libraries (for the
+# rsync we point the inventory at), as a host's own profile would.
 id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
 mkdir -p /run/sshd
 [ -f "$lab/host_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$lab/host_key"
@@ -41,7 +43,7 @@ UsePAM no
 PermitRootLogin prohibit-password
 StrictModes no
 Subsystem sftp $R/usr/lib/openssh/sftp-server
-SetEnv LD_LIBRARY_PATH=$LD_LIBRARY_PATH PATH=$PATH
+SetEnv LD_LIBRARY_PATH=$LD_LIBRARY_PATH PATH=$host_path
 CFG
 [ -f "$lab/sshd.pid" ] && kill "$(cat "$lab/sshd.pid")" 2>/dev/null || true
 setsid "$R/usr/sbin/sshd" -f "$lab/sshd_config" -E "$lab/sshd.log"
@@ -68,7 +70,9 @@ data["project"]["source"] = f"{repo}/engine_src"
 host = {"address": "h200", "user": "root", "remote_dir": "/opt/kdtree-engine", "cuda_home": "/usr/local/cuda",
         "python": shutil.which("python3"), "arch": "sm_90", "gpus": 1, "groups": ["hopper"],
         "known_hosts": f"{lab}/known_hosts"}
-data["hosts"] = {"local": data["hosts"]["local"], "h200-bare": dict(host), "h200": dict(host, rsync_path=f"{root}/usr/bin/rsync")}
+# h200: rsync where we unpacked it (rsync_path); h200-bare: the machine as it is, without rsync.
+data["hosts"] = {"local": data["hosts"]["local"], "h200": dict(host, rsync_path=f"{root}/usr/bin/rsync"),
+                 "h200-bare": dict(host, remote_dir="/opt/kdtree-engine-bare")}
 data["groups"] = {"hopper": {"description": "the H200 stand-in GPU host (sm_90)"}}
 yaml.safe_dump(data, open(f"{lab}/hosts.yaml", "w"), sort_keys=False)
 PY
@@ -80,7 +84,11 @@ python3 -m invoke doctor --inventory "$inv" --host h200-bare || true    # what t
 python3 -m invoke doctor --inventory "$inv" --host h200 || true
 status=0
 python3 -m invoke validate --inventory "$inv" --host h200 --report-dir "$lab/run" || status=$?
+# The bare machine: no rsync on its PATH, so deploy falls back to a tar stream.
+python3 -m invoke deploy --inventory "$inv" --host h200-bare || status=$?
+python3 -m invoke validate --inventory "$inv" --host h200-bare --skip bench --report-dir "$lab/run-bare" || status=$?
 set +x
 cp "$lab/run/run.json" "$lab/run/report.html" "$lab/run/report.md" "$lab/run/junit.xml" "$out/"
-tar -czf "$out/logs.tar.gz" -C "$lab/run" h200
+cp "$lab/run-bare/run.json" "$out/run-bare.json"
+tar -czf "$out/logs.tar.gz" -C "$lab" run/h200 run-bare/h200-bare
 exit $status
