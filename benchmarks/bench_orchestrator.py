@@ -113,17 +113,24 @@ class Runner:
 
     last_cpu = 0.0       # CPU seconds of the last command's process tree on the client (not the sshd side)
 
+    last_machine_cpu = 0.0   # CPU seconds of the whole machine meanwhile (sshd side and other load included)
+
     @staticmethod
     def _children_cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
+    @staticmethod
+    def _machine_cpu() -> float:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")     # all but idle, iowait
+
     def run(self, argv, *, cwd=REPO, env=None, what="") -> float:
-        cpu = self._children_cpu()
+        cpu, machine = self._children_cpu(), self._machine_cpu()
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=cwd, env=env or self.env, capture_output=True, text=True, timeout=1800)
         seconds = time.perf_counter() - start
-        self.last_cpu = self._children_cpu() - cpu
+        self.last_cpu, self.last_machine_cpu = self._children_cpu() - cpu, self._machine_cpu() - machine
         if proc.returncode != 0:
             raise SystemExit(f"benchmark command failed ({what}): {shlex.join(map(str, argv))}\n"
                              f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -133,13 +140,13 @@ class Runner:
 
     def run_parallel(self, argvs, *, what="") -> float:
         """Every argv at once (one process per host, as `cmd & cmd & wait`); wall time."""
-        cpu = self._children_cpu()
+        cpu, machine = self._children_cpu(), self._machine_cpu()
         start = time.perf_counter()
         procs = [subprocess.Popen(a, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True) for a in argvs]
         outs = [p.communicate(timeout=1800)[0] for p in procs]
         seconds = time.perf_counter() - start
-        self.last_cpu = self._children_cpu() - cpu
+        self.last_cpu, self.last_machine_cpu = self._children_cpu() - cpu, self._machine_cpu() - machine
         for p, out, argv in zip(procs, outs, argvs):
             if p.returncode != 0:
                 raise SystemExit(f"benchmark command failed ({what}): {shlex.join(map(str, argv))}\n"
@@ -353,15 +360,16 @@ def bench_fanout(tools_by_name, lab, counts_list, repeats, source) -> dict:
         for n in counts_list:
             hosts = hosts_all[:n]
             tool.deploy(hosts)            # bring every host up to date (not timed)
-            warm, changed, doctor, cpu = [], [], [], []
+            warm, changed, doctor, cpu, machine = [], [], [], [], []
             for _ in range(repeats):
                 warm.append(tool.deploy(hosts))
                 cpu.append(tool.runner.last_cpu)
+                machine.append(tool.runner.last_machine_cpu)
                 change_one_file(source, counter)
                 changed.append(tool.deploy(hosts))
                 doctor.append(tool.doctor(hosts))
             result[tool_name][n] = {"warm": median(warm), "changed": median(changed), "doctor": median(doctor),
-                                    "warm_client_cpu": median(cpu)}
+                                    "warm_client_cpu": median(cpu), "warm_machine_cpu": median(machine)}
             print(f"  fanout {tool_name} x{n}: warm {median(warm):.2f} s (client CPU {median(cpu):.2f} s), "
                   f"changed {median(changed):.2f} s, doctor {median(doctor):.2f} s", file=sys.stderr)
     for by_n in result.values():
@@ -511,12 +519,13 @@ def report(results: dict) -> str:
         rows = []
         for tool, by_n in results["fanout"].items():
             for n, row in by_n.items():
-                rows.append([tool, n, row["warm"], row["ratio"]["warm"], row["warm_client_cpu"], row["changed"],
+                rows.append([tool, n, row["warm"], row["ratio"]["warm"], row["warm_client_cpu"],
+                             f"{row['warm_machine_cpu'] / row['warm'] / os.cpu_count():.0%}", row["changed"],
                              row["ratio"]["changed"], row["doctor"], row["ratio"]["doctor"]])
         out += ["fan-out (seconds, ratio to the first host count; client CPU: the command's own process tree,"
-                " not the sshd side, which shares this machine's cores)",
-                table(["tool", "hosts", "warm deploy", "ratio", "client CPU", "1 changed", "ratio", "doctor/probe",
-                       "ratio"], rows),
+                " not the sshd side, which shares this machine's cores; machine busy: all cores, warm deploy)",
+                table(["tool", "hosts", "warm deploy", "ratio", "client CPU", "machine busy", "1 changed", "ratio",
+                       "doctor/probe", "ratio"], rows),
                 "target: invoke deploy on 16 hosts <= 1.5x of 1 host", ""]
     if "counts" in results:
         rows = []
