@@ -468,8 +468,8 @@ def machine() -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), "?")
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "kernel": platform.release(), "ssh": first(["ssh", "-V"]) or subprocess.run(
-                ["ssh", "-V"], capture_output=True, text=True).stderr.strip(),
+            "kernel": platform.release(), "ssh": subprocess.run(["ssh", "-V"], capture_output=True,
+                                                                 text=True).stderr.strip(),
             "rsync": first(["rsync", "--version"]), "memory_gb": round(os.sysconf("SC_PAGE_SIZE") *
                                                                      os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
 
