@@ -3,7 +3,6 @@ source tree, and an inventory factory. The lab's machinery lives in tests/sshd.p
 from __future__ import annotations
 
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,8 @@ from sshd import SshLab
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The tree hash of engine_src/README.md ("Source tree hash"), for a synthetic source tree.
-TREE_HASH_SH = textwrap.dedent(r'''
-    #!/usr/bin/env bash
-    set -euo pipefail
-    cd "${1:-.}"
-    find . -type f ! -path './build/*' ! -path './.git/*' ! -path './.kdtree/*' ! -path '*/__pycache__/*' \
-      ! -name '*.pyc' ! -path './tests/refs/model_*.kdtr' ! -path './tests/refs/manifest.json' -print0 \
-      | sed -z 's|^\./||' | LC_ALL=C sort -z | xargs -0 -r sha256sum | sha256sum | cut -d' ' -f1
-''').lstrip()
+# The engine's own definition of the tree hash (engine_src/README.md, "Source tree hash").
+TREE_HASH_SH = (REPO / "engine_src" / "scripts" / "tree_hash.sh").read_text()
 
 
 @pytest.fixture(scope="session")
