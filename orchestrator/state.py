@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import socket
+import threading
 
 from . import remote
 from .errors import DestinationError, FetchError, HostError, LockError
@@ -60,27 +61,42 @@ class Owner:
         return f"{self.command} by pid {self.pid} on {self.client}, started {self.started}"
 
 
+_HELD: set = set()                      # the locks this process holds (released on an interrupt)
+_HELD_GUARD = threading.Lock()
+
+
 class HostLock:
     """A held lock; release() (or leaving the with-block) frees it and removes its owner file."""
 
     def __init__(self, transport: Transport, process, stale: Owner | None):
         self.transport, self._process, self.stale = transport, process, stale
+        with _HELD_GUARD:
+            _HELD.add(self)
 
-    def release(self) -> None:
-        if self._process is None:
+    def release(self, timeout: float = 30) -> None:
+        with _HELD_GUARD:
+            process, self._process = self._process, None
+            _HELD.discard(self)
+        if process is None:
             return
         try:
-            self._process.write(b"release\n")
+            process.write(b"release\n")
         except OSError:
             pass
-        self._process.close()
-        self._process = None
+        process.close(timeout)
 
     def __enter__(self) -> "HostLock":
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def release_all(timeout: float = 2) -> None:
+    """Release every lock this process holds, each waiting at most `timeout` seconds (on an
+    interrupt, before the connections close: the next run finds the lock free, not a dead run's)."""
+    for lock in list(_HELD):
+        lock.release(timeout)
 
 
 def lock_command(remote_dir: str, owner: Owner) -> str:
