@@ -100,6 +100,8 @@ class Transport:
         non-zero exit (HostError only when the host cannot be reached). Without `stdin` data the
         command's stdin stays open until it ends: a guarded command (remote.GUARD) stops when
         it closes (the client gives up, closes the transport, or dies)."""
+        if _STOPPED.is_set():
+            raise HostError("the run was interrupted", host=self.host.name)
         collector = _Collector(on_output, TAIL_BYTES)
         if isinstance(stdin, (bytes, bytearray)):
             stdin = _BytesReader(bytes(stdin))
@@ -295,6 +297,8 @@ class SshTransport(Transport):
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
                 return
+            if _STOPPED.is_set():
+                raise HostError("the run was interrupted", host=self.host.name)
             # a refused or reset connection (sshd restarting) is retried with backoff for as long as
             # the connect timeout lasts; a timeout, a host key or an authentication failure never is
             start, delay = time.monotonic(), CONNECT_BACKOFF
@@ -547,7 +551,9 @@ class SshTransport(Transport):
 
 
 def close_all() -> None:
-    """Close every transport of this process (on an interrupt): remote commands stop too."""
+    """Close every transport of this process for good (on an interrupt): remote commands stop
+    too, and no transport connects or starts a command again (a retry would resume the work)."""
+    _STOPPED.set()
     for transport in list(_ALL):
         transport.close()
 
@@ -571,6 +577,7 @@ def ssh_config_lookup(alias: str) -> dict:
 
 # -- helpers -------------------------------------------------------------------------------------
 _ALL: "weakref.WeakSet[Transport]" = weakref.WeakSet()
+_STOPPED = threading.Event()        # set by close_all(): the run was interrupted
 
 _READ_SCRIPT = r'''
 [ -L "$1" ] && exit 3
