@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,21 +25,48 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
-INTERRUPTED = 130
+INTERRUPTED = 130      # SIGINT (Ctrl-C)
+TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (the hosts' work stopped, their locks released), exit 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def interrupted_code(error: BaseException | None = None) -> int:
+    """The exit code of an interrupted run: 143 after SIGTERM, else 130."""
+    return TERMINATED if isinstance(error, Terminated) or _terminated.is_set() else INTERRUPTED
+
+
+_terminated = threading.Event()
 
 
 @contextlib.contextmanager
 def exit_codes():
-    """Turn an orchestrator error into its message on stderr and its exit code (130: interrupted)."""
+    """Turn an orchestrator error into its message on stderr and its exit code (130: interrupted,
+    143: terminated). SIGTERM is handled as Ctrl-C is, while the task runs."""
     from invoke import Exit
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigterm(signum, frame):
+            _terminated.set()
+            _on_sigterm(signum, frame)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     except KdError as e:
         print(f"error: {e}", file=sys.stderr)
         raise Exit(code=e.exit_code) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
-        raise Exit(code=INTERRUPTED) from None
+        raise Exit(code=interrupted_code(e)) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def load_inventory(inventory: str | None) -> Inventory:
@@ -174,7 +203,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     run_summary(console, run)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
-        return 130
+        return interrupted_code()
     if run.status != "passed":
         return 1
     return 3 if run.regressions else 0
