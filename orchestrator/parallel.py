@@ -2,7 +2,8 @@
 
 One host failing never stops the others: its exception is kept in its Outcome. As in Fabric's
 group.py, the caller gets every host's result and decides (succeeded / failed / exit_code).
-An interrupt (Ctrl-C) closes every transport, which stops the commands running on the hosts.
+An interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) releases the host locks and closes every
+transport for good, which stops the commands running on the hosts (and no retry reconnects).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
-from . import transport
+from . import state, transport
 from .errors import KdError
 from .inventory import Host
 
@@ -80,6 +81,7 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel:
         except KeyboardInterrupt:           # stop the hosts' work, here and on the hosts
             for future in futures:
                 future.cancel()
+            state.release_all()
             transport.close_all()
             raise
     return outcomes
