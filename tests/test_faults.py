@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -343,3 +344,99 @@ def test_6_a_step_timeout_kills_the_whole_remote_tree_and_keeps_the_partial_log(
         assert f"partial-output-{m}" in (run_dir / name).read_text(), name
     assert re.search(r"h2 .*build.*TIMEOUT|build +TIMEOUT", out)
     assert wait_for(lambda: not processes(rf"^sleep [5-9]{m}"), 3), processes(rf"^sleep [5-9]{m}")
+
+
+# -- 7: interrupts ---------------------------------------------------------------------------------------
+SLOW_CAT = "import os, sys, time\nwhile True:\n    d = os.read(0, 8192)\n    if not d: break\n    os.write(1, d)\n    time.sleep(0.2)"
+
+
+def slow_rsync(tmp_path: Path, marker: str) -> Path:
+    """An rsync_path for the host: rsync receiving through a pipe that passes 40 kB/s (the pipe
+    process carries `marker` on its command line; both end when the connection does)."""
+    wrapper = tmp_path / "slow-rsync"
+    wrapper.write_text(f"#!/bin/bash\nexec rsync \"$@\" < <(exec {sys.executable} -c {shlex.quote(SLOW_CAT)} {marker} 2>/dev/null)\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def reading_from(pid: int) -> list[int]:
+    """The processes whose stdin is the pipe process `pid` writes to."""
+    try:
+        pipe = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return []
+    readers = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != pid and os.readlink(proc / "fd" / "0") == pipe:
+                readers.append(int(proc.name))
+        except OSError:
+            continue
+    return readers
+
+
+INTERRUPTS = [("deploy", "sync", signal.SIGINT), ("deploy", "sync", signal.SIGTERM),
+              ("validate", "sync", signal.SIGINT), ("validate", "sync", signal.SIGTERM),
+              ("validate", "build", signal.SIGINT), ("validate", "build", signal.SIGTERM),
+              ("validate", "test", signal.SIGINT), ("validate", "test", signal.SIGTERM)]
+
+
+@pytest.mark.parametrize("task,phase,sig", INTERRUPTS, ids=[f"{t}-{p}-{s.name}" for t, p, s in INTERRUPTS])
+def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
+        lab, make_inventory, source, tmp_path, task, phase, sig):
+    """Scenario 7. `invoke deploy` / `invoke validate` gets SIGINT (Ctrl-C) or SIGTERM (CI cancelling
+    a job) during the sync, the build or the tests. The user sees: `interrupted`, exit code 130
+    (SIGINT) or 143 (SIGTERM), within seconds; validate still writes its run directory (status
+    interrupted). Afterwards: the remote rsync / build / test processes are gone, the host lock is
+    free (its owner file removed: the next run does not report a dead run's lock), and the next run
+    works."""
+    m = f"7{os.getpid() % 1000:03d}{next(_names)}"
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"interrupt-{tmp_path.name}"
+    slow = {}
+    if phase == "sync":
+        (source / "big.bin").write_bytes(os.urandom(1 << 20))
+        slow = {"rsync_path": str(slow_rsync(tmp_path, f"slowcat-{m}"))}
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote), **slow)},
+                         commands=fake_commands(build=f"echo building; sleep 3{m}", test=f"echo testing; sleep 3{m}"))
+    args = [task, "--inventory", str(inv.path), "--host", "h"]
+    if task == "validate":
+        args += ["--steps", {"sync": "sync", "build": "sync,build", "test": "sync,test"}[phase],
+                 "--report-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **lab.env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        if phase == "sync":
+            found = wait_for(lambda: [int(p.split(":")[0]) for p in processes(rf"slowcat-{m}")], 30)
+            assert len(found) == 1, processes(rf"slowcat-{m}")
+            found += wait_for(lambda: reading_from(found[0]), 5)     # the remote rsync, fed by the slow pipe
+            assert len(found) == 2 and "rsync" in Path(f"/proc/{found[1]}/cmdline").read_text()
+            remote_pids = found
+        else:
+            found = wait_for(lambda: [int(p.split(":")[0]) for p in processes(rf"^sleep 3{m}")], 30)
+            assert found
+            remote_pids = found
+        assert all(alive(p) for p in remote_pids)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], out + err
+    assert time.monotonic() - start < 10, out + err
+    assert "interrupted" in err + out
+    assert wait_for(lambda: not any(alive(p) for p in remote_pids), 5), "the remote work goes on"
+    assert not (remote / ".kdtree" / "owner").exists(), "the lock's owner file was left behind"
+    if task == "validate":
+        assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+    (source / "big.bin").unlink(missing_ok=True)
+    again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "recovered the lock" not in again.stdout and (remote / "src" / "main.cpp").is_file()
