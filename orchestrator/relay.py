@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 
 from . import remote
+from .errors import ConnectError
 from .transport import SshTransport, Transport
 
 HELPER = Path(__file__).with_name("rsh_helper.py")
@@ -67,7 +68,11 @@ def rsync_shell(transport: Transport):
     if not isinstance(transport, SshTransport):
         yield None
         return
-    transport.connect()
+    conn = transport._conn
+    if conn is None or not conn.is_connected:
+        # never reconnect here: the host lock was taken over this connection and died with it
+        raise ConnectError("the connection to the host was lost before the transfer (its lock with it)",
+                           host=transport.host.name, retry=False)
     relay = _Relay(transport)
     try:
         yield remote.quote(helper_argv(relay.path))

@@ -130,3 +130,13 @@ def test_dry_run_shows_the_relay(make_inventory):
     line = transfer["local: transfer (a tar stream instead when the host has no rsync)"]
     assert f"-e '{sys.executable} -I -S {relay.HELPER} " in line and "kdtree-rsh-XXXXXXXX/s'" in line
     assert relay.dry_run_shell(LocalTransport(inv.hosts["local"])) is None
+
+
+def test_the_relay_never_reconnects_behind_the_lock(make_inventory):
+    from orchestrator import relay
+    from orchestrator.errors import ConnectError
+    from orchestrator.transport import SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"}})
+    with pytest.raises(ConnectError, match="lost before the transfer"):
+        with relay.rsync_shell(SshTransport(inv.hosts["h"])):
+            pass
