@@ -7,6 +7,18 @@ its exit code and the tail of its output, so that a message alone is enough to a
 from __future__ import annotations
 
 TAIL_LINES = 20
+# Causes worth naming in a failure's first line (strerror texts, as tools print them).
+KNOWN_CAUSES = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied",
+                "Input/output error", "Too many open files", "Cannot allocate memory", "File name too long")
+
+
+def cause_of(output: str) -> str | None:
+    """The well-known cause of a failure found in a command's output (e.g. `No space left on
+    device`), so that the message says why and not only that it failed; None if there is none."""
+    for cause in KNOWN_CAUSES:
+        if cause.lower() in output.lower():
+            return cause
+    return None
 
 
 class KdError(Exception):
