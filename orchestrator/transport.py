@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from . import hostkeys, remote
-from .errors import AuthError, CommandError, ConnectError, FetchError, HostError
+from .errors import AuthError, CommandError, ConnectError, FetchError, HostError, cause_of
 from .inventory import Host
 
 TAIL_BYTES = 64 * 1024
@@ -118,6 +118,8 @@ class Transport:
         result = self.run(command, timeout=timeout, on_output=on_output, stdin=stdin)
         if not result.ok:
             why = "timed out" if result.timed_out else "failed"
+            cause = None if result.timed_out else cause_of(result.tail)
+            why += f": {cause}" if cause else ""
             raise CommandError(f"{what} {why}", host=self.host.name, command=command,
                                exit_status=result.exit_code, tail=result.tail)
         return result
