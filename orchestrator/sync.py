@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import relay, remote, state
-from .errors import SyncError
+from .errors import KdError, SyncError, cause_of
 from .inventory import Project
 from .transport import Transport
 
@@ -184,11 +184,30 @@ def _rsync(transport: Transport, project: Project, log, checksum: bool) -> dict:
         log(f"rsync failed with exit code {proc.returncode}, retrying: {proc.stderr.strip()[-200:]}")
         time.sleep(1 + 2 * attempt)
     if proc.returncode != 0:
-        raise SyncError("rsync failed", host=transport.host.name, command=remote.quote(argv),
+        cause = cause_of(proc.stderr)
+        cause = f"{cause} (in {transport.host.remote_dir})" if cause else _space_cause(transport, project)
+        raise SyncError("rsync failed" + (f": {cause}" if cause else ""),
+                        host=transport.host.name, command=remote.quote(argv),
                         exit_status=proc.returncode, tail=proc.stdout[-2000:] + proc.stderr[-4000:])
     return {"files": _stat(proc.stdout, "Number of regular files transferred"),
             "bytes": _stat(proc.stdout, "Total bytes sent"),
             "deleted": _stat(proc.stdout, "Number of deleted files")}
+
+
+def _space_cause(transport: Transport, project: Project) -> str | None:
+    """`No space left on device`, with the numbers, when the tree cannot fit in remote_dir's
+    filesystem (rsync's receiver does not always get to say so before its connection ends)."""
+    try:
+        out = transport.capture(remote.script_command(_SPACE_SCRIPT, transport.host.remote_dir, timeout=30),
+                                timeout=remote.client_timeout(30), max_bytes=4096, what="checking free space")
+        free_kb, used_kb = (int(w) for w in out.split()[:2])
+    except (KdError, ValueError):
+        return None
+    needed_kb = sum(size for kind, size, _ in _local_listing(project).values() if kind == "f") // 1024
+    if needed_kb <= free_kb + used_kb:
+        return None
+    return f"No space left on device: the tree needs {needed_kb} kB, {transport.host.remote_dir} holds {used_kb} kB " \
+           f"and its filesystem has {free_kb} kB free"
 
 
 def _stat(stats: str, label: str) -> int:
@@ -295,6 +314,11 @@ printf 'started %s\n' "$2" > sync.partial
 if [ -n "$3" ]; then [ -x "$3" ] && printf 'RSYNC %s\n' "$3"
 else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
 exit 0
+'''
+
+_SPACE_SCRIPT = r'''
+df -Pk -- "$1" | awk 'NR == 2 {print $4}'
+du -sk -- "$1" | cut -f1
 '''
 
 _FINISH_SCRIPT = r'''
