@@ -440,3 +440,158 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
     again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "recovered the lock" not in again.stdout and (remote / "src" / "main.cpp").is_file()
+
+
+def outside(remote_dir: Path) -> dict:
+    """Everything beside remote_dir in its parent (which no deploy may touch)."""
+    parent = remote_dir.parent
+    return {k: v for k, v in tree(parent).items() if not (k == remote_dir.name or k.startswith(remote_dir.name + "/"))}
+
+
+# -- 8: sshd killed during a sync ----------------------------------------------------------------------------
+def test_8_sshd_killed_during_a_sync_is_repaired_by_the_next_run(lab, make_inventory, source, tmp_path):
+    """Scenario 8. sshd (listener and sessions) is SIGKILLed while rsync is transferring. The user
+    sees: the deploy FAILED naming the host (exit 1); after sshd is back, the next deploy says `the
+    previous sync did not finish ...; this sync repairs the tree` and that it recovered the dead
+    run's lock, and exits 0. Afterwards: the tree on the host is exactly the source (tree hash
+    verified), and nothing outside remote_dir changed."""
+    m = f"8{os.getpid() % 1000:03d}"
+    victim = fresh_host(lab, "victim")
+    remote = victim.root / "area" / "engine"
+    (victim.root / "area" / "neighbour").mkdir(parents=True)
+    (victim.root / "area" / "neighbour" / "precious").write_text("keep\n")
+    (victim.root / "area" / "notes.txt").write_text("keep too\n")
+    before = outside(remote)
+    (source / "big.bin").write_bytes(os.urandom(1 << 20))
+    inv = make_inventory({"v": entry(lab, victim, remote_dir=str(remote),
+                                     rsync_path=str(slow_rsync(tmp_path, f"slowcat-{m}")))})
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--inventory", str(inv.path), "--host", "v"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **lab.env()})
+    try:
+        assert wait_for(lambda: processes(rf"slowcat-{m}"), 30)
+        time.sleep(0.5)
+        for pid in session_pids(victim) + [victim.proc.pid]:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and re.search(r"^v +FAILED", out, re.M), out + err
+    assert (remote / sync.PARTIAL).exists()
+    victim.start()
+    inv = make_inventory({"v": entry(lab, victim, remote_dir=str(remote))})
+    again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "v")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "the previous sync did not finish (started deploy by pid" in again.stdout
+    assert "this sync repairs the tree" in again.stdout
+    assert "recovered the lock left by a run that died: deploy by pid" in again.stdout
+    assert (remote / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+    assert not (remote / sync.PARTIAL).exists()
+    assert json.loads((remote / ".kdtree" / "deploy.json").read_text())["tree_hash"] == \
+        sync.source_id(inv.project).tree_hash
+    assert outside(remote) == before
+
+
+# -- 9: remote disk full ----------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(lab, tmp_path):
+    """A 512 kB tmpfs mounted on h2 (its own filesystem: it fills up); skipped where mount is refused."""
+    mountpoint = lab.hosts["h2"].root / f"disk-{tmp_path.name}"
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mountpoint)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)])
+
+
+def test_9_remote_disk_full(lab, make_inventory, source, tmp_path, small_disk):
+    """Scenario 9. remote_dir is a 512 kB tmpfs and the tree grows past it. The user sees: validate's
+    sync FAILED with a message that names the host and says `No space left on device`; exit code 1.
+    Afterwards: the local run directory is complete (run.json, reports, the sync log); the previous
+    deployment on the host is intact (its files and deploy record unchanged); once the tree fits
+    again, the next deploy repairs it and says so."""
+    inv = make_inventory({"small": entry(lab, lab.hosts["h2"], remote_dir=str(small_disk))})
+    assert invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "small").returncode == 0
+    deployed = tree(small_disk)
+    (source / "big.bin").write_bytes(os.urandom(1 << 20))
+    run_dir = tmp_path / "run"
+    proc = invoke(lab, "validate", "--inventory", str(inv.path), "--host", "small", "--steps", "sync",
+                  "--report-dir", str(run_dir))
+    assert proc.returncode == 1
+    run = json.loads((run_dir / "run.json").read_text())
+    message = run["hosts"]["small"]["steps"]["sync"]["message"]
+    assert "No space left on device" in message, run["hosts"]["small"]["steps"]["sync"]
+    assert re.search(r"small .*No space left on device", proc.stdout)
+    for name in ("report.md", "report.html", "junit.xml", "small/sync.log"):
+        assert (run_dir / name).is_file(), name
+    assert "No space left on device" in (run_dir / "report.md").read_text()
+    now = tree(small_disk)
+    assert {k: v for k, v in now.items() if not k.startswith(".kdtree")} == \
+        {k: v for k, v in deployed.items() if not k.startswith(".kdtree")}
+    assert now[".kdtree/deploy.json"] == deployed[".kdtree/deploy.json"]
+    (source / "big.bin").unlink()
+    again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "small")
+    assert again.returncode == 0 and "this sync repairs the tree" in again.stdout, again.stdout + again.stderr
+
+
+# -- 10: concurrent runs ------------------------------------------------------------------------------------
+PAIRS = [("deploy", "deploy"), ("validate", "validate"), ("deploy", "validate")]
+
+
+@pytest.mark.parametrize("first,second", PAIRS, ids=[f"{a}+{b}" for a, b in PAIRS])
+def test_10_two_concurrent_runs_on_one_host(lab, make_inventory, source, tmp_path, first, second):
+    """Scenario 10. Two runs (deploy or validate) start at the same moment on one host. The user
+    sees: exactly one proceeds (exit 0); the other fails at once (exit 1) saying `is locked by
+    another run: <task> by pid <pid of the winner> on <this machine>, started ...`. Afterwards: the
+    tree is deployed once, correctly, and the lock is free. (In-process contention and a dead ssh
+    client's lock: tests/test_deploy.py::test_lock_contention_and_recovery_of_a_dead_runs_lock.)"""
+    m = f"10{os.getpid() % 1000:03d}{next(_names)}"
+    (source / "big.bin").write_bytes(os.urandom(100 << 10))
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"concurrent-{tmp_path.name}"
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote), rsync_path=str(slow_rsync(tmp_path, f"slowcat-{m}")))})
+
+    def start(task):
+        args = [task, "--inventory", str(inv.path), "--host", "h"]
+        if task == "validate":
+            args += ["--steps", "sync", "--report-dir", str(tmp_path / f"run-{next(_names)}")]
+        return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **lab.env()})
+    procs = [start(first), start(second)]
+    results = [(p, *p.communicate(timeout=120)) for p in procs]
+    winners = [r for r in results if r[0].returncode == 0]
+    losers = [r for r in results if r[0].returncode != 0]
+    assert len(winners) == 1 and len(losers) == 1, [(p.returncode, o[-2000:], e[-2000:]) for p, o, e in results]
+    winner, loser = winners[0][0], losers[0]
+    winner_task = first if winner is procs[0] else second
+    assert loser[0].returncode == 1
+    assert re.search(rf"is locked by another run: {winner_task} by pid {winner.pid} on {re.escape(os.uname().nodename)}",
+                     loser[1]), loser[1]
+    assert (remote / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+    assert not (remote / ".kdtree" / "owner").exists()
+
+
+def test_10_a_killed_runs_lock_is_recovered(lab, make_inventory, source, tmp_path):
+    """Scenario 10, second half. `invoke deploy` is SIGKILLed (no cleanup at all) while it holds the
+    lock. The user sees: the next deploy proceeds and says `recovered the lock left by a run that
+    died: deploy by pid <the killed pid> ...`. Afterwards: the tree is deployed, the lock is free."""
+    m = f"10{os.getpid() % 1000:03d}{next(_names)}"
+    (source / "big.bin").write_bytes(os.urandom(200 << 10))
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"killed-{tmp_path.name}"
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote), rsync_path=str(slow_rsync(tmp_path, f"slowcat-{m}")))})
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--inventory", str(inv.path), "--host", "h"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **lab.env()})
+    assert wait_for(lambda: processes(rf"slowcat-{m}"), 30)
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not processes(rf"slowcat-{m}"), 10)
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote))})
+    again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"recovered the lock left by a run that died: deploy by pid {proc.pid} on" in again.stdout
+    assert (remote / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
