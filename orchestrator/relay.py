@@ -11,8 +11,9 @@ this process through a Unix socket; the command runs on the host in a session of
 connection, whose host key was verified (RejectPolicy, known_hosts, host_key:) when it opened,
 and through the same jump hosts.
 
-Who can use the relay: the socket lives in a fresh 0700 directory (mkdtemp) that is removed when
-the block ends, the peer must be this user (SO_PEERCRED), and only rsync's server command
+Who can use the relay: the socket lives in a fresh 0700 directory (mkdtemp), removed as soon as
+rsync's helper has connected (one connection per transfer), the peer must be this user
+(SO_PEERCRED), and only rsync's server command
 (`RSYNC --server ...`, RSYNC being rsync or the host's rsync_path) is accepted.
 """
 from __future__ import annotations
@@ -103,12 +104,16 @@ class _Relay:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        """rsync starts its remote shell once: after the first connection the socket and its
+        directory go at once, so nothing is left behind even if this process is then killed."""
+        try:
+            client, _ = self.listener.accept()
+        except OSError:
+            return
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._serve(client)
 
     def _serve(self, client: socket.socket) -> None:
         with client:

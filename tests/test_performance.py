@@ -140,3 +140,23 @@ def test_the_relay_never_reconnects_behind_the_lock(make_inventory):
     with pytest.raises(ConnectError, match="lost before the transfer"):
         with relay.rsync_shell(SshTransport(inv.hosts["h"])):
             pass
+
+
+def test_the_relay_socket_is_private_and_gone_once_rsync_connected(make_inventory):
+    import os
+    import stat
+    import time
+    from orchestrator import relay
+    from orchestrator.transport import SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"}})
+    r = relay._Relay(SshTransport(inv.hosts["h"]))
+    try:
+        assert stat.S_IMODE(os.stat(r.dir).st_mode) == 0o700 and stat.S_IMODE(os.stat(r.path).st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(r.path)
+            deadline = time.monotonic() + 5
+            while os.path.exists(r.dir) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not os.path.exists(r.dir)
+    finally:
+        r.close()
