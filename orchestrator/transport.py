@@ -41,6 +41,7 @@ from .errors import AuthError, CommandError, ConnectError, FetchError, HostError
 from .inventory import Host
 
 TAIL_BYTES = 64 * 1024
+MAX_LINE = 64 * 1024    # a longer output line is passed on (logged, printed) in pieces of this size
 CHUNK = 64 * 1024
 CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
 KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
@@ -137,7 +138,7 @@ class Transport:
         """The content of a regular file on the host (relative: under remote_dir). Refuses a
         symlink, anything but a regular file, and a file larger than `max_bytes`."""
         path = posixpath.join(self.host.remote_dir, path)
-        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), timeout=timeout)
+        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
         code, data = self._capture(command, remote.client_timeout(timeout), max_bytes)
         if code == 0 and len(data) <= max_bytes:
             return data
@@ -583,13 +584,15 @@ _STOPPED = threading.Event()        # set by close_all(): the run was interrupte
 
 _READ_SCRIPT = r'''
 [ -L "$1" ] && exit 3
+real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")"/*) ;; *) exit 7;; esac
 [ -e "$1" ] || exit 4
 [ -f "$1" ] || exit 5
 [ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
 exec head -c "$(($2 + 1))" -- "$1"
 '''
 _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
-                5: "is not a regular file; refusing to read it"}
+                5: "is not a regular file; refusing to read it",
+                7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
 
 
 class _Collector:
@@ -606,6 +609,9 @@ class _Collector:
             del self._tail[:-self.tail_bytes]
         if self.on_output is not None:
             *lines, self._partial = (self._partial + data).split(b"\n")
+            while len(self._partial) > MAX_LINE:        # endless output without newlines: bounded pieces
+                lines.append(self._partial[:MAX_LINE])
+                self._partial = self._partial[MAX_LINE:]
             for line in lines:
                 self.on_output(line.decode(errors="replace").rstrip("\r"))
 
