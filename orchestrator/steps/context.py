@@ -120,7 +120,7 @@ class StepContext:
         self.transport.fetch(remote_path, local, within=self.run_dir.path, max_bytes=RESULT_MAX_BYTES)
         try:
             data = json.loads(local.read_text(encoding="utf-8", errors="replace"))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:      # RecursionError: nested absurdly deep
             raise StepError(f"{remote_path} is not valid JSON: {e}", host=self.host.name) from None
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
