@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import shlex
 import signal
 import subprocess
@@ -595,3 +596,255 @@ def test_10_a_killed_runs_lock_is_recovered(lab, make_inventory, source, tmp_pat
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"recovered the lock left by a run that died: deploy by pid {proc.pid} on" in again.stdout
     assert (remote / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+
+
+# -- 11: dangerous destinations -------------------------------------------------------------------------------
+DANGEROUS = ["", "/", "/root", "/home/alice", "/srv/kdtree/../..", "/srv/a/../b", "/tmp", "/usr/local", "srv/kdtree",
+             "/etc/kdtree"]
+
+
+def test_11_dangerous_destinations_in_the_inventory_are_refused_before_anything_runs(lab, make_inventory):
+    """Scenario 11, inventory side: remote_dir empty, '/', a home directory, a path with '..', a
+    system path or a relative one. The user sees: exit code 2 and `hosts.yaml: host 'h': key
+    'remote_dir': ... refusing to deploy there` (or why the path is not acceptable). Afterwards:
+    no connection was authenticated on the host."""
+    h1 = lab.hosts["h1"]
+    sessions = accepted(h1)
+    for bad in DANGEROUS:
+        with pytest.raises(InventoryError) as e:
+            make_inventory({"h": entry(lab, h1, remote_dir=bad)})
+        assert "host 'h': key 'remote_dir'" in str(e.value), (bad, str(e.value))
+    good = make_inventory({"h": entry(lab, h1, remote_dir="/srv/kdtree")})
+    text = good.path.read_text().replace("/srv/kdtree", "/srv/kdtree/../..")
+    good.path.write_text(text)
+    proc = invoke(lab, "deploy", "--inventory", str(good.path), "--host", "h")
+    assert proc.returncode == 2 and "key 'remote_dir'" in proc.stderr and "refusing to deploy there" in proc.stderr
+    assert accepted(h1) == sessions
+
+
+@pytest.mark.parametrize("case", ["home", "symlink", "through-symlink", "state-symlink", "foreign"])
+def test_11_dangerous_destinations_on_the_host_are_refused_before_anything_changes(
+        lab, make_inventory, tmp_path, case):
+    """Scenario 11, host side (what only the host can tell): remote_dir is the login's home
+    directory, a symlink to elsewhere, a path through a symlink, a marked directory whose .kdtree is
+    a symlink, or a non-empty directory the orchestrator did not create. The user sees: the deploy
+    FAILED with `refusing to use remote_dir: ...` naming the reason. Afterwards: the targets are
+    byte-for-byte unchanged (rsync --delete never ran) and no .kdtree was created in them."""
+    h1 = lab.hosts["h1"]
+    base = h1.root / f"danger-{case}-{tmp_path.name}"
+    target = base / "elsewhere"
+    target.mkdir(parents=True)
+    (target / "precious").write_text("keep me\n")
+    remote, reason = {
+        "home": (h1.home, "is the home directory"),
+        "symlink": (base / "link", "is a symlink"),
+        "through-symlink": (base / "link" / "engine", "resolves to"),
+        "state-symlink": (base / "owned", "/.kdtree is a symlink"),
+        "foreign": (target, "is not empty and was not created by the orchestrator"),
+    }[case]
+    (base / "link").symlink_to(target)
+    if case == "state-symlink":
+        (base / "owned").mkdir()
+        (base / "owned" / ".kdtree").symlink_to(target)
+    before = {"target": tree(target), "home": tree(h1.home)}
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote))})
+    out = io.StringIO()
+    assert cli.deploy(inv, [inv.hosts["h"]], Console(out)) == 1
+    assert "refusing to use remote_dir:" in out.getvalue() and reason in out.getvalue(), out.getvalue()
+    assert {"target": tree(target), "home": tree(h1.home)} == before
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_11_delete_never_follows_a_symlink_planted_in_the_tree(lab, make_inventory, source, tmp_path, method):
+    """Scenario 11, inside an owned remote_dir: someone on the host replaced the deployed `src`
+    directory and `README.md` with symlinks to a directory and a file outside. The user sees: the
+    deploy passes. Afterwards: `src` and `README.md` are the source's again (real directory and
+    file), and what the symlinks pointed to is untouched (--delete removed the links, not their targets)."""
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"planted-{method}-{tmp_path.name}"
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote),
+                                     **({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))})
+    assert cli.deploy(inv, [inv.hosts["h"]], Console(io.StringIO())) == 0
+    outside_dir = h1.root / f"outside-{method}-{tmp_path.name}"
+    outside_dir.mkdir()
+    (outside_dir / "main.cpp").write_text("not yours\n")
+    (outside_dir / "extra.txt").write_text("not yours either\n")
+    (outside_dir / "file").write_text("the file\n")
+    shutil.rmtree(remote / "src")
+    (remote / "src").symlink_to(outside_dir)
+    (remote / "README.md").unlink()
+    (remote / "README.md").symlink_to(outside_dir / "file")
+    before = tree(outside_dir)
+    out = io.StringIO()
+    assert cli.deploy(inv, [inv.hosts["h"]], Console(out)) == 0, out.getvalue()
+    assert tree(outside_dir) == before
+    assert not (remote / "src").is_symlink() and (remote / "src" / "main.cpp").read_text() == \
+        (source / "src" / "main.cpp").read_text()
+    assert not (remote / "README.md").is_symlink() and (remote / "README.md").read_text() == "engine\n"
+
+
+# -- 12: injection -----------------------------------------------------------------------------------------
+def payloads(canary: Path) -> list[str]:
+    """Values that would create `canary` if any shell evaluated them."""
+    c = str(canary)
+    return [f"$(touch {c})", f"`touch {c}`", f"x;touch {c}", f"x|touch {c}", f"x' ; touch {c}; '",
+            f'x" ; touch {c}; "', f"x\ntouch {c}", f"x && touch {c}", f"-oProxyCommand=touch {c}",
+            f"x -oProxyCommand=touch {c}", f"x$IFS;touch$IFS{c}"]
+
+
+INJECTABLE = ["address", "user", "remote_dir", "python", "cuda_home", "rsync_path", "arch", "jump", "identity",
+              "known_hosts", "host_key"]
+
+
+def test_12_injection_through_inventory_values_is_rejected(lab, make_inventory, tmp_path):
+    """Scenario 12, inventory: every host value that reaches a command line (address, user,
+    remote_dir, python, cuda_home, rsync_path, arch, jump, identity, known_hosts, host_key) with
+    `$(...)`, backticks, `;`, `|`, quotes, a newline, `&&`, a leading '-' or an option after a space.
+    The user sees: exit code 2 and a message naming the file, the host and the key (a path made only
+    of harmless characters, e.g. `/srv/-oProxyCommand=touch x`, is a legal path and is passed
+    literally, quoted once). Afterwards: the canary file does not exist and the host authenticated
+    no session for the refused inventory."""
+    canary = tmp_path / "canary"
+    h1 = lab.hosts["h1"]
+    sessions = accepted(h1)
+    for key in INJECTABLE:
+        for value in payloads(canary):
+            base = entry(lab, h1, remote_dir=str(h1.root / "inj"))
+            if key in ("python", "cuda_home", "rsync_path", "remote_dir", "identity", "known_hosts"):
+                value = "/srv/" + value         # absolute, so that only the payload is wrong
+            try:
+                make_inventory({"h": {**base, key: value}})
+            except InventoryError as e:
+                assert f"host 'h': key '{key}'" in str(e), (key, value, str(e))
+            else:       # accepted only as a path of harmless characters, which is quoted once wherever it goes
+                assert key in ("remote_dir", "python", "cuda_home", "rsync_path", "identity", "known_hosts") and \
+                    re.fullmatch(r"[A-Za-z0-9 ._/+,:@=-]+", value) and not value.startswith("-"), (key, value)
+    proc = invoke(lab, "deploy", "--inventory", str(make_inventory({"h": entry(lab, h1)}).path), "--host", "h")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bad = yaml_with(make_inventory, {"h": {**entry(lab, h1), "user": f"root;touch {canary}"}})
+    proc = invoke(lab, "deploy", "--inventory", str(bad), "--host", "h")
+    assert proc.returncode == 2 and "key 'user'" in proc.stderr
+    assert not canary.exists() and accepted(h1) == sessions + 1
+
+
+def yaml_with(make_inventory, hosts: dict) -> Path:
+    """Write an inventory without validating it (to hand a bad one to a task)."""
+    import yaml
+    path = make_inventory({}).path
+    data = yaml.safe_load(path.read_text())
+    data["hosts"] = hosts
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_12_injection_through_command_line_arguments(lab, make_inventory, tmp_path):
+    """Scenario 12, command line: --host, --group, --steps, --skip, --report-dir, --run and
+    --inventory carrying the payloads. The user sees: exit code 2 naming the unknown host, group
+    or step, or (a report dir) a directory with exactly that literal name. Afterwards: the canary
+    file does not exist."""
+    canary = tmp_path / "canary"
+    inv = make_inventory({"h": entry(lab, lab.hosts["h1"], remote_dir=str(lab.hosts["h1"].root / "cli-inj"))})
+    for value in payloads(canary)[:8]:
+        for args in (["deploy", "--host", value], ["doctor", "--group", value], ["validate", "--host", "h", "--steps", value],
+                     ["validate", "--host", "h", "--skip", value], ["report", "--run", value]):
+            proc = invoke(lab, *args[:1], "--inventory", str(inv.path), *args[1:], timeout=60)
+            assert proc.returncode in (1, 2), (args, proc.stdout, proc.stderr)
+    report_dir = tmp_path / f"runs $(touch {canary}) ;x"
+    proc = invoke(lab, "validate", "--inventory", str(inv.path), "--host", "h", "--steps", "sync",
+                  "--report-dir", str(report_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (report_dir / "run.json").is_file()
+    proc = invoke(lab, "deploy", "--inventory", f"{tmp_path}/$(touch {canary}).yaml")
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_12_file_names_and_a_remote_dir_with_spaces_pass_literally(lab, make_inventory, source, tmp_path, method):
+    """Scenario 12, data: source files whose names carry the payloads (and a leading '-'), deployed
+    to a remote_dir with spaces, with RSYNC_OLD_ARGS=1 (and RSYNC_PROTECT_ARGS=0) in the environment,
+    which would make rsync split remote arguments on spaces. The user sees: the deploy passes.
+    Afterwards: every file is on the host under its literal name with its content, the tree hash
+    matches, and the canary does not exist."""
+    canary = tmp_path / "canary"
+    names = [p.replace("\n", "_nl_").replace("/", "_") for p in payloads(canary)] + ["-rf", "--delete", "a b  c", "*", "?"]
+    for name in names:
+        (source / "src" / name).write_text(f"content of {name}\n")
+    (source / "src" / "new\nline").write_text("newline in the name\n")
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"spaced {method} {tmp_path.name}" / "engine dir"
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote),
+                                     **({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))})
+    proc = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h",
+                  env={"RSYNC_OLD_ARGS": "1", "RSYNC_PROTECT_ARGS": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"with {method}" in proc.stdout
+    for name in names:
+        assert (remote / "src" / name).read_text() == f"content of {name}\n", name
+    assert (remote / "src" / "new\nline").read_text() == "newline in the name\n"
+    assert not canary.exists()
+    assert sorted(p.name for p in (remote / "src").iterdir()) == sorted(p.name for p in (source / "src").iterdir())
+
+
+# -- 15: hostile results ------------------------------------------------------------------------------------
+HOSTILE = {
+    "symlink": "ln -sf /etc/passwd build/test_results.json",
+    "dir-symlink": "rm -rf build; mkdir -p ../outside; echo '{\"tests\": []}' > ../outside/test_results.json; "
+                   "ln -s \"$(cd ../outside && pwd)\" build",
+    "huge": "truncate -s 3G build/test_results.json",
+    "fifo": "mkfifo build/test_results.json",
+    "deep": "python3 -c 'print(\"[\" * 200000)' > build/test_results.json",
+    "wide": "python3 -c 'import json; print(json.dumps({\"tests\": [{\"name\": \"t\" * 5000 + str(i), \"status\": "
+            "\"passed\", \"message\": \"m\" * 100000} for i in range(120)]}))' > build/test_results.json",
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_15_hostile_result_files_cannot_escape_or_exhaust(lab, make_inventory, tmp_path, case):
+    """Scenario 15: the host answers the test step with a hostile result file: a symlink to
+    /etc/passwd, its build/ directory a symlink to a directory outside remote_dir, a 3 GB (sparse) file, a FIFO, JSON nested
+    200000 deep, or JSON with huge strings. The user sees: the test step FAILED with the reason
+    (`is a symlink; refusing to read it`, `is larger than`, `is not a regular file`, `not valid
+    JSON`) -- or, for merely large but valid content, passed with the strings cut short. Afterwards:
+    nothing was written outside the run directory, every file in it is bounded, and the run (this
+    process) stayed within a bounded amount of memory."""
+    import resource
+    h2 = lab.hosts["h2"]
+    test = f"mkdir -p build; {HOSTILE[case]}; echo done"
+    inv = make_inventory({"h": entry(lab, h2, remote_dir=str(h2.root / f"hostile-{case}-{tmp_path.name}"))},
+                         commands=fake_commands(test=test))
+    before = tree(tmp_path / "src")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code, run_dir, out = run_validate(inv, ["h"], "sync,test", tmp_path / "run")
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    step = json.loads((run_dir / "run.json").read_text())["hosts"]["h"]["steps"]["test"]
+    expected = {"symlink": "is a symlink; refusing to read it", "dir-symlink": "resolves outside remote_dir",
+                "huge": "is larger than", "fifo": "is not a regular file", "deep": "is not valid JSON"}.get(case)
+    if expected:
+        assert code == 1 and step["status"] == "failed" and expected in step["message"], step
+    else:
+        assert step["status"] in ("passed", "failed"), step
+    assert grown_mb < 200, grown_mb
+    assert tree(tmp_path / "src") == before
+    for path in run_dir.rglob("*"):
+        assert not path.is_symlink() and path.resolve().is_relative_to(run_dir.resolve())
+        assert path.is_dir() or path.stat().st_size < 32 << 20, path
+
+
+def test_15_endless_output_without_newlines_is_bounded(lab, make_inventory, tmp_path):
+    """Scenario 15, logs: a step prints 64 MB without a single newline. The user sees: the step
+    passes in seconds, its log holds the output. Afterwards: this process's memory grew by far less
+    than the output (output is handled in bounded pieces, never as one growing line)."""
+    import resource
+    h2 = lab.hosts["h2"]
+    inv = make_inventory({"h": entry(lab, h2, remote_dir=str(h2.root / f"noisy-{tmp_path.name}"))},
+                         commands=fake_commands(build="head -c 64000000 /dev/zero | tr '\\0' x"))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    run_dir = tmp_path / "run"
+    with open(os.devnull, "w") as devnull:        # as a terminal: the console keeps nothing
+        code = cli.validate(inv, [inv.hosts["h"]], Console(devnull), steps="sync,build", report_dir=str(run_dir))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    assert time.monotonic() - start < 60
+    assert (run_dir / "h" / "build.log").stat().st_size >= 64000000
+    assert grown_mb < 100, grown_mb
