@@ -17,11 +17,17 @@ def run(ctx: StepContext) -> Outcome:
     ctx.cache_keys["build"] = key["build"]
     if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
         version = _checked_version(ctx, tree)
-        return Outcome("cached", f"{version['backend']} build for {version['arch']} of tree {tree[:12]} is up to date")
+        return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date")
     ctx.engine("build")
     version = _checked_version(ctx, tree)
     state.write_json(ctx.transport, STAMP, key)
-    return Outcome("passed", f"{version['backend']} build for {version['arch']}")
+    return Outcome("passed", _what(version))
+
+
+def _what(version: dict[str, str]) -> str:
+    """`cuda build for sm_90`, or `cpu build`."""
+    arch = version["arch"]
+    return f"{version['backend']} build" + (f" for {arch}" if arch not in ("none", "?") else "")
 
 
 def parse_version(line: str) -> dict[str, str]:
