@@ -36,6 +36,9 @@ _PATH = re.compile(r"[A-Za-z0-9 ._/+,:@=-]+\Z")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
 _ARCH = re.compile(r"(?:auto|sm_\d{2,3}[a-z]?)\Z")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}\Z")
+_SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
+RESERVED_ENV = frozenset("CUDA_HOME PATH PYTHON KD_BACKEND KD_ARCH HOME USER LOGNAME LANG LD_LIBRARY_PATH "
+                         "KDTREE_STEP".split())
 
 # remote_dir may never be one of these, nor a direct child of /home, nor shallower than 2 levels.
 SYSTEM_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt
@@ -69,6 +72,7 @@ class Host:
         default_factory=lambda: MappingProxyType(dict(DEFAULT_TIMEOUTS)), hash=False)
     known_hosts: str | None = None      # the project known_hosts file (absolute)
     host_key: str | None = None         # a pinned SHA256 fingerprint
+    secret_env: tuple[str, ...] = ()    # variables of the orchestrator's environment the steps get (stdin, redacted)
 
     def timeout(self, name: str) -> float:
         """The timeout in seconds for a step (or connect/keepalive/lock)."""
@@ -327,6 +331,15 @@ class _Validator:
             values["groups"] = tuple(self.string(g, name, "groups", _NAME, "a group name") for g in groups)
         values["timeouts"] = MappingProxyType(self.timeouts(name, entry.get("timeouts", {})))
         values["known_hosts"] = self.path(entry.get("known_hosts", "known_hosts"), name, "known_hosts", root)
+        if "secret_env" in entry:
+            names = entry["secret_env"]
+            if not isinstance(names, list):
+                self.fail(name, "secret_env", f"must be a list of environment variable names, not {_type(names)}")
+            for var in names:
+                self.string(var, name, "secret_env", _SECRET_NAME, "an environment variable name (A-Z, 0-9, _)")
+                if var in RESERVED_ENV:
+                    self.fail(name, "secret_env", f"{var!r} is set by the orchestrator itself")
+            values["secret_env"] = tuple(dict.fromkeys(names))
         if "host_key" in entry:
             values["host_key"] = self.string(entry["host_key"], name, "host_key", _FINGERPRINT,
                                              "a SHA256 fingerprint (SHA256: and 43 base64 characters)")
