@@ -20,9 +20,11 @@ runs without GUARD, under the timeout only.
 """
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Mapping, Sequence
 
+from .errors import UsageError
 from .inventory import Host
 
 KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
@@ -58,16 +60,20 @@ def host_path_prefix(host: Host) -> tuple[str, ...]:
 
 def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
          env: Mapping[str, str] | None = None, path_prefix: Sequence[str] = (),
-         kill_after: float = KILL_AFTER, reads_stdin: bool = False) -> str:
+         kill_after: float = KILL_AFTER, reads_stdin: bool = False, secrets: Sequence[str] = ()) -> str:
     """`argv` as a command line run in `cwd` with only the inherited basics plus `env`,
     `path_prefix` first on PATH, in its own session, killed (whole group) after `timeout` or
-    when its stdin closes (unless it `reads_stdin`); timeout None: none of this, just `argv`."""
-    for key in (env or {}):
+    when its stdin closes (unless it `reads_stdin`); timeout None: none of this, just `argv`.
+    `secrets`: names of variables whose values come first on stdin (secret_input), never on
+    the command line."""
+    for key in [*(env or {}), *secrets]:
         if not key.isidentifier():
             raise ValueError(f"not an environment variable name: {key!r}")
     path = 'PATH=' + (shlex.quote(":".join(path_prefix) + ":") if path_prefix else "") + '"$PATH"'
     parts = ["exec env -i", *INHERITED_ENV, path]
     parts += [shlex.quote(f"{k}={v}") for k, v in (env or {}).items()]
+    if secrets:
+        parts += ["bash -c", shlex.quote(SECRETS), "kdtree-secrets", shlex.quote(",".join(secrets))]
     if timeout is not None and reads_stdin:
         parts += ["setsid -w timeout -k", _seconds(kill_after), _seconds(timeout)]
     elif timeout is not None:
@@ -77,10 +83,36 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
     return f"cd -- {shlex.quote(cwd)} && {line}" if cwd else line
 
 
-def step_command(host: Host, snippet: str, timeout: float) -> str:
-    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir."""
+def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False) -> str:
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir;
+    `with_secrets`: it also gets the host's secret_env (send secret_input(host) as its stdin)."""
     return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
-                env=host_env(host), path_prefix=host_path_prefix(host))
+                env=host_env(host), path_prefix=host_path_prefix(host),
+                secrets=host.secret_env if with_secrets else ())
+
+
+def secret_values(host: Host) -> dict[str, str]:
+    """The values of the host's secret_env, from this process's environment; UsageError names the
+    host and the variable when one is not set."""
+    missing = [name for name in host.secret_env if name not in os.environ]
+    if missing:
+        raise UsageError(f"host {host.name!r}: secret_env {missing[0]} is not set in the environment")
+    return {name: os.environ[name] for name in host.secret_env}
+
+
+def secret_strings(host: Host) -> list[str]:
+    """What to redact for a host: each secret_env value and, for a value of several lines, each
+    line of at least 6 characters (output is redacted line by line)."""
+    values = list(secret_values(host).values())
+    return values + [line for v in values if "\n" in v for line in v.splitlines() if len(line.strip()) >= 6]
+
+
+def secret_input(host: Host) -> bytes:
+    """What a command built with `with_secrets` reads first on stdin: each value, NUL-terminated."""
+    values = secret_values(host)
+    if any("\0" in v for v in values.values()):
+        raise UsageError(f"host {host.name!r}: a secret_env value contains a NUL byte")
+    return b"".join(values[name].encode() + b"\0" for name in host.secret_env)
 
 
 def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None,
@@ -97,6 +129,13 @@ def client_timeout(timeout: float) -> float:
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
+
+# $1 the secret variables' names (comma-separated), then the command: each value is read from
+# stdin up to a NUL byte and exported, then the command runs with the rest of stdin (GUARD's).
+SECRETS = r'''IFS=, read -r -a names <<< "$1"; shift
+for n in "${names[@]}"; do IFS= read -r -d '' v || exit 125; export "$n=$v"; done
+unset n v names
+exec "$@"'''
 
 # $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a background
 # watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the step's
