@@ -66,6 +66,24 @@ class Result:
         return self.exit_code == 0 and not self.timed_out
 
 
+class HeldInput:
+    """A command's stdin that sends `data` first (secret values), then stays open until the
+    command ends, as a command without stdin data does (a guarded command keeps running)."""
+
+    def __init__(self, data: bytes):
+        self._data, self._released = data, threading.Event()
+
+    def read(self, n: int) -> bytes:
+        if self._data:
+            chunk, self._data = self._data[:n], self._data[n:]
+            return chunk
+        self._released.wait()
+        return b""
+
+    def release(self) -> None:
+        self._released.set()
+
+
 class Transport:
     """The interface every transport offers; subclasses implement `_exec` (and connect/close)."""
 
@@ -108,7 +126,11 @@ class Transport:
             stdin = _BytesReader(bytes(stdin))
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
-        code = self._exec(command, stdin, collector.feed, deadline)
+        try:
+            code = self._exec(command, stdin, collector.feed, deadline)
+        finally:
+            if isinstance(stdin, HeldInput):
+                stdin.release()
         collector.flush()
         return Result(command, code, round(time.monotonic() - start, 3), collector.tail(),
                       code is None or code in remote.TIMEOUT_EXIT_CODES)
@@ -277,6 +299,8 @@ class LocalTransport(Transport):
         finally:
             self._running.discard(proc)
             proc.stdout.close()
+            if isinstance(stdin, HeldInput):
+                stdin.release()
             if feeder:
                 feeder.join(1)
             else:
