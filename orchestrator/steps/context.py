@@ -13,7 +13,7 @@ from ..errors import CommandError, HostError
 from ..inventory import Host, Project
 from ..record import HostRecord, RunDir
 from ..sync import SourceId
-from ..transport import Result, Transport
+from ..transport import HeldInput, Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 
@@ -47,6 +47,7 @@ class StepContext:
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
     cache_keys: dict = dataclasses.field(default_factory=dict)     # build/bundles keys of this run
+    secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
 
     # -- results cache: test and bench are not re-run when nothing they depend on changed ---------
     def results_key(self) -> dict | None:
@@ -97,9 +98,10 @@ class StepContext:
         its output goes to the step log. Raises CommandError (with the tail) unless it exits 0."""
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
-        command = remote.step_command(self.host, snippet, timeout)
+        command = remote.step_command(self.host, snippet, timeout, with_secrets=True)
         self.log(f"$ {snippet}")
-        result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log)
+        stdin = HeldInput(remote.secret_input(self.host)) if self.host.secret_env else None
+        result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log, stdin=stdin)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
