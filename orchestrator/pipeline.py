@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import parallel, record, report, state, sync
+from . import parallel, record, remote, report, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -147,7 +147,8 @@ def run_host(host: Host, plan: Plan, project: Project, run_dir: RunDir, source: 
     rec = HostRecord(transport=host.transport, address=host.address)
     out = console.host(host.name)
     with open_transport(host) as transport:
-        ctx = StepContext(host, transport, project, run_dir, source, owner, reference, rec, plan.use_cache)
+        ctx = StepContext(host, transport, project, run_dir, source, owner, reference, rec, plan.use_cache,
+                          secrets=tuple(remote.secret_strings(host)))
         lock, stopped_by = None, None
         try:
             for step in ORDER:
@@ -191,6 +192,8 @@ def _run_step(ctx: StepContext, step: str, out) -> StepRecord:
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         def write(text: str) -> None:
+            if ctx.secrets:
+                text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
             log.write(f"{text}\n")
             log.flush()
             out(f"{step:9} | {text}")
@@ -203,6 +206,8 @@ def _run_step(ctx: StepContext, step: str, out) -> StepRecord:
             status = "timeout" if _timed_out(e) else "failed"
             message, tail = e.message, e.tail
             write(str(e))
+    if ctx.secrets:
+        message, tail = record.redact(message, ctx.secrets), record.redact(tail, ctx.secrets)
     seconds = round(time.monotonic() - start, 3)
     out(f"{step:9} {status.upper() if status in record.FAILED_STEP_STATUSES else status} "
         f"({seconds:.1f} s){'  ' + message if message else ''}")
