@@ -192,14 +192,16 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     """Run the pipeline on the hosts, write the run directory, print the summary. Exit code:
     0 passed, 1 a host failed, 3 (nightly) a benchmark regressed, 130 interrupted."""
     from . import pipeline, report
+    from . import remote
     plan = pipeline.Plan.choose(steps, skip, use_cache=not no_cache)
+    secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     run_dir, run = pipeline.validate(inv, hosts, plan, console, command=command, report_dir=report_dir)
     runs_root = inv.project.root / "runs"
     if command == "nightly":
         reference = _baseline(runs_root, baseline, exclude=run.run_id)
         if reference is not None:
             run.regressions = report.find_regressions(run.to_dict(), reference)
-    paths = pipeline.finish(run_dir, run, runs_root)
+    paths = pipeline.finish(run_dir, run, runs_root, secrets)
     run_summary(console, run)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
