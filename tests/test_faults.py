@@ -848,3 +848,100 @@ def test_15_endless_output_without_newlines_is_bounded(lab, make_inventory, tmp_
     assert time.monotonic() - start < 60
     assert (run_dir / "h" / "build.log").stat().st_size >= 64000000
     assert grown_mb < 100, grown_mb
+
+
+# -- 13: secrets ------------------------------------------------------------------------------------------
+@pytest.fixture
+def agent(tmp_path):
+    """An ssh-agent of this test holding a passphrase-protected key (added with ssh-add through
+    SSH_ASKPASS: the passphrase never passes through the orchestrator)."""
+    passphrase = f"pass-{os.urandom(6).hex()}-phrase"
+    key = tmp_path / "protected_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", "protected", "-f", str(key)], check=True)
+    out = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    env = dict(re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", out))
+    askpass = tmp_path / "askpass"
+    askpass.write_text('#!/bin/sh\nprintf "%s\\n" "$KD_TEST_PASSPHRASE"\n')
+    askpass.chmod(0o700)
+    try:
+        subprocess.run(["ssh-add", str(key)], check=True, capture_output=True, timeout=20, stdin=subprocess.DEVNULL,
+                       env={**os.environ, **env, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+                            "DISPLAY": "none", "KD_TEST_PASSPHRASE": passphrase})
+        yield key, passphrase, env
+    finally:
+        os.kill(int(env["SSH_AGENT_PID"]), signal.SIGTERM)
+
+
+def test_13_passphrase_key_and_secret_env_never_leak(lab, make_inventory, tmp_path, agent, monkeypatch):
+    """Scenario 13. The host accepts only a passphrase-protected key, loaded into ssh-agent (the
+    documented way: the orchestrator never sees a passphrase); the host's `secret_env: [KD_TOKEN]`
+    hands the build a token from the orchestrator's environment (over the command's stdin). The
+    token contains quotes, `$(...)` and a newline, and the build prints it. The user sees: validate
+    passes; the log shows `[REDACTED]` where the token was. Afterwards: the token reached the build
+    intact (its sha256 on the host); neither the token nor the passphrase appears in any file of
+    the run directory (step logs, run.json, report.md, report.html, junit.xml), the console output,
+    or any process's command line on either side while the run lasted; the canary does not exist."""
+    key, passphrase, agent_env = agent
+    canary = tmp_path / "canary"
+    token = f"tok-{os.urandom(8).hex()} 'q' \"dq\" $(touch {canary})\nsecond-line-of-the-token-{os.urandom(4).hex()}"
+    keyed = fresh_host(lab, "keyed")
+    only = tmp_path / "authorized_keys"
+    only.write_text(Path(f"{key}.pub").read_text())
+    keyed.config.write_text(keyed.config.read_text().replace(f"AuthorizedKeysFile {lab.authorized_keys}",
+                                                             f"AuthorizedKeysFile {only}"))
+    keyed.restart()
+    with open(lab.ssh_config, "a") as f:
+        f.write(f"Host {keyed.name}-agent\n  HostName 127.0.0.1\n  Port {keyed.port}\n  User root\n"
+                f"  IdentityFile {key}\n  IdentitiesOnly yes\n\n")
+    build = ('echo "token is $KD_TOKEN"; mkdir -p build; printf %s "$KD_TOKEN" | sha256sum > build/token.sha; '
+             'sleep 2; echo "the token was $KD_TOKEN" >&2; exit 3')
+    inv = make_inventory({"k": {**entry(lab, keyed, remote_dir=str(keyed.root / "engine")),
+                                "address": f"{keyed.name}-agent", "secret_env": ["KD_TOKEN"]}},
+                         commands=fake_commands(build=build))
+    for name, value in agent_env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KD_TOKEN", token)
+    secrets = [token, *token.splitlines(), passphrase]
+    seen, running = [], threading.Event()
+
+    def watch():
+        while not running.is_set():
+            seen.extend(line for line in processes(r".") if any(s in line for s in secrets))
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        code, run_dir, out = run_validate(inv, ["k"], "sync,build", tmp_path / "run")
+    finally:
+        running.set()
+        watcher.join()
+    assert code == 1, out            # the build exits 3 after printing the token twice
+    assert (keyed.root / "engine" / "build" / "token.sha").read_text().split()[0] == \
+        __import__("hashlib").sha256(token.encode()).hexdigest()
+    assert seen == []
+    log = (run_dir / "k" / "build.log").read_text()
+    assert "token is [REDACTED]" in log and "the token was [REDACTED]" in log
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"run.json", "report.md", "report.html", "junit.xml", "build.log"}
+    for path in files:
+        text = path.read_text(errors="replace")
+        for secret in secrets:
+            assert secret not in text, (path, secret)
+    for secret in secrets:
+        assert secret not in out
+    assert not canary.exists()
+    # a secret that is not set: refused before anything runs (exit 2), naming host and variable
+    monkeypatch.delenv("KD_TOKEN")
+    from orchestrator.errors import UsageError
+    with pytest.raises(UsageError, match="host 'k': secret_env KD_TOKEN is not set"):
+        run_validate(inv, ["k"], "sync,build", tmp_path / "run2")
+
+
+def test_13_secret_env_names_are_validated(lab, make_inventory):
+    """Scenario 13, inventory: `secret_env` lists variable names; anything else, or a variable the
+    orchestrator sets itself, is refused with exit code 2 naming the host and the key."""
+    for bad, why in ((["KD_TOKEN; touch x"], "not an environment variable name"), (["PATH"], "set by the orchestrator"),
+                     ("KD_TOKEN", "must be a list"), (["-x"], "must not start with '-'")):
+        with pytest.raises(InventoryError, match=re.escape(why)) as e:
+            make_inventory({"h": {**entry(lab, lab.hosts["h1"]), "secret_env": bad}})
+        assert "host 'h': key 'secret_env'" in str(e.value)
