@@ -4,6 +4,7 @@
 # Builds build/bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes build/bench_gpu.json.
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi)   CUDA_HOME (default /usr/local/cuda)
 #   KD_BENCH_GPU_ARGS  extra flags for bench_gpu (--quick: fewer repeats and token counts)
+#   KD_BENCH_GPU_BUILD_ONLY=1  build build/bench_gpu and stop
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -33,5 +34,6 @@ for src in "${sources[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2; exit 1; }; done
 "$NVCC" "${flags[@]}" "${objects[@]}" -o build/bench_gpu -lcublas
+[[ "${KD_BENCH_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
 # shellcheck disable=SC2086  # a list of flags
 build/bench_gpu --json build/bench_gpu.json ${KD_BENCH_GPU_ARGS:-}
