@@ -8,6 +8,7 @@ few minutes. README.md, "Guarantees", lists each promise with the test that prov
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -945,3 +946,91 @@ def test_13_secret_env_names_are_validated(lab, make_inventory):
         with pytest.raises(InventoryError, match=re.escape(why)) as e:
             make_inventory({"h": {**entry(lab, lab.hosts["h1"]), "secret_env": bad}})
         assert "host 'h': key 'secret_env'" in str(e.value)
+
+
+# -- 5 (network): a partition made with a network namespace -----------------------------------------------------
+@pytest.fixture
+def ns_host(lab, tmp_path):
+    """An sshd in a network namespace of this test, reached over a veth pair by IPv6 link-local
+    addresses (fe80::1 here, fe80::2 there: no routable address anywhere). Skipped where `ip netns`
+    is not available or not permitted."""
+    from sshd import SSHD, SshdHost
+    if not shutil.which("ip"):
+        pytest.skip("`ip` (iproute2) is not installed: no network namespaces")
+    ns = f"kdt{os.getpid() % 10000}n{next(_names)}"
+    outer, inner = f"{ns}a", f"{ns}b"
+    made = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+    proc = None
+    try:
+        for argv in (["ip", "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", ns],
+                     ["ip", "addr", "add", "fe80::1/64", "dev", outer, "nodad"], ["ip", "link", "set", outer, "up"],
+                     ["ip", "-n", ns, "addr", "add", "fe80::2/64", "dev", inner, "nodad"],
+                     ["ip", "-n", ns, "link", "set", inner, "up"], ["ip", "-n", ns, "link", "set", "lo", "up"],
+                     # a link taken down keeps its addresses: the connections survive the partition
+                     ["sysctl", "-qw", f"net.ipv6.conf.{outer}.keep_addr_on_down=1"],
+                     ["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{inner}.keep_addr_on_down=1"]):
+            step = subprocess.run(argv, capture_output=True, text=True)
+            if step.returncode != 0:
+                pytest.skip(f"cannot set up the namespace's link ({' '.join(argv)}): {step.stderr.strip()}")
+        host = SshdHost(lab, ns)
+        host.config.write_text(host.config.read_text().replace("ListenAddress 127.0.0.1", "ListenAddress ::"))
+        log = open(host.log_path, "ab")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(host.config)],
+                                stdout=log, stderr=log)
+        log.close()
+        import socket
+
+        def listening():
+            with socket.socket(socket.AF_INET6) as s:
+                s.settimeout(0.5)
+                return s.connect_ex((f"fe80::2%{outer}", host.port, 0, socket.if_nametoindex(outer))) == 0
+        if not wait_for(listening, 10):
+            pytest.skip(f"sshd in the namespace does not answer: {host.log()[-500:]}")
+        with open(lab.ssh_config, "a") as f:
+            f.write(f"Host {ns}\n  HostName fe80::2%{outer}\n  Port {host.port}\n  User root\n"
+                    f"  IdentityFile {lab.client_key}\n  IdentitiesOnly yes\n\n")
+        yield host, ns, outer
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for pid in pids:            # the sshd sessions (and anything they left) of this namespace
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)
+
+
+def test_5_a_network_partition_mid_step_is_detected_by_keepalive(lab, make_inventory, tmp_path, ns_host):
+    """Scenario 5 across a real link: the host lives in a network namespace; mid-step the link goes
+    down (every packet dropped, no reset). The user sees: the step FAILED with `connection lost
+    while running a command: the host answered no keepalive for 6 s` within keepalive x 3 plus a
+    little, long before the step's 12 s timeout. Afterwards (the link back up): the step's process
+    tree on the host is gone, at the latest when the host-side timeout fires (the host may never
+    hear that the client closed: its FIN was lost in the partition)."""
+    host, ns, outer = ns_host
+    marker = f"55{os.getpid() % 1000:03d}"
+    inv = make_inventory({"far": {**entry(lab, host, remote_dir=str(host.root / "engine"), timeouts={"build": 12},
+                                          known_hosts=str(tmp_path / "none")),
+                                  "address": ns, "host_key": host.fingerprint()}},
+                         commands=fake_commands(build=f"echo started; sleep 6{marker}"))
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(r=run_validate(inv, ["far"], "sync,build", tmp_path / "run")))
+    runner.start()
+    try:
+        assert wait_for(lambda: processes(rf"^sleep 6{marker}"), 30)
+        subprocess.run(["ip", "link", "set", outer, "down"], check=True)
+        start = time.monotonic()
+        runner.join(30)
+        detected = time.monotonic() - start
+    finally:
+        subprocess.run(["ip", "link", "set", outer, "up"], check=True)
+    assert not runner.is_alive()
+    code, run_dir, out = result["r"]
+    build = json.loads((run_dir / "run.json").read_text())["hosts"]["far"]["steps"]["build"]
+    assert code == 1 and build["status"] == "failed" and detected < 2 * 3 + 4, (detected, build)
+    assert "the host answered no keepalive for 6 s" in build["message"]
+    assert wait_for(lambda: not processes(rf"^sleep 6{marker}"), 12), processes(rf"^sleep 6{marker}")
