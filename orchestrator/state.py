@@ -30,6 +30,7 @@ STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
+HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +69,24 @@ _HELD_GUARD = threading.Lock()
 class HostLock:
     """A held lock; release() (or leaving the with-block) frees it and removes its owner file."""
 
-    def __init__(self, transport: Transport, process, stale: Owner | None):
+    def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None):
         self.transport, self._process, self.stale = transport, process, stale
         with _HELD_GUARD:
             _HELD.add(self)
+        if heartbeat:
+            threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
+
+    def _beat(self, interval: float) -> None:
+        """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
+        released = threading.Event()
+        while not released.wait(interval):
+            with _HELD_GUARD:
+                if self._process is None:
+                    return
+                try:
+                    self._process.write(b"alive\n")
+                except (OSError, TypeError):
+                    return
 
     def release(self, timeout: float = 30) -> None:
         with _HELD_GUARD:
@@ -99,15 +114,24 @@ def release_all(timeout: float = 2) -> None:
         lock.release(timeout)
 
 
-def lock_command(remote_dir: str, owner: Owner) -> str:
-    """The command that claims remote_dir (checks, marker) and holds the lock until told."""
-    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), timeout=None)
+def lock_silence(host) -> float:
+    """How long the lock holder on `host` waits for the client's heartbeat before letting go."""
+    return host.timeout("keepalive") * HEARTBEAT_MISSES
+
+
+def lock_command(remote_dir: str, owner: Owner, silence: float | None = None) -> str:
+    """The command that claims remote_dir (checks, marker) and holds the lock until told;
+    `silence`: it also lets go when the client's heartbeat stops for that many seconds (a client
+    cut off by a network partition, whose closed connection the host may never hear about)."""
+    extra = [remote._seconds(silence)] if silence else []
+    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), *extra, timeout=None)
 
 
 def acquire(transport: Transport, owner: Owner) -> HostLock:
     """Claim the host's remote_dir and take its lock, or raise DestinationError / LockError."""
     host = transport.host
-    process = transport.start(lock_command(host.remote_dir, owner))
+    beat = host.timeout("keepalive")
+    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host)))
     stale = None
     try:
         while True:
@@ -119,7 +143,7 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
                                 exit_status=result.exit_code if result else None, tail=result.tail if result else "")
             word, _, rest = line.partition(" ")
             if word == "LOCKED":
-                return HostLock(transport, process, stale)
+                return HostLock(transport, process, stale, beat)
             if word == "STALE":
                 stale = Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200])
             elif word == "BUSY":
@@ -185,8 +209,10 @@ if ! flock -n 9; then printf 'BUSY %s\n' "$(head -c 2000 owner 2>/dev/null)"; ex
 [ -s owner ] && printf 'STALE %s\n' "$(head -c 2000 owner)"
 printf '%s\n' "$2" > owner
 echo LOCKED
-IFS= read -r reply || reply=
-[ "$reply" = release ] && rm -f owner
+wait=(); [ -n "$4" ] && wait=(-t "$4")
+while IFS= read -r "${wait[@]}" reply; do
+  [ "$reply" = release ] && { rm -f owner; exit 0; }
+done
 exit 0
 '''
 
