@@ -120,7 +120,8 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir and take the lock", state.lock_command(host.remote_dir, owner)),
+        (f"{where}: claim remote_dir and take the lock",
+         state.lock_command(host.remote_dir, owner, state.lock_silence(host))),
         (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path)),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
