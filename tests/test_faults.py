@@ -1010,7 +1010,8 @@ def test_5_a_network_partition_mid_step_is_detected_by_keepalive(lab, make_inven
     while running a command: the host answered no keepalive for 6 s` within keepalive x 3 plus a
     little, long before the step's 12 s timeout. Afterwards (the link back up): the step's process
     tree on the host is gone, at the latest when the host-side timeout fires (the host may never
-    hear that the client closed: its FIN was lost in the partition)."""
+    hear that the client closed: its FIN was lost in the partition), and the host lock is free (its
+    holder heard no heartbeat for 3 keepalives): the next deploy works and names the dead run."""
     host, ns, outer = ns_host
     marker = f"55{os.getpid() % 1000:03d}"
     inv = make_inventory({"far": {**entry(lab, host, remote_dir=str(host.root / "engine"), timeouts={"build": 12},
@@ -1034,3 +1035,7 @@ def test_5_a_network_partition_mid_step_is_detected_by_keepalive(lab, make_inven
     assert code == 1 and build["status"] == "failed" and detected < 2 * 3 + 4, (detected, build)
     assert "the host answered no keepalive for 6 s" in build["message"]
     assert wait_for(lambda: not processes(rf"^sleep 6{marker}"), 12), processes(rf"^sleep 6{marker}")
+    # the lock holder on the host heard no heartbeat for 3 keepalives: it let go; the next run says whose it was
+    again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "far")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "recovered the lock left by a run that died: validate by pid" in again.stdout
