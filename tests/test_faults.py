@@ -856,6 +856,8 @@ def test_15_endless_output_without_newlines_is_bounded(lab, make_inventory, tmp_
 def agent(tmp_path):
     """An ssh-agent of this test holding a passphrase-protected key (added with ssh-add through
     SSH_ASKPASS: the passphrase never passes through the orchestrator)."""
+    if not (shutil.which("ssh-agent") and shutil.which("ssh-add")):
+        pytest.skip("ssh-agent/ssh-add (openssh-client) are not installed")
     passphrase = f"pass-{os.urandom(6).hex()}-phrase"
     key = tmp_path / "protected_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", "protected", "-f", str(key)], check=True)
