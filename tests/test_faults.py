@@ -698,8 +698,9 @@ INJECTABLE = ["address", "user", "remote_dir", "python", "cuda_home", "rsync_pat
 
 
 def test_12_injection_through_inventory_values_is_rejected(lab, make_inventory, tmp_path):
-    """Scenario 12, inventory: every host value that reaches a command line (address, user,
-    remote_dir, python, cuda_home, rsync_path, arch, jump, identity, known_hosts, host_key) with
+    """Scenario 12, inventory: host and group names, and every host value that reaches a command
+    line (address, user, remote_dir, python, cuda_home, rsync_path, arch, jump, identity,
+    known_hosts, host_key) with
     `$(...)`, backticks, `;`, `|`, quotes, a newline, `&&`, a leading '-' or an option after a space.
     The user sees: exit code 2 and a message naming the file, the host and the key (a path made only
     of harmless characters, e.g. `/srv/-oProxyCommand=touch x`, is a legal path and is passed
@@ -720,6 +721,11 @@ def test_12_injection_through_inventory_values_is_rejected(lab, make_inventory, 
             else:       # accepted only as a path of harmless characters, which is quoted once wherever it goes
                 assert key in ("remote_dir", "python", "cuda_home", "rsync_path", "identity", "known_hosts") and \
                     re.fullmatch(r"[A-Za-z0-9 ._/+,:@=-]+", value) and not value.startswith("-"), (key, value)
+    for value in payloads(canary):              # host names and group names
+        with pytest.raises(InventoryError, match="host name may use|is not a group name"):
+            make_inventory({value: entry(lab, h1)})
+        with pytest.raises(InventoryError, match="is not a group name|must not"):
+            make_inventory({"h": {**entry(lab, h1), "groups": [value]}})
     proc = invoke(lab, "deploy", "--inventory", str(make_inventory({"h": entry(lab, h1)}).path), "--host", "h")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bad = yaml_with(make_inventory, {"h": {**entry(lab, h1), "user": f"root;touch {canary}"}})
