@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The fan-out section of bench_orchestrator.py on a 16-core machine without sshd, ssh or rsync
+# (our GPU device), so that each of 16 loopback hosts has a core of its own, as a fleet has.
+# From the repo root, with .debs/ and .whl/ (docs/gpu-reference/fetch-packages.sh):
+#   bash benchmarks/fanout_16core.sh OUTDIR
+set -uo pipefail
+out=${1:?usage: fanout_16core.sh OUTDIR}
+R=/opt/kd-openssh
+mkdir -p "$R" "$out"
+for deb in .debs/*.deb; do dpkg -x "$deb" "$R"; done
+# The unpacked libraries for every process (sshd's sessions run rsync's far end), binaries on PATH.
+cp -a "$R"/usr/lib/x86_64-linux-gnu/*.so* "$R"/lib/x86_64-linux-gnu/*.so* /usr/local/lib/ 2>/dev/null
+ldconfig
+export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:$R/lib/x86_64-linux-gnu"
+for b in ssh ssh-keygen rsync scp; do ln -sf "$R/usr/bin/$b" /usr/local/bin/$b; done
+ln -sf "$R/usr/sbin/sshd" /usr/sbin/sshd        # tests/sshd.py starts /usr/sbin/sshd
+id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
+mkdir -p /run/sshd
+python3 -c 'import fabric, invoke, paramiko' 2>/dev/null ||
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /opt/site .whl/*.whl
+export PYTHONPATH=/opt/site
+python3 benchmarks/bench_orchestrator.py --hosts 1,16 --sections fanout --repeats 3 --no-ansible --json "$out/fanout.json"
