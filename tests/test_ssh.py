@@ -237,7 +237,7 @@ from orchestrator import inventory, parallel, remote
 from orchestrator.transport import open_transport
 inv = inventory.load(sys.argv[1])
 def work(host):
-    print("started", flush=True)
+    print("started\\n", end="", flush=True)     # one write: threads never interleave it
     return open_transport(host).run(remote.wrap(["sleep", sys.argv[2]], timeout=120), timeout=200)
 try:
     parallel.run_parallel(list(inv.hosts.values()), work)
