@@ -93,21 +93,8 @@ void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, c
     if (M <= 0 || N <= 0) return;
     MmParams p;
     p.a.w = W;
-    p.x = x;
-    p.ldx = K;
-    p.y = y;
-    p.ldy = N;
     p.bias = bias;
-    p.M = M;
-    p.N = N;
-    p.K = K;
-    p.splits = mm_split_count(ctx.num_sms, N, K, M);
-    if (p.splits > 1) {
-        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
-        p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
-    }
-    p.sched = ctx.sched.get<unsigned>(2);
-    mm_launch<WFmt::F32, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
+    mm_run_plain<WFmt::F32>(ctx, p, y, x, M, N, K);
 }
 
 void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K) {

@@ -14,20 +14,7 @@ void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, con
     MmParams p;
     p.a.q = reinterpret_cast<const uint32_t*>(qw);
     p.a.s = sc;
-    p.x = x;
-    p.ldx = K;
-    p.y = y;
-    p.ldy = N;
-    p.M = M;
-    p.N = N;
-    p.K = K;
-    p.splits = mm_split_count(ctx.num_sms, N, K, M);
-    if (p.splits > 1) {
-        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
-        p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
-    }
-    p.sched = ctx.sched.get<unsigned>(2);
-    mm_launch<WFmt::W4, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
+    mm_run_plain<WFmt::W4>(ctx, p, y, x, M, N, K);
 }
 
 }  // namespace kd::cuda

@@ -33,6 +33,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "context.cuh"
 
 #include <algorithm>
 #include <type_traits>
@@ -631,6 +632,27 @@ void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t s
         case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, num_sms, stream); break;
         default: mm_launch_mt<F, KD_MM_MAX_PASS, GLU>(p, grid_y, num_sms, stream); break;
     }
+}
+
+// A plain (not grouped) matmul y[M][N] = x[M][K] W^T: the row and shape fields, split-K with its
+// workspace when the grid would leave SMs idle, the scheduling counters, and the launch. The
+// caller has set the weights (p.a) and, for fp32, the bias.
+template <WFmt F>
+void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, int M, int N, int K) {
+    p.x = x;
+    p.ldx = K;
+    p.y = y;
+    p.ldy = N;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.splits = mm_split_count(ctx.num_sms, N, K, M);
+    if (p.splits > 1) {
+        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
+        p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
+    }
+    p.sched = ctx.sched.get<unsigned>(2);
+    mm_launch<F, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
 }
 
 }  // namespace kd::cuda
