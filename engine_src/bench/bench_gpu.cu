@@ -13,7 +13,9 @@
 //      and eager) against FP32 through cuBLAS (routing read back, 3 SGEMMs per selected expert,
 //      no TF32) and FP32 through our grouped kernel; outputs compared.
 //
-//   bench_gpu [--json PATH] [--quick] [--only N K M]   (--only: time one matmul_w4a16 shape, e.g. under ncu)
+//   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T]
+//   (--only: time one matmul_w4a16 shape; --only-f32: one matmul_f32 shape, cuBLAS and our kernel;
+//   --moe: run the MoE layer's paths once at T tokens, for ncu)
 #include "../src/cuda/mm_core.cuh"
 #include "../src/cuda/ops.cuh"
 
@@ -364,8 +366,8 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
 
 // ---- 3. the K2-shaped MoE layer -------------------------------------------------------------
 
-// Experts are stacked [E + 1][..][..]: the routed ones, then the shared expert, so that the
-// shared expert can also run as one more slot of the grouped kernel ("fused").
+// Experts are stacked [E + 1][..][..]: the routed ones, then the shared expert, as the engine's
+// model stacks them (ExpertWeights::shared).
 struct MoeLayer {
     int h = 7168, E = 384, k = 8, inter = 2048;
     float* gate_w = nullptr;   // [E][h]
@@ -381,32 +383,23 @@ struct MoeLayer {
 // Scratch for one layer call of up to 16 tokens.
 struct MoeBuffers {
     float *logits, *weight, *xn, *out, *sh_a, *sh_b, *sh_y;
-    int32_t *idx, *idx_ext;   // [T][k], [T][k + 1] (the shared expert appended)
-    float* weight_ext;
+    int32_t* idx;  // [T][k]
     // cuBLAS FP32 path
     float *xs, *ha, *hb, *ys;
     int* d_rows;  // [2 * 16 * k]: pair rows, then pair positions
 };
 
-// Appends the shared expert (index E, weight 1) to every row's routed experts.
-__global__ void append_shared(int32_t* idx_ext, float* w_ext, const int32_t* idx, const float* w, int T, int k, int E) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * (k + 1)) return;
-    const int t = i / (k + 1), j = i % (k + 1);
-    idx_ext[i] = j < k ? idx[t * k + j] : E;
-    w_ext[i] = j < k ? w[t * k + j] : 1.0f;
-}
-
-// The layer through the backend's ops. fused = false: as the engine's model runs it (moe_ffn
-// for the routed experts, three matmuls + silu_mul for the shared expert, then add);
-// fused = true: the shared expert as slot k + 1 of the same grouped launches.
+// The layer through the backend's ops as the engine's model runs it: the router (matmul_f32),
+// moe_gate, moe_ffn with the shared expert stacked after the routed ones. separate = true: the
+// shared expert as three matmuls, silu_mul and an add (the model's path for a shared expert that
+// cannot be stacked; the same output).
 void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const float* x, int T, bool int4,
-                    bool fused = false) {
+                    bool separate = false) {
     const MoeRouting r{L.E, L.k, 1, 1, 2.827f};
     matmul_f32(ctx, b.logits, x, L.gate_w, nullptr, T, L.E, L.h);
     moe_gate(ctx, b.idx, b.weight, b.logits, L.gate_b, T, r);
     ExpertWeights ew;
-    ew.n_experts = fused ? L.E + 1 : L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = int4;
+    ew.n_experts = L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = int4; ew.shared = !separate;
     if (int4) {
         ew.q1 = reinterpret_cast<const int32_t*>(L.q[0]); ew.q2 = reinterpret_cast<const int32_t*>(L.q[1]);
         ew.q3 = reinterpret_cast<const int32_t*>(L.q[2]);
@@ -414,15 +407,8 @@ void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const 
     } else {
         ew.w1 = L.w[0]; ew.w2 = L.w[1]; ew.w3 = L.w[2];
     }
-    if (fused) {
-        append_shared<<<ceil_div(T * (L.k + 1), 128), 128, 0, ctx.stream>>>(b.idx_ext, b.weight_ext, b.idx, b.weight,
-                                                                            T, L.k, L.E);
-        KD_CUDA_LAUNCH_CHECK("append_shared");
-        moe_ffn(ctx, b.out, x, b.idx_ext, b.weight_ext, T, L.k + 1, ew);
-        return;
-    }
     moe_ffn(ctx, b.out, x, b.idx, b.weight, T, L.k, ew);
-    // The shared expert as the model runs it: three matmuls and silu_mul, then the add.
+    if (!separate) return;
     if (int4) {
         matmul_w4a16(ctx, b.sh_a, x, reinterpret_cast<const int32_t*>(L.sq[0]), L.ss[0], T, L.inter, L.h);
         matmul_w4a16(ctx, b.sh_b, x, reinterpret_cast<const int32_t*>(L.sq[2]), L.ss[2], T, L.inter, L.h);
@@ -497,7 +483,8 @@ void moe_fp32_cublas_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b,
     KD_CUDA_LAUNCH_CHECK("combine_rows");
 }
 
-std::string bench_moe(Context& ctx, bool quick, int& failures) {
+// only_T > 0: that batch size alone, the four paths once each, nothing timed (for a profiler).
+std::string bench_moe(Context& ctx, bool quick, int& failures, int only_T = 0) {
     MoeLayer L;
     const long per = static_cast<long>(L.inter) * L.h;
     const size_t all = static_cast<size_t>(L.E + 1) * per;
@@ -521,8 +508,6 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
     b.logits = dev_alloc<float>(static_cast<size_t>(Tmax) * L.E);
     b.weight = dev_alloc<float>(P);
     b.idx = dev_alloc<int32_t>(P);
-    b.idx_ext = dev_alloc<int32_t>(P + Tmax);
-    b.weight_ext = dev_alloc<float>(P + Tmax);
     b.out = dev_alloc<float>(static_cast<size_t>(Tmax) * L.h);
     b.sh_a = dev_alloc<float>(static_cast<size_t>(Tmax) * L.inter);
     b.sh_b = dev_alloc<float>(static_cast<size_t>(Tmax) * L.inter);
@@ -543,7 +528,7 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
     std::ostringstream rows;
     bool first = true;
     for (int T = 1; T <= Tmax; ++T) {
-        if (quick && T != 1 && T != 4 && T != 16) continue;
+        if (only_T ? T != only_T : quick && T != 1 && T != 4 && T != 16) continue;
         auto xi = [&](int i) { return xin + static_cast<size_t>(i % n_inputs) * Tmax * L.h; };
         // Compare the three paths on input 0.
         moe_fp32_cublas_layer(ctx, L, b, xi(0), T);
@@ -552,29 +537,69 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
         moe_int4_layer(ctx, L, b, xi(0), T, false);
         const double err_f32 = nmse(to_host(b.out, static_cast<size_t>(T) * L.h), ref);
         moe_int4_layer(ctx, L, b, xi(0), T, true, true);
-        const std::vector<float> fused = to_host(b.out, static_cast<size_t>(T) * L.h);
+        const std::vector<float> separate = to_host(b.out, static_cast<size_t>(T) * L.h);
         moe_int4_layer(ctx, L, b, xi(0), T, true);
         const std::vector<float> q4 = to_host(b.out, static_cast<size_t>(T) * L.h);
-        const double err_q = nmse(q4, ref), err_fused = nmse(fused, q4);
-        const bool ok = err_f32 < 1e-9 && err_q < 5e-2 && err_fused < 1e-9;  // INT4 vs FP32: quantisation noise
+        const double err_q = nmse(q4, ref);
+        const bool same = separate == q4;  // the shared expert stacked or on its own: the same bits
+        const bool ok = err_f32 < 1e-9 && err_q < 5e-2 && same;  // INT4 vs FP32: quantisation noise
         if (!ok) ++failures;
-
-        // INT4 captured once per input batch (pointers are baked into a graph).
-        std::vector<cudaGraphExec_t> graphs(n_inputs), graphs_fused(n_inputs);
-        for (int i = 0; i < 2 * n_inputs; ++i) {
-            cudaGraph_t g;
-            KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-            moe_int4_layer(ctx, L, b, xi(i), T, true, i >= n_inputs);
-            KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-            KD_CUDA_CHECK(cudaGraphInstantiate(i < n_inputs ? &graphs[i] : &graphs_fused[i - n_inputs], g, 0));
-            KD_CUDA_CHECK(cudaGraphDestroy(g));
+        // Time per replay of work(i) captured once per input batch (pointers are baked into a graph).
+        const auto graph_us = [&](const std::function<void(int)>& work) {
+            std::vector<cudaGraphExec_t> graphs(n_inputs);
+            for (int i = 0; i < n_inputs; ++i) {
+                cudaGraph_t g;
+                KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+                work(i);
+                KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+                KD_CUDA_CHECK(cudaGraphInstantiate(&graphs[i], g, 0));
+                KD_CUDA_CHECK(cudaGraphDestroy(g));
+            }
+            const double us = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
+                KD_CUDA_CHECK(cudaGraphLaunch(graphs[i], ctx.stream));
+            });
+            for (auto& g : graphs) cudaGraphExecDestroy(g);
+            return us;
+        };
+        if (only_T) {
+            std::printf("  T=%d nmse int4 %.1e fp32 %.1e, shared expert stacked == separate: %s %s\n", T, err_q, err_f32,
+                        same ? "yes" : "NO", ok ? "" : "FAILED");
+            // The INT4 layer's stages, each alone in a graph (routing as left by the last call).
+            ExpertWeights ew;
+            ew.n_experts = L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = true;
+            ew.q1 = reinterpret_cast<const int32_t*>(L.q[0]); ew.q2 = reinterpret_cast<const int32_t*>(L.q[1]);
+            ew.q3 = reinterpret_cast<const int32_t*>(L.q[2]);
+            ew.s1 = L.s[0]; ew.s2 = L.s[1]; ew.s3 = L.s[2];
+            const MoeRouting r{L.E, L.k, 1, 1, 2.827f};
+            const auto stage = [&](const char* name, const std::function<void(int)>& work) {
+                std::printf("    %-44s %7.1f us\n", name, graph_us(work));
+            };
+            stage("router matmul_f32 (cuBLAS, 16-row pass)", [&](int i) {
+                matmul_f32(ctx, b.logits, xi(i), L.gate_w, nullptr, T, L.E, L.h);
+            });
+            stage("router matmul_f32_kernel", [&](int i) {
+                matmul_f32_kernel(ctx, b.logits, xi(i), L.gate_w, nullptr, T, L.E, L.h);
+            });
+            stage("silu_mul over 2048 (a one-kernel floor)", [&](int) {
+                silu_mul(ctx, b.sh_a, b.sh_a, b.sh_b, static_cast<size_t>(T) * L.inter);
+            });
+            stage("moe_gate", [&](int) { moe_gate(ctx, b.idx, b.weight, b.logits, L.gate_b, T, r); });
+            stage("moe_ffn, routed experts", [&](int i) { moe_ffn(ctx, b.out, xi(i), b.idx, b.weight, T, L.k, ew); });
+            ew.shared = true;
+            stage("moe_ffn, routed + shared expert", [&](int i) { moe_ffn(ctx, b.out, xi(i), b.idx, b.weight, T, L.k, ew); });
+            stage("shared expert: 3 matmul_w4a16 + silu_mul + add", [&](int i) {
+                matmul_w4a16(ctx, b.sh_a, xi(i), reinterpret_cast<const int32_t*>(L.sq[0]), L.ss[0], T, L.inter, L.h);
+                matmul_w4a16(ctx, b.sh_b, xi(i), reinterpret_cast<const int32_t*>(L.sq[2]), L.ss[2], T, L.inter, L.h);
+                silu_mul(ctx, b.sh_a, b.sh_a, b.sh_b, static_cast<size_t>(T) * L.inter);
+                matmul_w4a16(ctx, b.sh_y, b.sh_a, reinterpret_cast<const int32_t*>(L.sq[1]), L.ss[1], T, L.h, L.inter);
+                add(ctx, b.out, b.out, b.sh_y, static_cast<size_t>(T) * L.h);
+            });
+            stage("layer, as the model runs it", [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); });
+            stage("layer, shared expert separate", [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true, true); });
+            continue;
         }
-        const double t_graph = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
-            KD_CUDA_CHECK(cudaGraphLaunch(graphs[i], ctx.stream));
-        });
-        const double t_fused = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
-            KD_CUDA_CHECK(cudaGraphLaunch(graphs_fused[i], ctx.stream));
-        });
+        const double t_graph = graph_us([&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); });
+        const double t_separate = graph_us([&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true, true); });
         const double t_eager = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
             moe_int4_layer(ctx, L, b, xi(i), T, true);
         });
@@ -584,21 +609,20 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
         const double t_cublas = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
             moe_fp32_cublas_layer(ctx, L, b, xi(i), T);
         });
-        for (auto& g : graphs) cudaGraphExecDestroy(g);
-        for (auto& g : graphs_fused) cudaGraphExecDestroy(g);
-        std::printf("  T=%-2d int4 graph %7.1f us fused %7.1f us eager %7.1f us | fp32 cuBLAS %8.1f us grouped %8.1f us"
-                    " | x%5.2f (fused x%5.2f) vs cuBLAS, x%5.2f vs grouped | nmse int4 %.1e fp32 %.1e %s\n",
-                    T, t_graph, t_fused, t_eager, t_cublas, t_f32_grouped, t_cublas / t_graph, t_cublas / t_fused,
+        std::printf("  T=%-2d int4 graph %7.1f us (shared separate %7.1f) eager %7.1f us | fp32 cuBLAS %8.1f us grouped %8.1f us"
+                    " | x%5.2f (separate x%5.2f) vs cuBLAS, x%5.2f vs grouped | nmse int4 %.1e fp32 %.1e %s\n",
+                    T, t_graph, t_separate, t_eager, t_cublas, t_f32_grouped, t_cublas / t_graph, t_cublas / t_separate,
                     t_f32_grouped / t_graph, err_q, err_f32, ok ? "" : "FAILED");
         std::fflush(stdout);
         JsonOut j;
         j.num("tokens", T);
-        j.num("int4_graph_us", t_graph); j.num("int4_fused_graph_us", t_fused); j.num("int4_eager_us", t_eager);
+        j.num("int4_graph_us", t_graph); j.num("int4_separate_shared_graph_us", t_separate); j.num("int4_eager_us", t_eager);
         j.num("fp32_cublas_us", t_cublas); j.num("fp32_grouped_us", t_f32_grouped);
         j.num("speedup_int4_vs_fp32_cublas", t_cublas / t_graph);
-        j.num("speedup_int4_fused_vs_fp32_cublas", t_cublas / t_fused);
+        j.num("speedup_int4_separate_shared_vs_fp32_cublas", t_cublas / t_separate);
         j.num("speedup_int4_vs_fp32_grouped", t_f32_grouped / t_graph);
-        j.num("nmse_int4_vs_fp32", err_q); j.num("nmse_fused_vs_ops", err_fused); j.num("nmse_fp32_grouped_vs_cublas", err_f32);
+        j.num("nmse_int4_vs_fp32", err_q); j.raw("shared_stacked_equals_separate", same ? "true" : "false");
+        j.num("nmse_fp32_grouped_vs_cublas", err_f32);
         j.raw("valid", ok ? "true" : "false");
         rows << (first ? "" : ",\n    ") << j.obj();
         first = false;
@@ -608,7 +632,7 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
     }
     cudaFree(L.gate_w); cudaFree(L.gate_b); cudaFree(xin); cudaFree(out_ref);
     for (float* p : {b.logits, b.weight, b.out, b.sh_a, b.sh_b, b.sh_y, b.xs, b.ha, b.hb, b.ys}) cudaFree(p);
-    cudaFree(b.idx); cudaFree(b.idx_ext); cudaFree(b.weight_ext); cudaFree(b.d_rows);
+    cudaFree(b.idx); cudaFree(b.d_rows);
     return rows.str();
 }
 
@@ -617,13 +641,19 @@ std::string bench_moe(Context& ctx, bool quick, int& failures) {
 int main(int argc, char** argv) {
     std::string json_path;
     bool quick = false;
-    int only[3] = {0, 0, 0};
+    int only[3] = {0, 0, 0}, only_f32[3] = {0, 0, 0};
+    int moe_T = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--json" && i + 1 < argc) json_path = argv[++i];
         else if (a == "--quick") quick = true;
         else if (a == "--only" && i + 3 < argc) for (int& v : only) v = std::atoi(argv[++i]);
-        else { std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M]\n"); return 2; }
+        else if (a == "--only-f32" && i + 3 < argc) for (int& v : only_f32) v = std::atoi(argv[++i]);
+        else if (a == "--moe" && i + 1 < argc) moe_T = std::atoi(argv[++i]);
+        else {
+            std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T]\n");
+            return 2;
+        }
     }
     try {
         Context ctx;
@@ -655,13 +685,36 @@ int main(int argc, char** argv) {
                         (nw * 0.625 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3);
             return 0;
         }
+        if (only_f32[0] > 0) {  // one matmul_f32 shape, cuBLAS (16-row passes) and mm_core
+            const int N = only_f32[0], K = only_f32[1], M = only_f32[2];
+            const size_t nw = static_cast<size_t>(N) * K;
+            float* w = dev_alloc<float>(nw);
+            float* x = dev_alloc<float>(static_cast<size_t>(M) * K);
+            float* y = dev_alloc<float>(static_cast<size_t>(M) * N);
+            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(w, nw, 1, -0.05f, 0.05f);
+            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(x, static_cast<size_t>(M) * K, 3, -1.0f, 1.0f);
+            Timer tm;
+            for (const bool cublas : {true, false}) {
+                ctx.use_cublas = cublas;
+                const double us = tm.per_call_us(ctx.stream, 20, 1, [&](int) {
+                    matmul_f32(ctx, y, x, w, nullptr, M, N, K);
+                });
+                std::printf("matmul_f32 %s %dx%d M=%d: %.2f us, %.0f GB/s (median of 20)\n", cublas ? "cuBLAS" : "kernel", N,
+                            K, M, us, (nw * 4.0 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3);
+            }
+            return 0;
+        }
+        int failures = 0;
+        if (moe_T > 0) {  // the MoE layer at one batch size and nothing else
+            bench_moe(ctx, true, failures, moe_T);
+            return failures ? 1 : 0;
+        }
         double copy_gbs = 0;
         const double ceiling = bench_ceiling(ctx, copy_gbs);
         std::printf("read-bandwidth ceiling (128-bit read-only kernel, 4 GiB): %.0f GB/s; D2D copy %.0f GB/s (read+write)\n",
                     ceiling, copy_gbs);
         if (ceiling < 4000) std::printf("WARNING: ceiling under 4 TB/s: the measurement is suspect\n");
 
-        int failures = 0;
         std::printf("w4a16 GEMM (v2 = backend matmul_w4a16, v1 = straightforward; %% of the ceiling)\n");
         std::string gemm;
         const int shapes[3][2] = {{2048, 7168}, {7168, 2048}, {28672, 8192}};

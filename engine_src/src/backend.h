@@ -75,6 +75,8 @@ struct ExpertWeights {
     const float* w1 = nullptr; const float* w2 = nullptr; const float* w3 = nullptr;
     const int32_t* q1 = nullptr; const int32_t* q2 = nullptr; const int32_t* q3 = nullptr;
     const float* s1 = nullptr; const float* s2 = nullptr; const float* s3 = nullptr;
+    // The stacks hold one more expert, n_experts, applied to every row (the shared expert).
+    bool shared = false;
 };
 
 class Backend {
@@ -167,9 +169,10 @@ public:
                           int M, const MoeRouting& routing) = 0;
 
     // The routed FFN of a whole MoE layer, one op so a GPU can run it grouped:
-    // out[m] = sum_{j < top_k, in j order} weight[m][j] * E_e(x[m]), e = idx[m][j], where
-    // E_e(v) = w2_e (silu(w1_e v) * (w3_e v)) in fp32 or W4A16 (ExpertWeights). x, out [M][dim];
-    // out is overwritten. Each E_e(x[m]) is computed exactly as matmul_* would for one row.
+    // out[m] = sum_{j < top_k, in j order} weight[m][j] * E_e(x[m]), e = idx[m][j], then
+    // + E_s(x[m]) with experts.shared (s = n_experts), where E_e(v) = w2_e (silu(w1_e v) *
+    // (w3_e v)) in fp32 or W4A16 (ExpertWeights). x, out [M][dim]; out is overwritten. Each
+    // E_e(x[m]) is computed exactly as matmul_* would for one row.
     virtual void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight,
                          int M, int top_k, const ExpertWeights& experts) = 0;
 

@@ -271,14 +271,20 @@ public:
                  const ExpertWeights& w) override {
         const int D = w.dim, I = w.inter;
         const size_t slots = static_cast<size_t>(M) * top_k;
-        std::vector<std::vector<int>> routed(static_cast<size_t>(w.n_experts));  // slot = m * top_k + j
+        // Slot m * top_k + j routes row m to expert idx[m][j]; slot slots + m row m to the shared
+        // expert (stacked as expert n_experts).
+        const int n_sets = w.n_experts + (w.shared ? 1 : 0);
+        std::vector<std::vector<int>> routed(static_cast<size_t>(n_sets));
         for (size_t slot = 0; slot < slots; ++slot) {
             const int e = idx[slot];
             if (e < 0 || e >= w.n_experts) throw std::runtime_error("moe_ffn: expert index " + std::to_string(e) + " out of range");
             routed[static_cast<size_t>(e)].push_back(static_cast<int>(slot));
         }
-        std::vector<float> xs, a, b, ys(slots * static_cast<size_t>(D));  // ys: each slot's expert output
-        for (int e = 0; e < w.n_experts; ++e) {
+        if (w.shared)
+            for (int m = 0; m < M; ++m) routed.back().push_back(static_cast<int>(slots) + m);
+        const auto row_of = [&](int slot) { return slot < static_cast<int>(slots) ? slot / top_k : slot - static_cast<int>(slots); };
+        std::vector<float> xs, a, b, ys((slots + (w.shared ? M : 0)) * static_cast<size_t>(D));  // each slot's output
+        for (int e = 0; e < n_sets; ++e) {
             const std::vector<int>& rows = routed[static_cast<size_t>(e)];
             const int R = static_cast<int>(rows.size());
             if (R == 0) continue;
@@ -286,7 +292,7 @@ public:
             a.resize(static_cast<size_t>(R) * I);
             b.resize(static_cast<size_t>(R) * I);
             for (int r = 0; r < R; ++r)
-                std::memcpy(&xs[static_cast<size_t>(r) * D], x + static_cast<long>(rows[r] / top_k) * D, sizeof(float) * D);
+                std::memcpy(&xs[static_cast<size_t>(r) * D], x + static_cast<long>(row_of(rows[r])) * D, sizeof(float) * D);
             const long up = static_cast<long>(e) * I * D;  // elements of one [I][D] (or [D][I]) expert matrix
             float* y = ys.data();
             if (w.int4) {
@@ -309,6 +315,10 @@ public:
                 const float g = weight[static_cast<long>(m) * top_k + j];
                 const float* y = &ys[(static_cast<size_t>(m) * top_k + j) * D];
                 for (int k = 0; k < D; ++k) outr[k] += g * y[k];
+            }
+            if (w.shared) {
+                const float* y = &ys[(slots + m) * D];
+                for (int k = 0; k < D; ++k) outr[k] += y[k];
             }
         }
     }

@@ -87,17 +87,24 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
                 const int E = c.n_routed_experts, I = c.moe_inter_dim, S = c.n_shared_experts * I;
                 L.gate = load_linear(b, p + "ffn.gate.weight", E, D);
                 L.gate_bias = load_f32(b, p + "ffn.gate.bias", {E});
-                if (S > 0) {
+                // A shared expert as wide as a routed one and stored like them joins their stacks
+                // (moe_ffn runs it with them); any other goes through linear() as a dense FFN.
+                const auto stored_like_experts = [&](const char* w) { return b.has(p + "ffn.shared." + w + ".qw") == b.int4; };
+                const bool stack_shared =
+                    S == I && stored_like_experts("w1") && stored_like_experts("w2") && stored_like_experts("w3");
+                if (S > 0 && !stack_shared) {
                     L.w1 = load_linear(b, p + "ffn.shared.w1", S, D);
                     L.w2 = load_linear(b, p + "ffn.shared.w2", D, S);
                     L.w3 = load_linear(b, p + "ffn.shared.w3", S, D);
                 }
-                // Stack the experts: one [E][out][in] buffer per projection.
+                // Stack the experts: one [E (+ 1)][out][in] buffer per projection.
                 ExpertWeights& ew = L.experts;
                 ew.n_experts = E;
                 ew.dim = D;
                 ew.inter = I;
                 ew.int4 = b.int4;
+                ew.shared = stack_shared;
+                const int n_sets = E + (stack_shared ? 1 : 0);
                 const size_t per = static_cast<size_t>(I) * D;
                 const char* names[3] = {"w1", "w2", "w3"};
                 for (int k = 0; k < 3; ++k) {
@@ -105,14 +112,14 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
                     void* stacked = nullptr;
                     float* scales = nullptr;
                     if (b.int4) {
-                        stacked = be_.alloc(E * per / 8 * sizeof(int32_t));
+                        stacked = be_.alloc(n_sets * per / 8 * sizeof(int32_t));
                         owned_.push_back(stacked);
-                        scales = scratch(E * per / 32);
+                        scales = scratch(n_sets * per / 32);
                     } else {
-                        stacked = scratch(E * per);
+                        stacked = scratch(n_sets * per);
                     }
-                    for (int e = 0; e < E; ++e) {
-                        const std::string name = p + "ffn.experts." + std::to_string(e) + "." + names[k];
+                    for (int e = 0; e < n_sets; ++e) {
+                        const std::string name = p + (e < E ? "ffn.experts." + std::to_string(e) + "." : std::string("ffn.shared.")) + names[k];
                         if (b.int4) {
                             const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
                             const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});

@@ -16,7 +16,10 @@
 //     so that the 16-byte reads of 32 lanes, 128 bytes apart, hit distinct banks).
 //   * Dynamic mode (all of K for all rows of the pass fits one staged chunk): one resident wave
 //     of blocks stages the activations once; warps take units of R rows from a device counter
-//     (no block-level tail) and keep the next step's weights loading in a second register buffer.
+//     (no block-level tail), asking for the next unit when they start one and reading the answer
+//     only when they need it; units of one or two steps are dealt round-robin instead (the
+//     counter's round trip would not hide behind them). A warp keeps the next step's weights
+//     loading in a second register buffer.
 //     Static mode otherwise: a block owns a balanced set of row blocks, streamed per K chunk.
 //   * Split-K (plain matmuls whose grid would not fill the GPU): one block per super-chunk.
 //
@@ -410,15 +413,25 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         // Dynamic mode: all of K and all rows fit one staged chunk. Stage it once; then each
         // warp takes units of ROWS rows from a counter until none are left, so every warp
         // streams weights until the very end (no block-level imbalance).
+        __shared__ long y_row[MT];  // output row offsets, read once rather than per unit
+        if (threadIdx.x < m_count) {
+            const long prow = m_begin + threadIdx.x;
+            y_row[threadIdx.x] = (p.row_out ? p.row_out[prow] : prow) * p.ldy;
+        }
         stage(kb, ke, 0, m_count);
         __syncthreads();
         unsigned* ctr = p.sched + 2 * (p.slot_expert ? blockIdx.y : 0);
         const int n_units = (N + ROWS - 1) / ROWS;
-        const auto grab = [&]() {
-            int u = 0;
-            if (lane == 0) u = static_cast<int>(atomicAdd(ctr, 1u));
-            return __shfl_sync(0xffffffffu, u, 0);
+        // A warp's first unit is its place in the wave; then it asks the counter (which counts
+        // from there) when it starts a unit, and reads the answer at the unit's last step.
+        // Short units: the next one is a wave further (round-robin).
+        const int wave_units = gridDim.x * KD_MM_WARPS;
+        const int n_steps = (ke - kb + WS - 1) / WS;
+        const bool dealt = n_steps <= 2;
+        const auto ask = [&](int unit) {
+            return dealt ? unit + wave_units : lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_units : 0;
         };
+        const auto answer = [&](int ticket) { return dealt ? ticket : __shfl_sync(0xffffffffu, ticket, 0); };
         // The lane's pointers for the rows n0 .. n0 + ROWS at input kb.
         const auto unit_ptrs = [&](int n0) {
             WPtr<F, R> ptr;
@@ -438,17 +451,17 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         // FULL: every step lies wholly inside K, so no lane needs a bounds check.
         const auto run = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
-            int unit = grab();
+            int unit = blockIdx.x * KD_MM_WARPS + warp;
             WPtr<F, R> ptr;
             WStep<F, R> cur{};
             if (unit < n_units) {
                 ptr = unit_ptrs(unit * ROWS);
                 cur = fetch<F, R, FULL>(ptr, kb, ke, lane);
             }
-            const int n_steps = (ke - kb + WS - 1) / WS;
             WStep<F, R> other;
             while (unit < n_units) {
-                const int next = grab(), n0 = unit * ROWS;
+                const int ticket = ask(unit), n0 = unit * ROWS;
+                int next = 0;
                 float part[R][MT], tot[R][MT];
 #pragma unroll
                 for (int r = 0; r < R; ++r)
@@ -458,11 +471,14 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
                 // computes, the next one (in this unit or the next) is loading.
                 // After the last step of the last unit the warp re-reads its unit's first step
                 // (a wasted load, never used), so that every fetch is unconditional.
-                const int after = (next < n_units ? next : unit) * ROWS;
+                const auto next_ptrs = [&]() {
+                    next = answer(ticket);
+                    return unit_ptrs((next < n_units ? next : unit) * ROWS);
+                };
                 for (int st = 0; st < n_steps; st += 2) {
                     const int k = kb + st * WS;
                     const bool last_a = st + 1 >= n_steps;
-                    if (last_a) ptr = unit_ptrs(after);
+                    if (last_a) ptr = next_ptrs();
                     other = fetch<F, R, FULL>(ptr, last_a ? kb : k + WS, ke, lane);
                     mm_step_reduce<F, MT, R, FULL>(part, tot, cur, xs, xsum, p.kch, k, kb, ke, m_count, lane);
                     if (last_a) {  // odd step count: the next unit starts in `other`
@@ -470,7 +486,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
                         break;
                     }
                     const bool last_b = st + 2 >= n_steps;
-                    if (last_b) ptr = unit_ptrs(after);
+                    if (last_b) ptr = next_ptrs();
                     cur = fetch<F, R, FULL>(ptr, last_b ? kb : k + 2 * WS, ke, lane);
                     mm_step_reduce<F, MT, R, FULL>(part, tot, other, xs, xsum, p.kch, k + WS, kb, ke, m_count, lane);
                 }
@@ -481,10 +497,9 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
 #pragma unroll
                         for (int m = 0; m < MT; ++m) {
                             if (m >= m_count || n >= N) continue;
-                            const long prow = m_begin + m;
                             float v = GLU ? silu_mul_f(tot[r][m], tot[r + ROWS][m]) : tot[r][m];
                             if (p.bias) v += p.bias[n];
-                            p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = v;
+                            p.y[y_row[m] + n] = v;
                         }
                     }
                 }

@@ -1,10 +1,13 @@
-// moe_ffn.cu: the routed experts of one MoE layer as three launches whatever the routing:
+// moe_ffn.cu: the experts of one MoE layer as four launches whatever the routing:
 //   1. moe_lists_kernel groups the (row, slot) pairs by expert (deterministic order: experts
 //      ascending, then pairs ascending), all on the device, so the layer can be graph-captured;
 //   2. one grouped mm_kernel for w1 and w3 together (fused SwiGLU epilogue) over every selected
 //      expert, then one for w2 (mm_core.cuh: a row comes out bit-identical to matmul_w4a16 /
 //      matmul_f32_kernel on one row);
-//   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending.
+//   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending, + the shared
+//      expert's row. At one row the shared expert is one more slot of the grouped launches; at
+//      more rows it has two plain launches of its own (a slot would take passes over all rows
+//      at the grouped launch's small pass size). Same rows either way.
 #include "mm_core.cuh"
 #include "ops.cuh"
 
@@ -14,10 +17,11 @@ namespace {
 
 constexpr int kListThreads = 256;
 
-// Pair i = m * top_k + j routes row m to expert idx[i]. Outputs: for each slot s < *n_active,
-// slot_expert[s] (ascending) and its pairs [slot_start[s], slot_start[s + 1]) in pair_token
-// (the row m) and pair_id (i).
-__global__ void moe_lists_kernel(const int32_t* idx, int n_pairs, int top_k, int E, int* slot_expert,
+// Pair i = m * top_k + j (i < n_routed) routes row m to expert idx[i]; pair n_routed + m
+// (m < n_pairs - n_routed) row m to expert E - 1, the shared one. Outputs: for each slot
+// s < *n_active, slot_expert[s] (ascending) and its pairs [slot_start[s], slot_start[s + 1]) in
+// pair_token (the row m) and pair_id (i).
+__global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, int top_k, int E, int* slot_expert,
                                  int* slot_start, int* n_active, int* pair_token, int* pair_id) {
     extern __shared__ int sm[];
     int* cnt = sm;               // [E]
@@ -25,7 +29,7 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_pairs, int top_k, int
     int* slot = sm + 2 * E;      // [E]
     int* pairs = sm + 3 * E;     // [n_pairs]
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) pairs[i] = idx[i];
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) pairs[i] = i < n_routed ? idx[i] : E - 1;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
         const int e = pairs[i];
@@ -64,20 +68,23 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_pairs, int top_k, int
         int pos = start[e];
         for (int i = 0; i < n_pairs; ++i)
             if (pairs[i] == e) {
-                pair_token[pos] = i / top_k;
+                pair_token[pos] = i < n_routed ? i / top_k : i - n_routed;
                 pair_id[pos] = i;
                 ++pos;
             }
     }
 }
 
-__global__ void moe_combine_kernel(float* out, const float* y, const float* weight, int M, int top_k, int dim) {
+// y_shared: the shared expert's rows [M][dim], or null.
+__global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
+                                   int top_k, int dim) {
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j)
         acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+    if (y_shared) acc += y_shared[i];
     out[i] = acc;
 }
 
@@ -92,7 +99,11 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
                                  ", inter " + std::to_string(I) + ")");
     if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
         throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
-    const int n_pairs = M * top_k, max_slots = std::min(E, n_pairs);
+    // The grouped launches' pairs: the routed ones, then at one row the shared expert's.
+    const int n_routed = M * top_k;
+    const bool shared_slot = w.shared && M == 1;
+    const int n_pairs = n_routed + (shared_slot ? M : 0), n_sets = E + (shared_slot ? 1 : 0);
+    const int max_slots = std::min(n_sets, n_pairs);
 
     int* lists = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 2 * n_pairs));
     int* slot_expert = lists;
@@ -100,17 +111,28 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     int* n_active = slot_start + max_slots + 1;
     int* pair_token = n_active + 1;
     int* pair_id = pair_token + n_pairs;
-    const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(E) + n_pairs);
+    const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(n_sets) + n_pairs);
     if (list_smem > 48 * 1024)
         throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
                                  " pairs exceed the routing kernel's shared memory");
-    moe_lists_kernel<<<1, kListThreads, list_smem, ctx.stream>>>(idx, n_pairs, top_k, E, slot_expert, slot_start,
-                                                                 n_active, pair_token, pair_id);
+    moe_lists_kernel<<<1, kListThreads, list_smem, ctx.stream>>>(idx, n_routed, n_pairs, top_k, n_sets, slot_expert,
+                                                                 slot_start, n_active, pair_token, pair_id);
     KD_CUDA_LAUNCH_CHECK("moe_lists_kernel");
 
-    float* h = ctx.moe_h.get<float>(static_cast<size_t>(n_pairs) * I);
-    float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_pairs) * D);
+    // h and y rows: one per pair, then (shared expert on its own launches) one per row.
+    const int shared_rows = w.shared ? M : 0;
+    float* h = ctx.moe_h.get<float>(static_cast<size_t>(n_routed + shared_rows) * I);
+    float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_routed + shared_rows) * D);
+    float* y_shared = w.shared ? y + static_cast<long>(n_routed) * D : nullptr;
     const long per_expert = static_cast<long>(I) * D;
+    // Projection j (1, 2, 3) of expert set e of the stacks.
+    const auto set = [&](int j, long e) {
+        const int32_t* q = j == 1 ? w.q1 : j == 2 ? w.q2 : w.q3;
+        const float* sc = j == 1 ? w.s1 : j == 2 ? w.s2 : w.s3;
+        const float* wf = j == 1 ? w.w1 : j == 2 ? w.w2 : w.w3;
+        if (w.int4) return MmWeights{reinterpret_cast<const uint32_t*>(q) + e * per_expert / 8, sc + e * per_expert / 32, nullptr};
+        return MmWeights{nullptr, nullptr, wf + e * per_expert};
+    };
 
     MmParams p;
     p.q_estride = per_expert / 8;
@@ -124,8 +146,8 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
 
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair.
     MmParams up = p;
-    up.a = {reinterpret_cast<const uint32_t*>(w.q1), w.s1, w.w1};
-    up.b = {reinterpret_cast<const uint32_t*>(w.q3), w.s3, w.w3};
+    up.a = set(1, 0);
+    up.b = set(3, 0);
     up.x = x;
     up.ldx = D;
     up.row_in = pair_token;
@@ -135,7 +157,7 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     up.K = D;
     // w2: y[pair_id] = w2 h.
     MmParams down = p;
-    down.a = {reinterpret_cast<const uint32_t*>(w.q2), w.s2, w.w2};
+    down.a = set(2, 0);
     down.x = h;
     down.ldx = I;
     down.y = y;
@@ -147,16 +169,35 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     // over the same weights, which L2 still holds); spares registers and staging for the
     // common case of one or two rows per expert. The result does not depend on it.
     const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
-    if (w.int4) {
-        mm_launch<WFmt::W4, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<WFmt::W4, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-    } else {
-        mm_launch<WFmt::F32, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<WFmt::F32, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-    }
+    // The shared expert on launches of its own: silu(w1 x) * (w3 x) into h's last rows, then w2.
+    float* h_shared = h + static_cast<long>(n_routed) * I;
+    MmParams shared_up;
+    shared_up.a = set(1, E);
+    shared_up.b = set(3, E);
+    shared_up.x = x;
+    shared_up.ldx = D;
+    shared_up.y = h_shared;
+    shared_up.ldy = I;
+    shared_up.M = M;
+    shared_up.N = I;
+    shared_up.K = D;
+    shared_up.sched = p.sched;
+    MmParams shared_down;
+    shared_down.a = set(2, E);
+    const auto run = [&](auto format) {
+        constexpr WFmt F = decltype(format)::value;
+        mm_launch<F, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<F, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        if (w.shared && !shared_slot) {
+            mm_launch<F, true>(shared_up, M, 1, ctx.num_sms, ctx.stream);
+            mm_run_plain<F>(ctx, shared_down, y_shared, h_shared, M, D, I);
+        }
+    };
+    if (w.int4) run(std::integral_constant<WFmt, WFmt::W4>{});
+    else run(std::integral_constant<WFmt, WFmt::F32>{});
 
     const long n = static_cast<long>(M) * D;
-    moe_combine_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(out, y, weight, M, top_k, D);
+    moe_combine_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(out, y, y_shared, weight, M, top_k, D);
     KD_CUDA_LAUNCH_CHECK("moe_combine_kernel");
 }
 
