@@ -110,7 +110,8 @@ void upload_random(Backend& be, void* dst, size_t n, uint64_t seed, float scale,
     be.upload(dst, host.data(), n * 4);
 }
 
-// One K2-width MoE FFN (router, routed experts, shared expert) for M tokens, FP32 or INT4.
+// One K2-width MoE FFN (router, routed experts, shared expert) for M tokens, FP32 or INT4, as the
+// model runs it: the shared expert stacked after the routed ones (ExpertWeights::shared).
 Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_counts, int repeats, Json& metrics) {
     const int D = 7168, I = 2048, top_k = 8;
     if (n_experts < top_k) throw std::runtime_error("--moe-experts must be at least 8 (top-8 routing)");
@@ -127,9 +128,6 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
         auto* idx = static_cast<int32_t*>(alloc(sizeof(int32_t) * M_max * top_k));
         auto* wts = static_cast<float*>(alloc(sizeof(float) * M_max * top_k));
         auto* y = static_cast<float*>(alloc(sizeof(float) * M_max * D));
-        auto* ys = static_cast<float*>(alloc(sizeof(float) * M_max * D));
-        auto* a = static_cast<float*>(alloc(sizeof(float) * M_max * I));
-        auto* b = static_cast<float*>(alloc(sizeof(float) * M_max * I));
         upload_random(be, x, static_cast<size_t>(M_max) * D, 1, 1.0f, false);
         upload_random(be, gate_w, static_cast<size_t>(n_experts) * D, 2, 0.02f, false);
         upload_random(be, gate_b, n_experts, 3, 0.01f, false);
@@ -141,6 +139,7 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
         f32.dim = q4.dim = D;
         f32.inter = q4.inter = I;
         q4.int4 = true;
+        f32.shared = q4.shared = true;
         float* fw[3];
         int32_t* qw[3];
         float* qs[3];
@@ -167,18 +166,6 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             be.matmul_f32(logits, x, gate_w, nullptr, M, n_experts, D);
             be.moe_gate(idx, wts, logits, gate_b, M, r);
             be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
-            const size_t shared = static_cast<size_t>(n_experts) * per;  // the set after the experts
-            if (int4) {
-                be.matmul_w4a16(a, x, qw[0] + shared / 8, qs[0] + shared / 32, M, I, D);
-                be.matmul_w4a16(b, x, qw[2] + shared / 8, qs[2] + shared / 32, M, I, D);
-            } else {
-                be.matmul_f32(a, x, fw[0] + shared, nullptr, M, I, D);
-                be.matmul_f32(b, x, fw[2] + shared, nullptr, M, I, D);
-            }
-            be.silu_mul(a, a, b, static_cast<size_t>(M) * I);
-            if (int4) be.matmul_w4a16(ys, a, qw[1] + shared / 8, qs[1] + shared / 32, M, D, I);
-            else be.matmul_f32(ys, a, fw[1] + shared, nullptr, M, D, I);
-            be.add(y, y, ys, static_cast<size_t>(M) * D);
         };
         const auto time_layer = [&](int M, bool int4) {
             layer(M, int4);  // warm-up

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace kd::cuda {
 
@@ -20,6 +21,53 @@ inline void check(cudaError_t err, const char* what, const char* file, int line)
 #define KD_CUDA_LAUNCH_CHECK(op) ::kd::cuda::check(cudaGetLastError(), op " launch", __FILE__, __LINE__)
 
 inline int ceil_div(long a, long b) { return static_cast<int>((a + b - 1) / b); }
+
+// Programmatic dependent launch (sm_90 and later) for the chains of small kernels of the matmul
+// and MoE ops: launched with launch_chained, a kernel's blocks are scheduled while the kernel
+// before it in the stream drains (that one calls chain_release as it starts); chain_acquire, the
+// first thing such a kernel does, waits until the kernel before it has finished and its writes
+// are visible. So only launch latency and block scheduling overlap, never reads or writes.
+// Elsewhere both are no-ops and launch_chained is a plain launch.
+__device__ __forceinline__ void chain_acquire() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void chain_release() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Whether the current device is sm_90 or later (queried once).
+inline bool device_is_sm90_or_later() {
+    static const bool yes = [] {
+        int device = 0, major = 0;
+        check(cudaGetDevice(&device), "cudaGetDevice", __FILE__, __LINE__);
+        check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute",
+              __FILE__, __LINE__);
+        return major >= 9;
+    }();
+    return yes;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), allowed to start while the previous kernel in
+// the stream finishes (see chain_acquire); `what` names the kernel in a launch error.
+template <class... Params, class... Args>
+void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                    cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = device_is_sm90_or_later() ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -337,6 +337,8 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int K = p.K, N = p.N;
+    chain_acquire();
+    chain_release();
 
     MmWeights wa = p.a, wb = p.b;
     int m_begin = 0, m_count = p.M;
@@ -633,8 +635,7 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
     int grid_x = ceil_div(n_rb, rounds);
     if (p.splits == 1 && p.kch >= p.K && (p.slot_expert || p.M <= MT))  // dynamic mode: a full wave
         grid_x = std::max(std::min(wave, ceil_div(ceil_div(p.N, ROWS), KD_MM_WARPS)), ceil_div(n_rb, KD_MM_MAX_RB));
-    kernel<<<dim3(grid_x, grid_y), KD_MM_THREADS, smem, stream>>>(p);
-    KD_CUDA_LAUNCH_CHECK("mm_kernel");
+    launch_chained("mm_kernel launch", kernel, dim3(grid_x, grid_y), dim3(KD_MM_THREADS), smem, stream, p);
 }
 
 template <WFmt F, bool GLU>

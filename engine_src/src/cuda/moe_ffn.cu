@@ -24,6 +24,8 @@ constexpr int kListThreads = 256;
 __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, int top_k, int E, int* slot_expert,
                                  int* slot_start, int* n_active, int* pair_token, int* pair_id) {
     extern __shared__ int sm[];
+    chain_acquire();
+    chain_release();
     int* cnt = sm;               // [E]
     int* start = sm + E;         // [E]
     int* slot = sm + 2 * E;      // [E]
@@ -78,6 +80,8 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, 
 // y_shared: the shared expert's rows [M][dim], or null.
 __global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
                                    int top_k, int dim) {
+    chain_acquire();
+    chain_release();
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
@@ -115,9 +119,8 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     if (list_smem > 48 * 1024)
         throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
                                  " pairs exceed the routing kernel's shared memory");
-    moe_lists_kernel<<<1, kListThreads, list_smem, ctx.stream>>>(idx, n_routed, n_pairs, top_k, n_sets, slot_expert,
-                                                                 slot_start, n_active, pair_token, pair_id);
-    KD_CUDA_LAUNCH_CHECK("moe_lists_kernel");
+    launch_chained("moe_lists_kernel launch", moe_lists_kernel, dim3(1), dim3(kListThreads), list_smem, ctx.stream, idx,
+                   n_routed, n_pairs, top_k, n_sets, slot_expert, slot_start, n_active, pair_token, pair_id);
 
     // h and y rows: one per pair, then (shared expert on its own launches) one per row.
     const int shared_rows = w.shared ? M : 0;
@@ -197,8 +200,8 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     else run(std::integral_constant<WFmt, WFmt::F32>{});
 
     const long n = static_cast<long>(M) * D;
-    moe_combine_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(out, y, y_shared, weight, M, top_k, D);
-    KD_CUDA_LAUNCH_CHECK("moe_combine_kernel");
+    launch_chained("moe_combine_kernel launch", moe_combine_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
+                   static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);
 }
 
 }  // namespace kd::cuda

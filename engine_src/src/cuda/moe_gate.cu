@@ -48,6 +48,8 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
     int* cand_i = reinterpret_cast<int*>(cand_v + (blockDim.x / 32) * top_k);
     int* chosen = cand_i + (blockDim.x / 32) * top_k;     // [top_k]
     const int m = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    chain_acquire();
+    chain_release();
     if (e < E) {
         s[e] = 1.0f / (1.0f + expf(-logits[static_cast<long>(m) * E + e]));
         sel[e] = s[e] + bias[e];
@@ -127,9 +129,8 @@ void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, co
     const int threads = ceil_div(r.n_experts, 32) * 32;
     const size_t smem = sizeof(float) * (2 * static_cast<size_t>(r.n_experts) + r.n_groups) +
                         (sizeof(float) + sizeof(int)) * (threads / 32) * r.top_k + sizeof(int) * r.top_k;
-    moe_gate_kernel<<<M, threads, smem, ctx.stream>>>(idx, weight, logits, bias, r.n_experts, r.top_k, r.n_groups,
-                                                      r.topk_groups, r.route_scale);
-    KD_CUDA_LAUNCH_CHECK("moe_gate_kernel");
+    launch_chained("moe_gate_kernel launch", moe_gate_kernel, dim3(M), dim3(threads), smem, ctx.stream, idx, weight,
+                   logits, bias, r.n_experts, r.top_k, r.n_groups, r.topk_groups, r.route_scale);
 }
 
 }  // namespace kd::cuda
