@@ -272,8 +272,9 @@ void test_matmuls(Backend& be, const std::string& p) {
     Rng rng(2);
     Buffers buf(be);
     // {3, 700, 1024} is large enough for the CPU backend to split it over threads; {2, 1100, 160}
-    // wide enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it.
-    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}};
+    // wide enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it; {3, 100, 4096}
+    // long enough (4 warp steps) for the CUDA kernel's three-buffer loop at one row.
+    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {3, 100, 4096}};
     for (const auto& shape : shapes) {
         const int M = shape[0], N = shape[1], K = shape[2];
         const std::vector<float> x = rng.vec(static_cast<size_t>(M) * K), W = rng.vec(static_cast<size_t>(N) * K, 0.1f),
@@ -290,7 +291,7 @@ void test_matmuls(Backend& be, const std::string& p) {
             be.matmul_f32(y1, xb + static_cast<size_t>(m) * K, Wb, biasb, 1, N, K);
             return buf.get(y1, N);
         }, M, N);
-        report(p + "matmul_f32.M" + std::to_string(M) + (N > 72 ? "_large" : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+        report(p + "matmul_f32.M" + std::to_string(M) + (N > 72 ? "_N" + std::to_string(N) + "_K" + std::to_string(K) : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
 
         const Quantized q = random_int4(rng, N, K);
         int32_t* qb = buf.put(q.qw);
@@ -303,7 +304,7 @@ void test_matmuls(Backend& be, const std::string& p) {
             be.matmul_w4a16(y1, xb + static_cast<size_t>(m) * K, qb, sb, 1, N, K);
             return buf.get(y1, N);
         }, M, N);
-        report(p + "matmul_w4a16.M" + std::to_string(M) + (N > 72 ? "_large" : ""), e4 < 5e-4 && rows4, "nmse=" + fmt("%.2e", e4) + (rows4 ? " rows independent of M" : " ROW DEPENDS ON M"));
+        report(p + "matmul_w4a16.M" + std::to_string(M) + (N > 72 ? "_N" + std::to_string(N) + "_K" + std::to_string(K) : ""), e4 < 5e-4 && rows4, "nmse=" + fmt("%.2e", e4) + (rows4 ? " rows independent of M" : " ROW DEPENDS ON M"));
     }
     {  // nibble order: one non-zero nibble at input k must pick x[k] alone
         const int N = 8, K = 64;
