@@ -650,18 +650,23 @@ void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t s
     }
 }
 
+// Sets the input rows (x, ldx floats apart), the output rows (y, ldy apart) and the N x K shape.
+inline void mm_set_rows(MmParams& p, const float* x, long ldx, float* y, long ldy, int N, int K) {
+    p.x = x;
+    p.ldx = ldx;
+    p.y = y;
+    p.ldy = ldy;
+    p.N = N;
+    p.K = K;
+}
+
 // A plain (not grouped) matmul y[M][N] = x[M][K] W^T: the row and shape fields, split-K with its
 // workspace when the grid would leave SMs idle, the scheduling counters, and the launch. The
 // caller has set the weights (p.a) and, for fp32, the bias.
 template <WFmt F>
 void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, int M, int N, int K) {
-    p.x = x;
-    p.ldx = K;
-    p.y = y;
-    p.ldy = N;
+    mm_set_rows(p, x, K, y, N, N, K);
     p.M = M;
-    p.N = N;
-    p.K = K;
     p.splits = mm_split_count(ctx.num_sms, N, K, M);
     if (p.splits > 1) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);

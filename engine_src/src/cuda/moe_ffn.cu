@@ -147,43 +147,28 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     p.n_active = n_active;
     p.M = n_pairs;
 
-    // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair.
-    MmParams up = p;
-    up.a = set(1, 0);
-    up.b = set(3, 0);
-    up.x = x;
-    up.ldx = D;
+    // The fields of one projection: weights a (and b, the w3 of a fused SwiGLU epilogue), input
+    // rows x (ldx apart), output rows y (ldy apart), N outputs of K inputs.
+    const auto projection = [](MmParams q, MmWeights a, MmWeights b, const float* in, int ld_in, float* out, int ld_out,
+                               int n_out, int k_in) {
+        q.a = a;
+        q.b = b;
+        mm_set_rows(q, in, ld_in, out, ld_out, n_out, k_in);
+        return q;
+    };
+    // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h.
+    MmParams up = projection(p, set(1, 0), set(3, 0), x, D, h, I, I, D);
     up.row_in = pair_token;
-    up.y = h;
-    up.ldy = I;
-    up.N = I;
-    up.K = D;
-    // w2: y[pair_id] = w2 h.
-    MmParams down = p;
-    down.a = set(2, 0);
-    down.x = h;
-    down.ldx = I;
-    down.y = y;
-    down.ldy = D;
+    MmParams down = projection(p, set(2, 0), MmWeights{}, h, I, y, D, D, I);
     down.row_out = pair_id;
-    down.N = D;
-    down.K = I;
     // Token rows per pass: twice the mean number of rows an expert gets (more loop, as passes
     // over the same weights, which L2 still holds); spares registers and staging for the
     // common case of one or two rows per expert. The result does not depend on it.
     const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     // The shared expert on launches of its own: silu(w1 x) * (w3 x) into h's last rows, then w2.
     float* h_shared = h + static_cast<long>(n_routed) * I;
-    MmParams shared_up;
-    shared_up.a = set(1, E);
-    shared_up.b = set(3, E);
-    shared_up.x = x;
-    shared_up.ldx = D;
-    shared_up.y = h_shared;
-    shared_up.ldy = I;
+    MmParams shared_up = projection(MmParams{}, set(1, E), set(3, E), x, D, h_shared, I, I, D);
     shared_up.M = M;
-    shared_up.N = I;
-    shared_up.K = D;
     shared_up.sched = p.sched;
     MmParams shared_down;
     shared_down.a = set(2, E);
