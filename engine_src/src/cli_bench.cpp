@@ -13,7 +13,6 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace kd {
@@ -210,11 +209,7 @@ int cmd_bench(int argc, char** argv) {
     auto be = make_backend(a.str("--backend", build_backend()));
     const bool gpu = be->name() == "cuda";
     const std::string manifest_path = a.str("--manifest", "tests/refs/manifest.json");
-    std::ifstream in(manifest_path);
-    if (!in) throw std::runtime_error("cannot read manifest " + manifest_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    const Json manifest = Json::parse(text.str());
+    const Json manifest = Json::parse_file(manifest_path, "manifest");
     const std::vector<int> budgets = a.int_list_or("--budgets", {4, 8, 16, 32, 64});
     const int repeats = a.integer("--repeats", 3);
     const int n = a.integer("-n", 0);

@@ -146,11 +146,7 @@ int cmd_check(int argc, char** argv) {
 int cmd_outputs(int argc, char** argv) {
     const Args a(argc, argv, 2, {"--manifest", "--out", "--budget", "--block", "--backend"}, {});
     const std::string manifest_path = a.str("--manifest", "tests/refs/manifest.json");
-    std::ifstream in(manifest_path);
-    if (!in) throw std::runtime_error("cannot read manifest " + manifest_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    const Json manifest = Json::parse(text.str());
+    const Json manifest = Json::parse_file(manifest_path, "manifest");
     auto be = make_backend(a.str("--backend", build_backend()));
     Json bundles = Json::object();
     for (const Json& entry : manifest.at("bundles").items()) {

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace kd {
@@ -185,6 +187,14 @@ void dump_number(std::string& out, double d) {
 }  // namespace
 
 Json Json::parse(const std::string& text) { return Parser(text).parse_document(); }
+
+Json Json::parse_file(const std::string& path, const std::string& what) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read " + what + " " + path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse(text.str());
+}
 
 std::string Json::dump(int indent) const {
     std::string out;

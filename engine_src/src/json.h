@@ -33,6 +33,9 @@ public:
 
     // Throws std::runtime_error("json: <problem> at offset N") on malformed text.
     static Json parse(const std::string& text);
+    // The file at path, parsed; throws std::runtime_error naming `what` and the path when it
+    // cannot be read, or the parse error.
+    static Json parse_file(const std::string& path, const std::string& what);
     // Compact when indent < 0, else pretty-printed with that many spaces per level.
     std::string dump(int indent = -1) const;
 
