@@ -4,7 +4,7 @@
 //   1. ceiling: a 128-bit read-only kernel over 4 GiB (and a device-to-device copy for scale).
 //   2. w4a16 GEMV/GEMM at M = 1, 2, 4, 8, 16 on 2048x7168, 7168x2048, 28672x8192 (N x K):
 //      v1 = one warp per row, 32-bit loads, global activations (the straightforward kernel);
-//      v2 = the backend's mm_core kernel (matmul_w4a16); validated against a double-precision
+//      v2 = the backend's kernel (matmul_w4a16, w4a16_core.cuh); validated against a double-precision
 //      CPU reference on sampled rows; side by side with cuBLAS SGEMM on the fp32 weights and
 //      cuBLAS bf16 (cublasGemmEx, fp32 accumulate) on bf16 weights. Weight copies rotate so that
 //      no call reads from L2 what the previous call left there.
@@ -18,6 +18,7 @@
 //   --moe: run the MoE layer's paths once at T tokens, for ncu)
 #include "../src/cuda/mm_core.cuh"
 #include "../src/cuda/ops.cuh"
+#include "../src/cuda/w4a16_core.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -28,6 +29,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -196,6 +198,18 @@ T* dev_alloc(size_t n) {
     return p;
 }
 
+// The backend's tiled copy (upload_w4a16's layout) of n_sets stacked N x K INT4 matrices in the
+// bundle's layout, on the device.
+std::pair<uint32_t*, float*> tiled(Context& ctx, const uint32_t* q, const float* s, int N, int K, int n_sets = 1) {
+    const size_t tw = w4a16_tiled_words(N, K), ts = w4a16_tiled_scales(N, K);
+    uint32_t* dq = dev_alloc<uint32_t>(tw * n_sets);
+    float* ds = dev_alloc<float>(ts * n_sets);
+    for (int e = 0; e < n_sets; ++e)
+        w4a16_tile(ctx, dq + e * tw, ds + e * ts, q + static_cast<size_t>(e) * N * K / 8,
+                   s + static_cast<size_t>(e) * N * K / 32, N, K);
+    return {dq, ds};
+}
+
 // Work runs on a non-blocking stream, which a plain cudaMemcpy does not wait for.
 cudaStream_t g_stream = nullptr;
 
@@ -260,13 +274,14 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
     const int copies_q = std::max(2, static_cast<int>((512ull << 20) / (nw * 5 / 8) + 1));
     const int copies_f = std::max(2, static_cast<int>((512ull << 20) / (nw * 4) + 1));
     const int copies_b = std::max(2, static_cast<int>((512ull << 20) / (nw * 2) + 1));
-    std::vector<uint32_t*> q(copies_q);
-    std::vector<float*> s(copies_q);
+    std::vector<uint32_t*> q(copies_q), tq(copies_q);  // the bundle's layout, the backend's tiled one
+    std::vector<float*> s(copies_q), ts(copies_q);
     for (int c = 0; c < copies_q; ++c) {
         q[c] = dev_alloc<uint32_t>(nw / 8);
         s[c] = dev_alloc<float>(nw / 32);
         fill_nibbles<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q[c], nw / 8, 100 + c);
         fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(s[c], nw / 32, 200 + c, 0.002f, 0.02f);
+        std::tie(tq[c], ts[c]) = tiled(ctx, q[c], s[c], N, K);
     }
     std::vector<float*> wf(copies_f);
     std::vector<__nv_bfloat16*> wb(copies_b);
@@ -294,7 +309,7 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
     bool first = true;
     for (const int M : {1, 2, 4, 8, 16}) {
         // Validate v2 (copy 0) against a double-precision reference on sampled rows.
-        matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(q[0]), s[0], M, N, K);
+        matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq[0]), ts[0], M, N, K);
         const std::vector<float> got = to_host(y, static_cast<size_t>(M) * N);
         const std::vector<uint32_t> hq = to_host(q[0], nw / 8);
         const std::vector<float> hs = to_host(s[0], nw / 32), hx = to_host(x, static_cast<size_t>(M) * K);
@@ -311,7 +326,7 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
             }
         const double err = nmse(mine, ref);
         // Row independence: row 0 of the M-row call equals the M = 1 call bit for bit.
-        matmul_w4a16(ctx, y2, x, reinterpret_cast<const int32_t*>(q[0]), s[0], 1, N, K);
+        matmul_w4a16(ctx, y2, x, reinterpret_cast<const int32_t*>(tq[0]), ts[0], 1, N, K);
         const std::vector<float> one = to_host(y2, static_cast<size_t>(N));
         const bool rows_exact = std::equal(one.begin(), one.end(), got.begin());
         w4a16_v1<<<ceil_div(N, 8), 256, 0, ctx.stream>>>(y2, x, q[0], s[0], M, N, K);
@@ -321,7 +336,7 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
         if (!ok) ++failures;
 
         const double t_v2 = tm.per_call_us(ctx.stream, reps, copies_q, [&](int c) {
-            matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(q[c]), s[c], M, N, K);
+            matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq[c]), ts[c], M, N, K);
         });
         const double t_v1 = tm.per_call_us(ctx.stream, reps, copies_q, [&](int c) {
             w4a16_v1<<<ceil_div(N, 8), 256, 0, ctx.stream>>>(y2, x, q[c], s[c], M, N, K);
@@ -358,6 +373,8 @@ std::string bench_gemm(Context& ctx, int N, int K, double ceiling, bool quick, i
     }
     for (auto* p : q) cudaFree(p);
     for (auto* p : s) cudaFree(p);
+    for (auto* p : tq) cudaFree(p);
+    for (auto* p : ts) cudaFree(p);
     for (auto* p : wf) cudaFree(p);
     for (auto* p : wb) cudaFree(p);
     cudaFree(x); cudaFree(xb); cudaFree(y); cudaFree(y2);
@@ -373,7 +390,7 @@ struct MoeLayer {
     float* gate_w = nullptr;   // [E][h]
     float* gate_b = nullptr;   // [E]
     float* w[3] = {};          // fp32 experts: w1, w2, w3 stacked [E + 1][..][..]
-    uint32_t* q[3] = {};
+    uint32_t* q[3] = {};       // INT4 experts, the backend's tiled layout (upload_w4a16's)
     float* s[3] = {};
     const float* sw[3] = {};   // the shared expert inside those stacks
     const uint32_t* sq[3] = {};
@@ -494,13 +511,17 @@ std::string bench_moe(Context& ctx, bool quick, int& failures, int only_T = 0) {
     fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.gate_b, L.E, 12, -0.02f, 0.02f);
     for (int j = 0; j < 3; ++j) {
         L.w[j] = dev_alloc<float>(all);
-        L.q[j] = dev_alloc<uint32_t>(all / 8);
-        L.s[j] = dev_alloc<float>(all / 32);
+        uint32_t* q = dev_alloc<uint32_t>(all / 8);
+        float* s = dev_alloc<float>(all / 32);
         fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.w[j], all, 20 + j, -0.03f, 0.03f);
-        quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.q[j], L.s[j], L.w[j], all / 32);
+        quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q, s, L.w[j], all / 32);
+        const int out = j == 1 ? L.h : L.inter, in = j == 1 ? L.inter : L.h;
+        std::tie(L.q[j], L.s[j]) = tiled(ctx, q, s, out, in, L.E + 1);
+        cudaFree(q);
+        cudaFree(s);
         L.sw[j] = L.w[j] + L.E * per;
-        L.sq[j] = L.q[j] + L.E * per / 8;
-        L.ss[j] = L.s[j] + L.E * per / 32;
+        L.sq[j] = L.q[j] + L.E * w4a16_tiled_words(out, in);
+        L.ss[j] = L.s[j] + L.E * w4a16_tiled_scales(out, in);
     }
     KD_CUDA_LAUNCH_CHECK("moe weights");
     const int Tmax = 16, P = Tmax * L.k, n_inputs = 8;
@@ -676,10 +697,11 @@ int main(int argc, char** argv) {
             float* y = dev_alloc<float>(static_cast<size_t>(M) * N);
             fill_nibbles<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q, nw / 8, 1);
             fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(sc, nw / 32, 2, 0.002f, 0.02f);
+            const auto [tq, ts] = tiled(ctx, q, sc, N, K);
             fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(x, static_cast<size_t>(M) * K, 3, -1.0f, 1.0f);
             Timer tm;  // one weight set: a first look, for the profiler; the table rotates copies
             const double us = tm.per_call_us(ctx.stream, 20, 1, [&](int) {
-                matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(q), sc, M, N, K);
+                matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq), ts, M, N, K);
             });
             std::printf("matmul_w4a16 %dx%d M=%d: %.2f us, %.0f GB/s (median of 20)\n", N, K, M, us,
                         (nw * 0.625 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3);

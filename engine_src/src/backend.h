@@ -65,8 +65,9 @@ struct MoeRouting {
 
 // The routed experts of one MoE layer, stacked so a backend can run them as one grouped op.
 // All pointers are backend pointers. fp32: w1, w3 [E][inter][dim], w2 [E][dim][inter].
-// int4 (layout of matmul_w4a16): q1, q3 [E][inter][dim/8] with s1, s3 [E][inter][dim/32];
-// q2 [E][dim][inter/8] with s2 [E][dim][inter/32]. The unused set of pointers is null.
+// int4: each expert's matrices stored by upload_w4a16, expert e of q1, q3 at e * w4a16_words(inter,
+// dim) (s1, s3 at e * w4a16_scales(inter, dim)), of q2 at e * w4a16_words(dim, inter) (s2 likewise).
+// The unused set of pointers is null.
 struct ExpertWeights {
     int n_experts = 0;
     int dim = 0;
@@ -132,9 +133,17 @@ public:
                             int M, int N, int K) = 0;
 
     // W4A16: y[M][N] = x[M][K] dequant(W)^T with fp32 activations and accumulation.
-    // qw [N][K/8] int32: nibble k (bits 4k..4k+3, low nibble first) of word j holds input 8j + k;
-    // sc [N][K/32] fp32: one scale per group of 32 inputs; weight = (nibble - 8) * scale.
-    // K is a multiple of 32.
+    // The bundle's layout: qw [N][K/8] int32: nibble k (bits 4k..4k+3, low nibble first) of word j
+    // holds input 8j + k; sc [N][K/32] fp32: one scale per group of 32 inputs; weight =
+    // (nibble - 8) * scale. K is a multiple of 32. matmul_w4a16 and moe_ffn read W as
+    // upload_w4a16 stored it, in the backend's own layout: w4a16_words(N, K) int32 words at qw
+    // and w4a16_scales(N, K) floats at sc (the CPU backend keeps the bundle's layout).
+    virtual size_t w4a16_words(int N, int K) const { return static_cast<size_t>(N) * K / 8; }
+    virtual size_t w4a16_scales(int N, int K) const { return static_cast<size_t>(N) * K / 32; }
+    virtual void upload_w4a16(int32_t* qw, float* sc, const int32_t* qw_host, const float* sc_host, int N, int K) {
+        upload(qw, qw_host, sizeof(int32_t) * w4a16_words(N, K));
+        upload(sc, sc_host, sizeof(float) * w4a16_scales(N, K));
+    }
     virtual void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc,
                               int M, int N, int K) = 0;
 

@@ -36,12 +36,12 @@ Linear Model::load_linear(const Bundle& b, const std::string& name, int out, int
     if (b.has(name + ".qw")) {
         const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
         const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});
-        auto* q = static_cast<int32_t*>(be_.alloc(qw.nbytes));
+        auto* q = static_cast<int32_t*>(be_.alloc(sizeof(int32_t) * be_.w4a16_words(out, in)));
         owned_.push_back(q);
-        be_.upload(q, qw.data, qw.nbytes);
+        float* s = scratch(be_.w4a16_scales(out, in));
+        be_.upload_w4a16(q, s, static_cast<const int32_t*>(qw.data), static_cast<const float*>(sc.data), out, in);
         l.qw = q;
-        l.sc = scratch(sc.nbytes / sizeof(float));
-        be_.upload(const_cast<float*>(l.sc), sc.data, sc.nbytes);
+        l.sc = s;
     } else {
         l.w = load_f32(b, name, {out, in});
     }
@@ -112,9 +112,9 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
                     void* stacked = nullptr;
                     float* scales = nullptr;
                     if (b.int4) {
-                        stacked = be_.alloc(n_sets * per / 8 * sizeof(int32_t));
+                        stacked = be_.alloc(n_sets * be_.w4a16_words(out, in) * sizeof(int32_t));
                         owned_.push_back(stacked);
-                        scales = scratch(n_sets * per / 32);
+                        scales = scratch(n_sets * be_.w4a16_scales(out, in));
                     } else {
                         stacked = scratch(n_sets * per);
                     }
@@ -123,8 +123,9 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
                         if (b.int4) {
                             const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
                             const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});
-                            be_.upload(static_cast<int32_t*>(stacked) + e * per / 8, qw.data, qw.nbytes);
-                            be_.upload(scales + e * per / 32, sc.data, sc.nbytes);
+                            be_.upload_w4a16(static_cast<int32_t*>(stacked) + e * be_.w4a16_words(out, in),
+                                             scales + e * be_.w4a16_scales(out, in), static_cast<const int32_t*>(qw.data),
+                                             static_cast<const float*>(sc.data), out, in);
                         } else {
                             const TensorView& w = b.get(name, "f32", {out, in});
                             be_.upload(static_cast<float*>(stacked) + e * per, w.data, w.nbytes);

@@ -81,6 +81,20 @@ public:
     }
     template <class T>
     T* zeros(size_t n) { return put(std::vector<T>(n)); }
+    // n_sets INT4 matrices [N][K] in the bundle's layout (qw, sc), stored one after the other
+    // by upload_w4a16 as matmul_w4a16 and moe_ffn read them.
+    std::pair<int32_t*, float*> put_w4a16(const std::vector<int32_t>& qw, const std::vector<float>& sc, int N, int K,
+                                          int n_sets = 1) {
+        const size_t words = be_.w4a16_words(N, K), scales = be_.w4a16_scales(N, K);
+        auto* q = static_cast<int32_t*>(be_.alloc(sizeof(int32_t) * n_sets * words));
+        owned_.push_back(q);
+        auto* s = static_cast<float*>(be_.alloc(sizeof(float) * n_sets * scales));
+        owned_.push_back(s);
+        for (int e = 0; e < n_sets; ++e)
+            be_.upload_w4a16(q + e * words, s + e * scales, qw.data() + static_cast<size_t>(e) * N * K / 8,
+                             sc.data() + static_cast<size_t>(e) * N * K / 32, N, K);
+        return {q, s};
+    }
     template <class T>
     std::vector<T> get(const T* p, size_t n) {
         std::vector<T> host(n);
@@ -294,8 +308,7 @@ void test_matmuls(Backend& be, const std::string& p) {
         report(p + "matmul_f32.M" + std::to_string(M) + (N > 72 ? "_N" + std::to_string(N) + "_K" + std::to_string(K) : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
 
         const Quantized q = random_int4(rng, N, K);
-        int32_t* qb = buf.put(q.qw);
-        float* sb = buf.put(q.sc);
+        const auto [qb, sb] = buf.put_w4a16(q.qw, q.sc, N, K);
         be.matmul_w4a16(y, xb, qb, sb, M, N, K);
         const std::vector<float> g4 = buf.get(y, static_cast<size_t>(M) * N);
         const double e4 = nmse(g4, ref_matmul(x, q.dequant, nullptr, M, N, K));
@@ -317,7 +330,8 @@ void test_matmuls(Backend& be, const std::string& p) {
             w = (w & ~(15u << (4 * (ks[n] % 8)))) | (9u << (4 * (ks[n] % 8)));  // nibble 9 = +1 * scale
         }
         float* y = buf.zeros<float>(N);
-        be.matmul_w4a16(y, buf.put(x), buf.put(qw), buf.put(sc), 1, N, K);
+        const auto [qb, sb] = buf.put_w4a16(qw, sc, N, K);
+        be.matmul_w4a16(y, buf.put(x), qb, sb, 1, N, K);
         const std::vector<float> got = buf.get(y, N);
         bool ok = true;
         for (int n = 0; n < N; ++n) ok = ok && got[n] == x[ks[n]];
@@ -446,8 +460,9 @@ void test_moe(Backend& be, const std::string& p) {
                     q.sc.insert(q.sc.end(), qe.sc.begin(), qe.sc.end());
                     q.dequant.insert(q.dequant.end(), qe.dequant.begin(), qe.dequant.end());
                 }
-                (j == 0 ? w.q1 : j == 1 ? w.q2 : w.q3) = buf.put(q.qw);
-                (j == 0 ? w.s1 : j == 1 ? w.s2 : w.s3) = buf.put(q.sc);
+                const auto [qb, sb] = buf.put_w4a16(q.qw, q.sc, out, in, E);
+                (j == 0 ? w.q1 : j == 1 ? w.q2 : w.q3) = qb;
+                (j == 0 ? w.s1 : j == 1 ? w.s2 : w.s3) = sb;
             } else {
                 q.dequant = rng.vec(static_cast<size_t>(E) * out * in, 0.15f);
                 (j == 0 ? w.w1 : j == 1 ? w.w2 : w.w3) = buf.put(q.dequant);

@@ -74,6 +74,19 @@ public:
         KD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, ctx_.stream));
     }
     void synchronize() override { KD_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+    size_t w4a16_words(int N, int K) const override { return cuda::w4a16_tiled_words(N, K); }
+    size_t w4a16_scales(int N, int K) const override { return cuda::w4a16_tiled_scales(N, K); }
+    void upload_w4a16(int32_t* qw, float* sc, const int32_t* qw_host, const float* sc_host, int N, int K) override {
+        if (N <= 0 || K <= 0 || K % 32 != 0)
+            throw std::runtime_error("upload_w4a16: N = " + std::to_string(N) + ", K = " + std::to_string(K) +
+                                     " (K must be a positive multiple of 32)");
+        // The bundle's layout to device scratch, then tiled there.
+        const size_t words = static_cast<size_t>(N) * K / 8, scales = static_cast<size_t>(N) * K / 32;
+        auto* raw = ctx_.w4_staging.get<uint32_t>(words + scales);
+        upload(raw, qw_host, sizeof(uint32_t) * words);
+        upload(raw + words, sc_host, sizeof(float) * scales);
+        cuda::w4a16_tile(ctx_, reinterpret_cast<uint32_t*>(qw), sc, raw, reinterpret_cast<const float*>(raw + words), N, K);
+    }
 
     void embedding(float* out, int out_stride, const float* table, int dim, const int32_t* tokens_host,
                    int M) override {

@@ -51,6 +51,7 @@ struct Context {
     Scratch moe_lists, moe_h, moe_y;           // moe_ffn routing lists and intermediates
     Scratch cublas_x, cublas_y;                // matmul_f32 padding for cuBLAS
     Scratch host_ints;                         // *_host int arrays copied to the device
+    Scratch w4_staging;                        // upload_w4a16: weights before tiling
     Scratch small;                             // argmax / top-k results before download
 
     // Copies n ints from the host into device scratch (stream ordered) and returns them.

@@ -10,6 +10,7 @@
 //      at the grouped launch's small pass size). Same rows either way.
 #include "mm_core.cuh"
 #include "ops.cuh"
+#include "w4a16_core.cuh"
 
 namespace kd::cuda {
 
@@ -92,17 +93,10 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     out[i] = acc;
 }
 
-}  // namespace
-
-void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
-             const ExpertWeights& w) {
-    if (M <= 0) return;
+// The layer for at most KD_W4_MAX_ROWS rows (moe_ffn takes more rows in such passes).
+void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+                  const ExpertWeights& w) {
     const int E = w.n_experts, D = w.dim, I = w.inter;
-    if (D % 32 != 0 || I % 32 != 0)
-        throw std::runtime_error("moe_ffn: dim and inter must be multiples of 32 (dim " + std::to_string(D) +
-                                 ", inter " + std::to_string(I) + ")");
-    if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
-        throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
     // The grouped launches' pairs: the routed ones, then at one row the shared expert's.
     const int n_routed = M * top_k;
     const bool shared_slot = w.shared && M == 1;
@@ -127,66 +121,114 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
     float* h = ctx.moe_h.get<float>(static_cast<size_t>(n_routed + shared_rows) * I);
     float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_routed + shared_rows) * D);
     float* y_shared = w.shared ? y + static_cast<long>(n_routed) * D : nullptr;
-    const long per_expert = static_cast<long>(I) * D;
-    // Projection j (1, 2, 3) of expert set e of the stacks.
-    const auto set = [&](int j, long e) {
-        const int32_t* q = j == 1 ? w.q1 : j == 2 ? w.q2 : w.q3;
-        const float* sc = j == 1 ? w.s1 : j == 2 ? w.s2 : w.s3;
-        const float* wf = j == 1 ? w.w1 : j == 2 ? w.w2 : w.w3;
-        if (w.int4) return MmWeights{reinterpret_cast<const uint32_t*>(q) + e * per_expert / 8, sc + e * per_expert / 32, nullptr};
-        return MmWeights{nullptr, nullptr, wf + e * per_expert};
-    };
-
-    MmParams p;
-    p.q_estride = per_expert / 8;
-    p.s_estride = per_expert / 32;
-    p.w_estride = per_expert;
-    p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(max_slots));
-    p.slot_expert = slot_expert;
-    p.slot_start = slot_start;
-    p.n_active = n_active;
-    p.M = n_pairs;
-
-    // The fields of one projection: weights a (and b, the w3 of a fused SwiGLU epilogue), input
-    // rows x (ldx apart), output rows y (ldy apart), N outputs of K inputs.
-    const auto projection = [](MmParams q, MmWeights a, MmWeights b, const float* in, int ld_in, float* out, int ld_out,
-                               int n_out, int k_in) {
-        q.a = a;
-        q.b = b;
-        mm_set_rows(q, in, ld_in, out, ld_out, n_out, k_in);
-        return q;
-    };
-    // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h.
-    MmParams up = projection(p, set(1, 0), set(3, 0), x, D, h, I, I, D);
-    up.row_in = pair_token;
-    MmParams down = projection(p, set(2, 0), MmWeights{}, h, I, y, D, D, I);
-    down.row_out = pair_id;
-    // Token rows per pass: twice the mean number of rows an expert gets (more loop, as passes
-    // over the same weights, which L2 still holds); spares registers and staging for the
-    // common case of one or two rows per expert. The result does not depend on it.
-    const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
-    // The shared expert on launches of its own: silu(w1 x) * (w3 x) into h's last rows, then w2.
     float* h_shared = h + static_cast<long>(n_routed) * I;
-    MmParams shared_up = projection(MmParams{}, set(1, E), set(3, E), x, D, h_shared, I, I, D);
-    shared_up.M = M;
-    shared_up.sched = p.sched;
-    MmParams shared_down;
-    shared_down.a = set(2, E);
-    const auto run = [&](auto format) {
-        constexpr WFmt F = decltype(format)::value;
-        mm_launch<F, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<F, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+    // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
+    // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
+    if (w.int4) {
+        // Projection j (1, 2, 3) of expert set e of the stacks (tiled layout: see backend.h).
+        const auto words = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_words(D, I) : w4a16_tiled_words(I, D)); };
+        const auto scales = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_scales(D, I) : w4a16_tiled_scales(I, D)); };
+        const auto q = [&](int j, long e) {
+            return reinterpret_cast<const uint32_t*>(j == 1 ? w.q1 : j == 2 ? w.q2 : w.q3) + e * words(j);
+        };
+        const auto s = [&](int j, long e) { return (j == 1 ? w.s1 : j == 2 ? w.s2 : w.s3) + e * scales(j); };
+        const auto projection = [&](int j, long e, const float* in, int ld_in, float* o, int ld_out, int n_out, int k_in) {
+            W4Params p;
+            p.q = q(j, e);
+            p.s = s(j, e);
+            if (j == 1) {
+                p.q3 = q(3, e);
+                p.s3 = s(3, e);
+            }
+            p.q_estride = words(j);
+            p.s_estride = scales(j);
+            p.x = in;
+            p.ldx = ld_in;
+            p.y = o;
+            p.ldy = ld_out;
+            p.N = n_out;
+            p.K = k_in;
+            p.M = M;
+            return p;
+        };
+        const auto grouped = [&](W4Params p) {
+            p.slot_expert = slot_expert;
+            p.slot_start = slot_start;
+            p.n_active = n_active;
+            p.M = n_pairs;
+            return p;
+        };
+        W4Params up = grouped(projection(1, 0, x, D, h, I, I, D));
+        up.row_in = pair_token;
+        W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
+        down.row_out = pair_id;
+        w4_run<true>(ctx, up, M, max_slots);
+        w4_run<false>(ctx, down, M, max_slots);
         if (w.shared && !shared_slot) {
-            mm_launch<F, true>(shared_up, M, 1, ctx.num_sms, ctx.stream);
-            mm_run_plain<F>(ctx, shared_down, y_shared, h_shared, M, D, I);
+            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, 1);
+            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, 1);
         }
-    };
-    if (w.int4) run(std::integral_constant<WFmt, WFmt::W4>{});
-    else run(std::integral_constant<WFmt, WFmt::F32>{});
+    } else {
+        const auto set = [&](int j, long e) {
+            return MmWeights{nullptr, nullptr, (j == 1 ? w.w1 : j == 2 ? w.w2 : w.w3) + e * static_cast<long>(I) * D};
+        };
+        MmParams p;
+        p.w_estride = static_cast<long>(I) * D;
+        p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(max_slots));
+        p.slot_expert = slot_expert;
+        p.slot_start = slot_start;
+        p.n_active = n_active;
+        p.M = n_pairs;
+        // The fields of one projection: weights a (and b, the w3 of a fused SwiGLU epilogue), input
+        // rows x (ldx apart), output rows y (ldy apart), N outputs of K inputs.
+        const auto projection = [](MmParams q, MmWeights a, MmWeights b, const float* in, int ld_in, float* o,
+                                   int ld_out, int n_out, int k_in) {
+            q.a = a;
+            q.b = b;
+            mm_set_rows(q, in, ld_in, o, ld_out, n_out, k_in);
+            return q;
+        };
+        MmParams up = projection(p, set(1, 0), set(3, 0), x, D, h, I, I, D);
+        up.row_in = pair_token;
+        MmParams down = projection(p, set(2, 0), MmWeights{}, h, I, y, D, D, I);
+        down.row_out = pair_id;
+        // Token rows per pass: twice the mean number of rows an expert gets (more loop, as passes
+        // over the same weights, which L2 still holds); spares registers and staging for the
+        // common case of one or two rows per expert. The result does not depend on it.
+        const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
+        mm_launch<WFmt::F32, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<WFmt::F32, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        if (w.shared && !shared_slot) {
+            MmParams shared_up = projection(MmParams{}, set(1, E), set(3, E), x, D, h_shared, I, I, D);
+            shared_up.M = M;
+            shared_up.sched = p.sched;
+            mm_launch<WFmt::F32, true>(shared_up, M, 1, ctx.num_sms, ctx.stream);
+            MmParams shared_down;
+            shared_down.a = set(2, E);
+            mm_run_plain<WFmt::F32>(ctx, shared_down, y_shared, h_shared, M, D, I);
+        }
+    }
 
     const long n = static_cast<long>(M) * D;
     launch_chained("moe_combine_kernel launch", moe_combine_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
                    static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);
+}
+
+}  // namespace
+
+void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+             const ExpertWeights& w) {
+    if (M <= 0) return;
+    if (w.dim % 32 != 0 || w.inter % 32 != 0)
+        throw std::runtime_error("moe_ffn: dim and inter must be multiples of 32 (dim " + std::to_string(w.dim) +
+                                 ", inter " + std::to_string(w.inter) + ")");
+    if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
+        throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
+    // Passes of at most KD_W4_MAX_ROWS rows (a row's result does not depend on its pass).
+    for (int m0 = 0; m0 < M; m0 += KD_W4_MAX_ROWS) {
+        const long d = static_cast<long>(m0) * w.dim, k = static_cast<long>(m0) * top_k;
+        moe_ffn_rows(ctx, out + d, x + d, idx + k, weight + k, std::min(KD_W4_MAX_ROWS, M - m0), top_k, w);
+    }
 }
 
 }  // namespace kd::cuda

@@ -8,8 +8,14 @@
 
 namespace kd::cuda {
 
-// matmul_w4a16.cu
+// matmul_w4a16.cu (W in the tiled layout of w4a16_core.cuh, which upload_w4a16 writes)
 void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K);
+// Words and scales of an N x K INT4 matrix in the tiled layout (N padded to 8 rows, K to 256 inputs).
+size_t w4a16_tiled_words(int N, int K);
+size_t w4a16_tiled_scales(int N, int K);
+// Writes W (device memory, the bundle's layout: qw [N][K/8], sc [N][K/32]) in the tiled layout
+// at q_out, s_out.
+void w4a16_tile(Context& ctx, uint32_t* q_out, float* s_out, const uint32_t* qw, const float* sc, int N, int K);
 
 // matmul_f32.cu: cuBLAS SGEMM (no TF32) when ctx.use_cublas, else matmul_f32_kernel.
 void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K);

@@ -1,0 +1,435 @@
+// w4a16_core.cuh: the INT4 matmul kernel behind matmul_w4a16 and the INT4 expert FFN of
+// moe_ffn: y[m][n] = sum_k x[m][k] W[n][k], W in the W4A16 layout of backend.h, x and y fp32,
+// the products on tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation).
+//
+// Why tensor cores: at one token row, dequantising a nibble and multiplying it on the FMA pipes
+// costs ~3 instructions a weight, and the instruction issue, not DRAM, bounded the old kernel
+// (a pure dequant+FMA stream topped out at ~2.5 TB/s on the H200). Here a nibble costs one
+// instruction (a shift and a LOP3 make two fp16 weights) and the multiply-adds go to the mma.
+//
+// The exact operands
+//   * Weights: a LOP3 turns two nibbles n into the fp16 values 16 + n (exact); the offset is
+//     removed per group with the group's activation sum X: sum (n - 8) x = sum (16 + n) x - 24 X.
+//   * Activations: per token and super-chunk (KD_W4_SCHUNK inputs), x is scaled by the power of
+//     two that puts its largest |x| in [2^13, 2^14) and split into fp16 hi + lo halves (~22
+//     significant bits, no fp16 overflow whatever the range of x); the mma's 8 columns are 4
+//     tokens x (hi, lo), so one mma serves both halves of 4 tokens.
+//
+// Shape of the work
+//   * A block is 8 warps and stages one super-chunk of the activations of up to 16 token rows
+//     (its slot's rows when grouped) in shared memory in the mma's B-fragment order.
+//   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_layout): per 8 rows and
+//     step of 8 groups, 1 KB of words in the order the lanes read them, so each 16-byte load of
+//     a warp reads 512 contiguous bytes, and 256 bytes of scales. N is padded to 8 rows, K to
+//     256 inputs, with zeros.
+//   * A warp's tile is 16 weight rows (the mma's rows; with the fused SwiGLU epilogue 8 w1 rows
+//     and their 8 w3 rows) over the block's super-chunk; lane (g, t) = (lane / 4, lane % 4) gets
+//     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
+//     step, the next step loading while one computes. Warps take tiles from a counter per (slot,
+//     super-chunk) until none are left.
+//   * Grid: blockIdx.y = (slot, super-chunk); blockIdx.x shares that pair's tiles.
+//
+// The arithmetic of one output (the DDTree == AR invariant of backend.h)
+//   For token m, weight row n, super-chunk c, group G (ascending): v = ((d_hi + e_hi) + (d_lo +
+//   e_lo)) + (-24 X) with d, e the mma sums of the group's two k-steps, part = fma(scale, v, part) from part = 0; the super-chunk's
+//   value is part * 2^-e (its activation scale); the output is 0 + value_0 + value_1 + ... in
+//   ascending super-chunk order (one super-chunk: written directly; more: through a workspace,
+//   summed by the tile's last finisher). Nothing depends on M, on the token's place among the
+//   rows, on the row's place in the tile, on the schedule or on grouping, so matmul_w4a16 and
+//   moe_ffn give bit-identical rows at every M.
+#pragma once
+
+#include "common.cuh"
+#include "context.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+namespace kd::cuda {
+
+constexpr int KD_W4_WARPS = 8;
+constexpr int KD_W4_THREADS = 32 * KD_W4_WARPS;
+constexpr int KD_W4_SCHUNK = 2048;                       // inputs per super-chunk
+constexpr int KD_W4_GROUPS = KD_W4_SCHUNK / 32;          // quantisation groups per super-chunk
+constexpr int KD_W4_STEP = 8;                            // groups per warp step
+constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launch (per slot when grouped)
+constexpr int KD_W4_ROW_BYTES = KD_W4_GROUPS * 64 + 64;  // one staged B row; the pad keeps LDS.128 conflict-free
+constexpr int KD_W4_XSTRIDE = KD_W4_GROUPS + 1;          // -24 X floats per row; the pad spreads the 4 rows' banks
+
+struct W4Params {
+    const uint32_t* q = nullptr;   // tiled words (w1 with the SwiGLU epilogue), see w4a16_tile_layout
+    const float* s = nullptr;      // tiled scales
+    const uint32_t* q3 = nullptr;  // SwiGLU: w3
+    const float* s3 = nullptr;
+    long q_estride = 0, s_estride = 0;  // grouped: words / scales between experts (w4a16_tiled_*)
+    const float* x = nullptr;
+    long ldx = 0;
+    float* y = nullptr;
+    long ldy = 0;
+    int M = 0, N = 0, K = 0;  // M: token rows (plain) or pairs (grouped)
+    int n_sc = 1;             // super-chunks of K
+    // Grouped mode (slot_expert != null): slot s has the rows [slot_start[s], slot_start[s + 1])
+    // of a sorted (expert, token) pair list; x row row_in[p], y row row_out[p] (null: p).
+    const int* slot_expert = nullptr;
+    const int* slot_start = nullptr;
+    const int* n_active = nullptr;
+    const int* row_in = nullptr;
+    const int* row_out = nullptr;
+    float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
+    unsigned* tile_done = nullptr;  // n_sc > 1: [slots][tiles] super-chunks done, zero between launches
+    unsigned* sched = nullptr;      // [slots * n_sc][2]: next tile, blocks done; zero between launches
+};
+
+// Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t shifted) {
+    uint32_t h;
+    asm("lop3.b32 %0, %1, 0x03C003C0, 0x4C004C00, 0xea;" : "=r"(h) : "r"(shifted));
+    return h;
+}
+
+// d += A B for one m16n8k16 tile (fp16 operands, fp32 accumulators).
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One warp step of a lane: word t of 8 groups of its two rows, and the scales of groups 2t and
+// 2t + 1 of each (the four lanes of a row share their scales by shuffles: fewer registers).
+struct W4Step {
+    uint4 wa[2], wb[2];
+    float2 sa, sb;
+};
+
+// A lane's place in the tiled weights of its two half-tiles at the block's first step.
+struct W4Rows {
+    const uint4 *qa, *qb;
+    const float2 *sa, *sb;
+};
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ W4Step w4_fetch(const W4Rows& r, int step) {
+    W4Step st;
+    const int b = step * 64;  // uint4s per step of a half-tile: 2 loads x 32 lanes
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        st.wa[j] = ld_stream(r.qa + b + 32 * j);
+        st.wb[j] = ld_stream(r.qb + b + 32 * j);
+    }
+    st.sa = __ldg(r.sa + step * 32);
+    st.sb = __ldg(r.sb + step * 32);
+    return st;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
+    const uint4& v = w[i / 4];
+    return i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w;
+}
+
+// Adds one step's groups into part[q][0 | 1] (rows g | g + 8, token 4q + t).
+// bsm: the staged B rows; xneg: -24 X per (token, group); m_count: staged tokens.
+template <int Q>
+__device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, int step, int n_groups,
+                                        const unsigned char* bsm, const float* xneg, int m_count, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < KD_W4_STEP; ++i) {
+        const int G = step * KD_W4_STEP + i;
+        if (G >= n_groups) break;  // past K (uniform)
+        // Nibble i of word t is input 8t + i of the group; the mma's k = 2t, 2t + 1, 2t + 8,
+        // 2t + 9 of its two k-steps take inputs 8t + {0, 4, 1, 5} and 8t + {2, 6, 3, 7}.
+        const uint32_t wa = word_of(st.wa, i), wb = word_of(st.wb, i);
+        const uint32_t a04 = nibble_pair(wa << 6), a15 = nibble_pair(wa << 2), a26 = nibble_pair(wa >> 2),
+                       a37 = nibble_pair(wa >> 6);
+        const uint32_t b04 = nibble_pair(wb << 6), b15 = nibble_pair(wb << 2), b26 = nibble_pair(wb >> 2),
+                       b37 = nibble_pair(wb >> 6);
+        const int src = (lane & ~3) | (i >> 1);  // the lane of this row that loaded group i's scales
+        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, src);
+        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, src);
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            // B column g = token 4q + g / 2, half g % 2; missing tokens read as zeros.
+            uint4 bx = make_uint4(0u, 0u, 0u, 0u);
+            if (4 * q + (g >> 1) < m_count)
+                bx = *reinterpret_cast<const uint4*>(bsm + (8 * q + g) * KD_W4_ROW_BYTES + G * 64 + t * 16);
+            // The group's two k-steps into separate accumulators (two independent mma).
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_16816(d, a04, b04, a15, b15, bx.x, bx.y);
+            mma_16816(e, a26, b26, a37, b37, bx.z, bx.w);
+            const float xn = xneg[(4 * q + t) * KD_W4_XSTRIDE + G];
+            part[q][0] = fmaf(scale_a, ((d[0] + e[0]) + (d[1] + e[1])) + xn, part[q][0]);
+            part[q][1] = fmaf(scale_b, ((d[2] + e[2]) + (d[3] + e[3])) + xn, part[q][1]);
+        }
+    }
+}
+
+// Stages rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as B fragments (see
+// the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
+// w, w + 8, ... of every row (loads in flight together); pmax: [KD_W4_MAX_ROWS][warps] scratch.
+// Ends with the block synchronised.
+__device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_count, int kb, int klen,
+                                         unsigned char* bsm, float* xneg, float* fac, float* pmax) {
+    constexpr int PER_WARP = KD_W4_GROUPS / KD_W4_WARPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_groups = klen / 32;
+    const auto row = [&](int j) {
+        const long prow = m_begin + j;
+        return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
+    };
+    for (int j = 0; j < m_count; ++j) {  // each warp's largest |x| of each row
+        const float* xr = row(j);
+        float v[PER_WARP];
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            v[i] = G < n_groups ? fabsf(xr[32 * G + lane]) : 0.0f;
+        }
+        float mx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) mx = fmaxf(mx, v[i]);
+        mx = warp_max(mx);
+        if (lane == 0) pmax[j * KD_W4_WARPS + warp] = mx;
+    }
+    __syncthreads();
+    // Lane l holds input l of a group: word l / 8, nibble e8 = l % 8, at half 2 (e8 % 4) + e8 / 4
+    // of the lane-(l / 8) fragment.
+    const int off = (lane >> 3) * 16 + 2 * (2 * (lane & 3) + ((lane >> 2) & 1));
+    for (int j = 0; j < m_count; ++j) {
+        float mx = 0.0f;
+        for (int w = 0; w < KD_W4_WARPS; ++w) mx = fmaxf(mx, pmax[j * KD_W4_WARPS + w]);
+        int ex = 0;
+        frexpf(mx, &ex);  // mx = f 2^ex, f in [0.5, 1)
+        const int e = max(-126, min(126, 14 - ex));
+        const float up = ldexpf(1.0f, e);
+        if (threadIdx.x == 0) fac[j] = ldexpf(1.0f, -e);
+        unsigned char* hi = bsm + 2 * j * KD_W4_ROW_BYTES;
+        unsigned char* lo = hi + KD_W4_ROW_BYTES;
+        const float* xr = row(j);
+        float v[PER_WARP];
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            v[i] = G < n_groups ? xr[32 * G + lane] * up : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            if (G >= n_groups) break;
+            const float X = warp_sum(v[i]);
+            if (lane == 0) xneg[j * KD_W4_XSTRIDE + G] = -24.0f * X;
+            const __half h = __float2half_rn(v[i]);
+            *reinterpret_cast<__half*>(hi + G * 64 + off) = h;
+            *reinterpret_cast<__half*>(lo + G * 64 + off) = __float2half_rn(v[i] - __half2float(h));
+        }
+    }
+    __syncthreads();
+}
+
+template <int Q, bool GLU>
+__global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Params p) {
+    extern __shared__ float4 smem4[];
+    unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
+    float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
+    float* fac = xneg + 4 * Q * KD_W4_XSTRIDE;                             // [4Q]
+    chain_acquire();
+    chain_release();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int slot = blockIdx.y / p.n_sc, sc = blockIdx.y % p.n_sc;
+    const int N = p.N, K = p.K;
+    const uint32_t* qa = p.q;
+    const uint32_t* qb = GLU ? p.q3 : p.q;
+    const float* sa = p.s;
+    const float* sb = GLU ? p.s3 : p.s;
+    int m_begin = 0, m_count = p.M;
+    if (p.slot_expert) {
+        if (slot >= *p.n_active) return;  // the whole block
+        const long e = p.slot_expert[slot];
+        qa += e * p.q_estride;
+        qb += e * p.q_estride;
+        sa += e * p.s_estride;
+        sb += e * p.s_estride;
+        m_begin = p.slot_start[slot];
+        m_count = p.slot_start[slot + 1] - m_begin;
+    }
+    if (m_count > 4 * Q) {  // outside the contract: a row lists one expert twice
+        if (threadIdx.x == 0)
+            printf("w4_kernel: slot %d has %d token rows, more than the launch's %d (an expert listed twice for one row?)\n",
+                   slot, m_count, 4 * Q);
+        __trap();
+    }
+    const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
+
+    constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
+    const int n_tiles = (N + TILE - 1) / TILE;
+    const int n_steps = (n_groups + KD_W4_STEP - 1) / KD_W4_STEP;
+    const int NW = GLU ? 2 * N : N;  // workspace columns
+    unsigned* ctr = p.sched + 2 * blockIdx.y;
+    // The lane's half-tiles of tile `tile` (w1 and w3 of its 8 rows with SwiGLU; its two halves
+    // else) at the block's first step, in the tiled layout: [N / 8][steps][64 uint4] words,
+    // [N / 8][steps][32 float2] scales.
+    const int k_steps = (K + 32 * KD_W4_STEP - 1) / (32 * KD_W4_STEP), n_halves = (N + 7) / 8;
+    const auto tile_rows = [&](int tile) {
+        const long ha = GLU ? tile : 2 * tile, hb = GLU ? tile : min(2 * tile + 1, n_halves - 1);  // a missing half is never stored
+        const long first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+        return W4Rows{reinterpret_cast<const uint4*>(qa) + (ha * k_steps + first) * 64 + lane,
+                      reinterpret_cast<const uint4*>(qb) + (hb * k_steps + first) * 64 + lane,
+                      reinterpret_cast<const float2*>(sa) + (ha * k_steps + first) * 32 + lane,
+                      reinterpret_cast<const float2*>(sb) + (hb * k_steps + first) * 32 + lane};
+    };
+    // The output row of a lane's value h (0: row g or w1, 1: row g + 8 or w3) and its workspace column.
+    const auto out_row = [&](int n0, int h) { return GLU ? n0 + g : n0 + g + 8 * h; };
+    const auto ws_col = [&](int n0, int h) { return out_row(n0, h) + (GLU && h ? N : 0); };
+    const auto store = [&](int n0, int tok, float v0, float v1) {
+        const long prow = m_begin + tok;
+        float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
+        if (GLU) {
+            if (out_row(n0, 0) < N) yr[out_row(n0, 0)] = silu_mul_f(v0, v1);
+        } else {
+            if (out_row(n0, 0) < N) yr[out_row(n0, 0)] = v0;
+            if (out_row(n0, 1) < N) yr[out_row(n0, 1)] = v1;
+        }
+    };
+    // The tile's super-chunk values: stored, or (more super-chunks) put in the workspace, the
+    // tile's last finisher adding all of them in ascending order.
+    const auto finish = [&](int tile, const float (&part)[Q][2]) {
+        const int n0 = tile * TILE;
+        if (p.n_sc == 1) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q)
+                if (4 * q + t < m_count) store(n0, 4 * q + t, part[q][0] * fac[4 * q + t], part[q][1] * fac[4 * q + t]);
+            return;
+        }
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const int tok = 4 * q + t;
+            if (tok >= m_count) continue;
+            float* wr = p.ws + (static_cast<long>(sc) * p.M + m_begin + tok) * NW;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
+        }
+        __syncwarp();
+        __threadfence();
+        unsigned last = 0;
+        unsigned* done = p.tile_done + static_cast<long>(slot) * n_tiles + tile;
+        if (lane == 0) last = atomicAdd(done, 1u) == static_cast<unsigned>(p.n_sc - 1);
+        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        __threadfence();
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const int tok = 4 * q + t;
+            if (tok >= m_count) continue;
+            float v[2] = {0.0f, 0.0f};
+            for (int c = 0; c < p.n_sc; ++c) {
+                const float* wr = p.ws + (static_cast<long>(c) * p.M + m_begin + tok) * NW;
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (out_row(n0, h) < N) v[h] += __ldcg(wr + ws_col(n0, h));
+            }
+            store(n0, tok, v[0], v[1]);
+        }
+        if (lane == 0) *done = 0;
+    };
+
+    // A warp's first tile is its place in the wave; then it asks the counter (which counts
+    // from there) when it starts a tile and reads the answer at the tile's last step.
+    const int wave_tiles = gridDim.x * KD_W4_WARPS;
+    {
+        int tile = blockIdx.x * KD_W4_WARPS + warp;
+        W4Rows rows{};
+        W4Step cur{}, other;
+        if (tile < n_tiles) {
+            rows = tile_rows(tile);
+            cur = w4_fetch(rows, 0);
+        }
+        // The first weights are on their way while the activations are staged.
+        __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
+        w4_stage(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
+        while (tile < n_tiles) {
+            const int ticket = lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles : 0;
+            int next = 0;
+            float part[Q][2];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
+            const auto next_rows = [&]() {
+                next = __shfl_sync(0xffffffffu, ticket, 0);
+                return tile_rows(next < n_tiles ? next : tile);
+            };
+            // Two steps per iteration with two register buffers: while one step computes, the
+            // next one (of this tile or the next) is loading. After the last tile the warp
+            // re-reads its tile's first step (never used), so every fetch is unconditional.
+            for (int st = 0; st < n_steps; st += 2) {
+                const bool last_a = st + 1 >= n_steps;
+                if (last_a) rows = next_rows();
+                other = w4_fetch(rows, last_a ? 0 : st + 1);
+                w4_step<Q>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
+                if (last_a) {  // odd step count: the next tile starts in `other`
+                    cur = other;
+                    break;
+                }
+                const bool last_b = st + 2 >= n_steps;
+                if (last_b) rows = next_rows();
+                cur = w4_fetch(rows, last_b ? 0 : st + 2);
+                w4_step<Q>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
+            }
+            finish(tile, part);
+            tile = next;
+        }
+    }
+    // The last block out resets the pair's counters for the next launch.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
+            ctr[0] = 0;
+            ctr[1] = 0;
+        }
+    }
+}
+
+template <int Q, bool GLU>
+void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
+    const auto kernel = w4_kernel<Q, GLU>;
+    const int smem = 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (KD_W4_XSTRIDE + 1);
+    static bool configured = false;  // one attribute call per instantiation
+    if (!configured) {
+        KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    int per_sm = 0;
+    KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_W4_THREADS, smem));
+    const int pairs = slots * p.n_sc;
+    const int tiles = ceil_div(p.N, GLU ? 8 : 16);
+    // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
+    const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
+}
+
+// Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
+// token rows each. The caller has set the weights, rows, shape and (grouped) the slot lists.
+template <bool GLU>
+void w4_run(Context& ctx, W4Params p, int max_rows, int slots) {
+    p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
+    if (p.n_sc > 1) {
+        const int tiles = ceil_div(p.N, GLU ? 8 : 16);
+        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
+        p.tile_done = ctx.split_counters.get<unsigned>(static_cast<size_t>(slots) * tiles);
+    }
+    p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc);
+    const int quads = ceil_div(max_rows, 4);
+    if (quads <= 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if (quads == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
+}
+
+}  // namespace kd::cuda
