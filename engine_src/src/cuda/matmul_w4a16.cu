@@ -57,7 +57,7 @@ void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, con
         p.ldx = K;
         p.y = y + static_cast<long>(m0) * N;
         p.ldy = N;
-        w4_run<false>(ctx, p, p.M, 1);
+        w4_run<false>(ctx, p, p.M, p.M, 1);
     }
 }
 

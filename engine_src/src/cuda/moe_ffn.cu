@@ -122,6 +122,10 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_routed + shared_rows) * D);
     float* y_shared = w.shared ? y + static_cast<long>(n_routed) * D : nullptr;
     float* h_shared = h + static_cast<long>(n_routed) * I;
+    // Token rows per pass of the grouped launches: twice the mean number of rows an expert gets
+    // (more rows take more passes over the same weights, which L2 still holds); spares registers
+    // and staging for the common case of one or two rows per expert. The result does not depend on it.
+    const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
     // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
     if (w.int4) {
@@ -162,11 +166,11 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
-        w4_run<true>(ctx, up, M, max_slots);
-        w4_run<false>(ctx, down, M, max_slots);
+        w4_run<true>(ctx, up, M, pass_rows, max_slots);
+        w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {
-            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, 1);
-            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, 1);
+            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1);
+            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1);
         }
     } else {
         const auto set = [&](int j, long e) {
@@ -192,10 +196,6 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         MmParams down = projection(p, set(2, 0), MmWeights{}, h, I, y, D, D, I);
         down.row_out = pair_id;
-        // Token rows per pass: twice the mean number of rows an expert gets (more loop, as passes
-        // over the same weights, which L2 still holds); spares registers and staging for the
-        // common case of one or two rows per expert. The result does not depend on it.
-        const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
         mm_launch<WFmt::F32, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
         mm_launch<WFmt::F32, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
         if (w.shared && !shared_slot) {

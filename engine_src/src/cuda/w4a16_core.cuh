@@ -69,6 +69,7 @@ struct W4Params {
     long ldy = 0;
     int M = 0, N = 0, K = 0;  // M: token rows (plain) or pairs (grouped)
     int n_sc = 1;             // super-chunks of K
+    int max_passes = 1;       // passes of 4Q token rows a slot may take (counters are per pass)
     // Grouped mode (slot_expert != null): slot s has the rows [slot_start[s], slot_start[s + 1])
     // of a sorted (expert, token) pair list; x row row_in[p], y row row_out[p] (null: p).
     const int* slot_expert = nullptr;
@@ -77,8 +78,8 @@ struct W4Params {
     const int* row_in = nullptr;
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
-    unsigned* tile_done = nullptr;  // n_sc > 1: [slots][tiles] super-chunks done, zero between launches
-    unsigned* sched = nullptr;      // [slots * n_sc][2]: next tile, blocks done; zero between launches
+    unsigned* tile_done = nullptr;  // n_sc > 1: [slots][max_passes][tiles] super-chunks done, zero between launches
+    unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     const uint32_t* qb = GLU ? p.q3 : p.q;
     const float* sa = p.s;
     const float* sb = GLU ? p.s3 : p.s;
-    int m_begin = 0, m_count = p.M;
+    int slot_begin = 0, slot_rows = p.M;
     if (p.slot_expert) {
         if (slot >= *p.n_active) return;  // the whole block
         const long e = p.slot_expert[slot];
@@ -258,22 +259,25 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         qb += e * p.q_estride;
         sa += e * p.s_estride;
         sb += e * p.s_estride;
-        m_begin = p.slot_start[slot];
-        m_count = p.slot_start[slot + 1] - m_begin;
+        slot_begin = p.slot_start[slot];
+        slot_rows = p.slot_start[slot + 1] - slot_begin;
     }
-    if (m_count > 4 * Q) {  // outside the contract: a row lists one expert twice
+    const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
+    if (passes > p.max_passes) {  // outside the contract: a row lists one expert twice
         if (threadIdx.x == 0)
             printf("w4_kernel: slot %d has %d token rows, more than the launch's %d (an expert listed twice for one row?)\n",
-                   slot, m_count, 4 * Q);
+                   slot, slot_rows, 4 * Q * p.max_passes);
         __trap();
     }
+    // The pass's token rows [m_begin, m_begin + m_count), its counters and its number.
+    int m_begin = slot_begin, m_count = 0, pass = 0;
+    unsigned* ctr = nullptr;
     const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
 
     constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
     const int n_tiles = (N + TILE - 1) / TILE;
     const int n_steps = (n_groups + KD_W4_STEP - 1) / KD_W4_STEP;
     const int NW = GLU ? 2 * N : N;  // workspace columns
-    unsigned* ctr = p.sched + 2 * blockIdx.y;
     // The lane's half-tiles of tile `tile` (w1 and w3 of its 8 rows with SwiGLU; its two halves
     // else) at the block's first step, in the tiled layout: [N / 8][steps][64 uint4] words,
     // [N / 8][steps][32 float2] scales.
@@ -321,7 +325,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         __syncwarp();
         __threadfence();
         unsigned last = 0;
-        unsigned* done = p.tile_done + static_cast<long>(slot) * n_tiles + tile;
+        unsigned* done = p.tile_done + (static_cast<long>(slot) * p.max_passes + pass) * n_tiles + tile;
         if (lane == 0) last = atomicAdd(done, 1u) == static_cast<unsigned>(p.n_sc - 1);
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
         __threadfence();
@@ -344,7 +348,11 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // A warp's first tile is its place in the wave; then it asks the counter (which counts
     // from there) when it starts a tile and reads the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
-    {
+    __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
+    for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
+        m_begin = slot_begin + 4 * Q * pass;
+        m_count = min(4 * Q, slot_rows - 4 * Q * pass);
+        ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         int tile = blockIdx.x * KD_W4_WARPS + warp;
         W4Rows rows{};
         W4Step cur{}, other;
@@ -353,7 +361,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             cur = w4_fetch(rows, 0);
         }
         // The first weights are on their way while the activations are staged.
-        __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
         w4_stage(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         while (tile < n_tiles) {
             const int ticket = lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles : 0;
@@ -385,17 +392,19 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             finish(tile, part);
             tile = next;
         }
-    }
-    // The last block out resets the pair's counters for the next launch.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
-            ctr[0] = 0;
-            ctr[1] = 0;
+        // The last block out of the pass resets its counters for the next launch; the barrier
+        // also frees the staged rows for the next pass.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+            }
         }
     }
 }
+
 
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
@@ -416,19 +425,22 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
-// token rows each. The caller has set the weights, rows, shape and (grouped) the slot lists.
+// token rows each, in passes of pass_rows rows (rounded up to 4, 8 or 16; the result does not
+// depend on it). The caller has set the weights, rows, shape and (grouped) the slot lists.
 template <bool GLU>
-void w4_run(Context& ctx, W4Params p, int max_rows, int slots) {
+void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
+    const int quads = std::min(4, ceil_div(std::min(pass_rows, max_rows), 4));
+    const int q = quads <= 1 ? 1 : quads == 2 ? 2 : 4;
     p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
+    p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
         const int tiles = ceil_div(p.N, GLU ? 8 : 16);
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
-        p.tile_done = ctx.split_counters.get<unsigned>(static_cast<size_t>(slots) * tiles);
+        p.tile_done = ctx.split_counters.get<unsigned>(static_cast<size_t>(slots) * p.max_passes * tiles);
     }
-    p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc);
-    const int quads = ceil_div(max_rows, 4);
-    if (quads <= 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
-    else if (quads == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
+    if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
 }
 
