@@ -16,7 +16,6 @@
 //   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T]
 //   (--only: time one matmul_w4a16 shape; --only-f32: one matmul_f32 shape, cuBLAS and our kernel;
 //   --moe: run the MoE layer's paths once at T tokens, for ncu)
-#include "../src/cuda/mm_core.cuh"
 #include "../src/cuda/ops.cuh"
 #include "../src/cuda/w4a16_core.cuh"
 
@@ -133,14 +132,14 @@ __global__ void read_only_kernel(const uint4* p, size_t n, uint32_t* sink) {
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
     for (; i + 3 * stride < n; i += 4 * stride) {  // four independent 16-byte loads in flight
-        const uint4 a = ld_stream(reinterpret_cast<const uint32_t*>(p + i));
-        const uint4 b = ld_stream(reinterpret_cast<const uint32_t*>(p + i + stride));
-        const uint4 c = ld_stream(reinterpret_cast<const uint32_t*>(p + i + 2 * stride));
-        const uint4 d = ld_stream(reinterpret_cast<const uint32_t*>(p + i + 3 * stride));
+        const uint4 a = ld_stream(p + i);
+        const uint4 b = ld_stream(p + i + stride);
+        const uint4 c = ld_stream(p + i + 2 * stride);
+        const uint4 d = ld_stream(p + i + 3 * stride);
         acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
     }
     for (; i < n; i += stride) {
-        const uint4 a = ld_stream(reinterpret_cast<const uint32_t*>(p + i));
+        const uint4 a = ld_stream(p + i);
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; practically never true

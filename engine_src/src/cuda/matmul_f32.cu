@@ -98,7 +98,7 @@ void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, c
     MmParams p;
     p.a.w = W;
     p.bias = bias;
-    mm_run_plain<WFmt::F32>(ctx, p, y, x, M, N, K);
+    mm_run_plain(ctx, p, y, x, M, N, K);
 }
 
 void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K) {

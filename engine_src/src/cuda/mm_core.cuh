@@ -1,19 +1,13 @@
-// mm_core.cuh: the one matmul kernel behind matmul_w4a16, the fp32 fallback of matmul_f32 and
-// the grouped expert FFN of moe_ffn: y[m][n] = sum_k x[m][k] W[n][k], weights in INT4 (W4A16
-// layout of backend.h) or fp32, activations and accumulation in fp32.
+// mm_core.cuh: the fp32 matmul kernel behind matmul_f32's own path (narrow outputs, or no
+// cuBLAS) and the grouped fp32 expert FFN of moe_ffn: y[m][n] = sum_k x[m][k] W[n][k], weights
+// fp32 [N][K], activations and accumulation in fp32.
 //
 // Shape of the work
 //   * A block is 8 warps; a warp owns R weight rows (R/2 output rows with the fused SwiGLU
 //     epilogue, whose rows come in (w1, w3) pairs) and streams them along K.
-//   * W4: a lane reads one quantisation group per step, 16 bytes = 32 nibbles, plus its scale,
-//     with an L1-bypassing load; a warp step covers 1024 inputs, 512 contiguous bytes per row.
-//     A nibble becomes the float 16 + nibble with one byte permute (4 shared mask ops per 8),
-//     so a weight costs ~1.5 instructions plus its FMA, once, reused across the MT activation
-//     rows; the offset is removed per group with the group's activation sum X:
-//     sum (nibble - 8) x = sum (16 + nibble) x - 24 X (X summed once per staged chunk).
-//   * fp32: a lane reads 4 strided words per step (a warp step covers 128 inputs, coalesced).
-//   * Activations for MT rows and a chunk of K sit in shared memory (W4: an XOR-swizzled layout
-//     so that the 16-byte reads of 32 lanes, 128 bytes apart, hit distinct banks).
+//   * A lane reads 4 strided words per step (a warp step covers 128 inputs, coalesced); each
+//     weight is loaded once and reused across the MT activation rows.
+//   * Activations for MT rows and a chunk of K sit in shared memory.
 //   * Dynamic mode (all of K for all rows of the pass fits one staged chunk): one resident wave
 //     of blocks stages the activations once; warps take units of R rows from a device counter
 //     (no block-level tail), asking for the next unit when they start one and reading the answer
@@ -25,14 +19,12 @@
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
 //   K is cut into super-chunks of KD_MM_SCHUNK inputs. Inside one, lane l accumulates its inputs
-//   in ascending order (W4: per group, g = sum (16 + nibble) x in input order, X = the xor
-//   butterfly sum of the group's inputs, acc += scale * (g - 24 X)); at the
-//   end of the super-chunk the 32 lane sums are added by an xor butterfly (identical on every
-//   lane) and the result is added to the row total, super-chunks in ascending order. With
-//   split-K, each super-chunk's value goes to a workspace and the last block adds them in the
-//   same ascending order from zero. Nothing depends on M, on which token slot a row occupies,
-//   on R, on the split choice or on grouping: matmul_w4a16, moe_ffn and split or not give
-//   bit-identical rows.
+//   in ascending order; at the end of the super-chunk the 32 lane sums are added by an xor
+//   butterfly (identical on every lane) and the result is added to the row total, super-chunks
+//   in ascending order. With split-K, each super-chunk's value goes to a workspace and the last
+//   block adds them in the same ascending order from zero. Nothing depends on M, on which token
+//   slot a row occupies, on R, on the split choice or on grouping: matmul_f32's kernel path,
+//   moe_ffn's fp32 experts and split or not give bit-identical rows.
 #pragma once
 
 #include "common.cuh"
@@ -45,22 +37,18 @@ namespace kd::cuda {
 
 constexpr int KD_MM_WARPS = 8;
 constexpr int KD_MM_THREADS = 32 * KD_MM_WARPS;
-constexpr int KD_MM_SCHUNK = 2048;       // inputs per super-chunk (a multiple of both warp steps)
+constexpr int KD_MM_SCHUNK = 2048;       // inputs per super-chunk (a multiple of the warp step)
 constexpr int KD_MM_SMEM_FLOATS = 16384; // activation staging budget (64 KiB)
 constexpr int KD_MM_MAX_RB = 8;         // row blocks one block may own (their totals sit in shared memory)
 constexpr int KD_MM_MAX_PASS = 8;       // activation rows per pass (more rows: more passes)
 
-enum class WFmt { W4, F32 };
-
 struct MmWeights {
-    const uint32_t* q = nullptr;  // W4: [N][K/8]
-    const float* s = nullptr;     // W4: [N][K/32]
-    const float* w = nullptr;     // fp32: [N][K]
+    const float* w = nullptr;  // [N][K]
 };
 
 struct MmParams {
     MmWeights a, b;               // b: the w3 of the fused SwiGLU epilogue (silu(a x) * (b x))
-    long q_estride = 0, s_estride = 0, w_estride = 0;  // grouped: elements between experts
+    long w_estride = 0;           // grouped: elements between experts
     const float* x = nullptr;
     long ldx = 0;
     float* y = nullptr;
@@ -86,8 +74,8 @@ struct MmParams {
 // Weight rows a warp streams together: more rows, more bytes in flight; fewer, fewer registers.
 __host__ __device__ constexpr int mm_rows_per_warp(int mt) { return mt <= 2 ? 4 : 2; }
 
-template <WFmt F>
-__host__ __device__ constexpr int mm_warp_step() { return F == WFmt::W4 ? 1024 : 128; }
+// Inputs per warp step: 32 lanes x 4 strided words.
+__host__ __device__ constexpr int mm_warp_step() { return 128; }
 
 // Staged K chunk for MT activation rows and a K range of klen inputs: a multiple of the
 // super-chunk (so a super-chunk never spans two chunks), as much of K as the budget holds.
@@ -97,163 +85,48 @@ inline int mm_stage_chunk(int mt, int klen) {
     return std::min(budget, need);
 }
 
-__device__ __forceinline__ uint4 ld_stream(const uint32_t* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
-// The 8 nibbles of a word as the exact floats 16 + nibble, element order (low nibble first).
-// Byte b of `even` is 0x80 | nibble(2b) << 3 (of `odd`: nibble 2b + 1); placed under the byte
-// 0x41 that is the float 0x41800000 + (nibble << 19) = 16 + nibble.
-__device__ __forceinline__ void dequant8(uint32_t word, float f[8]) {
-    uint32_t even, odd;  // (w & 0x78787878) | 0x80808080 as one LOP3 each
-    asm("lop3.b32 %0, %1, 0x78787878, 0x80808080, 0xea;" : "=r"(even) : "r"(word << 3));
-    asm("lop3.b32 %0, %1, 0x78787878, 0x80808080, 0xea;" : "=r"(odd) : "r"(word >> 1));
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-        f[2 * b] = __uint_as_float(__byte_perm(even, 0x41000000u, 0x7044 | (b << 8)));
-        f[2 * b + 1] = __uint_as_float(__byte_perm(odd, 0x41000000u, 0x7044 | (b << 8)));
-    }
-}
-
-// Shared-memory index of input kk of a staged W4 chunk: group g = kk / 32 keeps its 8 float4s
-// in one 128-byte row, float4 j stored at j ^ (g & 7) (conflict-free lane reads and stores).
-__device__ __forceinline__ int w4_smem_index(int kk) {
-    const int g = kk >> 5, e = kk & 31;
-    return ((g * 8 + ((e >> 2) ^ (g & 7))) << 2) + (e & 3);
-}
-
 // One warp step of weights for R rows (see mm_kernel).
-template <WFmt F, int R>
-struct WStep;
 template <int R>
-struct WStep<WFmt::W4, R> {
-    uint4 q[R];
-    float s[R];
-};
-template <int R>
-struct WStep<WFmt::F32, R> {
+struct WStep {
     float w[R][4];
 };
 
-template <WFmt F, int R>
-__device__ __forceinline__ void load_step(WStep<F, R>& st, const uint32_t* const* qrow, const float* const* srow,
-                                          const float* const* wrow, int k, int ke, int lane) {
-    if constexpr (F == WFmt::W4) {
-        const int kl = k + lane * 32;
-        if (kl < ke) {
+template <int R>
+__device__ __forceinline__ void load_step(WStep<R>& st, const float* const* wrow, int k, int ke, int lane) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                st.q[r] = ld_stream(qrow[r] + kl / 8);
-                st.s[r] = __ldg(srow[r] + kl / 32);
-            }
-        }
-    } else {
+    for (int u = 0; u < 4; ++u) {
+        const int kk = k + lane + 32 * u;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int kk = k + lane + 32 * u;
-#pragma unroll
-            for (int r = 0; r < R; ++r) st.w[r][u] = kk < ke ? __ldg(wrow[r] + kk) : 0.0f;
-        }
+        for (int r = 0; r < R; ++r) st.w[r][u] = kk < ke ? __ldg(wrow[r] + kk) : 0.0f;
     }
 }
 
-// One warp step: adds this lane's share of the step's inputs into part (see mm_kernel for
-// the order). W4: one group of 32 inputs per lane; fp32: 4 strided inputs per lane.
-// FULL: the step lies wholly inside K (no lane is past its end).
-template <WFmt F, int MT, int R, bool FULL = false>
-__device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<F, R>& cur, const float* xs,
-                                        const float* xsum, int kch, int k, int kc, int ke, int mc, int lane) {
-    if constexpr (F == WFmt::W4) {
-        const int kl = k + lane * 32;  // first input of this lane's group
-        if (!FULL && kl >= ke) return;
-        const float4* xg = reinterpret_cast<const float4*>(xs) + ((kl - kc) >> 5) * 8;
-        const int sw = lane & 7;
-        float g[R][MT];
+// One warp step: adds this lane's share of the step's inputs, 4 strided ones, into part (see
+// mm_kernel for the order). FULL: the step lies wholly inside K (no lane is past its end).
+template <int MT, int R, bool FULL = false>
+__device__ __forceinline__ void mm_step(float (&part)[R][MT], const WStep<R>& cur, const float* xs, int kch, int k,
+                                        int kc, int ke, int mc, int lane) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) {
+        const int kk = k + lane + 32 * u;
+        if (FULL || kk < ke) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m) g[r][m] = 0.0f;
+            for (int m = 0; m < MT; ++m)
+                if (m == 0 || m < mc) {
+                    const float xv = xs[m * kch + (kk - kc)];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if constexpr (MT <= 2) {
-                // Few activation rows: hold their 8 inputs, dequantise row by row.
-                float xv[MT][8];
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    const float4* xm = xg + m * (kch / 4);
-                    const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                    xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
-                    xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
+                    for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
                 }
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const uint4& q = cur.q[r];
-                    float f[8];
-                    dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f);
-#pragma unroll
-                    for (int m = 0; m < MT; ++m)
-                        if (m == 0 || m < mc)
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[e], xv[m][e], g[r][m]);
-                }
-            } else {
-                // More rows: dequantise the R rows once, stream the inputs.
-                float f[R][8];
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const uint4& q = cur.q[r];
-                    dequant8(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w, f[r]);
-                }
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    if (m == 0 || m < mc) {
-                        const float4* xm = xg + m * (kch / 4);
-                        const float4 a = xm[(2 * j) ^ sw], b = xm[(2 * j + 1) ^ sw];
-                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                        for (int r = 0; r < R; ++r)
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) g[r][m] = fmaf(f[r][e], xv[e], g[r][m]);
-                    }
-                }
-            }
-        }
-        const int gl = (kl - kc) >> 5;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-            if (m == 0 || m < mc) {
-                const float X = xsum[m * (kch / 32) + gl];
-#pragma unroll
-                for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.s[r], fmaf(-24.0f, X, g[r][m]), part[r][m]);
-            }
-    } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int kk = k + lane + 32 * u;
-            if (FULL || kk < ke) {
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-                    if (m == 0 || m < mc) {
-                        const float xv = xs[m * kch + (kk - kc)];
-#pragma unroll
-                        for (int r = 0; r < R; ++r) part[r][m] = fmaf(cur.w[r][u], xv, part[r][m]);
-                    }
-            }
         }
     }
 }
 
 // mm_step, then at the end of a super-chunk the butterfly of the lane sums into tot.
-template <WFmt F, int MT, int R, bool FULL>
-__device__ __forceinline__ void mm_step_reduce(float (&part)[R][MT], float (&tot)[R][MT], const WStep<F, R>& cur,
-                                               const float* xs, const float* xsum, int kch, int k, int kc, int ke,
-                                               int mc, int lane) {
-    mm_step<F, MT, R, FULL>(part, cur, xs, xsum, kch, k, kc, ke, mc, lane);
-    if ((k + mm_warp_step<F>()) % KD_MM_SCHUNK == 0 || k + mm_warp_step<F>() >= ke) {
+template <int MT, int R, bool FULL>
+__device__ __forceinline__ void mm_step_reduce(float (&part)[R][MT], float (&tot)[R][MT], const WStep<R>& cur,
+                                               const float* xs, int kch, int k, int kc, int ke, int mc, int lane) {
+    mm_step<MT, R, FULL>(part, cur, xs, kch, k, kc, ke, mc, lane);
+    if ((k + mm_warp_step()) % KD_MM_SCHUNK == 0 || k + mm_warp_step() >= ke) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -267,39 +140,22 @@ __device__ __forceinline__ void mm_step_reduce(float (&part)[R][MT], float (&tot
 
 // Per-lane weight pointers of one warp's rows, positioned at a step and advanced by fetch:
 // in the dynamic loop a step then costs its loads and one pointer increment per row.
-template <WFmt F, int R>
+template <int R>
 struct WPtr {
-    const uint32_t* q[R];
-    const float* s[R];
     const float* w[R];
 };
 
-template <WFmt F, int R, bool FULL>
-__device__ __forceinline__ WStep<F, R> fetch(WPtr<F, R>& ptr, int k, int ke, int lane) {
-    WStep<F, R> st;
-    if constexpr (F == WFmt::W4) {
-        if (FULL || k + lane * 32 < ke) {
+template <int R, bool FULL>
+__device__ __forceinline__ WStep<R> fetch(WPtr<R>& ptr, int k, int ke, int lane) {
+    WStep<R> st;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                st.q[r] = ld_stream(ptr.q[r]);
-                st.s[r] = __ldg(ptr.s[r]);
-            }
-        }
+    for (int u = 0; u < 4; ++u) {
+        const bool ok = FULL || k + lane + 32 * u < ke;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            ptr.q[r] += mm_warp_step<F>() / 8;
-            ptr.s[r] += mm_warp_step<F>() / 32;
-        }
-    } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const bool ok = FULL || k + lane + 32 * u < ke;
-#pragma unroll
-            for (int r = 0; r < R; ++r) st.w[r][u] = ok ? __ldg(ptr.w[r] + 32 * u) : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) ptr.w[r] += mm_warp_step<F>();
+        for (int r = 0; r < R; ++r) st.w[r][u] = ok ? __ldg(ptr.w[r] + 32 * u) : 0.0f;
     }
+#pragma unroll
+    for (int r = 0; r < R; ++r) ptr.w[r] += mm_warp_step();
     return st;
 }
 
@@ -325,15 +181,14 @@ __device__ void split_reduce(const MmParams& p, int rb) {
     if (threadIdx.x == 0) p.counters[rb] = 0;
 }
 
-template <WFmt F, int MT, int R, bool GLU>
+template <int MT, int R, bool GLU>
 __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);   // [MT][kch] staged activations
-    float* xsum = xs + MT * p.kch;                  // [MT][kch / 32] their group sums (W4)
     // Row totals of every row block this block owns (written and read by lane 0 of the warp
     // only): registers go to the loads in flight. R * MT <= 32.
     __shared__ float total[KD_MM_MAX_RB][KD_MM_WARPS][32];
-    constexpr int WS = mm_warp_step<F>();
+    constexpr int WS = mm_warp_step();
     constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int K = p.K, N = p.N;
@@ -348,13 +203,8 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         const long e = p.slot_expert[slot];
         m_begin = p.slot_start[slot];
         m_count = p.slot_start[slot + 1] - m_begin;
-        if constexpr (F == WFmt::W4) {
-            wa.q += e * p.q_estride; wa.s += e * p.s_estride;
-            if (GLU) { wb.q += e * p.q_estride; wb.s += e * p.s_estride; }
-        } else {
-            wa.w += e * p.w_estride;
-            if (GLU) wb.w += e * p.w_estride;
-        }
+        wa.w += e * p.w_estride;
+        if (GLU) wb.w += e * p.w_estride;
     }
     int kb = 0, ke = K;
     if (p.splits > 1) {
@@ -369,23 +219,16 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     const auto first_row = [&](int i) { return ((blockIdx.x + i * gridDim.x) * KD_MM_WARPS + warp) * ROWS; };
     // The weights of warp step k of the warp's rows n0 .. n0 + ROWS.
     const auto load = [&](int n0, int k) {
-        WStep<F, R> st;
+        WStep<R> st;
         if (n0 < N) {
-            const uint32_t* qrow[R];
-            const float* srow[R];
             const float* wrow[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const int n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
                 const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
-                if constexpr (F == WFmt::W4) {
-                    qrow[r] = w.q + static_cast<long>(n) * (K / 8);
-                    srow[r] = w.s + static_cast<long>(n) * (K / 32);
-                } else {
-                    wrow[r] = w.w + static_cast<long>(n) * K;
-                }
+                wrow[r] = w.w + static_cast<long>(n) * K;
             }
-            load_step<F, R>(st, qrow, srow, wrow, k, ke, lane);
+            load_step<R>(st, wrow, k, ke, lane);
         }
         return st;
     };
@@ -396,18 +239,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
             const long prow = m_begin + mc0 + m;
             const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
             float* dst = xs + m * p.kch;
-            for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) {
-                const float v = xr[kk];
-                if constexpr (F == WFmt::W4) {
-                    // A warp stages one whole group (the chunk is a multiple of 32): its sum
-                    // X by the butterfly, the same for every weight row and every M.
-                    dst[w4_smem_index(kk)] = v;
-                    const float X = warp_sum(v);
-                    if (lane == 0) xsum[m * (p.kch / 32) + kk / 32] = X;
-                } else {
-                    dst[kk] = v;
-                }
-            }
+            for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) dst[kk] = xr[kk];
         }
     };
 
@@ -436,17 +268,12 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         const auto answer = [&](int ticket) { return dealt ? ticket : __shfl_sync(0xffffffffu, ticket, 0); };
         // The lane's pointers for the rows n0 .. n0 + ROWS at input kb.
         const auto unit_ptrs = [&](int n0) {
-            WPtr<F, R> ptr;
+            WPtr<R> ptr;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const long n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
                 const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
-                if constexpr (F == WFmt::W4) {
-                    ptr.q[r] = w.q + n * (K / 8) + kb / 8 + lane * 4;
-                    ptr.s[r] = w.s + n * (K / 32) + kb / 32 + lane;
-                } else {
-                    ptr.w[r] = w.w + n * K + kb + lane;
-                }
+                ptr.w[r] = w.w + n * K + kb + lane;
             }
             return ptr;
         };
@@ -454,13 +281,13 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         const auto run = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
             int unit = blockIdx.x * KD_MM_WARPS + warp;
-            WPtr<F, R> ptr;
-            WStep<F, R> cur{};
+            WPtr<R> ptr;
+            WStep<R> cur{};
             if (unit < n_units) {
                 ptr = unit_ptrs(unit * ROWS);
-                cur = fetch<F, R, FULL>(ptr, kb, ke, lane);
+                cur = fetch<R, FULL>(ptr, kb, ke, lane);
             }
-            WStep<F, R> other;
+            WStep<R> other;
             while (unit < n_units) {
                 const int ticket = ask(unit), n0 = unit * ROWS;
                 int next = 0;
@@ -481,16 +308,16 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
                     const int k = kb + st * WS;
                     const bool last_a = st + 1 >= n_steps;
                     if (last_a) ptr = next_ptrs();
-                    other = fetch<F, R, FULL>(ptr, last_a ? kb : k + WS, ke, lane);
-                    mm_step_reduce<F, MT, R, FULL>(part, tot, cur, xs, xsum, p.kch, k, kb, ke, m_count, lane);
+                    other = fetch<R, FULL>(ptr, last_a ? kb : k + WS, ke, lane);
+                    mm_step_reduce<MT, R, FULL>(part, tot, cur, xs, p.kch, k, kb, ke, m_count, lane);
                     if (last_a) {  // odd step count: the next unit starts in `other`
                         cur = other;
                         break;
                     }
                     const bool last_b = st + 2 >= n_steps;
                     if (last_b) ptr = next_ptrs();
-                    cur = fetch<F, R, FULL>(ptr, last_b ? kb : k + 2 * WS, ke, lane);
-                    mm_step_reduce<F, MT, R, FULL>(part, tot, other, xs, xsum, p.kch, k + WS, kb, ke, m_count, lane);
+                    cur = fetch<R, FULL>(ptr, last_b ? kb : k + 2 * WS, ke, lane);
+                    mm_step_reduce<MT, R, FULL>(part, tot, other, xs, p.kch, k + WS, kb, ke, m_count, lane);
                 }
                 if (lane == 0) {
 #pragma unroll
@@ -525,7 +352,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     // Static mode: this block owns row blocks blockIdx.x + i * gridDim.x (see above). The
     // weights of one warp step are loaded one step ahead of their use (the step sequence runs
     // over token passes, chunks, row blocks, then K), so a warp always has loads in flight.
-    WStep<F, R> cur{};
+    WStep<R> cur{};
     if (n_my > 0) cur = load(first_row(0), kb);
     for (int mc0 = 0; mc0 < m_count; mc0 += MT) {
         const int mc = min(MT, m_count - mc0);
@@ -551,9 +378,9 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
                         ni = i + 1 < n_my ? i + 1 : 0;
                         nk = i + 1 < n_my ? kc : kc_end < ke ? kc_end : mc0 + MT < m_count ? kb : -1;
                     }
-                    const WStep<F, R> nxt = nk >= 0 ? load(first_row(ni), nk) : cur;
+                    const WStep<R> nxt = nk >= 0 ? load(first_row(ni), nk) : cur;
                     if (n0 < N) {
-                        mm_step<F, MT, R>(part, cur, xs, xsum, p.kch, k, kc, ke, mc, lane);
+                        mm_step<MT, R>(part, cur, xs, p.kch, k, kc, ke, mc, lane);
                         if ((k + WS) % KD_MM_SCHUNK == 0 || k + WS >= ke) {  // end of a super-chunk
 #pragma unroll
                             for (int r = 0; r < R; ++r)
@@ -613,16 +440,16 @@ inline int mm_split_count(int num_sms, int N, int K, int max_rows) {
 
 // Launches mm_kernel for MT activation rows per pass (1, 2, 4 or 8; more rows take more passes).
 // grid.y: slots (grouped) or splits (split-K), else 1.
-template <WFmt F, int MT, bool GLU>
+template <int MT, bool GLU>
 void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t stream) {
     constexpr int R = mm_rows_per_warp(MT);
     constexpr int ROWS = GLU ? R / 2 : R;
-    const auto kernel = mm_kernel<F, MT, R, GLU>;
-    const int smem = static_cast<int>(sizeof(float)) * MT * (p.kch + (F == WFmt::W4 ? p.kch / 32 : 0));
+    const auto kernel = mm_kernel<MT, R, GLU>;
+    const int smem = static_cast<int>(sizeof(float)) * MT * p.kch;
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(sizeof(float)) * (KD_MM_SMEM_FLOATS * 33 / 32)));
+                                           static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
         configured = true;
     }
     // Static mode: at most one resident wave of blocks, each owning the same number of row
@@ -638,15 +465,15 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
     launch_chained("mm_kernel launch", kernel, dim3(grid_x, grid_y), dim3(KD_MM_THREADS), smem, stream, p);
 }
 
-template <WFmt F, bool GLU>
+template <bool GLU>
 void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t stream) {
     const int mt = mm_pass_rows(max_rows);
     p.kch = mm_stage_chunk(mt, p.splits > 1 ? KD_MM_SCHUNK : p.K);
     switch (mt) {
-        case 1: mm_launch_mt<F, 1, GLU>(p, grid_y, num_sms, stream); break;
-        case 2: mm_launch_mt<F, 2, GLU>(p, grid_y, num_sms, stream); break;
-        case 4: mm_launch_mt<F, 4, GLU>(p, grid_y, num_sms, stream); break;
-        default: mm_launch_mt<F, KD_MM_MAX_PASS, GLU>(p, grid_y, num_sms, stream); break;
+        case 1: mm_launch_mt<1, GLU>(p, grid_y, num_sms, stream); break;
+        case 2: mm_launch_mt<2, GLU>(p, grid_y, num_sms, stream); break;
+        case 4: mm_launch_mt<4, GLU>(p, grid_y, num_sms, stream); break;
+        default: mm_launch_mt<KD_MM_MAX_PASS, GLU>(p, grid_y, num_sms, stream); break;
     }
 }
 
@@ -662,9 +489,8 @@ inline void mm_set_rows(MmParams& p, const float* x, long ldx, float* y, long ld
 
 // A plain (not grouped) matmul y[M][N] = x[M][K] W^T: the row and shape fields, split-K with its
 // workspace when the grid would leave SMs idle, the scheduling counters, and the launch. The
-// caller has set the weights (p.a) and, for fp32, the bias.
-template <WFmt F>
-void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, int M, int N, int K) {
+// caller has set the weights (p.a) and the bias, if any.
+inline void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, int M, int N, int K) {
     mm_set_rows(p, x, K, y, N, N, K);
     p.M = M;
     p.splits = mm_split_count(ctx.num_sms, N, K, M);
@@ -673,7 +499,7 @@ void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, int M, in
         p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));
     }
     p.sched = ctx.sched.get<unsigned>(2);
-    mm_launch<F, false>(p, M, p.splits, ctx.num_sms, ctx.stream);
+    mm_launch<false>(p, M, p.splits, ctx.num_sms, ctx.stream);
 }
 
 }  // namespace kd::cuda

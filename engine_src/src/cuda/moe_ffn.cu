@@ -1,9 +1,10 @@
 // moe_ffn.cu: the experts of one MoE layer as four launches whatever the routing:
 //   1. moe_lists_kernel groups the (row, slot) pairs by expert (deterministic order: experts
 //      ascending, then pairs ascending), all on the device, so the layer can be graph-captured;
-//   2. one grouped mm_kernel for w1 and w3 together (fused SwiGLU epilogue) over every selected
-//      expert, then one for w2 (mm_core.cuh: a row comes out bit-identical to matmul_w4a16 /
-//      matmul_f32_kernel on one row);
+//   2. one grouped launch for w1 and w3 together (fused SwiGLU epilogue) over every selected
+//      expert, then one for w2: INT4 experts run on w4a16_core.cuh's kernel, fp32 experts on
+//      mm_core.cuh's grouped mm_kernel; a row comes out bit-identical to matmul_w4a16 /
+//      matmul_f32_kernel on one row;
 //   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending, + the shared
 //      expert's row. At one row the shared expert is one more slot of the grouped launches; at
 //      more rows it has two plain launches of its own (a slot would take passes over all rows
@@ -174,7 +175,7 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         }
     } else {
         const auto set = [&](int j, long e) {
-            return MmWeights{nullptr, nullptr, (j == 1 ? w.w1 : j == 2 ? w.w2 : w.w3) + e * static_cast<long>(I) * D};
+            return MmWeights{(j == 1 ? w.w1 : j == 2 ? w.w2 : w.w3) + e * static_cast<long>(I) * D};
         };
         MmParams p;
         p.w_estride = static_cast<long>(I) * D;
@@ -196,16 +197,16 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         MmParams down = projection(p, set(2, 0), MmWeights{}, h, I, y, D, D, I);
         down.row_out = pair_id;
-        mm_launch<WFmt::F32, true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
-        mm_launch<WFmt::F32, false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<true>(up, pass_rows, max_slots, ctx.num_sms, ctx.stream);
+        mm_launch<false>(down, pass_rows, max_slots, ctx.num_sms, ctx.stream);
         if (w.shared && !shared_slot) {
             MmParams shared_up = projection(MmParams{}, set(1, E), set(3, E), x, D, h_shared, I, I, D);
             shared_up.M = M;
             shared_up.sched = p.sched;
-            mm_launch<WFmt::F32, true>(shared_up, M, 1, ctx.num_sms, ctx.stream);
+            mm_launch<true>(shared_up, M, 1, ctx.num_sms, ctx.stream);
             MmParams shared_down;
             shared_down.a = set(2, E);
-            mm_run_plain<WFmt::F32>(ctx, shared_down, y_shared, h_shared, M, D, I);
+            mm_run_plain(ctx, shared_down, y_shared, h_shared, M, D, I);
         }
     }
 
