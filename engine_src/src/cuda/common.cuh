@@ -69,6 +69,20 @@ void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
+// Dynamic tile scheduling: ctr[0] hands out work, ctr[1] counts blocks done. Called by every
+// thread of a block when it has taken its last unit: after a block barrier, the grid's last block
+// resets both counters to zero for the next launch.
+__device__ __forceinline__ void sched_block_done(unsigned* ctr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
+            ctr[0] = 0;
+            ctr[1] = 0;
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -337,15 +337,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         };
         if ((ke - kb) % WS == 0) run(std::true_type{});
         else run(std::false_type{});
-        // The last block out resets the slot's counters for the next launch.
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
-                ctr[0] = 0;
-                ctr[1] = 0;
-            }
-        }
+        sched_block_done(ctr);
         return;
     }
 

@@ -392,16 +392,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             finish(tile, part);
             tile = next;
         }
-        // The last block out of the pass resets its counters for the next launch; the barrier
-        // also frees the staged rows for the next pass.
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(ctr + 1, 1u) == gridDim.x - 1) {
-                ctr[0] = 0;
-                ctr[1] = 0;
-            }
-        }
+        sched_block_done(ctr);  // its barrier also frees the staged rows for the next pass
     }
 }
 
