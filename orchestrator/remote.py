@@ -24,6 +24,7 @@ import os
 import shlex
 from typing import Mapping, Sequence
 
+from . import ownership
 from .errors import UsageError
 from .inventory import Host
 
@@ -84,11 +85,13 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
 
 
 def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False) -> str:
-    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir;
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir, once
+    remote_dir passes the ownership check (ownership.guarded);
     `with_secrets`: it also gets the host's secret_env (send secret_input(host) as its stdin)."""
-    return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
+    line = wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
                 env=host_env(host), path_prefix=host_path_prefix(host),
                 secrets=host.secret_env if with_secrets else ())
+    return ownership.guarded(host.remote_dir, line)     # nothing runs from a tree another user could change
 
 
 def secret_values(host: Host) -> dict[str, str]:

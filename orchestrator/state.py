@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 
-from . import remote
+from . import ownership, remote
 from .errors import DestinationError, FetchError, HostError, LockError
 from .transport import Transport
 
@@ -187,21 +187,16 @@ def _marker_text(owner: Owner) -> str:
            "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
 
 
-_LOCK_SCRIPT = r'''
+_LOCK_SCRIPT = ownership.CHECK + r'''
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
-case $d in /*) ;; *) unsafe "$d is not an absolute path";; esac
-[ -L "$d" ] && unsafe "$d is a symlink"
-real=$(realpath -m -- "$d") || unsafe "cannot resolve $d"
-[ "$real" = "$d" ] || unsafe "$d resolves to $real (a symlink on the way)"
-[ "$real" = "$(cd ~ 2>/dev/null && pwd -P)" ] && unsafe "$d is the home directory"
-[ -e "$d" ] && [ ! -d "$d" ] && unsafe "$d exists and is not a directory"
-[ -L "$d/.kdtree" ] && unsafe "$d/.kdtree is a symlink"
+kd_owned "$d" new
 if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d")" ]; then
   unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
 mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
+kd_owned "$d"
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 exec 9>>lock.flock
@@ -216,6 +211,6 @@ done
 exit 0
 '''
 
-_WRITE_JSON_SCRIPT = r'''
+_WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"
-'''
+''')

@@ -36,7 +36,7 @@ import weakref
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from . import hostkeys, remote
+from . import hostkeys, ownership, remote
 from .errors import AuthError, CommandError, ConnectError, FetchError, HostError, cause_of
 from .inventory import Host
 
@@ -166,6 +166,8 @@ class Transport:
             return data
         why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
             else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
+        if code == ownership.UNSAFE_EXIT:
+            why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}"
         raise FetchError(f"{path} {why}", host=self.host.name, command=command, exit_status=code,
                          tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
 
@@ -606,14 +608,14 @@ def ssh_config_lookup(alias: str) -> dict:
 _ALL: "weakref.WeakSet[Transport]" = weakref.WeakSet()
 _STOPPED = threading.Event()        # set by close_all(): the run was interrupted
 
-_READ_SCRIPT = r'''
+_READ_SCRIPT = ownership.guard(r'''
 [ -L "$1" ] && exit 3
 real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")"/*) ;; *) exit 7;; esac
 [ -e "$1" ] || exit 4
 [ -f "$1" ] || exit 5
 [ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
 exec head -c "$(($2 + 1))" -- "$1"
-'''
+''', '"$3"')
 _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}

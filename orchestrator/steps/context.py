@@ -9,7 +9,7 @@ import json
 from typing import Any, Callable
 
 from .. import remote, state
-from ..errors import CommandError, HostError
+from ..errors import CommandError, HostError, cause_of
 from ..inventory import Host, Project
 from ..record import HostRecord, RunDir
 from ..sync import SourceId
@@ -104,6 +104,8 @@ class StepContext:
         result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log, stdin=stdin)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
+            cause = None if result.timed_out else cause_of(result.tail)
+            why += f": {cause}" if cause else ""
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
                                exit_status=result.exit_code, tail=result.tail)
         return result
