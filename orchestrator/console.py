@@ -1,5 +1,9 @@
 """Console output: every line prefixed by its host, copied to a per-host log file; summary tables.
 
+What a host sends is data, never terminal control: every line shown or logged goes through
+safe_text.visible (control characters, escape sequences and lone carriage returns written as
+visible escapes such as `\x1b`), so each visual line starts with its host's prefix.
+
     console = Console(log_dir=run_dir)        # log_dir None: no log files
     out = console.host("ct200")               # a callable: out("building ...")
     console.say("3 hosts")                    # an unprefixed line
@@ -11,6 +15,9 @@ import sys
 import threading
 from pathlib import Path
 from typing import Sequence, TextIO
+
+from . import ownership
+from .safe_text import visible
 
 
 class Console:
@@ -26,23 +33,25 @@ class Console:
     def host(self, name: str) -> "HostOutput":
         """The output of one host: prefixed lines on the console and in `<log_dir>/<name>.log`."""
         if self.log_dir is not None and name not in self._logs:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
+            ownership.private_dir(self.log_dir, "log directory")
+            self._logs[name] = ownership.private_open(self.log_dir / f"{name}.log", "a")
         return HostOutput(self, name)
 
     def say(self, text: str = "") -> None:
+        """Unprefixed lines (control characters made visible)."""
         with self._lock:
-            print(text, file=self.stream, flush=True)
+            print(visible(str(text)), file=self.stream, flush=True)
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
         """A plain aligned table (the summary of a run)."""
-        cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+        cells = [list(map(str, header))] + [[" ".join(visible(str(c)).split()) for c in row] for row in rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
         lines.insert(1, "  ".join("-" * w for w in widths))
         self.say("\n".join(lines))
 
     def _line(self, name: str, text: str) -> None:
+        text = visible(text)
         with self._lock:
             print(f"[{name.ljust(self.width)}] {text}", file=self.stream, flush=True)
             log = self._logs.get(name)
@@ -64,5 +73,5 @@ class HostOutput:
         self.console, self.name = console, name
 
     def __call__(self, text: str) -> None:
-        for line in str(text).splitlines() or [""]:
+        for line in str(text).split("\n"):      # only newlines: any other line break is escaped
             self.console._line(self.name, line)

@@ -29,7 +29,10 @@ PROJECT_KEYS = ("source", "excludes", "commands", "results")
 REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
 GROUP_KEYS = ("description",)
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+MAX_NAME = 64           # host and group names (they name files and folders of the run)
+MAX_VALUE = 1024        # any other string value
+MAX_TIMEOUT = 7 * 86400     # seconds; also refuses .nan and .inf (.inf would mean no timeout)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")     # at most MAX_NAME characters
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+)\Z")
 _JUMP_HOP = re.compile(r"(?:([A-Za-z0-9_][A-Za-z0-9_.-]*)@)?([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::(\d{1,5}))?\Z")
 _PATH = re.compile(r"[A-Za-z0-9 ._/+,:@=-]+\Z")
@@ -160,9 +163,12 @@ def parse(data: Any, path: Path) -> Inventory:
     v.known_keys(defaults, tuple(f.name for f in dataclasses.fields(Host) if f.name != "name"), "defaults")
     hosts = {}
     for name, entry in hosts_data.items():
+        if isinstance(name, str) and len(name) > MAX_NAME:
+            raise InventoryError(path, f"a host name is at most {MAX_NAME} characters, not {len(name)}",
+                                 host=name[:MAX_NAME] + "...")
         if not isinstance(name, str) or not _NAME.match(name):
             raise InventoryError(path, "a host name may use letters, digits, '_', '.', '-' and may not start with '-'",
-                                 host=str(name))
+                                 host=str(name)[:MAX_NAME])
         entry = v.mapping(entry if entry is not None else {}, name, None, "a mapping")
         hosts[name] = v.host(name, {**defaults, **entry, "timeouts": {
             **v.mapping(defaults.get("timeouts", {}), "defaults", "timeouts", "a mapping"),
@@ -223,6 +229,8 @@ class _Validator:
             self.fail(host, key, "must not contain a newline")
         if value.startswith("-"):
             self.fail(host, key, "must not start with '-'")
+        if len(value) > MAX_VALUE:
+            self.fail(host, key, f"must be at most {MAX_VALUE} characters, not {len(value)}")
         if pattern is not None and not pattern.match(value):
             self.fail(host, key, f"{value!r} is not {what}")
         return value
@@ -351,6 +359,8 @@ class _Validator:
         for key, value in data.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 self.fail(name, f"timeouts.{key}", f"must be a positive number of seconds, not {value!r}")
+            if not value <= MAX_TIMEOUT:        # also NaN
+                self.fail(name, f"timeouts.{key}", f"must be finite and at most {MAX_TIMEOUT} seconds, not {value!r}")
             merged[key] = value
         return merged
 

@@ -18,11 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from . import parallel, record, remote, report, state, sync
+from . import ownership, parallel, record, remote, report, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
+from .safe_text import visible
 from .steps import ORDER, RUNNERS, StepContext
 from .transport import open_transport
 
@@ -188,13 +189,12 @@ def _acquire(ctx: StepContext, step: str, out) -> state.HostLock | None:
 def _run_step(ctx: StepContext, step: str, out) -> StepRecord:
     """One step with its log file, timing and outcome; errors become a failed/timeout record."""
     log_path = ctx.run_dir.log_path(ctx.host.name, step)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with ownership.private_open(log_path) as log:
         def write(text: str) -> None:
             if ctx.secrets:
                 text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
-            log.write(f"{text}\n")
+            log.write(f"{visible(text)}\n")
             log.flush()
             out(f"{step:9} | {text}")
         ctx.step, ctx.log = step, write

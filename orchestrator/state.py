@@ -21,8 +21,9 @@ import json
 import os
 import socket
 import threading
+import time
 
-from . import ownership, remote
+from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, LockError
 from .transport import Transport
 
@@ -52,7 +53,7 @@ class Owner:
         try:
             data = json.loads(text)
             return cls(str(data["client"]), int(data["pid"]), str(data["started"]), str(data["command"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def to_json(self) -> str:
@@ -133,9 +134,10 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
     beat = host.timeout("keepalive")
     process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host)))
     stale = None
+    deadline = time.monotonic() + host.timeout("lock")     # overall: a host that trickles lines is no answer
     try:
         while True:
-            line = process.readline(timeout=host.timeout("lock"))
+            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
             if line is None:
                 result = process.close()
                 raise HostError("the lock command ended without an answer", host=host.name,
@@ -154,6 +156,8 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
             elif word == "UNSAFE":
                 process.close()
                 raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+            if time.monotonic() > deadline:
+                raise TimeoutError
     except TimeoutError:
         process.close(timeout=1)
         raise HostError(f"no answer from the lock command within {host.timeout('lock')} s",
@@ -163,7 +167,7 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
 def read_json(transport: Transport, name: str) -> dict | None:
     """A JSON document of the orchestrator's state on the host (`.kdtree/<name>`), or None."""
     try:
-        data = json.loads(transport.read_file(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES))
+        data = bounded.loads(transport.read_file(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES), name)
     except (FetchError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -197,7 +197,7 @@ class Transport:
         data = self.read_file(remote_path, max_bytes)
         resolved.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..record import bench_from_engine
-from .context import Outcome, StepContext
+from .context import Outcome, StepContext, StepError
 
 
 def run(ctx: StepContext) -> Outcome:
@@ -10,10 +10,18 @@ def run(ctx: StepContext) -> Outcome:
     are those of the last successful bench on the host reuses its report (cached; nightly never)."""
     cached = ctx.cached_result("bench")
     if cached is not None:
-        ctx.record.bench = bench_from_engine(cached)
+        ctx.record.bench = _bench(ctx, cached)
         return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics of the same tree, build and bundles")
     ctx.engine("bench")
     data = ctx.pull_json("bench")
-    ctx.record.bench = bench_from_engine(data)
+    ctx.record.bench = _bench(ctx, data)
     ctx.stamp_result(data)
     return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
+
+
+def _bench(ctx: StepContext, data: dict) -> dict:
+    """The engine's report as the record keeps it; StepError when it breaks a limit."""
+    try:
+        return bench_from_engine(data)
+    except ValueError as e:
+        raise StepError(f"{ctx.project.results['bench']}: {e}", host=ctx.host.name) from None

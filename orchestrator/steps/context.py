@@ -8,10 +8,10 @@ import hashlib
 import json
 from typing import Any, Callable
 
-from .. import remote, state
+from .. import bounded, ownership, remote, state
 from ..errors import CommandError, HostError, cause_of
 from ..inventory import Host, Project
-from ..record import HostRecord, RunDir
+from ..record import HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
 from ..transport import HeldInput, Result, Transport
 
@@ -117,15 +117,20 @@ class StepContext:
                                       max_bytes=max_bytes, what=name).decode(errors="replace")
 
     def pull_json(self, result: str) -> dict:
-        """Fetch the project's result file `result` (a key of project.results) into the run
-        directory (<host>/<file name>) and parse it; StepError names the file when it is not JSON."""
+        """Read the project's result file `result` (a key of project.results) from the host, parse it
+        within limits (orchestrator.bounded) and keep it, redacted, in the run directory (<host>/<file
+        name>, 0600); StepError names the file when it is not JSON or breaks a limit."""
         remote_path = self.project.results[result]
         local = self.run_dir.host_file(self.host.name, remote_path.rsplit("/", 1)[-1])
-        self.transport.fetch(remote_path, local, within=self.run_dir.path, max_bytes=RESULT_MAX_BYTES)
+        raw = self.transport.read_file(remote_path, max_bytes=RESULT_MAX_BYTES)
+        text = redact(raw.decode("utf-8", errors="replace"), self.secrets)
         try:
-            data = json.loads(local.read_text(encoding="utf-8", errors="replace"))
-        except (ValueError, RecursionError) as e:      # RecursionError: nested absurdly deep
-            raise StepError(f"{remote_path} is not valid JSON: {e}", host=self.host.name) from None
+            data = redact_tree(bounded.loads(text, remote_path, max_bytes=RESULT_MAX_BYTES), self.secrets)
+        except ValueError as e:
+            ownership.write_private(local, text)
+            raise StepError(str(e), host=self.host.name) from None
+        # a secret may also hide in a JSON escape (\u0041...): what is kept is the redacted parse
+        ownership.write_private(local, json.dumps(data, indent=1) if self.secrets else text)
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
         return data

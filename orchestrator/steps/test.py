@@ -12,7 +12,7 @@ def run(ctx: StepContext) -> Outcome:
     results (cached; nightly never)."""
     cached = ctx.cached_result("tests")
     if cached is not None:
-        tests = TestsRecord.from_engine(cached)
+        tests = _tests(ctx, cached)
         if tests.failed == 0 and tests.cases:
             ctx.record.tests = tests
             return Outcome("cached", f"{tests.passed} passed, {tests.skipped} skipped "
@@ -25,7 +25,7 @@ def run(ctx: StepContext) -> Outcome:
         failure = e
     try:
         data = ctx.pull_json("tests")
-        ctx.record.tests = TestsRecord.from_engine(data)
+        ctx.record.tests = _tests(ctx, data)
     except KdError:
         if failure:
             raise failure from None
@@ -39,3 +39,11 @@ def run(ctx: StepContext) -> Outcome:
                         exit_status=failure.exit_status if failure else None, tail=failure.tail if failure else "")
     ctx.stamp_result(data)
     return Outcome("passed", f"{tests.passed} passed, {tests.skipped} skipped")
+
+
+def _tests(ctx: StepContext, data: dict) -> TestsRecord:
+    """The engine's results as the record keeps them; StepError when they break a limit."""
+    try:
+        return TestsRecord.from_engine(data)
+    except ValueError as e:
+        raise StepError(f"{ctx.project.results['tests']}: {e}", host=ctx.host.name) from None
