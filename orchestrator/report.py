@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import jinja2
 
-from orchestrator.safe_text import markdown, markdown_code, markdown_fence, visible
+from orchestrator.safe_text import markdown, markdown_block, markdown_code, markdown_fence, visible
 
 from orchestrator.record import (
     FAILED_STEP_STATUSES,
@@ -380,7 +380,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(md=markdown, code=markdown_code, fence=markdown_fence, fmt=fmt, secs=_seconds, margin=_margin,
+    env.filters.update(md=markdown, code=markdown_code, block=markdown_block, fence=markdown_fence, fmt=fmt, secs=_seconds, margin=_margin,
                        symbol=lambda s: _SYMBOLS.get(s, "?"), short=lambda h: h[:12] if h else "—")
     return env
 

@@ -5,8 +5,8 @@
                         the terminal, the log files, and the first stage of every other format
     markdown(s)         visible(s) for a Markdown line or table cell: no markup, HTML, links,
                         images, @mentions or #references survive (GitHub renders report.md)
-    markdown_code(s)    visible(s) as an inline code span; markdown_fence(s): a fence longer than
-                        any backtick run of s (for a code block)
+    markdown_code(s)    visible(s) as an inline code span; markdown_block(s): the body of a code
+                        block, whose fence markdown_fence(s) is longer than any backtick run of s
 
 HTML is escaped by Jinja2's autoescape and XML by ElementTree, over visible() text: what remains
 to be escaped there is markup, which those escape completely.
@@ -51,16 +51,26 @@ def markdown(value) -> str:
     raw HTML, no entity tricks); mentions, #references and autolinks broken."""
     s = " ".join(visible(str(value)).split())
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    s = _MD_SPECIAL.sub(r"\\\1", s)
+    return _neutral(_MD_SPECIAL.sub(r"\\\1", s))
+
+
+def markdown_block(value) -> str:
+    """`value` as the body of a fenced code block (markdown_fence): visible, lines kept, mentions,
+    #references and autolinks broken as in markdown()."""
+    return _neutral(visible(str(value)))
+
+
+def _neutral(s: str) -> str:
     for pattern, replacement in _MD_NEUTRAL:
         s = pattern.sub(replacement, s)
     return s
 
 
 def markdown_code(value) -> str:
-    """`value` as inline Markdown code (nothing in a code span is rendered, mentions and links
-    included), safe in a table cell (`|` escaped), on one line."""
+    """`value` as inline Markdown code, safe in a table cell (`|` escaped), on one line, mentions,
+    #references and autolinks broken as in markdown()."""
     s = " ".join(visible(str(value)).replace("|", "\\|").split())
+    s = _neutral(s)         # GitHub ignores them in code; other renderers may not
     if not s:
         return ""
     ticks = "`" * (max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
