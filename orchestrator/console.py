@@ -2,7 +2,9 @@
 
 What a host sends is data, never terminal control: every line shown or logged goes through
 safe_text.visible (control characters, escape sequences and lone carriage returns written as
-visible escapes such as `\x1b`), so each visual line starts with its host's prefix.
+visible escapes such as `\x1b`), so each line starts with its host's prefix; on a terminal, a line
+longer than the terminal is wide is cut into pieces that each get the prefix too (the terminal's
+own wrapping would start a visual line without it).
 
     console = Console(log_dir=run_dir)        # log_dir None: no log files
     out = console.host("ct200")               # a callable: out("building ...")
@@ -11,8 +13,10 @@ visible escapes such as `\x1b`), so each visual line starts with its host's pref
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Sequence, TextIO
 
@@ -23,10 +27,12 @@ from .safe_text import visible
 class Console:
     """Thread-safe, line-buffered output shared by the hosts of a run."""
 
-    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0):
+    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0,
+                 columns: int | None = None):
         self.stream = stream if stream is not None else sys.stdout
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.width = width
+        self.width = width          # host names are padded to this width
+        self.columns = columns      # the terminal's width (None: asked of the terminal, 0: no wrapping)
         self._lock = threading.Lock()
         self._logs: dict[str, TextIO] = {}
 
@@ -52,12 +58,20 @@ class Console:
 
     def _line(self, name: str, text: str) -> None:
         text = visible(text)
+        prefix = f"[{name.ljust(self.width)}] "
         with self._lock:
-            print(f"[{name.ljust(self.width)}] {text}", file=self.stream, flush=True)
+            for piece in _pieces(text.expandtabs(), self._columns() - len(prefix)):
+                print(prefix + piece, file=self.stream, flush=True)
             log = self._logs.get(name)
             if log is not None:
                 log.write(text + "\n")
                 log.flush()
+
+    def _columns(self) -> int:
+        if self.columns is not None:
+            return self.columns
+        isatty = getattr(self.stream, "isatty", None)
+        return shutil.get_terminal_size().columns if isatty and isatty() else 0
 
     def close(self) -> None:
         with self._lock:
@@ -75,3 +89,18 @@ class HostOutput:
     def __call__(self, text: str) -> None:
         for line in str(text).split("\n"):      # only newlines: any other line break is escaped
             self.console._line(self.name, line)
+
+
+def _pieces(text: str, room: int) -> list[str]:
+    """`text` cut into pieces no wider than `room` terminal columns (wide characters count 2,
+    combining ones 0); room too small to be useful (or 0: not a terminal): `text` whole."""
+    if room < 20:
+        return [text]
+    pieces, start, used = [], 0, 0
+    for i, ch in enumerate(text):
+        w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        if used + w > room:
+            pieces.append(text[start:i])
+            start, used = i, 0
+        used += w
+    return pieces + [text[start:]]

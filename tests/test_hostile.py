@@ -362,6 +362,17 @@ def test_terminal_takeover_sequences_are_shown_not_obeyed():
     assert "test: 1 failed: \\x1b[1G\\x1b[2Kok" in text
 
 
+def test_a_line_wider_than_the_terminal_continues_under_the_hosts_prefix():
+    """A host pads a line to the terminal's width so that its end would wrap onto a visual line of
+    its own, looking like another host's status (`[h2] test passed`). On a terminal of 40 columns
+    every visual line, wide characters included, starts with `[h] ` and fits."""
+    out = io.StringIO()
+    Console(out, columns=40).host("h")("x" * 36 + "[h2] test passed " + "漢" * 30)
+    lines = out.getvalue().splitlines()
+    assert len(lines) > 2 and all(line.startswith("[h] ") for line in lines), lines
+    assert all(sum(2 if ord(c) > 0x2e80 else 1 for c in line) <= 40 for line in lines), lines
+
+
 def test_markdown_neutralises_mentions_links_images_and_html():
     """Host text in report.md (a PR comment) cannot mention anyone, link, embed an image, break a
     table cell or smuggle HTML."""
