@@ -13,6 +13,9 @@ The rule, for the deploying user U (the host login's uid):
   - remote_dir and everything under it (the synced tree, `.kdtree/`, `build/`) is owned by U and
     never writable by group or others; remote_dir, `.kdtree` and `build` are no symlinks, and
     nothing in `.kdtree/` is a symlink (state files are never followed through one).
+"Group-writable" does not count when the group is U's private group (U's primary group, with no
+other member and no other user's primary group), as Debian's OpenSSH decides: with a umask of
+002 (user private groups) nobody else gains anything from it.
 A refusal prints `UNSAFE <what and why>` and exits with UNSAFE_EXIT; refusal(output) finds it.
 
 On this machine, the same rule for the run directory and the orchestrator's local state:
@@ -22,7 +25,9 @@ On this machine, the same rule for the run directory and the orchestrator's loca
 """
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shlex
 import stat
 import tempfile
@@ -37,9 +42,17 @@ UNSAFE_PREFIX = "UNSAFE "
 # `new`: DIR need not exist yet (the lock creates it, then checks again).
 CHECK = r'''
 kd_unsafe() { printf 'UNSAFE %s\n' "$*"; exit 86; }
+kd_private_gid() {   # U's primary gid if it is U's private group, else a gid no file has
+  local g members
+  g=$(id -g); members=$(getent group "$g" | cut -d: -f4)
+  if { [ -z "$members" ] || [ "$members" = "$(id -un)" ]; } && \
+     [ -z "$(getent passwd | awk -F: -v g="$g" -v u="$EUID" '$4 == g && $3 != u' | head -n1)" ]; then
+    echo "$g"; else echo 4294967294; fi
+}
 kd_owned() {
-  local d=$1 uid=$EUID real p owner mode name found
+  local d=$1 uid=$EUID pgid real p owner group mode name found
   local -a parents=()
+  pgid=$(kd_private_gid)
   case $d in /*) ;; *) kd_unsafe "$d is not an absolute path";; esac
   [ -L "$d" ] && kd_unsafe "$d is a symlink"
   real=$(realpath -m -- "$d") || kd_unsafe "cannot resolve $d"
@@ -48,19 +61,21 @@ kd_owned() {
   [ -e "$d" ] && [ ! -d "$d" ] && kd_unsafe "$d exists and is not a directory"
   p=$d
   while [ "$p" != / ]; do p=${p%/*}; p=${p:-/}; [ -e "$p" ] && parents+=("$p"); done
-  while read -r owner mode name; do
+  while read -r owner group mode name; do
     mode=$((8#$mode))
     if [ "$owner" != 0 ] && [ "$owner" != "$uid" ]; then
       kd_unsafe "$name (a parent of remote_dir) is owned by uid $owner, not by root or this user (uid $uid): that user could swap remote_dir"
     fi
+    [ "$group" = "$pgid" ] && mode=$(( mode & ~8#020 ))
     if (( mode & 8#022 )) && ! { [ "$owner" = 0 ] && (( mode & 8#1000 )); }; then
       kd_unsafe "$name (a parent of remote_dir) is writable by group or others (mode $(printf %o "$mode")) and not a root-owned sticky directory: they could swap remote_dir"
     fi
-  done < <(stat -c '%u %a %n' -- "${parents[@]}")
+  done < <(stat -c '%u %g %a %n' -- "${parents[@]}")
   if [ ! -e "$d" ]; then [ "$2" = new ] && return 0; kd_unsafe "$d does not exist"; fi
   [ -L "$d/.kdtree" ] && kd_unsafe "$d/.kdtree is a symlink"
   [ -L "$d/build" ] && kd_unsafe "$d/build is a symlink"
-  found=$(find "$d" \( ! -uid "$uid" -o ! -type l -perm /022 \) -printf '%U %m %p\n' -quit 2>/dev/null)
+  found=$(find "$d" \( ! -uid "$uid" -o ! -type l \( -perm /002 -o -perm /020 ! -gid "$pgid" \) \) \
+    -printf '%U %m %p\n' -quit 2>/dev/null)
   if [ -n "$found" ]; then
     read -r owner mode name <<< "$found"
     [ "$owner" != "$uid" ] && kd_unsafe "$name is owned by uid $owner, not by this user (uid $uid): remote_dir and everything in it must be"
@@ -113,7 +128,7 @@ def check_local_dir(path: Path | str, what: str = "directory") -> Path:
     if st.st_uid != uid:
         raise UnsafeLocalPath(f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid}): "
                               "that user could redirect what the run writes there")
-    if st.st_mode & 0o022:
+    if _writable(st):
         raise UnsafeLocalPath(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
     for parent in path.parents:
         st = os.lstat(parent)
@@ -122,11 +137,27 @@ def check_local_dir(path: Path | str, what: str = "directory") -> Path:
         if st.st_uid not in (0, uid):
             raise UnsafeLocalPath(f"{parent} (a parent of the {what} {path}) is owned by uid {st.st_uid}, "
                                   f"not by root or this user (uid {uid})")
-        if st.st_mode & 0o022 and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+        if _writable(st) and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
             raise UnsafeLocalPath(f"{parent} (a parent of the {what} {path}) is writable by group or others "
                                   f"(mode {stat.S_IMODE(st.st_mode):o}) and not a root-owned sticky directory")
     real = Path(os.path.realpath(path))
     return path if real == path else check_local_dir(real, what)
+
+
+def _writable(st: os.stat_result) -> bool:
+    """Writable by others, or by a group other than this user's private group."""
+    return bool(st.st_mode & 0o002 or st.st_mode & 0o020 and not _private_group(st.st_gid))
+
+
+def _private_group(gid: int) -> bool:
+    """Whether `gid` is this user's primary group with nobody else in it (a user private group)."""
+    uid = os.geteuid()
+    try:
+        group, me = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    return gid == os.getegid() and set(group.gr_mem) <= {me} and \
+        not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
 
 
 def private_dir(path: Path | str, what: str = "directory") -> Path:

@@ -146,14 +146,15 @@ def test_c_a_parent_owned_by_another_user_cannot_swap_remote_dir_mid_sync(lab, m
 
 # -- the class: each path level x each way another user could hold it ---------------------------------------
 LEVELS = ["parent", "remote_dir", ".kdtree", "state file", "build"]
-WAYS = ["other uid", "group/other-writable", "symlink"]
+WAYS = ["other uid", "group-writable", "other-writable", "symlink"]
 
 
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("level", LEVELS)
 def test_every_path_level_held_by_another_user_is_refused(lab, make_inventory, tmp_path, level, way):
     """A deployed remote_dir (`<base>/parent/engine`, with a build/ directory); then one level of
-    the path is given to another uid, made group/other-writable, or replaced by a symlink. The user
+    the path is given to another uid, made writable by a group of another user or by others, or
+    replaced by a symlink. The user
     sees: the next deploy FAILED with `refusing to use remote_dir:` naming that path and why.
     Afterwards: nothing under the base (nor what a symlink points to) changed."""
     h1 = lab.hosts["h1"]
@@ -171,7 +172,11 @@ def test_every_path_level_held_by_another_user_is_refused(lab, make_inventory, t
     if way == "other uid":
         os.chown(path, ATTACKER, ATTACKER)
         why = f"owned by uid {ATTACKER}"
-    elif way == "group/other-writable":
+    elif way == "group-writable":         # a group shared with the other user
+        os.chown(path, -1, ATTACKER)
+        path.chmod(path.stat().st_mode | 0o020)
+        why = "writable by group or others"
+    elif way == "other-writable":
         path.chmod(0o777 if path.is_dir() else 0o666)
         why = "writable by group or others"
     else:
@@ -200,6 +205,25 @@ def test_a_root_owned_sticky_parent_is_accepted_and_synced_modes_lose_group_writ
         assert f"with {method}" in out
         for path in (remote, remote / "README.md", remote / "src", remote / ".kdtree", remote / ".kdtree" / "deploy.json"):
             assert not path.stat().st_mode & 0o022, (path, oct(path.stat().st_mode))
+
+
+def test_group_write_for_the_users_private_group_is_accepted(lab, make_inventory, tmp_path):
+    """As Debian's OpenSSH: a group-writable parent, remote_dir or file whose group is the deploying
+    user's private group (only that user in it; root's group here) passes (a umask of 002 is no
+    hole), and so does a group-writable run directory of that group on this machine."""
+    h1 = lab.hosts["h1"]
+    remote = h1.root / f"private-group-{tmp_path.name}" / "engine"
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(remote))})
+    assert deploy(inv)[0] == 0
+    for path in (remote.parent, remote, remote / "README.md"):
+        os.chown(path, -1, os.getegid())
+        path.chmod(path.stat().st_mode | 0o020)
+    code, out = deploy(inv)
+    assert code == 0, out
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir(mode=0o770)
+    os.chown(report_dir, -1, os.getegid())
+    assert record.create_run_dir(tmp_path / "runs", report_dir).path == report_dir
 
 
 def tampered_local_host(tmp_path) -> Host:
