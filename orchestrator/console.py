@@ -94,8 +94,10 @@ class HostOutput:
 def _pieces(text: str, room: int) -> list[str]:
     """`text` cut into pieces no wider than `room` terminal columns (wide characters count 2,
     combining ones 0); room too small to be useful (or 0: not a terminal): `text` whole."""
-    if room < 20:
+    if room < 20 or len(text) <= room and text.isascii():
         return [text]
+    if text.isascii():          # one column each: plain slices (a long line needs no per-character loop)
+        return [text[i:i + room] for i in range(0, len(text), room)]
     pieces, start, used = [], 0, 0
     for i, ch in enumerate(text):
         w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1

@@ -233,9 +233,10 @@ def _test_case(item: dict, budget: list[int]) -> TestCase:
 def bench_from_engine(data: Any) -> dict:
     """The ``bench`` part of a host record from the engine's ``build/bench.json``.
 
-    Keeps the metrics (at most MAX_METRICS: ValueError beyond) whose value is a finite number (``unit`` a string, ``better`` higher or
-    lower); every other top-level key but ``version`` and ``metrics`` goes to ``details``,
-    replaced by a note when it is nested too deeply or too large to keep.
+    Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
+    lower), at most MAX_METRICS (ValueError beyond); every other top-level key but ``version``
+    and ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too
+    large to keep.
     """
     data = data if isinstance(data, dict) else {}
     metrics = {}
