@@ -146,7 +146,7 @@ def test_pinned_host_key_in_the_inventory(lab, make_inventory, tmp_path):
     with open_transport(inv.hosts["ok"]) as t:
         assert t.run("true", timeout=10).ok
         assert subprocess.run(t.ssh_argv("true")).returncode == 0   # system ssh gets the same key
-    with pytest.raises(HostKeyError, match="is not known"):
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
         open_transport(inv.hosts["bad"]).run("true", timeout=10)
 
 
