@@ -15,18 +15,16 @@ import resource
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from orchestrator import bounded, cli, hostkeys, inventory as inventory_mod, ownership, record, remote, report, state
+from orchestrator import bounded, cli, inventory as inventory_mod, ownership, record, remote, report, state
 from orchestrator.console import Console
-from orchestrator.errors import HostError, HostKeyError, InventoryError, KdError
+from orchestrator.errors import HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
 from orchestrator.safe_text import visible
 from orchestrator.transport import LocalTransport
