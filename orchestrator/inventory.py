@@ -32,7 +32,7 @@ GROUP_KEYS = ("description",)
 MAX_NAME = 64           # host and group names (they name files and folders of the run)
 MAX_VALUE = 1024        # any other string value
 MAX_TIMEOUT = 7 * 86400     # seconds; also refuses .nan and .inf (.inf would mean no timeout)
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")     # at most MAX_NAME characters
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+)\Z")
 _JUMP_HOP = re.compile(r"(?:([A-Za-z0-9_][A-Za-z0-9_.-]*)@)?([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::(\d{1,5}))?\Z")
 _PATH = re.compile(r"[A-Za-z0-9 ._/+,:@=-]+\Z")
@@ -163,12 +163,12 @@ def parse(data: Any, path: Path) -> Inventory:
     v.known_keys(defaults, tuple(f.name for f in dataclasses.fields(Host) if f.name != "name"), "defaults")
     hosts = {}
     for name, entry in hosts_data.items():
-        if isinstance(name, str) and len(name) > MAX_NAME:
-            raise InventoryError(path, f"a host name is at most {MAX_NAME} characters, not {len(name)}",
-                                 host=name[:MAX_NAME] + "...")
         if not isinstance(name, str) or not _NAME.match(name):
             raise InventoryError(path, "a host name may use letters, digits, '_', '.', '-' and may not start with '-'",
-                                 host=str(name)[:MAX_NAME])
+                                 host=str(name))
+        if len(name) > MAX_NAME:
+            raise InventoryError(path, f"a host name is at most {MAX_NAME} characters, not {len(name)}",
+                                 host=name[:MAX_NAME] + "...")
         entry = v.mapping(entry if entry is not None else {}, name, None, "a mapping")
         hosts[name] = v.host(name, {**defaults, **entry, "timeouts": {
             **v.mapping(defaults.get("timeouts", {}), "defaults", "timeouts", "a mapping"),
@@ -337,6 +337,8 @@ class _Validator:
             if not isinstance(groups, list):
                 self.fail(name, "groups", f"must be a list, not {_type(groups)}")
             values["groups"] = tuple(self.string(g, name, "groups", _NAME, "a group name") for g in groups)
+            if any(len(g) > MAX_NAME for g in values["groups"]):
+                self.fail(name, "groups", f"a group name is at most {MAX_NAME} characters")
         values["timeouts"] = MappingProxyType(self.timeouts(name, entry.get("timeouts", {})))
         values["known_hosts"] = self.path(entry.get("known_hosts", "known_hosts"), name, "known_hosts", root)
         if "secret_env" in entry:
@@ -365,6 +367,10 @@ class _Validator:
         return merged
 
     def groups(self, data, hosts) -> dict:
+        for group in data:
+            if not isinstance(group, str) or not _NAME.match(group) or len(group) > MAX_NAME:
+                self.fail(None, f"groups.{str(group)[:MAX_NAME]}", f"is not a group name (letters, digits, '_', '.', "
+                                                                   f"'-', at most {MAX_NAME} characters)")
         names = {g for host in hosts.values() for g in host.groups} | set(data)
         groups = {}
         for group in sorted(names):

@@ -195,7 +195,8 @@ _LOCK_SCRIPT = ownership.CHECK + r'''
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
 kd_owned "$d" new
-if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d")" ]; then
+# (only .kdtree in it: a run that is claiming it right now, between its mkdir and its marker)
+if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -vx .kdtree)" ]; then
   unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"

@@ -499,7 +499,7 @@ def test_inventory_numbers_are_finite(make_inventory, value, problem):
 def test_inventory_names_are_length_limited(make_inventory):
     with pytest.raises(InventoryError, match="a host name is at most 64 characters, not 300"):
         make_inventory({"h" * 300: {"address": "a", "remote_dir": "/srv/k"}})
-    with pytest.raises(InventoryError, match="is not a group name"):
+    with pytest.raises(InventoryError, match="a group name is at most 64 characters"):
         make_inventory({"h": {"address": "a", "remote_dir": "/srv/k", "groups": ["g" * 65]}})
     with pytest.raises(InventoryError, match="at most 1024 characters"):
         make_inventory({"h": {"address": "a", "remote_dir": "/srv/" + "k" * 1100}})
