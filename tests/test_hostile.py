@@ -34,10 +34,11 @@ from test_faults import entry, fake_commands, run_validate, tree
 ATTACKER = 4242
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the tests create a second user's files")
 
-# A build stand-in that writes build/kdtree, whose --version reports the deployed tree.
-FAKE_BUILD = ("mkdir -p build && h=$(bash scripts/tree_hash.sh | tail -1) && "
+# A build stand-in that writes build/kdtree, whose --version reports the deployed tree; like the
+# engine's incremental build, it keeps a build/kdtree that is already there.
+FAKE_BUILD = ("mkdir -p build && h=$(bash scripts/tree_hash.sh | tail -1) && { [ -x build/kdtree ] || { "
               "printf '#!/bin/sh\\necho kdtree 0.0 tree=%s backend=cpu arch=none\\n' \"$h\" > build/kdtree && "
-              "chmod 755 build/kdtree")
+              "chmod 755 build/kdtree; }; }")
 
 
 def as_attacker(script: str, background: bool = False):
@@ -106,7 +107,8 @@ def test_b_a_swapped_binary_under_a_matching_stamp_is_rebuilt_before_it_runs(lab
     """(b), second line: the host's stamp matches, but build/kdtree is not the binary this machine
     recorded after building it (swapped by anything that got past the ownership rule, e.g. the
     deploying account itself). The user sees: build passed (not cached) with `building again` in
-    its log. Afterwards: the swapped binary never ran."""
+    its log. Afterwards: the swapped binary never ran (it was removed before the incremental build,
+    which would have kept it)."""
     h1 = lab.hosts["h1"]
     canary = tmp_path / "canary"
     inv = make_inventory({"h": entry(lab, h1, remote_dir=str(h1.root / f"swap-{tmp_path.name}"))},
@@ -119,7 +121,8 @@ def test_b_a_swapped_binary_under_a_matching_stamp_is_rebuilt_before_it_runs(lab
             binary = h1.root / f"swap-{tmp_path.name}" / "build" / "kdtree"
             binary.write_text(binary.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\ntouch {canary}\n"))
     assert statuses == ["passed", "cached", "passed"], statuses
-    assert "building again" in (tmp_path / "run2" / "h" / "build.log").read_text() and not canary.exists()
+    assert "removing them and building again" in (tmp_path / "run2" / "h" / "build.log").read_text()
+    assert not canary.exists() and "touch" not in binary.read_text()
 
 
 def test_c_a_parent_owned_by_another_user_cannot_swap_remote_dir_mid_sync(lab, make_inventory, shared):

@@ -31,7 +31,10 @@ def run(ctx: StepContext) -> Outcome:
             version = _checked_version(ctx, tree)
             return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date")
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
-                "for it: building again")
+                "for it: removing them and building again")
+        # an incremental build would keep a newer binary as it is (and run it): it must be made anew
+        ctx.transport.check(remote.script_command(_DROP_SCRIPT, ctx.host.remote_dir, timeout=60),
+                            timeout=remote.client_timeout(60), what="removing build/'s executables")
     ctx.engine("build")
     version = _checked_version(ctx, tree)
     _record(ctx, key)
@@ -128,4 +131,8 @@ cd -- "$1" || exit 3; shift
 if [ $# -eq 0 ]; then find build -type f -perm /111 -print0 | sort -z | xargs -0 -r sha256sum --
 else sha256sum -- "$@" 2>/dev/null; fi
 exit 0
+''')
+
+_DROP_SCRIPT = ownership.guard(r'''
+cd -- "$1" && { [ ! -d build ] || find build -type f -perm /111 -delete; }
 ''')
