@@ -3,10 +3,11 @@
 # tests on the four bundles: AR == golden, engine == Python reference on prompts outside the
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
 # an altered golden token is caught, bad bundles are rejected. One line per test; ends with
-# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json.
+# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json (or $KD_TEST_RESULTS).
 # Builds first (incrementally) and regenerates missing bundles with $PYTHON (into $KD_BUNDLE_DIR,
 # default tests/refs, as scripts/bundles.sh does).
 #   KD_TEST_BACKENDS  comma-separated backends to test (default: every backend of the build)
+#   KD_TEST_RESULTS   the results file (default build/test_results.json)
 #   KD_GPU_LOAD       SHAPES[@SHARE] (scripts/gpu_load.sh): the op and model tests run with
 #                     build/gpu_load on the GPU, recorded as load.gpu_load (skipped without a GPU)
 set -euo pipefail
@@ -66,9 +67,10 @@ expect_failure() {
 write_results() {
     local backend="$1" body="" r
     for r in "${records[@]+"${records[@]}"}"; do body+="${body:+,$'\n'  }$r"; done
-    mkdir -p build
+    local results="${KD_TEST_RESULTS:-build/test_results.json}"
+    mkdir -p "$(dirname "$results")"
     printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
-        "$backend" "$passed" "$failed" "$skipped" "$body" > build/test_results.json
+        "$backend" "$passed" "$failed" "$skipped" "$body" > "$results"
 }
 finish() {
     write_results "$1"
