@@ -62,7 +62,8 @@ if [[ "$mode" == contention ]]; then
     echo "test_ops under load: $passed of $total runs passed" | tee -a "$out/summary.txt"
     (( passed == total )) || bad=1
     # run_tests.sh starts and stops its own load (KD_GPU_LOAD) and records it as load.gpu_load.
-    step contention.log 400 env KD_GPU_LOAD=cycle KD_TEST_BACKENDS=cuda bash scripts/run_tests.sh || bad=1
+    step contention.log 400 env KD_GPU_LOAD=cycle KD_TEST_BACKENDS=cuda KD_TEST_RESULTS="$out/contention_results.json" \
+        bash scripts/run_tests.sh || bad=1
     grep -E "^FAIL|TESTS (PASSED|FAILED)" "$out/contention.log" | tail -n 12
     for tool in racecheck synccheck; do
         step sanitizer.log 300 compute-sanitizer --tool "$tool" --error-exitcode 9 build/test_ops --backend cuda || bad=1
