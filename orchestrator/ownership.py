@@ -121,13 +121,18 @@ class UnsafeLocalPath(UsageError):
     """A local directory the run would write to could be changed by another user."""
 
 
-def check_local_dir(path: Path | str, what: str = "directory") -> Path:
+def check_local_dir(path: Path | str, what: str = "directory", link_ok: bool = False) -> Path:
     """`path` (an existing directory) when it and its parents pass the rule above on this machine
     (no symlink, owned by root or this user; the directory itself by this user and neither it nor
-    a parent writable by group or others, unless that parent is root-owned and sticky)."""
+    a parent writable by group or others, unless that parent is root-owned and sticky).
+    `link_ok`: `path` may be a symlink of this user's (e.g. runs/ linked to a history elsewhere);
+    then what it points to must pass the rule."""
     path = Path(os.path.abspath(path))
     uid = os.geteuid()
     st = os.lstat(path)
+    if link_ok and stat.S_ISLNK(st.st_mode) and st.st_uid == uid:
+        check_local_dir(path.parent, f"parent of the {what}")
+        return check_local_dir(os.path.realpath(path), what)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafeLocalPath(f"{what} {path} is not a plain directory (a symlink or a file)")
     if st.st_uid != uid:
@@ -165,11 +170,11 @@ def _private_group(gid: int) -> bool:
         not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
 
 
-def private_dir(path: Path | str, what: str = "directory") -> Path:
+def private_dir(path: Path | str, what: str = "directory", link_ok: bool = False) -> Path:
     """Create `path` (and missing parents) 0700 unless it exists, then check it (check_local_dir)."""
     path = Path(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return check_local_dir(path, what)
+    return check_local_dir(path, what, link_ok)
 
 
 def private_open(path: Path | str, mode: str = "w"):
