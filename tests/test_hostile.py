@@ -306,6 +306,22 @@ def test_a_report_dir_another_user_could_redirect_is_refused(tmp_path, lab, make
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
 
 
+def test_runs_may_be_the_users_link_to_a_history_elsewhere_but_not_another_users(tmp_path):
+    """runs/ as a symlink of this user's to a private history (as the nightly job links it) works;
+    the same link owned by another uid, or pointing into a directory another uid owns, is refused."""
+    (tmp_path / "history").mkdir(mode=0o700)
+    (tmp_path / "runs").symlink_to(tmp_path / "history")
+    run_dir = record.create_run_dir(tmp_path / "runs")
+    assert run_dir.path.parent == tmp_path / "runs" and (tmp_path / "history" / run_dir.run_id).is_dir()
+    os.lchown(tmp_path / "runs", ATTACKER, ATTACKER)
+    with pytest.raises(ownership.UnsafeLocalPath, match="runs is not a plain directory"):
+        record.create_run_dir(tmp_path / "runs")
+    os.lchown(tmp_path / "runs", os.geteuid(), os.getegid())
+    os.chown(tmp_path / "history", ATTACKER, ATTACKER)
+    with pytest.raises(ownership.UnsafeLocalPath, match=f"history is owned by uid {ATTACKER}"):
+        record.create_run_dir(tmp_path / "runs")
+
+
 def test_a_secret_in_a_pulled_result_file_never_lands_on_disk(lab, make_inventory, tmp_path, source, monkeypatch):
     """A host's test results carry the secret_env value in clear and JSON-escaped (`\\u0074...`).
     The user sees: the test step passed. Afterwards: no file of the run directory holds the value in
