@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kd {
 
@@ -21,5 +22,7 @@ int cmd_bench(int argc, char** argv);     // kdtree bench --manifest M --out F .
 
 // --max-memory (README.md, "Input validation"): what a bundle may ask for, default 4 GiB.
 uint64_t max_memory_flag(const Args& a);
+// --backend: "cpu" or "cuda", default the build's backend.
+std::string backend_flag(const Args& a);
 
 }  // namespace kd

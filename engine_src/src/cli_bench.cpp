@@ -207,7 +207,7 @@ struct BenchOptions {
 
 BenchOptions read_bench_options(const Args& a) {
     BenchOptions o;
-    o.backend = a.str("--backend", build_backend());
+    o.backend = backend_flag(a);
     const bool gpu = o.backend == "cuda";
     o.manifest = a.str("--manifest", "tests/refs/manifest.json");
     o.out = a.str("--out", "build/bench.json");

@@ -80,7 +80,7 @@ int cmd_generate(int argc, char** argv) {
     const Args a(argc, argv, 2, valued, {"--json"});
     const Bundle b = load_bundle(a);
     const RunRequest r = read_request(a, b);
-    auto be = make_backend(a.str("--backend", build_backend()));
+    auto be = make_backend(backend_flag(a));
     const Generation g = run(*be, b, r);
     if (a.has("--json")) {
         Json j = Json::object();
@@ -112,7 +112,7 @@ int cmd_check(int argc, char** argv) {
     const Args a(argc, argv, 2, valued, {});
     const Bundle b = load_bundle(a);
     RunRequest r = read_request(a, b);
-    auto be = make_backend(a.str("--backend", build_backend()));
+    auto be = make_backend(backend_flag(a));
     const std::string expect = a.str("--expect", "golden");
     std::vector<int32_t> expected;
     if (expect == "golden") {
@@ -158,7 +158,7 @@ int cmd_outputs(int argc, char** argv) {
     const Args a(argc, argv, 2, {"--manifest", "--out", "--budget", "--block", "--backend", "--max-memory"}, {});
     const uint64_t max_memory = max_memory_flag(a);
     const std::vector<ManifestEntry> entries = read_manifest(a.str("--manifest", "tests/refs/manifest.json"));
-    auto be = make_backend(a.str("--backend", build_backend()));
+    auto be = make_backend(backend_flag(a));
     Json bundles = Json::object();
     for (const ManifestEntry& entry : entries) {
         const std::string& name = entry.name;

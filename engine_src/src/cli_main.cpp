@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 namespace kd {
@@ -31,6 +32,12 @@ const char* kUsage =
 
 uint64_t max_memory_flag(const Args& a) {
     return a.bytes("--max-memory", kDefaultMaxMemory, uint64_t{1} << 20, uint64_t{1} << 50);
+}
+
+std::string backend_flag(const Args& a) {
+    const std::string name = a.str("--backend", build_backend());
+    if (name != "cpu" && name != "cuda") throw std::runtime_error("flag --backend expects cpu or cuda, got '" + printable(name) + "'");
+    return name;
 }
 
 int cli_main(int argc, char** argv) {
