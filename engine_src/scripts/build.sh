@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds build/kdtree and build/test_ops incrementally (per-object dependency files), with g++,
+# Builds build/kdtree, build/test_ops and build/fuzz incrementally (per-object dependency files), with g++,
 # plus nvcc for src/cuda/*.cu when the CUDA backend is chosen. Writes build/build_info.json.
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
 #   KD_SANITIZE 1: AddressSanitizer + UndefinedBehaviorSanitizer (with float-cast-overflow, no
-#               recovery) and libstdc++ assertions, -O1 -g, host code only; also builds build/fuzz
+#               recovery) and libstdc++ assertions, -O1 -g (CUDA: host code only)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -103,8 +103,7 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     pids+=($!); names+=("$src"); rebuilt+=("$src")
 }
 
-sources=(src/*.cpp tests/test_ops.cpp)
-[[ "$sanitize" == 1 ]] && sources+=(tests/fuzz.cpp)
+sources=(src/*.cpp tests/test_ops.cpp tests/fuzz.cpp)
 [[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu)
 objects=()
 for src in "${sources[@]}"; do
@@ -147,11 +146,7 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
 }
 link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }
 link build/test_ops "$test_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/test_ops" >&2; exit 1; }
-if [[ -n "$fuzz_obj" ]]; then
-    link build/fuzz "$fuzz_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/fuzz" >&2; exit 1; }
-else
-    rm -f build/fuzz build/fuzz.key   # only sanitized builds have the fuzz harness
-fi
+link build/fuzz "$fuzz_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/fuzz" >&2; exit 1; }
 
 elapsed_ms=$(( ($(date +%s%N) - started_ns) / 1000000 ))
 seconds=$(printf '%d.%03d' $((elapsed_ms / 1000)) $((elapsed_ms % 1000)))

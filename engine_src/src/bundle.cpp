@@ -40,7 +40,7 @@ const Json& member(const Json& j, const std::string& where, const char* key) {
 int64_t int_in(const Json& v, const std::string& what, int64_t lo, int64_t hi) {
     if (!v.is_integer())
         throw std::runtime_error(what + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                                 (v.is_number() ? v.dump() : v.type_name()));
+                                 describe(v));
     const int64_t x = v.as_int();
     if (x < lo || x > hi)
         throw std::runtime_error(what + ": " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -63,7 +63,7 @@ std::vector<int32_t> read_tokens(const Json& v, const std::string& what, int voc
     for (size_t i = 0; i < v.items().size(); ++i) {
         const Json& t = v.items()[i];
         if (!t.is_integer() || t.as_int() < 0 || t.as_int() >= vocab)
-            throw std::runtime_error(what + "[" + std::to_string(i) + "] = " + (t.is_number() ? t.dump() : t.type_name()) +
+            throw std::runtime_error(what + "[" + std::to_string(i) + "] = " + describe(t) +
                                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
         out.push_back(static_cast<int32_t>(t.as_int()));
     }

@@ -135,7 +135,7 @@ ModelConfig ModelConfig::from_json(const Json& j, bool int4) {
         }
         if (!v->is_integer())
             throw std::runtime_error(std::string("config.") + f.key + ": expected an integer in [" + std::to_string(f.min) + ", " +
-                                     std::to_string(f.max) + "], got " + (v->is_number() ? v->dump() : v->type_name()));
+                                     std::to_string(f.max) + "], got " + describe(*v));
         const int64_t x = v->as_int();
         if (x < f.min || x > f.max)
             throw std::runtime_error(std::string("config.") + f.key + ": " + std::to_string(x) + " is outside [" +
@@ -151,7 +151,7 @@ ModelConfig ModelConfig::from_json(const Json& j, bool int4) {
         if (!v->is_number()) throw std::runtime_error(std::string("config.") + f.key + ": expected a number, got " + v->type_name());
         const double x = v->as_number();
         if (!(x > f.min && x <= f.max))  // also false for NaN
-            throw std::runtime_error(std::string("config.") + f.key + ": " + v->dump() + " is outside (" + Json(f.min).dump() +
+            throw std::runtime_error(std::string("config.") + f.key + ": " + describe(*v) + " is outside (" + Json(f.min).dump() +
                                      ", " + Json(f.max).dump() + "]");
         c.*f.member = static_cast<float>(x);
     }

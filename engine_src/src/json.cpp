@@ -278,6 +278,14 @@ void dump_number(std::string& out, double d) {
 
 }  // namespace
 
+std::string describe(const Json& v) {
+    if (!v.is_number()) return v.type_name();
+    if (v.is_integer()) return std::to_string(v.as_int());
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v.as_number());
+    return buf;
+}
+
 std::string printable(const std::string& s, size_t max_chars) {
     std::string out;
     for (size_t i = 0; i < s.size() && i < max_chars; ++i) {

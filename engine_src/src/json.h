@@ -98,6 +98,10 @@ private:
     std::vector<uint32_t> index_;                       // object_ positions sorted by key
 };
 
+// What v is, for an error message: a number as written (integers exactly, others with 17
+// significant digits, "nan" and "inf" included), anything else by its type name.
+std::string describe(const Json& v);
+
 // s made safe to quote in an error message: at most max_chars characters, control and non-ASCII
 // bytes as \xNN, with "..." when cut.
 std::string printable(const std::string& s, size_t max_chars = 80);

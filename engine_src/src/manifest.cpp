@@ -83,7 +83,7 @@ std::vector<ManifestEntry> read_manifest(const std::string& path) {
             const Json& t = golden.items()[k];
             if (!t.is_integer() || t.as_int() < 0 || t.as_int() > INT32_MAX)
                 throw fail(at + ".golden[" + std::to_string(k) + "]: expected a token id in [0, 2^31), got " +
-                           (t.is_number() ? t.dump() : t.type_name()));
+                           describe(t));
         }
         entry.golden_length = golden.items().size();
         out.push_back(entry);

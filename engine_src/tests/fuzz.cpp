@@ -19,9 +19,12 @@
 // Case file: header lines "kind: bundle|manifest|json|flags", "base: <bundle file in DIR>",
 // "args: <argv after the program name, space-separated; @BUNDLE @MANIFEST @OUT substituted>",
 // "data: <bytes of the base's data section to append, default all>", "expect: ok | <substring
-// of the error>", then a line "---" and the body: for bundles the preamble and header (the base's
-// data section follows), for manifests and JSON the text. In a body "@@REPEAT n@@text@@END@@"
-// stands for text n times ('#' in it replaced by the repetition's index).
+// of the error>", "set: <path> = <raw JSON>" (bundles, repeatable: the header with the value at
+// path, e.g. config.n_heads or tensors[0].shape, replaced by that text), then a line "---" and
+// the body: for bundles the preamble and header, or only a header (the preamble is then made for
+// it), or nothing (the base's own); the base's data section follows. For manifests and JSON the
+// body is the text. In a body "@@REPEAT n@@text@@END@@" stands for text n times ('#' in it
+// replaced by the repetition's index).
 #include "cli.h"
 #include "json.h"
 
@@ -75,6 +78,7 @@ struct Case {
     std::string args;       // argv after the program name
     int64_t data = -1;      // bundle: bytes of the base's data section appended (-1: all)
     std::string expect;     // replay: "ok" or a substring of the error
+    std::vector<std::string> sets;  // bundle: "<path> = <raw JSON>" applied to the header
     std::string body;
 };
 
@@ -108,6 +112,7 @@ Case parse_case(const std::string& text, const std::string& name) {
         else if (key == "args") c.args = value;
         else if (key == "data") c.data = std::stoll(value);
         else if (key == "expect") c.expect = value;
+        else if (key == "set") c.sets.push_back(value);
         else throw std::runtime_error(name + ": unknown header line '" + line + "'");
     }
     c.body = text.substr(pos);
@@ -120,6 +125,7 @@ std::string format_case(const Case& c) {
     if (!c.args.empty()) s += "args: " + c.args + "\n";
     if (c.data >= 0) s += "data: " + std::to_string(c.data) + "\n";
     if (!c.expect.empty()) s += "expect: " + c.expect + "\n";
+    for (const std::string& set : c.sets) s += "set: " + set + "\n";
     return s + "---\n" + c.body;
 }
 
@@ -198,12 +204,23 @@ struct Env {
     }
 };
 
+std::string apply_sets(const std::string& header, const std::vector<std::string>& sets);
+
+std::string header_of(const std::string& prefix) {
+    if (prefix.size() < 16) return "";
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(prefix[8 + i]);
+    return prefix.substr(16, std::min<uint64_t>(n, prefix.size() - 16));
+}
+
 // Writes the case's files under env.work and returns its argv (program name first).
 std::vector<std::string> materialize(const Env& env, const Case& c) {
     const std::string bundle = env.work + "/case.kdtr", manifest = env.work + "/manifest.json";
     if (c.kind == "bundle") {
         const Base& b = env.base(c.base);
-        std::string bytes = expand(c.body);
+        std::string bytes = c.body.empty() ? b.prefix : expand(c.body);
+        if (bytes.rfind("KDTR", 0) != 0) bytes = preamble_and_header(bytes);
+        if (!c.sets.empty()) bytes = preamble_and_header(apply_sets(header_of(bytes), c.sets));
         bytes += c.data < 0 ? b.data : b.data.substr(0, static_cast<size_t>(std::min<int64_t>(c.data, static_cast<int64_t>(b.data.size()))));
         write_file(bundle, bytes);
     } else if (c.kind == "manifest") {
@@ -325,7 +342,7 @@ Outcome run_case(const Env& env, const Case& c, double timeout_s) {
     const bool error_line = err.rfind("kdtree ", 0) == 0 && has(": error: ");
     bool named = true;
     if (c.kind == "bundle") named = has("case.kdtr");
-    else if (c.kind == "manifest") named = has("manifest.json") || has(".kdtr");
+    else if (c.kind == "manifest") named = has("manifest.json") || has("bundle ");
     else if (c.kind == "flags") named = has("flag ") || has("--") || has("unknown argument") || has(".kdtr") || has("manifest");
     o.end = (o.code == 1 || (c.kind == "flags" && o.code == 2)) && error_line && named ? End::NamedError : End::UnnamedError;
     return o;
@@ -399,6 +416,7 @@ Json replaced(const Json& v, const Path& path, size_t depth, const Json* replace
             if (kv.first != s.name) o.set(kv.first, kv.second);
             else if (depth + 1 < path.size() || replacement) o.set(kv.first, replaced(kv.second, path, depth + 1, replacement));
         }
+        if (!v.has(s.name) && depth + 1 == path.size() && replacement) o.set(s.name, *replacement);  // a new key
         return o;
     }
     Json a = Json::array();
@@ -410,6 +428,45 @@ Json replaced(const Json& v, const Path& path, size_t depth, const Json* replace
 }
 
 const char* kRaw = "\x01raw\x01";
+
+// root with the value at path replaced by the raw JSON text `raw`, as text.
+std::string with_raw(const Json& root, const Path& path, const std::string& raw) {
+    const Json placeholder(kRaw);
+    std::string s = replaced(root, path, 0, &placeholder).dump();
+    const std::string quoted = "\"\\u0001raw\\u0001\"";
+    const size_t p = s.find(quoted);
+    if (p != std::string::npos) s.replace(p, quoted.size(), raw);
+    return s;
+}
+
+// "config.n_heads", "tensors[3].shape[0]" -> steps
+Path parse_path(const std::string& text) {
+    Path path;
+    size_t i = 0;
+    while (i < text.size()) {
+        if (text[i] == '.') { ++i; continue; }
+        if (text[i] == '[') {
+            const size_t close = text.find(']', i);
+            path.push_back({false, "", std::stoul(text.substr(i + 1, close - i - 1))});
+            i = close + 1;
+            continue;
+        }
+        const size_t end = text.find_first_of(".[", i);
+        path.push_back({true, text.substr(i, end == std::string::npos ? std::string::npos : end - i), 0});
+        i = end == std::string::npos ? text.size() : end;
+    }
+    return path;
+}
+
+std::string apply_sets(const std::string& header, const std::vector<std::string>& sets) {
+    std::string text = header;
+    for (const std::string& set : sets) {
+        const size_t eq = set.find(" = ");
+        if (eq == std::string::npos) throw std::runtime_error("bad set line '" + set + "'");
+        text = with_raw(Json::parse(text), parse_path(set.substr(0, eq)), set.substr(eq + 3));
+    }
+    return text;
+}
 
 // The header with the value at a random path changed (a raw JSON token, removed, or a sibling key
 // added), as text.
@@ -432,7 +489,6 @@ std::string mutate_tree(Rng& r, const std::string& text) {
     const Json* current = &root;
     for (const Step& s : path) current = s.key ? &current->at(s.name) : &current->at(s.index);
     const size_t op = r.below(10);
-    std::string raw;
     Json out;
     if (op == 0 && !path.empty()) {
         out = replaced(root, path, 0, nullptr);
@@ -441,15 +497,9 @@ std::string mutate_tree(Rng& r, const std::string& text) {
         o.set(r.chance(50) ? "unknown_field" : "rope_scaling", Json(1));
         out = replaced(root, path, 0, &o);
     } else {
-        raw = random_value(r, current->is_number() ? current->dump() : "");
-        const Json placeholder(kRaw);
-        out = replaced(root, path, 0, &placeholder);
+        return with_raw(root, path, random_value(r, current->is_number() ? current->dump() : ""));
     }
-    std::string s = out.dump();
-    const std::string quoted = "\"\\u0001raw\\u0001\"";
-    const size_t p = s.find(quoted);
-    if (p != std::string::npos) s.replace(p, quoted.size(), raw);
-    return s;
+    return out.dump();
 }
 
 // Byte-level changes to a text: flips, inserted snippets, deletions, repeats, deep nesting.
@@ -492,13 +542,8 @@ size_t pick_base(Rng& r) {
 
 Case mutate_bundle(Rng& r, const Env& env, Case c) {
     const Base& b = env.base(c.base);
-    std::string body = expand(c.body);
-    std::string header;
-    if (body.size() >= 16) {
-        uint64_t n = 0;
-        for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(body[8 + i]);
-        header = body.substr(16, std::min<uint64_t>(n, body.size() - 16));
-    }
+    std::string body = c.body.empty() ? b.prefix : expand(c.body);
+    const std::string header = header_of(body);
     const size_t op = r.below(20);
     if (op < 11) {  // a header value
         const std::string m = mutate_tree(r, header);
