@@ -237,6 +237,10 @@ int cmd_bench(int argc, char** argv) {
         const std::string& name = entry.name;
         const Bundle b = Bundle::load(entry.path, o.max_memory);
         const int tokens = o.n > 0 ? o.n : static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
+        if (b.prompt.size() + static_cast<size_t>(tokens) > static_cast<size_t>(b.config.max_seq_len))
+            throw std::runtime_error(std::string(o.n > 0 ? "flag -n" : "manifest bundle " + name + " (its golden length)") + ": prompt (" +
+                                     std::to_string(b.prompt.size()) + " tokens) + n (" + std::to_string(tokens) + ") exceeds max_seq_len " +
+                                     std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
         std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
         bundles.set(name, bench_bundle(*be, b, name, tokens, o.budgets, o.repeats, metrics));
     }

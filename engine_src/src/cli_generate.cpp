@@ -49,6 +49,16 @@ RunRequest read_request(const Args& a, const Bundle& b) {
     return r;
 }
 
+// What set a request's length, for check_length's message.
+std::string length_source(const Args& a) { return a.has("-n") || !a.has("--prompt") ? "flag -n" : "flag --prompt"; }
+
+// The prompt and n must fit the bundle's KV cache; `what` names what set the length.
+void check_length(const Bundle& b, const RunRequest& r, const std::string& what) {
+    if (r.prompt.size() + static_cast<size_t>(r.n) > static_cast<size_t>(b.config.max_seq_len))
+        throw std::runtime_error(what + ": prompt (" + std::to_string(r.prompt.size()) + " tokens) + n (" + std::to_string(r.n) +
+                                 ") exceeds max_seq_len " + std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
+}
+
 Bundle load_bundle(const Args& a) {
     if (!a.has("--bundle")) throw std::runtime_error("--bundle is required");
     return Bundle::load(a.str("--bundle", ""), max_memory_flag(a));
@@ -80,6 +90,7 @@ int cmd_generate(int argc, char** argv) {
     const Args a(argc, argv, 2, valued, {"--json"});
     const Bundle b = load_bundle(a);
     const RunRequest r = read_request(a, b);
+    check_length(b, r, length_source(a));
     auto be = make_backend(backend_flag(a));
     const Generation g = run(*be, b, r);
     if (a.has("--json")) {
@@ -121,12 +132,14 @@ int cmd_check(int argc, char** argv) {
         r.prompt = b.prompt;
         r.n = static_cast<int>(expected.size());
     } else if (expect == "ar") {
+        check_length(b, r, length_source(a));
         RunRequest ar = r;
         ar.mode = "ar";
         expected = run(*be, b, ar).tokens;
     } else {
         expected = Args::int_list(expect, "--expect", 0, INT32_MAX);
-        r.n = static_cast<int>(expected.size());
+        r.n = static_cast<int>(std::min<size_t>(expected.size(), kMaxTokens));
+        check_length(b, r, "flag --expect");
     }
     const Generation g = run(*be, b, r);
     std::string detail = "mode=" + r.mode + " n=" + std::to_string(r.n);
@@ -166,6 +179,7 @@ int cmd_outputs(int argc, char** argv) {
         RunRequest r;
         r.prompt = b.prompt;
         r.n = static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
+        check_length(b, r, "manifest bundle " + name + " (its golden length)");
         read_tree_flags(a, b, r);
         const Generation ar = run(*be, b, r);
         r.mode = "ddtree";
