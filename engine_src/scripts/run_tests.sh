@@ -77,6 +77,8 @@ if [[ ! -x "$kdtree" || ! -x build/test_ops ]]; then finish unknown; fi
 build_backend="$(sed -n 's/.* backend=\([a-z]*\) .*/\1/p' <<<"$("$kdtree" --version)")"
 backends=(cpu)
 [[ "$build_backend" == cuda ]] && backends+=(cuda)
+# ASan's shadow gap protection and the CUDA driver's mappings do not mix.
+if [[ "${KD_SANITIZE:-0}" == 1 && "$build_backend" == cuda ]]; then export ASAN_OPTIONS="protect_shadow_gap=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"; fi
 
 bundles_missing=0
 [[ -f "$manifest" ]] || bundles_missing=1

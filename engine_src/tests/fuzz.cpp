@@ -681,8 +681,10 @@ struct Options {
 Env make_env(const Options& o) {
     Env env;
     env.refs = o.refs;
-    char tmpl[] = "/tmp/kdfuzz.XXXXXX";
-    const char* dir = mkdtemp(tmpl);
+    // Every case writes its bundle (5 to 19 MB): a TMPDIR on tmpfs (/dev/shm) keeps that off the disk.
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/kdfuzz.XXXXXX";
+    const char* dir = mkdtemp(&tmpl[0]);
     if (!dir) throw std::runtime_error("mkdtemp failed");
     env.work = dir;
     // The manifest cases name bundles next to the manifest: link them into the work folder.
@@ -796,8 +798,14 @@ int main(int argc, char** argv) {
     const std::string asan = "exitcode=86:abort_on_error=0:allocator_may_return_null=0:max_allocation_size_mb=" +
                              std::to_string(kMaxAllocMb) + ":hard_rss_limit_mb=" + std::to_string(kRssLimitMb) +
                              ":quarantine_size_mb=32:detect_leaks=1";
-    if (!std::getenv("ASAN_OPTIONS")) setenv("ASAN_OPTIONS", asan.c_str(), 1);
-    if (!std::getenv("UBSAN_OPTIONS")) setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    // Options already in the environment come last, so they win (e.g. protect_shadow_gap=0 for CUDA).
+    const auto with_env = [](std::string ours, const char* name) {
+        const char* env = std::getenv(name);
+        if (env && *env) ours += std::string(":") + env;
+        setenv(name, ours.c_str(), 1);
+    };
+    with_env(asan, "ASAN_OPTIONS");
+    with_env("halt_on_error=1:exitcode=87:print_stacktrace=1", "UBSAN_OPTIONS");
     try {
         Options o;
         for (int i = 2; i < argc; ++i) {
