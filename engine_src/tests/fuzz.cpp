@@ -375,8 +375,17 @@ std::string random_value(Rng& r, const std::string& current) {
     char* end = nullptr;
     const long long v = std::strtoll(current.c_str(), &end, 10);
     if (end && *end == '\0' && !current.empty()) {
-        const long long deltas[] = {-1, 1, -64, 64, v, -v - 1};
-        return std::to_string(v + deltas[r.below(6)]);
+        // In 128 bits: next to int64's ends the neighbours leave its range, which is the point.
+        const __int128 x = v, deltas[] = {-1, 1, -64, 64, x, -2 * x - 1};
+        __int128 y = x + deltas[r.below(6)];
+        const bool negative = y < 0;
+        std::string digits;
+        do {
+            const int d = static_cast<int>(y % 10);
+            digits.insert(digits.begin(), static_cast<char>('0' + (negative ? -d : d)));
+            y /= 10;
+        } while (y != 0);
+        return (negative ? "-" : "") + digits;
     }
     return r.pick(kInts);
 }
