@@ -19,7 +19,8 @@ import pytest
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 FUZZ_SECONDS = 90
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+# The session fixture builds and runs the whole instrumented suite (several minutes on 2 cores).
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"), pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="session")

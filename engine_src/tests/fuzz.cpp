@@ -15,6 +15,7 @@
 // out-of-memory) or an unnamed error is a finding: written to --findings as a case file; exit 1.
 // --log writes one line per case: kind, end, the first line of its stderr.
 // replay: runs committed case files (tests/fuzz/regress/); each must end as its `expect:` says.
+// One line per case: "ok|FAIL <file> <seconds> <end>: <first line of its stderr>".
 //
 // Case file: header lines "kind: bundle|manifest|json|flags", "base: <bundle file in DIR>",
 // "args: <argv after the program name, space-separated; @BUNDLE @MANIFEST @OUT substituted>",
@@ -776,7 +777,9 @@ int cmd_replay(const Options& o) {
     int failed = 0;
     for (const std::string& file : o.files) {
         const Case c = parse_case(read_file(file), file);
+        const auto t0 = std::chrono::steady_clock::now();
         Outcome out = run_case(env, c, o.timeout);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (out.end == End::Ok || out.end == End::NamedError) {
             const bool want_ok = c.expect == "ok";
             const bool as_expected = want_ok ? out.end == End::Ok : out.end == End::NamedError && out.detail.find(c.expect) != std::string::npos;
@@ -784,7 +787,8 @@ int cmd_replay(const Options& o) {
         }
         const bool ok = out.end == End::Ok || out.end == End::NamedError;
         const std::string first = out.detail.substr(0, out.detail.find('\n'));
-        std::printf("%s %s: %s%s%s\n", ok ? "ok" : "FAIL", file.c_str(), end_name(out.end), first.empty() ? "" : ": ", first.c_str());
+        std::printf("%s %s %.3f %s%s%s\n", ok ? "ok" : "FAIL", file.c_str(), seconds, end_name(out.end), first.empty() ? "" : ": ",
+                    first.c_str());
         if (!ok) {
             ++failed;
             if (out.end == End::WrongExpectation) std::printf("  expected: %s\n", c.expect.c_str());
