@@ -80,6 +80,7 @@ def cuda_sanitized_build(tmp_path_factory):
     return build, tree
 
 
+@pytest.mark.timeout(1800)  # one more full CUDA build, instrumented
 def test_cuda_sanitized_build_compiles_and_links(cuda_sanitized_build):
     build, tree = cuda_sanitized_build
     assert build.returncode == 0, f"sanitized build.sh for sm_90 failed:\n{build.stdout[-4000:]}\n{build.stderr[-8000:]}"
