@@ -29,21 +29,33 @@ class Finding:
 
 
 def diagnose(transport: Transport) -> list[Finding]:
-    """Every check's finding for the host of `transport` (a connection failure is a finding)."""
+    """Every check's finding for the host of `transport` (any host error is a finding)."""
+    try:
+        return examine(transport)[0]
+    except HostError as e:
+        return [Finding("reachable", "fail", e.message)]
+
+
+def examine(transport: Transport) -> tuple[list[Finding], dict[str, list[str]]]:
+    """Every check's finding and the probe's facts (none when the host could not be reached:
+    a connection, host key or authentication failure is a finding). Other errors (the probe
+    failed or timed out, the run was interrupted) are raised."""
     host = transport.host
     try:
         facts = probe(transport)
     except HostKeyError as e:
-        return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)]
+        return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)], {}
     except AuthError as e:
         return [Finding("reachable", "ok", host.label), Finding("host_key", "ok", "verified"),
-                Finding("auth", "fail", e.message)]
-    except (ConnectError, HostError) as e:
-        return [Finding("reachable", "fail", e.message)]
+                Finding("auth", "fail", e.message)], {}
+    except ConnectError as e:
+        if transport.stopped.is_set():
+            raise
+        return [Finding("reachable", "fail", e.message)], {}
     connection = [Finding("reachable", "ok", host.label)]
     if not host.is_local:
         connection += [Finding("host_key", "ok", "verified"), Finding("auth", "ok", host.user or "as configured")]
-    return connection + [check(host, facts) for check in CHECKS]
+    return connection + [check(host, facts) for check in CHECKS], facts
 
 
 def failed(findings: list[Finding]) -> list[Finding]:

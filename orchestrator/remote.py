@@ -83,11 +83,13 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
     return f"cd -- {shlex.quote(cwd)} && {line}" if cwd else line
 
 
-def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False) -> str:
-    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir;
-    `with_secrets`: it also gets the host's secret_env (send secret_input(host) as its stdin)."""
+def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False,
+                 env: Mapping[str, str] | None = None) -> str:
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir, `env`
+    added to the host's step environment; `with_secrets`: it also gets the host's secret_env
+    (send secret_input(host) as its stdin)."""
     return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
-                env=host_env(host), path_prefix=host_path_prefix(host),
+                env={**host_env(host), **(env or {})}, path_prefix=host_path_prefix(host),
                 secrets=host.secret_env if with_secrets else ())
 
 

@@ -28,7 +28,8 @@ from typing import Any, Iterable
 import jinja2
 
 from orchestrator.record import (
-    FAILED_STEP_STATUSES,
+    HOST_STATUSES,
+    UNFINISHED_STEP_STATUSES,
     Fingerprint,
     GOLDEN_CHECKS,
     RUN_JSON,
@@ -137,14 +138,15 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
             "git_dirty": source.get("git_dirty") is True,
         },
         "hosts": hosts,
-        "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in ("passed", "failed")},
+        "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in HOST_STATUSES},
         "steps": sorted(_unique(s["name"] for h in hosts for s in h["steps"]), key=step_order),
         "bundles": _unique(b for h in hosts for b in h["golden"]),
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
         "regressions": regressions,
-        "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in FAILED_STEP_STATUSES],
+        "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in UNFINISHED_STEP_STATUSES],
+        "reused": [(h, s) for h in hosts for s in h["steps"] if s["reused_from"]],
         "generated": utc_now(),
     }
 
@@ -163,7 +165,7 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
     binary = text(host.get("binary_tree_hash"), 80, secrets)
     return {
         "name": name,
-        "status": _status(host.get("status"), ("passed", "failed")),
+        "status": _status(host.get("status"), HOST_STATUSES),
         "transport": text(host.get("transport"), 20, secrets),
         "address": text(host.get("address"), NAME_LIMIT, secrets),
         "backend": text(host.get("backend"), 20, secrets) or "—",
@@ -204,6 +206,7 @@ def _step_view(name: str, step: Any, secrets: list[str]) -> dict:
         "log": text(step.get("log"), 200, secrets),
         "message": text(step.get("message"), MESSAGE_LIMIT, secrets),
         "tail": text(step.get("tail"), TAIL_LIMIT, secrets, keep_end=True),
+        "reused_from": text(step.get("reused_from"), NAME_LIMIT, secrets) if step.get("reused_from") else "",
     }
 
 
@@ -433,7 +436,7 @@ def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
         for step in host["steps"]:
             evidence = "\n".join(filter(None, [_golden_summary(host) if step["name"] == "golden" else "", step["tail"]]))
             _junit_case(suite, host["name"], f"step.{step['name']}", step["status"], step["seconds"],
-                        step["message"], evidence)
+                        step["message"], evidence, step["reused_from"])
         for case in (host["tests"] or {}).get("cases", []):
             _junit_case(suite, host["name"], f"test.{case['name']}", case["status"], case["seconds"], case["message"], "")
         _junit_totals(suite)
@@ -460,16 +463,16 @@ def _golden_summary(host: dict) -> str:
 
 
 def _junit_case(suite: ET.Element, classname: str, name: str, status: str, seconds: float | None,
-                message: str, tail: str) -> None:
+                message: str, tail: str, reused_from: str = "") -> None:
     case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds or 0:.3f}")
     summary = message.splitlines()[0][:500] if message else status
-    if status in FAILED_STEP_STATUSES:
+    if status in UNFINISHED_STEP_STATUSES:
         body = "\n\n".join(part for part in (message, tail) if part)
         ET.SubElement(case, "failure", message=summary, type=status).text = body
     elif status == "skipped":
         ET.SubElement(case, "skipped", message=summary)
     elif status == "cached":
-        ET.SubElement(case, "system-out").text = "cached: unchanged since the last successful run"
+        ET.SubElement(case, "system-out").text = f"cached: reused from run {reused_from or '?'} (not re-run)"
 
 
 def _junit_totals(element: ET.Element) -> None:
@@ -567,7 +570,10 @@ def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, fl
     reference = baseline_values(baseline)
     tolerances = _tolerances(baseline, thresholds)
     found = []
+    reused = _reused_bench(current_run)
     for host, record in _dict(current_run.get("hosts")).items():
+        if host in reused:          # figures of an earlier run: not a new measurement
+            continue
         metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
         for name, metric in metrics.items():
             value, base = finite_number(_dict(metric).get("value")), finite_number(reference.get(host, {}).get(name))
@@ -588,9 +594,11 @@ def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, fl
 def compare(base: dict, current: dict, thresholds: dict[str, float] | None = None) -> list[dict]:
     """Two runs' benchmarks side by side: a row per host and metric present in either, with
     ``ratio`` = current / base and a ``verdict``: better, worse, same (within the metric's
-    tolerance), new or gone."""
+    tolerance), new or gone; ``reused`` when either side's figures were reused from an earlier
+    run (its bench step `cached`: not a new measurement, never compared), with ``reused_from``."""
     tolerances = _tolerances({}, thresholds)
     a, b = _bench_metrics(base), _bench_metrics(current)
+    reused_a, reused_b = _reused_bench(base), _reused_bench(current)
     rows = []
     for host in _unique([*a, *b]):
         for name in _unique([*a.get(host, {}), *b.get(host, {})]):
@@ -598,10 +606,23 @@ def compare(base: dict, current: dict, thresholds: dict[str, float] | None = Non
             meta = mb or ma
             va, vb = (ma or {}).get("value"), (mb or {}).get("value")
             ratio = vb / va if va and vb is not None else None
+            reused = "; ".join(f"{side} reused from run {r[host]}" for side, r in (("base", reused_a), ("current", reused_b))
+                               if host in r)
+            verdict = "reused" if reused and va is not None and vb is not None else \
+                _verdict(va, vb, ratio, meta["better"], threshold_for(name, tolerances))
             rows.append({"host": host, "metric": name, "unit": meta["unit"], "better": meta["better"],
-                         "base": va, "current": vb, "ratio": ratio,
-                         "verdict": _verdict(va, vb, ratio, meta["better"], threshold_for(name, tolerances))})
+                         "base": va, "current": vb, "ratio": ratio, "verdict": verdict, "reused_from": reused})
     return rows
+
+
+def _reused_bench(run: dict) -> dict[str, str]:
+    """host -> the run id its bench figures were reused from, for hosts whose bench was cached."""
+    reused = {}
+    for host, record in _dict(run.get("hosts")).items():
+        step = _dict(_dict(_dict(record).get("steps")).get("bench"))
+        if step.get("status") == "cached":
+            reused[str(host)] = str(step.get("reused_from") or "an earlier run")
+    return reused
 
 
 def _bench_metrics(run: dict) -> dict[str, dict[str, dict]]:
@@ -629,7 +650,8 @@ def render_compare(base: dict, current: dict, thresholds: dict[str, float] | Non
     """The comparison as (Markdown, self-contained HTML)."""
     secrets = [s for s in secrets if s]
     rows = [{**r, "host": text(r["host"], NAME_LIMIT, secrets), "metric": text(r["metric"], NAME_LIMIT, secrets),
-             "unit": text(r["unit"], 40, secrets)} for r in compare(base, current, thresholds)]
+             "unit": text(r["unit"], 40, secrets), "reused_from": text(r["reused_from"], 200, secrets)}
+            for r in compare(base, current, thresholds)]
     context = {"base": view(base, secrets), "current": view(current, secrets), "rows": rows}
     return (_ENV.get_template("compare.md.j2").render(**context),
             _ENV.get_template("compare.html.j2").render(**context))

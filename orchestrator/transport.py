@@ -8,7 +8,7 @@
     t.fetch("build/bench.json", run_dir / "ct200" / "bench.json", within=run_dir, max_bytes=...)
     p = t.start(command)                # a long-running command: p.readline(), p.write(), p.close()
     t.rsync_args(), t.rsync_dest(path)  # how rsync reaches the host (sync.py)
-    t.close()                           # also stops its running commands (close_all(): every transport)
+    t.close()                           # also stops its running commands
 
 `command` is a complete shell command line, as built by remote.py. `timeout` is the client-side
 limit in seconds (None: none): when it passes the client stops waiting and the Result says
@@ -32,7 +32,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -85,11 +84,17 @@ class HeldInput:
 
 
 class Transport:
-    """The interface every transport offers; subclasses implement `_exec` (and connect/close)."""
+    """The interface every transport offers; subclasses implement `_exec` (and connect/close).
+    `stopped`: the stop flag of the run that owns it (run.Run): once set, it neither connects nor
+    starts a command again (a retry would resume interrupted work)."""
 
-    def __init__(self, host: Host):
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
         self.host = host
-        _ALL.add(self)
+        self.stopped = stopped if stopped is not None else threading.Event()
+
+    def _refuse_if_stopped(self) -> None:
+        if self.stopped.is_set():
+            raise HostError("the run was interrupted", host=self.host.name)
 
     # -- to implement -------------------------------------------------------------------------
     def _exec(self, command: str, stdin: BinaryIO | None, sink: Callable[[bytes], None],
@@ -119,8 +124,7 @@ class Transport:
         non-zero exit (HostError only when the host cannot be reached). Without `stdin` data the
         command's stdin stays open until it ends: a guarded command (remote.GUARD) stops when
         it closes (the client gives up, closes the transport, or dies)."""
-        if _STOPPED.is_set():
-            raise HostError("the run was interrupted", host=self.host.name)
+        self._refuse_if_stopped()
         collector = _Collector(on_output, TAIL_BYTES)
         if isinstance(stdin, (bytes, bytearray)):
             stdin = _BytesReader(bytes(stdin))
@@ -262,8 +266,8 @@ class Process:
 class LocalTransport(Transport):
     """Commands run with bash on this machine, in their own session."""
 
-    def __init__(self, host: Host):
-        super().__init__(host)
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
         self._running: set[subprocess.Popen] = set()
 
     def close(self) -> None:
@@ -311,8 +315,8 @@ class SshTransport(Transport):
     """Commands run over one Paramiko connection (Fabric's Connection, hardened); rsync reaches
     the host with system ssh given the same config, known_hosts files and jump hosts."""
 
-    def __init__(self, host: Host):
-        super().__init__(host)
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
         self._conn = None
         self._hops: list = []
         self._pinned_file: Path | None = None
@@ -324,8 +328,7 @@ class SshTransport(Transport):
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
                 return
-            if _STOPPED.is_set():
-                raise HostError("the run was interrupted", host=self.host.name)
+            self._refuse_if_stopped()
             # a refused or reset connection (sshd restarting) is retried with backoff for as long as
             # the connect timeout lasts; a timeout, a host key or an authentication failure never is
             start, delay = time.monotonic(), CONNECT_BACKOFF
@@ -577,17 +580,9 @@ class SshTransport(Transport):
         return ["-o", "ProxyCommand=" + command]
 
 
-def close_all() -> None:
-    """Close every transport of this process for good (on an interrupt): remote commands stop
-    too, and no transport connects or starts a command again (a retry would resume the work)."""
-    _STOPPED.set()
-    for transport in list(_ALL):
-        transport.close()
-
-
-def open_transport(host: Host) -> Transport:
-    """The transport for a host (nothing is opened until it is used)."""
-    return LocalTransport(host) if host.is_local else SshTransport(host)
+def open_transport(host: Host, stopped: threading.Event | None = None) -> Transport:
+    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop flag."""
+    return LocalTransport(host, stopped) if host.is_local else SshTransport(host, stopped)
 
 
 def ssh_config_file() -> str | None:
@@ -602,10 +597,32 @@ def ssh_config_lookup(alias: str) -> dict:
     return config.base_ssh_config.lookup(alias)
 
 
-# -- helpers -------------------------------------------------------------------------------------
-_ALL: "weakref.WeakSet[Transport]" = weakref.WeakSet()
-_STOPPED = threading.Event()        # set by close_all(): the run was interrupted
+def resolve_address(host: Host) -> str | None:
+    """Why this machine cannot resolve the address it would connect to for `host` (its ssh
+    config HostName, or its first jump host's), or None when it can (or needs not: `local`, or a
+    ProxyCommand, which finds the host its own way)."""
+    if host.is_local:
+        return None
+    config = ssh_config_lookup(host.address)
+    hops = SshTransport(host).jump_hops(config)
+    if hops:
+        hop = hops[0].rpartition("@")[2]
+        alias = hop.rsplit(":", 1)[0] if hop.count(":") == 1 else hop
+        config, what = ssh_config_lookup(alias), f"jump host {alias}"
+    elif "proxycommand" in config:
+        return None
+    else:
+        alias, what = host.address, f"address {host.address}"
+    name = config.get("hostname", alias)
+    try:
+        socket.getaddrinfo(name, None)
+    except (socket.gaierror, UnicodeError) as e:
+        shown = f" (HostName {name})" if name != alias else ""
+        return f"{what}{shown} does not resolve here: {getattr(e, 'strerror', None) or e}"
+    return None
 
+
+# -- helpers -------------------------------------------------------------------------------------
 _READ_SCRIPT = r'''
 [ -L "$1" ] && exit 3
 real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")"/*) ;; *) exit 7;; esac

@@ -105,7 +105,7 @@ def test_defaults_merge_and_local_paths(tmp_path):
     inv = inventory.load(write(tmp_path, {
         "local": {"transport": "local", "remote_dir": ".deploy/local"},
         "a": {**SSH, "timeouts": {"build": 5}, "groups": ["g"], "remote_dir": "/srv/with space"},
-    }, defaults={"user": "eng", "timeouts": {"build": 7, "test": 8}, "identity": "keys/id"}))
+    }, defaults={"user": "eng", "timeouts": {"build": 7, "test": 8}, "identity": "keys/id"}, groups={"g": {}}))
     a = inv.hosts["a"]
     assert (a.user, a.timeout("build"), a.timeout("test"), a.timeout("bench")) == ("eng", 5, 8, 900)
     assert a.identity == str(tmp_path / "keys" / "id") and a.remote_dir == "/srv/with space"

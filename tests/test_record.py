@@ -13,7 +13,7 @@ from orchestrator import record as rec
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:
     steps = {s: rec.StepRecord("passed", 1.0, f"local/{s}.log") for s in reversed(rec.STEPS)}
-    steps["build"] = rec.StepRecord("cached", 0.1, "local/build.log")
+    steps["build"] = rec.StepRecord("cached", 0.1, "local/build.log", reused_from="20261128-010000-bbbb")
     host = rec.HostRecord(rec.host_status(steps), "local", None, "cpu", "abc", "abc", rec.Fingerprint(cpu="x86_64"), steps,
                           {"tiny_fp32": rec.GoldenRecord("passed", {c: "passed" for c in rec.GOLDEN_CHECKS})},
                           rec.TestsRecord(1, 0, 0, [rec.TestCase("op_rope", "passed", 0.1)]),
@@ -43,9 +43,10 @@ def test_record_serialises_to_the_documented_schema():
     assert data["version"] == rec.RUN_VERSION == 1
     host = data["hosts"]["local"]
     assert list(host["steps"]) == list(rec.STEPS)  # pipeline order whatever the insertion order
-    assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": ""}
+    assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
+                                      "reused_from": "20261128-010000-bbbb"}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
-                         "fingerprint", "steps", "golden", "tests", "bench"}
+                         "fingerprint", "steps", "golden", "tests", "bench", "seconds"}
     assert set(host["fingerprint"]) == {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch", "gpus_busy", "cpu"}
     assert host["golden"]["tiny_fp32"]["mismatch"] is None
     assert host["tests"]["cases"][0] == {"name": "op_rope", "status": "passed", "seconds": 0.1, "message": ""}

@@ -225,24 +225,25 @@ def test_doctor(lab, make_inventory, tmp_path):
     assert findings["python"].detail.endswith(f"numpy {__import__('numpy').__version__}")
     assert findings["disk"].status in ("ok", "warn")
     out = io.StringIO()
-    assert cli.doctor(list(inv.hosts.values()), Console(out)) == 1
+    assert cli.doctor(inv, list(inv.hosts.values()), Console(out)) == 1
     text = out.getvalue()
-    assert "[h1  ] ok    rsync" in text and "[lost] fail  reachable" in text
+    assert "[h1  ] preflight | ok    rsync" in text and "[lost] preflight | fail  reachable" in text
     assert any(l.startswith("lost  FAILED") for l in text.splitlines())
 
 
 INTERRUPTED_RUN = """
 import sys
 from orchestrator import inventory, parallel, remote
-from orchestrator.transport import open_transport
+from orchestrator.run import Run
 inv = inventory.load(sys.argv[1])
-def work(host):
-    print("started\\n", end="", flush=True)     # one write: threads never interleave it
-    return open_transport(host).run(remote.wrap(["sleep", sys.argv[2]], timeout=120), timeout=200)
-try:
-    parallel.run_parallel(list(inv.hosts.values()), work)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
+with Run("test") as run:
+    def work(host):
+        print("started\\n", end="", flush=True)     # one write: threads never interleave it
+        return run.transport(host).run(remote.wrap(["sleep", sys.argv[2]], timeout=120), timeout=200)
+    try:
+        parallel.run_parallel(list(inv.hosts.values()), work, on_interrupt=run.stop)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
 """
 
 
