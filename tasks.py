@@ -88,7 +88,7 @@ def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, 
 
 @task(help={"run": "a run id, a run directory or latest (default: the newest validate or nightly run)", "out": "the baseline file to write",
             "inventory": SELECT_HELP["inventory"]})
-def baseline(c, out, run=None, inventory=None):
+def baseline(c, out=None, run=None, inventory=None):
     """Write a benchmark baseline file (for nightly --baseline) from a run's passing hosts."""
     with cli.exit_codes():
         inv = cli.load_inventory(inventory)

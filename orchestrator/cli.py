@@ -266,10 +266,12 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
     return 0
 
 
-def baseline(inv: Inventory, console: Console, out: str, run: str | None = None) -> int:
+def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the newest validate or nightly run) for
     `nightly --baseline`."""
     from . import record, report
+    if not out:
+        raise UsageError("baseline needs the file to write: --out FILE")
     runs_root = inv.project.root / "runs"
     run_dir = record.resolve_run(runs_root, run) if run else _measured_run(runs_root)
     path = report.write_baseline(record.load_run(run_dir), out)
