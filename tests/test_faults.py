@@ -395,8 +395,9 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
         lab, make_inventory, source, tmp_path, task, phase, sig):
     """Scenario 7. `invoke deploy` / `invoke validate` gets SIGINT (Ctrl-C) or SIGTERM (CI cancelling
     a job) during the sync, the build or the tests. The user sees: `interrupted`, exit code 130
-    (SIGINT) or 143 (SIGTERM), within seconds; validate still writes its run directory (status
-    interrupted). Afterwards: the remote rsync / build / test processes are gone, the host lock is
+    (SIGINT) or 143 (SIGTERM), within seconds; deploy and validate both write the run directory:
+    the run and the host `interrupted`, sync `passed` (with its time) when it had finished, the
+    running step `interrupted` with the output it had, the rest `skipped`. Afterwards: the remote rsync / build / test processes are gone, the host lock is
     free (its owner file removed: the next run does not report a dead run's lock), and the next run
     works."""
     m = f"7{os.getpid() % 1000:03d}{next(_names)}"
@@ -436,8 +437,15 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
     assert "interrupted" in err + out
     assert wait_for(lambda: not any(alive(p) for p in remote_pids), 5), "the remote work goes on"
     assert not (remote / ".kdtree" / "owner").exists(), "the lock's owner file was left behind"
-    if task == "validate":
-        assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+    run = json.loads(((tmp_path / "run") if task == "validate" else (tmp_path / "runs" / "latest")).joinpath(
+        "run.json").read_text())          # deploy and validate alike: finished steps keep their outcome
+    assert run["status"] == run["hosts"]["h"]["status"] == "interrupted"
+    statuses = {name: s["status"] for name, s in run["hosts"]["h"]["steps"].items()}
+    assert statuses[phase] == "interrupted", statuses
+    if phase != "sync":
+        assert statuses["sync"] == "passed" and run["hosts"]["h"]["steps"]["sync"]["seconds"] > 0
+        assert {"build": "building", "test": "testing"}[phase] in run["hosts"]["h"]["steps"][phase]["tail"].splitlines()
+    assert all(v == "skipped" for k, v in statuses.items() if k not in ("sync", phase)), statuses
     (source / "big.bin").unlink(missing_ok=True)
     again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h")
     assert again.returncode == 0, again.stdout + again.stderr
