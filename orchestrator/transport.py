@@ -1,18 +1,19 @@
 """Transports: one small interface to run commands on a host and read files back, two kinds.
 
     t = open_transport(host)            # SshTransport or LocalTransport, nothing opened yet
-    r = t.run(command, timeout=60, on_output=print)   # -> Result(exit_code, seconds, tail, timed_out)
-    t.check(command, timeout=60)        # the same, raises CommandError unless it exited 0
-    out = t.capture(command, timeout=60, max_bytes=1 << 20)   # its raw output (bytes)
+    r = t.run(command, on_output=print)   # a remote.Command -> Result(exit_code, seconds, tail, timed_out)
+    t.check(command)                    # the same, raises CommandError unless it exited 0
+    out = t.capture(command, max_bytes=1 << 20)   # its raw output (bytes)
     data = t.read_file("build/bench.json", max_bytes=1 << 20)
     t.fetch("build/bench.json", run_dir / "ct200" / "bench.json", within=run_dir, max_bytes=...)
     p = t.start(command)                # a long-running command: p.readline(), p.write(), p.close()
     t.rsync_args(), t.rsync_dest(path)  # how rsync reaches the host (sync.py)
     t.close()                           # also stops its running commands
 
-`command` is a complete shell command line, as built by remote.py. `timeout` is the client-side
-limit in seconds (None: none): when it passes the client stops waiting and the Result says
-timed_out (the host-side limit is remote.wrap's). SshTransport opens one Paramiko connection per
+`command` is a remote.Command: its command line, the host-side timeout it runs under (from which
+the client's deadline is derived: when it passes the client stops waiting and the Result says
+timed_out), its stdin. A bare command line with `timeout=` (the client's limit) is accepted for
+tests and for commands held open for the run's length (the lock). SshTransport opens one Paramiko connection per
 host on first use and reuses it for every command of the run; host keys are verified (hostkeys.py),
 ~/.ssh/config is honoured (or $KDTREE_SSH_CONFIG instead), and a `jump:` bastion or a ProxyJump of
 the ssh config is used by both Paramiko and system ssh/rsync. LocalTransport runs the same command
@@ -118,45 +119,51 @@ class Transport:
         return path
 
     # -- built on _exec ------------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None, on_output: OutputCallback | None = None,
-            stdin: bytes | BinaryIO | None = None) -> Result:
-        """Run a command line; stream its output lines to `on_output`; never raises for a
-        non-zero exit (HostError only when the host cannot be reached). Without `stdin` data the
-        command's stdin stays open until it ends: a guarded command (remote.GUARD) stops when
-        it closes (the client gives up, closes the transport, or dies)."""
+    def run(self, command: remote.Command | str, *, timeout: float | None = None,
+            on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None) -> Result:
+        """Run a command; stream its output lines to `on_output`; never raises for a non-zero exit
+        (HostError only when the host cannot be reached). A remote.Command brings its deadline
+        and stdin; a bare command line (tests, long-held commands) runs with the client limit
+        `timeout` (None: none) and `stdin`. Without stdin data, or after it for a Command that
+        holds stdin, the command's stdin stays open until it ends: a guarded command
+        (remote.GUARD) stops when it closes (the client gives up, closes the transport, or dies)."""
         self._refuse_if_stopped()
+        line, timeout, stdin = _parts(command, timeout, stdin)
         collector = _Collector(on_output, TAIL_BYTES)
         if isinstance(stdin, (bytes, bytearray)):
             stdin = _BytesReader(bytes(stdin))
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
         try:
-            code = self._exec(command, stdin, collector.feed, deadline)
+            code = self._exec(line, stdin, collector.feed, deadline)
         finally:
             if isinstance(stdin, HeldInput):
                 stdin.release()
         collector.flush()
-        return Result(command, code, round(time.monotonic() - start, 3), collector.tail(),
+        return Result(line, code, round(time.monotonic() - start, 3), collector.tail(),
                       code is None or code in remote.TIMEOUT_EXIT_CODES)
 
-    def check(self, command: str, *, timeout: float | None, on_output: OutputCallback | None = None,
-              stdin: bytes | BinaryIO | None = None, what: str = "command") -> Result:
+    def check(self, command: remote.Command | str, *, timeout: float | None = None,
+              on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None,
+              what: str | None = None) -> Result:
         """`run`, raising CommandError (with the command, exit code and tail) unless it exited 0."""
         result = self.run(command, timeout=timeout, on_output=on_output, stdin=stdin)
         if not result.ok:
             why = "timed out" if result.timed_out else "failed"
             cause = None if result.timed_out else cause_of(result.tail)
             why += f": {cause}" if cause else ""
-            raise CommandError(f"{what} {why}", host=self.host.name, command=command,
+            raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=result.command,
                                exit_status=result.exit_code, tail=result.tail)
         return result
 
-    def capture(self, command: str, *, timeout: float | None, max_bytes: int, what: str = "command") -> bytes:
+    def capture(self, command: remote.Command | str, *, max_bytes: int, timeout: float | None = None,
+                what: str | None = None) -> bytes:
         """The raw output of a command; CommandError unless it exited 0 within `max_bytes`."""
-        code, data = self._capture(command, timeout, max_bytes)
+        line, timeout, _ = _parts(command, timeout, None)
+        code, data = self._capture(line, timeout, max_bytes)
         if code != 0 or len(data) > max_bytes:
             why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes else "failed"
-            raise CommandError(f"{what} {why}", host=self.host.name, command=command, exit_status=code,
+            raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=line, exit_status=code,
                                tail=data[-2000:].decode(errors="replace"))
         return data
 
@@ -164,17 +171,18 @@ class Transport:
         """The content of a regular file on the host (relative: under remote_dir). Refuses a
         symlink, anything but a regular file, and a file larger than `max_bytes`."""
         path = posixpath.join(self.host.remote_dir, path)
-        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
-        code, data = self._capture(command, remote.client_timeout(timeout), max_bytes)
+        command = remote.script(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
+        code, data = self._capture(command.line, command.deadline, max_bytes)
         if code == 0 and len(data) <= max_bytes:
             return data
         why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
             else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
-        raise FetchError(f"{path} {why}", host=self.host.name, command=command, exit_status=code,
+        raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
                          tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
 
     def _capture(self, command: str, timeout: float | None, max_bytes: int) -> tuple[int | None, bytes]:
-        """Run a command keeping at most max_bytes + 1 bytes of its output."""
+        """Run a command line keeping at most max_bytes + 1 bytes of its output."""
+        self._refuse_if_stopped()
         chunks, size = [], 0
 
         def sink(data: bytes) -> None:
@@ -634,6 +642,20 @@ exec head -c "$(($2 + 1))" -- "$1"
 _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
+
+
+def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple[str, float | None, object]:
+    """(command line, client limit in seconds, stdin) of a Command, or of a bare command line."""
+    if isinstance(command, str):
+        return command, timeout, stdin
+    if timeout is not None or stdin is not None:
+        raise TypeError("a remote.Command carries its own timeout and stdin")
+    data = command.stdin
+    return command.line, command.deadline, HeldInput(data or b"") if command.holds_stdin else data
+
+
+def _what(command: remote.Command | str, what: str | None) -> str:
+    return what or (command.what if isinstance(command, remote.Command) else "command")
 
 
 class _Collector:

@@ -154,3 +154,23 @@ def test_parallel_collects_failures():
     assert list(outcomes) == ["a", "b", "c"]
     assert [o.value for o in outcomes.succeeded] == ["A", "C"]
     assert [o.summary for o in outcomes.failed] == ["RuntimeError: boom"] and outcomes.exit_code == 1
+
+
+def test_a_command_carries_its_timeout_stdin_and_secrets_and_the_client_deadline_follows(tmp_path, monkeypatch):
+    monkeypatch.setenv("KD_TOKEN", "s3cret-value")
+    host = Host(**{**CT200.__dict__, "secret_env": ("KD_TOKEN",)})
+    command = remote.step(host, "bash scripts/build.sh", 900, with_secrets=True, what="build")
+    assert command.line == remote.step_command(host, "bash scripts/build.sh", 900, with_secrets=True)
+    assert (command.argv, command.timeout, command.what) == (("bash", "-c", "bash scripts/build.sh"), 900, "build")
+    assert command.stdin == b"s3cret-value\0" and command.holds_stdin and command.secrets == ("s3cret-value",)
+    assert "s3cret-value" not in command.line
+    assert command.deadline == 900 + remote.KILL_AFTER + remote.CLIENT_GRACE
+    assert remote.script("exit 0", timeout=None).deadline is None
+    local = LocalTransport(Host(name="local", transport="local", remote_dir=str(tmp_path)))
+    with pytest.raises(TypeError, match="carries its own timeout"):
+        local.run(remote.script("true", timeout=5), timeout=5)
+    echo = remote.script('cat; echo " $1"', "arg", timeout=5, stdin=b"from stdin")
+    assert local.check(echo).tail == "from stdin arg\n"
+    slow = remote.command(["sleep", "30"], timeout=0.5)        # host-side limit 0.5 s: exit 124, timed out
+    result = local.run(slow)
+    assert result.timed_out and result.exit_code == 124 and result.seconds < 5
