@@ -120,7 +120,8 @@ def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
     """Print every command a deploy would run on each host and resolve each host's address
     (ssh config, then DNS); 1 when an address does not resolve. Nothing is changed."""
     from . import state, sync
-    from .transport import open_transport, resolve_address
+    from .connection import resolve_address
+    from .transport import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)
     unresolved = []

@@ -131,12 +131,12 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
 def rsync_argv(transport: Transport, project: Project, checksum: bool = False, rsh: str | None = None) -> list[str]:
     """The rsync command line that mirrors the source onto the host's remote_dir (`checksum`:
     compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
-    shell, relay.rsync_shell's, instead of the transport's system ssh)."""
+    shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection)."""
     host = transport.host
     argv = ["rsync", "-az", "--delete", "--stats", "--protect-args"] + (["--checksum"] if checksum else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
-    argv += ["-e", rsh] if rsh else transport.rsync_args()
+    argv += ["-e", rsh] if rsh else []        # local: no remote shell
     if host.rsync_path and not host.is_local:
         argv.append("--rsync-path=" + remote.quote([host.rsync_path]))
     return argv + [f"{project.source}/", transport.rsync_dest(host.remote_dir + "/")]
