@@ -1,4 +1,4 @@
-"""kdtree orchestrator tasks: `invoke --list`, `invoke --help deploy`.
+"""kdtree orchestrator tasks: `invoke --list`, `invoke deploy -h`.
 
 Every task takes --inventory (default: hosts.yaml beside this file); host tasks take --host/-H NAME
 (repeatable), --group NAME or --all; no selection means the host `local`. `-h` is help on every task.

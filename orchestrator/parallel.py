@@ -1,7 +1,7 @@
 """Run one function per host in parallel (bounded); collect per-host outcomes as data.
 
 One host failing never stops the others: its exception is kept in its Outcome. As in Fabric's
-group.py, the caller gets every host's result and decides (succeeded / failed / exit_code).
+ThreadingGroup, the caller gets every host's result and decides (succeeded / failed / exit_code).
 On an interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) the hosts not started are cancelled,
 `on_interrupt` runs (the run's stop: locks released, connections closed, so the commands on the
 hosts stop), the running hosts are waited for (they end at once, their work cut off), and the
