@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import importlib.util
 import json
 import os

@@ -16,7 +16,7 @@ import pytest
 from orchestrator import cli, doctor, remote, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
-from orchestrator.transport import SshTransport, open_transport
+from orchestrator.transport import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
 
