@@ -91,13 +91,13 @@ class SshConnection:
                 time.sleep(interval)
                 answered = threading.Event()
 
-                def ask():
+                def ask(answered: threading.Event) -> None:
                     try:
                         transport.global_request("keepalive@openssh.com", wait=True)
                     except Exception:
                         pass
                     answered.set()
-                threading.Thread(target=ask, daemon=True).start()
+                threading.Thread(target=ask, args=(answered,), daemon=True).start()
                 if not answered.wait(interval * KEEPALIVE_COUNT) and transport.is_active():
                     self.lost = f"the host answered no keepalive for {interval * KEEPALIVE_COUNT:g} s"
                     transport.close()
@@ -112,7 +112,7 @@ def _open_once(host: Host) -> SshConnection:
     found = config.lookup(host.address)
     hops = jump_hops(host, found)
     chain = [_Target.of(config, *_hop_parts(hop), host.identity) for hop in hops]
-    chain.append(_Target.of(config, host.address, host.user, host.port, host.identity))
+    chain.append(_Target.of(config, str(host.address), host.user, host.port, host.identity))
     proxy = found.get("proxycommand", "none")
     sock = paramiko.ProxyCommand(proxy) if not hops and proxy.lower() != "none" else None
     clients: list = []
@@ -196,7 +196,8 @@ def _channel(host: Host, client, hop: _Target, target: _Target):
                                                    timeout=host.timeout("connect"))
     except Exception as e:
         error = _connect_error(host, target, e, time.monotonic() - start)
-        raise ConnectError(f"{error.message} (through jump host {hop.where})", host=host.name, retry=error.retry) from None
+        raise ConnectError(f"{error.message} (through jump host {hop.where})", host=host.name,
+                           retry=isinstance(error, ConnectError) and error.retry) from None
 
 
 def _connect_error(host: Host, target: _Target, e: Exception, elapsed: float = 0.0) -> HostError:
@@ -266,7 +267,7 @@ def resolve_address(host: Host) -> str | None:
     elif found.get("proxycommand", "none").lower() != "none":
         return None
     else:
-        alias, what = host.address, f"address {host.address}"
+        alias, what = str(host.address), f"address {host.address}"
     name = found.get("hostname", alias)
     try:
         socket.getaddrinfo(name, None)

@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from . import remote
 from .connection import SshConnection
@@ -401,7 +401,7 @@ _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
 
 
-def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple[str, float | None, object]:
+def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple[str, float | None, Any]:
     """(command line, client limit in seconds, stdin) of a Command, or of a bare command line."""
     if isinstance(command, str):
         return command, timeout, stdin

@@ -230,7 +230,7 @@ def test_two_runs_in_one_process_do_not_interfere(lab, make_inventory, tmp_path)
                 transport = run.transport(inv.hosts[host])
                 command = remote.wrap(["bash", "-c", "echo begun; sleep 2; echo done"], timeout=30)
 
-                def work(t=transport, key=(name, host)):
+                def work(t=transport, key=(name, host), command=command):
                     try:
                         results[key] = t.run(command, timeout=40)
                     except HostError as e:          # the stopped run's ssh command: connection closed
