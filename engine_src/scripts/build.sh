@@ -7,6 +7,7 @@
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
 #   KD_SANITIZE 1: AddressSanitizer + UndefinedBehaviorSanitizer (with float-cast-overflow, no
 #               recovery) and libstdc++ assertions, -O1 -g (CUDA: host code only)
+#   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,7 +72,11 @@ if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
 started_ns=$(date +%s%N)
 obj="build/obj/$backend$([[ "$sanitize" == 1 ]] && echo -san || true)"
 mkdir -p "$obj" build/gen
-# A changed key (compiler, flags, arch) invalidates every object of this backend.
+# A changed key (compiler, flags, arch) invalidates every object of this backend; so does KD_REBUILD=1.
+if [[ "${KD_REBUILD:-0}" == 1 ]]; then
+    echo "build.sh: KD_REBUILD=1: full rebuild"
+    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key build/fuzz build/fuzz.key
+fi
 if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
 
 # The source tree hash goes into the binary; the stamp header changes only when it does.
@@ -96,6 +101,7 @@ pids=(); names=(); rebuilt=()
 compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
     local out="$1" src="$2"
+    echo "build.sh: compiling $src"
     if [[ "$src" == *.cu ]]; then
         "$NVCC" $nvccflags -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" &
     else
