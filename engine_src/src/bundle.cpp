@@ -16,6 +16,28 @@ float float_field(const Json& j, const char* key, float fallback) {
     return j.has(key) ? static_cast<float>(j.at(key).as_number()) : fallback;
 }
 
+double double_field(const Json& j, const char* key, double fallback) {
+    return j.has(key) ? j.at(key).as_number() : fallback;
+}
+
+RopeScaling rope_scaling_from_json(const Json& j) {
+    if (!j.is_object()) throw std::runtime_error("config: rope_scaling is not an object");
+    const std::string type = j.has("type") ? j.at("type").as_string() : "";
+    if (type != "yarn") throw std::runtime_error("config: rope_scaling type '" + type + "' is not supported (only 'yarn')");
+    RopeScaling r;
+    r.yarn = true;
+    r.factor = double_field(j, "factor", 1);
+    r.original_max_position_embeddings = int_field(j, "original_max_position_embeddings", 0);
+    r.beta_fast = double_field(j, "beta_fast", 32);
+    r.beta_slow = double_field(j, "beta_slow", 1);
+    r.mscale = double_field(j, "mscale", 1);
+    r.mscale_all_dim = double_field(j, "mscale_all_dim", 0);
+    if (!(r.factor >= 1) || r.original_max_position_embeddings <= 0 || !(r.beta_fast > r.beta_slow && r.beta_slow > 0))
+        throw std::runtime_error("config: rope_scaling needs factor >= 1, original_max_position_embeddings > 0 and "
+                                 "beta_fast > beta_slow > 0");
+    return r;
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
     std::string s = "[";
     for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -54,6 +76,7 @@ ModelConfig ModelConfig::from_json(const Json& j) {
     c.rope_theta = float_field(j, "rope_theta", 10000.0f);
     c.norm_eps = float_field(j, "norm_eps", 1e-6f);
     c.max_seq_len = int_field(j, "max_seq_len", 0);
+    if (j.has("rope_scaling") && !j.at("rope_scaling").is_null()) c.rope_scaling = rope_scaling_from_json(j.at("rope_scaling"));
     const int required[] = {c.vocab_size, c.dim, c.n_layers, c.n_heads, c.kv_lora_rank, c.qk_nope_head_dim,
                             c.qk_rope_head_dim, c.v_head_dim, c.max_seq_len};
     for (int v : required)

@@ -49,6 +49,10 @@ double Generation::tokens_per_second() const {
     return t > 0 ? static_cast<double>(tokens.size()) / t : 0.0;
 }
 
+double Generation::decode_tokens_per_second() const {
+    return decode_seconds > 0 && tokens.size() > 1 ? static_cast<double>(tokens.size() - 1) / decode_seconds : 0.0;
+}
+
 int batch_rows_needed(size_t prompt_len, int budget) {
     return std::max(static_cast<int>(prompt_len), 1 + std::max(budget, 0));
 }
