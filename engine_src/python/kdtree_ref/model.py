@@ -295,7 +295,7 @@ class Transformer:
         scores = self.gate_scores(layer, x)
         select = scores + w[prefix + "bias"]                             # s' = s + b
         group_margin = np.full(len(x), np.inf)
-        if a.n_expert_groups > 1:
+        if a.n_expert_groups > a.n_limited_groups:      # else every group is kept: no group choice
             grouped = select.reshape(len(x), a.n_expert_groups, -1)
             group_scores = np.sum(-np.sort(-grouped, axis=-1)[..., :2], axis=-1)
             order = stable_topk(group_scores, a.n_expert_groups)
