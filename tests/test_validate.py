@@ -44,11 +44,16 @@ COPY_IGNORE = shutil.ignore_patterns("build", "__pycache__", "*.kdtr", "manifest
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, reference_bundles) -> Path:
     """The folder of this module's inventories, runs/, local bundle cache and a snapshot of
-    engine_src (so that edits to the working tree during the tests change nothing)."""
+    engine_src (so that edits to the working tree during the tests change nothing). The local
+    bundle cache starts with the session's reference bundles under their generator key, as a
+    previous run would have left it, when the snapshot's generator is the one that made them;
+    the hosts regenerate theirs."""
     path = tmp_path_factory.mktemp("validate")
     shutil.copytree(ENGINE, path / "engine_src", ignore=COPY_IGNORE)
+    if reference_bundles.key_of(path / "engine_src") == reference_bundles.key:
+        reference_bundles.copy_to(path / "build" / "local-bundles" / reference_bundles.key)
     return path
 
 
