@@ -210,7 +210,7 @@ class PromptRouterNoise(Transformer):
     forward that runs a prompt from an empty cache: an engine that far off on the prompt."""
 
     def __init__(self, model: Transformer, amp: float, key: str):
-        self.__dict__.update(model.__dict__)
+        self.__dict__.update(model.__dict__)        # the model's own weights, not a copy
         self.amp, self.key, self.on_prompt = amp, key, False
 
     def forward(self, tokens, positions, mask, cache):
