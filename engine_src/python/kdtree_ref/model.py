@@ -11,8 +11,9 @@ instance exists to show that FP32 rounding leaves the golden tokens alone).
 `Transformer.forward` is the one general forward: a batch of sequences, N new tokens each at
 given positions, a visibility mask over the cache; prefill, AR decode and tree verification
 all use it. RoPE may be scaled with YaRN as DeepSeek-V3 and Kimi-K2 do (`RopeScaling`, the
-`rope_scaling` object of their Hugging Face configs, with the same semantics). `Transformer.forward_full` is the cacheless, non-absorbed textbook form, kept
-only to check the absorbed path.
+`rope_scaling` object of their Hugging Face configs, with the same semantics).
+`Transformer.forward_full` is the cacheless, non-absorbed textbook form, kept only to check the
+absorbed path.
 """
 
 import math
