@@ -76,11 +76,9 @@ class VerifyPolicy(RejectPolicy):
 
     def __init__(self, host: str, pinned: str | None, hop: bool):
         self.host, self.pinned, self.hop = host, pinned, hop
-        self.accepted: list[tuple[str, object]] = []
 
     def missing_host_key(self, client, hostname, key):
         if self.pinned and fingerprint(key) == self.pinned:
-            self.accepted.append((hostname, key))
             return
         if self.pinned:         # a key that contradicts host_key: is changed, never merely unknown (trust pins no such key)
             raise changed(self.host, hostname, key, self.pinned, "host_key: in the inventory")

@@ -22,23 +22,26 @@ HASHES_MAX_BYTES = 1 << 20
 
 def run(ctx: StepContext) -> Outcome:
     """Build unless the stamp of the last successful build matches (tree hash + build key) and its
-    executables are those this machine recorded for that key."""
+    executables are those this machine recorded for that key; without the cache (--no-cache) the
+    engine rebuilds from scratch."""
     tree = ctx.tree_hash()
     key = {"tree": tree, "build": _build_key(ctx)}
     ctx.cache_keys["build"] = key["build"]
-    if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
+    stamp = state.read_json(ctx.transport, STAMP) or {}
+    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _recorded(ctx, key):
             version = _checked_version(ctx, tree)
-            return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date")
+            return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
         # an incremental build would keep a newer binary as it is (and run it): it must be made anew
         ctx.transport.check(remote.script_command(_DROP_SCRIPT, ctx.host.remote_dir, timeout=60),
                             timeout=remote.client_timeout(60), what="removing build/'s executables")
-    ctx.engine("build")
+    # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
+    ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
     version = _checked_version(ctx, tree)
     _record(ctx, key)
-    state.write_json(ctx.transport, STAMP, key)
+    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     return Outcome("passed", _what(version))
 
 
