@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bounded, cli, inventory as inventory_mod, ownership, record, remote, report, state
+from orchestrator import bounded, cli, inventory as inventory_mod, ownership, pipeline, record, remote, report, state
 from orchestrator.console import Console
 from orchestrator.errors import HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
@@ -248,7 +248,7 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     return {
         "lock": (state.lock_command(d, owner), None),
         "begin sync": (sync.begin_command(d, owner, None), None),
-        "finish sync": (sync.finish_command(d), b"{}"),
+        "finish sync": (sync.finish_command(d, b"{}"), None),
         "write state": (remote.script_command(state._WRITE_JSON_SCRIPT, d, "build.json", timeout=10, reads_stdin=True),
                         b"{}"),
         "read file": (remote.script_command(transport._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),
@@ -269,7 +269,10 @@ def test_every_write_lock_delete_read_and_execute_checks_first(tmp_path, operati
     host = tampered_local_host(tmp_path)
     command, stdin = operations(host)[operation]
     before = tree(tmp_path)
-    result = LocalTransport(host).run(command, timeout=30, stdin=stdin)
+    if isinstance(command, str):
+        result = LocalTransport(host).run(command, timeout=30, stdin=stdin)
+    else:                   # a remote.Command carries its own timeout and stdin
+        result = LocalTransport(host).run(command)
     assert result.exit_code == ownership.UNSAFE_EXIT, result
     assert f"UNSAFE {host.remote_dir}/build is owned by uid {ATTACKER}" in result.tail
     assert tree(tmp_path) == before
@@ -375,7 +378,7 @@ def test_every_control_character_is_escaped_in_every_format(char):
     console = Console(out)
     console.host("h")(f"before{char}after\nsecond line")
     cli.run_summary(console, record.RunRecord("r", "validate", "t", hosts={"h": record.HostRecord(
-        status="failed", steps={"test": record.StepRecord("failed", message=f"first {char}failure")})}))
+        status="failed", steps={"test": record.StepRecord("failed", message=f"first {char}failure")})}), pipeline.Plan())
     run = sample_run(char)
     rendered = {"terminal": out.getvalue(), "md": report.render_markdown(run), "html": report.render_html(run),
                 "junit": report.render_junit(run)}
@@ -396,7 +399,8 @@ def test_terminal_takeover_sequences_are_shown_not_obeyed():
     for line in ("\x1b]52;c;ZXZpbA==\x07", "\x1b]0;owned\x07", "\x1b[2J\x1b[H", "compiling\rtest passed"):
         say(line)
     cli.run_summary(console, record.RunRecord("r", "validate", "t", hosts={"h": record.HostRecord(
-        status="failed", steps={"test": record.StepRecord("failed", message="1 failed: \x1b[1G\x1b[2Kok")})}))
+        status="failed", steps={"test": record.StepRecord("failed", message="1 failed: \x1b[1G\x1b[2Kok")})}),
+        pipeline.Plan())
     text = out.getvalue()
     assert "\x1b" not in text and "\r" not in text and "\x07" not in text
     assert "[h] compiling\\rtest passed" in text and "\\x1b]52;c;ZXZpbA==\\x07" in text
