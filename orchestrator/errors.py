@@ -43,7 +43,7 @@ class KdError(Exception):
     def __str__(self) -> str:
         lines = [f"{self.host}: {self.message}" if self.host else self.message]
         if self.command is not None:
-            lines.append(f"  command: {self.command}")
+            lines.append("  command: " + self.command.replace("\n", "\\n"))    # one line: a tail keeps the output
         if self.exit_status is not None:
             lines.append(f"  exit code: {self.exit_status}")
         if self.tail.strip():
