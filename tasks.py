@@ -60,7 +60,8 @@ def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False):
         raise Exit(code=cli.deploy(inv, selected, Console(), dry_run))
 
 
-STEP_HELP = {"steps": "comma list of steps to run (default: all of preflight,sync,build,bundles,golden,test,bench)",
+STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build,bundles,golden,test,bench; "
+                       "nightly adds stress; validate runs stress when named here)",
              "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",
              "no_cache": "rebuild and regenerate even when nothing changed"}
 

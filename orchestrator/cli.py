@@ -224,18 +224,19 @@ def _baseline(runs_root: Path, path: str | None) -> dict | None:
 
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
-    one as `cached`), golden and tests when the plan has them, seconds, the first failure."""
+    one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from . import record
     console.say()
     steps = list(plan.listed)
-    extra = [c for c, step in (("golden", "golden"), ("tests", "test")) if step in steps]
+    extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
     rows = []
     for name, host in run.hosts.items():
         failed = next((f"{step}: {s.message}" for step, s in host.steps.items()
                        if s.status in record.UNFINISHED_STEP_STATUSES), "")
         golden = sum(g.status == "passed" for g in host.golden.values())
         columns = {"golden": f"{golden}/{len(host.golden)}" if host.golden else "-",
-                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"}
+                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-",
+                   "stress": f"{host.stress.passed}/{len(host.stress.cases)}" if host.stress else "-"}
         rows.append([name, host.status.upper() if host.status != "passed" else "passed", host.backend or "-",
                      *[host.steps[s].status if s in host.steps else "-" for s in steps],
                      *[columns[c] for c in extra], f"{host.seconds:.1f}",
