@@ -173,6 +173,7 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
             if fingerprints and e.fingerprint not in fingerprints:
                 raise KdError(f"{e.known_name} offered {e.key.get_name()} {e.fingerprint}, which is not the "
                               f"fingerprint given ({', '.join(fingerprints)}); nothing pinned", host=host.name) from None
+            assert host.known_hosts is not None     # the inventory gives every host one
             hostkeys.pin(Path(host.known_hosts), e.known_name, e.key)
             out(f"pinned {e.known_name} {e.key.get_name()} {e.fingerprint} in {host.known_hosts}")
             continue

@@ -36,7 +36,7 @@ class KdProgram(Program):
     def update_config(self, merge: bool = True) -> None:
         super().update_config(merge)
         if self.args.inventory.value:      # the tasks read it (tasks._inventory)
-            self.config["kdtree"] = {"inventory": self.args.inventory.value}
+            self.config.update(kdtree={"inventory": self.args.inventory.value})
 
     def parse_core_args(self) -> None:
         try:
