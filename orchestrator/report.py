@@ -335,7 +335,7 @@ def _chart(unit: str, metrics: dict[str, list[tuple[str, float]]], colors: dict[
     y = LEGEND_HEIGHT
     groups = []
     for name, bars in items:
-        group = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
+        group: dict[str, Any] = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
         for host, value in bars:
             group["bars"].append({
                 "host": host, "color": colors[host], "y": y, "value": fmt(value),

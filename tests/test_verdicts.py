@@ -35,7 +35,7 @@ def run_task(*args: str, env: dict | None = None, timeout: int = 120) -> subproc
 
 def orch(*args: str) -> subprocess.CompletedProcess:
     """`kdtree-orch ...` (the console entry), from another directory."""
-    return subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *args], cwd="/",
+    return subprocess.run([sys.executable, "-c", "from orchestrator.program import main; main()", *args], cwd="/",
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
