@@ -122,7 +122,7 @@ def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt
             if word == "CLAIMED":
                 return _Attempt(process, tuple(rest.split()), held, tuple(stale))
             if word == "HELD":
-                held[uuid] = str(state.Owner.parse(text) or "owner unknown")
+                held[uuid] = gpus_mod.visible(str(state.Owner.parse(text) or "owner unknown"), 300)
             elif word == "STALE":
                 stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
                                                                            gpus_mod.visible(text, 200))))
