@@ -93,6 +93,22 @@ def acquire(transport: Transport, request: Request, owner: state.Owner, *,
         held = {}
 
 
+def held_claims(transport: Transport, uuids: Sequence[str]) -> dict[str, str]:
+    """Which of these GPUs other runs of this remote_dir hold now (uuid -> owner), taking none."""
+    host = transport.host
+    process = transport.start(claim_command(host.remote_dir, state.Owner.now("probe"), uuids, 0))
+    return _answer(process, host).held
+
+
+def preview(transport: Transport, request: Request, *,
+            driver_paths: Sequence[str] = gpus_mod.DRIVER_PATHS) -> tuple[GpuInventory, Choice]:
+    """What a run would take now (doctor): the GPUs found and the choice, claims of other runs
+    counted, nothing claimed."""
+    found = gpus_mod.query(transport, driver_paths)
+    held = held_claims(transport, [g.uuid for g in found.gpus]) if found.gpus else {}
+    return found, gpus_mod.choose(found.gpus, request, held, host=transport.host.name)
+
+
 def claim_command(remote_dir: str, owner: state.Owner, uuids: Sequence[str], count: int,
                   silence: float | None = None) -> str:
     """The command that takes the first `count` free GPUs of `uuids` (in that order), reports who
@@ -106,7 +122,11 @@ def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt
     host = transport.host
     command = claim_command(host.remote_dir, owner, [g.uuid for g in choice.usable], choice.needed,
                             state.lock_silence(host))
-    process = transport.start(command)
+    return _answer(transport.start(command), host)
+
+
+def _answer(process, host) -> _Attempt:
+    """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended)."""
     held: dict[str, str] = {}
     stale: list[tuple[str, state.Owner]] = []
     try:
@@ -126,7 +146,7 @@ def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt
             elif word == "STALE":
                 stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
                                                                            gpus_mod.visible(text, 200))))
-            elif word == "SHORT":
+            elif word in ("SHORT", "PROBED"):
                 process.close()
                 return _Attempt(None, (), held, ())
             elif word == "UNSAFE":
@@ -138,12 +158,14 @@ def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt
                         host=host.name) from None
 
 
-# $1 remote_dir, $2 the owner (JSON), $3 how many GPUs to claim, $4 heartbeat silence (seconds or
-# empty), then the candidate GPUs' uuids in preference order. Every candidate is tried: the first
-# $3 free ones are kept, the others only tested (to name who holds them).
+# $1 remote_dir, $2 the owner (JSON), $3 how many GPUs to claim (0: only report who holds which),
+# $4 heartbeat silence (seconds or empty), then the candidate GPUs' uuids in preference order.
+# Every candidate is tried: the first $3 free ones are kept, the others only tested (to name who
+# holds them).
 _CLAIM_SCRIPT = r'''
 d=$1 owner=$2 count=$3 silence=$4; shift 4
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
+[ "$count" = 0 ] && [ ! -e "$d/.kdtree" ] && { echo PROBED; exit 0; }    # nothing ever claimed there
 [ -d "$d/.kdtree" ] && [ ! -L "$d/.kdtree" ] || unsafe "$d/.kdtree is not the orchestrator's state directory"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
@@ -163,6 +185,7 @@ for u in "$@"; do
   fi
   exec {fd}>&-
 done
+[ "$count" = 0 ] && { echo PROBED; exit 0; }
 [ "${#taken[@]}" -ge "$count" ] || { echo SHORT; exit 75; }
 for u in "${taken[@]}"; do printf '%s\n' "$owner" > "gpu-$u.owner"; done
 echo "CLAIMED ${taken[*]}"

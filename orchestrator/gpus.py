@@ -404,6 +404,52 @@ def choose(gpus: Sequence[Gpu], request: Request, claimed: Mapping[str, str] | N
     return Choice(request, tuple(usable), needed, tuple(refused))
 
 
+# ---- views and co-tenants ----------------------------------------------------------------------
+
+TABLE_HEADER = ("gpu", "name", "memory MiB", "util", "state", "processes", "selected")
+
+
+def table_rows(records: Sequence[Mapping], selected: Sequence[int] = ()) -> list[list[str]]:
+    """The GPU table as rows of text (doctor, report.md), from GPU records as run.json holds them
+    (Gpu.to_record): index, name, memory used/total, utilization, busy/idle, processes, selected."""
+    rows = []
+    for gpu in records:
+        processes = gpu.get("processes") or []
+        shown = ", ".join(f"{p.get('pid', '?')} {p.get('name', '?')} "
+                          f"{'?' if p.get('used_mib') is None else p.get('used_mib')} MiB" for p in processes[:SHOWN_PROCESSES])
+        if len(processes) > SHOWN_PROCESSES:
+            shown += f" and {len(processes) - SHOWN_PROCESSES} more"
+        rows.append([str(gpu.get("index")), str(gpu.get("name")),
+                     f"{_or_unknown(gpu.get('memory_used_mib'))} / {_or_unknown(gpu.get('memory_total_mib'))}",
+                     f"{_or_unknown(gpu.get('utilization_pct'))} %", "busy" if gpu.get("busy") else "idle",
+                     shown or "-", "yes" if gpu.get("index") in selected else ""])
+    return rows
+
+
+def co_tenants(samples: Sequence[GpuInventory], uuid: str, own_prefix: str) -> list[dict]:
+    """The other processes seen on GPU `uuid` across `samples` (queries made while a step ran):
+    pid, name, the most MiB seen, in how many samples; processes whose name starts with
+    `own_prefix` (the deployed tree: the engine itself) are not counted."""
+    seen: dict[tuple, dict] = {}
+    for sample in samples:
+        for gpu in sample.gpus:
+            if gpu.uuid != uuid:
+                continue
+            for p in gpu.processes:
+                if p.name.startswith(own_prefix):
+                    continue
+                entry = seen.setdefault((p.pid, p.name), {"pid": p.pid, "name": p.name, "max_used_mib": p.used_mib,
+                                                          "samples": 0})
+                entry["samples"] += 1
+                if p.used_mib is not None and (entry["max_used_mib"] or 0) < p.used_mib:
+                    entry["max_used_mib"] = p.used_mib
+    return sorted(seen.values(), key=lambda e: (e["pid"] is None, e["pid"] or 0, e["name"]))
+
+
+def _or_unknown(value) -> str:
+    return "?" if value is None else str(value)
+
+
 _QUERY_SCRIPT = r'''
 max=$1 qgpu=$2 qapp=$3 fmt=$4; shift 4
 smi=$(command -v nvidia-smi 2>/dev/null)

@@ -254,3 +254,19 @@ def test_a_client_whose_heartbeat_stops_loses_its_claim(gpu_lab, lab, make_inven
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_preview_counts_other_runs_claims_and_takes_none(g1, gpu_lab, lab, make_inventory):
+    host, fake, kdtree = g1
+    fake.set(3, busy={2: [(4242, "sglang", 30000)]})
+    first, t1 = claim(host, Request(count=1), command="nightly")
+    with t1, first:
+        with open_transport(host) as t:
+            found, choice = gpu_claims.preview(t, Request(count=None))
+        assert len(found.gpus) == 3 and [g.index for g in choice.taken()] == [1]
+        assert [(g.index, why.split(" by pid")[0]) for g, why in choice.refused] == [
+            (0, "claimed by another run (nightly"), (2, "1 compute process: pid 4242 sglang 30000 MiB")]
+        assert sorted(p.name for p in kdtree.glob("gpu-*.owner")) == [f"gpu-{fake.uuid(0)}.owner"]
+    never = make_inventory({"g1": lab.inventory_entry(gpu_lab[0], remote_dir=str(gpu_lab[0].root / "never"))})
+    with open_transport(never.hosts["g1"]) as t:
+        assert gpu_claims.held_claims(t, [fake.uuid(0)]) == {}

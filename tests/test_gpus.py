@@ -307,3 +307,31 @@ def test_inventory_gpu_keys_in_defaults(make_inventory, tmp_path):
     path.write_text(yaml.safe_dump(data))
     h = inventory.load(path).hosts["h"]
     assert (h.gpu_policy, h.gpu_wait) == ("any", 30)
+
+
+# ---- views and co-tenants -----------------------------------------------------------------------
+
+def test_table_rows_from_gpu_records():
+    records = [g.to_record(1024) for g in fleet(3, busy={1})]
+    records[2]["memory_used_mib"] = None
+    records[2]["processes"] = [{"pid": i, "name": "w", "used_mib": None} for i in range(8)]
+    rows = gpus.table_rows(records, selected=[0])
+    assert rows[0] == ["0", "NVIDIA H200", "3 / 143771", "0 %", "idle", "-", "yes"]
+    assert rows[1] == ["1", "NVIDIA H200", "30000 / 143771", "0 %", "busy", "4001 sglang 30000 MiB", ""]
+    assert rows[2][2] == "? / 143771"
+    assert rows[2][5] == "0 w ? MiB, 1 w ? MiB, 2 w ? MiB, 3 w ? MiB, 4 w ? MiB, 5 w ? MiB and 2 more"
+    assert len(gpus.TABLE_HEADER) == len(rows[0])
+
+
+def test_co_tenants_are_the_other_processes_seen_during_a_step():
+    def sample(*procs):
+        return gpus.GpuInventory("/usr/bin/nvidia-smi", (dataclasses.replace(fleet(2)[0], processes=procs),
+                                                         dataclasses.replace(fleet(2)[1], processes=(
+                                                             GpuProcess(9, "elsewhere", 5),))))
+    engine = GpuProcess(500, "/srv/kdtree/build/kdtree", 900)
+    samples = [sample(engine), sample(engine, GpuProcess(77, "python3", 2000)),
+               sample(GpuProcess(77, "python3", 3000), GpuProcess(None, "[Not Found]", None))]
+    assert gpus.co_tenants(samples, U(0), "/srv/kdtree/") == [
+        {"pid": 77, "name": "python3", "max_used_mib": 3000, "samples": 2},
+        {"pid": None, "name": "[Not Found]", "max_used_mib": None, "samples": 1}]
+    assert gpus.co_tenants(samples[:1], U(0), "/srv/kdtree/") == []
