@@ -129,9 +129,10 @@ def _answer(process, host) -> _Attempt:
     """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended)."""
     held: dict[str, str] = {}
     stale: list[tuple[str, state.Owner]] = []
+    deadline = time.monotonic() + host.timeout("lock")      # overall: a host that trickles lines is no answer
     try:
         while True:
-            line = process.readline(timeout=host.timeout("lock"))
+            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
             if line is None:
                 result = process.close()
                 raise HostError("the GPU claim command ended without an answer", host=host.name,
@@ -152,6 +153,8 @@ def _answer(process, host) -> _Attempt:
             elif word == "UNSAFE":
                 process.close()
                 raise DestinationError(f"cannot claim GPUs: {gpus_mod.visible(rest, 300)}", host=host.name)
+            if time.monotonic() > deadline:
+                raise TimeoutError
     except TimeoutError:
         process.close(timeout=1)
         raise HostError(f"no answer from the GPU claim command within {host.timeout('lock')} s",
