@@ -42,7 +42,6 @@ NAME_CHARS = 96
 PROCESS_NAME_CHARS = 96
 SHOWN_PROCESSES = 6              # processes named per GPU in a message; the rest are counted
 
-POLICIES = ("idle", "any")
 DEFAULT_MAX_USED_MIB = 1024
 
 _NA = re.compile(r"\[?(?:N/A|Not Supported|Unknown Error|Insufficient Permissions|Not Found|GPU is lost)\]?\Z", re.I)

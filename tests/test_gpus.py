@@ -335,3 +335,14 @@ def test_co_tenants_are_the_other_processes_seen_during_a_step():
         {"pid": 77, "name": "python3", "max_used_mib": 3000, "samples": 2},
         {"pid": None, "name": "[Not Found]", "max_used_mib": None, "samples": 1}]
     assert gpus.co_tenants(samples[:1], U(0), "/srv/kdtree/") == []
+
+
+def test_the_query_command_as_data():
+    command = gpus.query_command(types.SimpleNamespace(timeout=lambda step: 60), driver_paths=("/opt/x y", "/usr/bin"))
+    assert command.startswith("exec env -i ")
+    assert command.endswith(" kdtree 262144 --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
+                            "compute_cap,pci.bus_id --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
+                            "--format=csv,noheader,nounits '/opt/x y' /usr/bin")
+    assert " kdtree-step 10 60 bash -c " in command
+    assert gpus.DRIVER_PATHS[:3] == ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin")
+    assert "/usr/lib/wsl/lib" in gpus.DRIVER_PATHS
