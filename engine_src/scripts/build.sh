@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds build/kdtree and build/test_ops incrementally (per-object dependency files), with g++,
-# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen. Writes build/build_info.json.
+# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen, and then also build/gpu_load (the
+# GPU load generator of the contention tests, bench/gpu_load.cu). Writes build/build_info.json.
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
+#   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,7 +63,11 @@ if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
 started_ns=$(date +%s%N)
 obj="build/obj/$backend"
 mkdir -p "$obj" build/gen
-# A changed key (compiler, flags, arch) invalidates every object of this backend.
+# A changed key (compiler, flags, arch) invalidates every object of this backend; so does KD_REBUILD=1.
+if [[ "${KD_REBUILD:-0}" == 1 ]]; then
+    echo "build.sh: KD_REBUILD=1: full rebuild"
+    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key
+fi
 if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
 
 # The source tree hash goes into the binary; the stamp header changes only when it does.
@@ -86,6 +92,7 @@ pids=(); names=(); rebuilt=()
 compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
     local out="$1" src="$2"
+    echo "build.sh: compiling $src"
     if [[ "$src" == *.cu ]]; then
         "$NVCC" $nvccflags -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" &
     else
@@ -95,7 +102,7 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
 }
 
 sources=(src/*.cpp tests/test_ops.cpp)
-[[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu)
+[[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu bench/gpu_load.cu)
 objects=()
 for src in "${sources[@]}"; do
     [[ -e "$src" ]] || continue
@@ -111,11 +118,12 @@ if (( ${#failed[@]} )); then
     exit 1
 fi
 
-engine_objs=(); main_obj=""; test_obj=""
+engine_objs=(); main_obj=""; test_obj=""; load_obj=""
 for o in "${objects[@]}"; do
     case "$o" in
         */src_main.o) main_obj="$o" ;;
         */tests_test_ops.o) test_obj="$o" ;;
+        */bench_gpu_load.o) load_obj="$o" ;;
         *) engine_objs+=("$o") ;;
     esac
 done
@@ -136,6 +144,9 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
 }
 link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }
 link build/test_ops "$test_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/test_ops" >&2; exit 1; }
+if [[ -n "$load_obj" ]]; then
+    link build/gpu_load "$load_obj" || { echo "build.sh: link failed: build/gpu_load" >&2; exit 1; }
+fi
 
 elapsed_ms=$(( ($(date +%s%N) - started_ns) / 1000000 ))
 seconds=$(printf '%d.%03d' $((elapsed_ms / 1000)) $((elapsed_ms % 1000)))
