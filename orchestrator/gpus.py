@@ -362,7 +362,7 @@ class Choice:
         """Why there are not enough: what was wanted, how many were usable, each other GPU and why."""
         text = f"not enough GPUs: needs {self.request.describe()}, {len(self.usable) or 'none'} usable"
         if waited:
-            text += f" after waiting {waited:.0f} s (gpu_wait)"
+            text += f" after waiting {int(waited)} s (gpu_wait)"
         return "; ".join([text] + [f"{gpu.label()}: {why}" for gpu, why in self.refused])
 
 
