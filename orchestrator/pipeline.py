@@ -8,7 +8,12 @@ parallel, into one run record and one run directory.
 Data flows one way: Host -> StepContext -> steps fill the HostRecord -> RunRecord -> run.json and
 the reports. Each host runs its steps in order under its host lock and stops at its first failure
 (later steps: skipped); a failing host never stops the others. A run.Run owns the connections,
-locks and stop flag. Nothing here decides exit codes.
+locks, GPU claims and stop flag. Nothing here decides exit codes.
+
+Locks: validate and nightly hold the tree lock shared from their first step on (runs of the same
+deployed tree run side by side, each on GPUs it claimed in preflight) and alone only while sync,
+build or bundles change the tree (a host without GPUs: for the whole run); deploy holds it alone;
+doctor takes none.
 """
 from __future__ import annotations
 
@@ -21,15 +26,15 @@ import threading
 import time
 from pathlib import Path
 
-from . import parallel, record, remote, report, state, sync
+from . import gpus, parallel, record, remote, report, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
 from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
+from .steps import preflight as preflight_step
 
-LOCK_FREE_STEPS = ("preflight",)      # read-only: runs before the host lock is taken
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
 # deploy the sync alone, validate and nightly every step.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER}
@@ -44,6 +49,17 @@ class Plan:
     steps: tuple[str, ...] = ORDER
     use_cache: bool = True
     max_parallel: int = parallel.MAX_PARALLEL
+    gpus: gpus.Override | None = None       # --gpus
+
+    @property
+    def claims_gpus(self) -> bool:
+        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly)."""
+        return self.command in ("validate", "nightly")
+
+    def lock_mode(self) -> str | None:
+        """How the plan holds the tree lock: shared (validate, nightly), exclusive (deploy) or not
+        at all (doctor)."""
+        return state.SHARED if self.claims_gpus else state.EXCLUSIVE if self.command == "deploy" else None
 
     @property
     def listed(self) -> tuple[str, ...]:
@@ -188,7 +204,9 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     start = time.monotonic()
     transport = run.transport(host)
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)))
+                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
+                      gpu_request=gpus.Request.for_host(host, plan.gpus),
+                      claim_gpus=(lambda t, r: run.claim_gpus(t, r, shared.owner)) if plan.claims_gpus else None)
     lock, stopped_by = None, None
     try:
         for step in plan.listed:
@@ -199,9 +217,9 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if lock is None and step not in LOCK_FREE_STEPS:
-                    lock = _acquire(ctx, run, step, out)
-                    if lock is None:
+                if lock is None and plan.lock_mode():
+                    lock = ctx.lock = _acquire(ctx, run, plan.lock_mode(), step, out)
+                    if lock is None or (plan.claims_gpus and step != "preflight" and not _claim(ctx, run, step, out)):
                         stopped_by = step
                         continue
                 rec.steps[step] = _run_step(ctx, run, step, out)
@@ -228,18 +246,36 @@ def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
     rec.status = record.host_status(rec.steps, stopped)
 
 
-def _acquire(ctx: StepContext, run: Run, step: str, out) -> state.HostLock | None:
-    """Take the host lock for the rest of the run; on failure record it as the step's outcome."""
+def _acquire(ctx: StepContext, run: Run, mode: str, step: str, out) -> state.HostLock | None:
+    """Take the host lock in `mode` for the rest of the run (shared: waiting up to timeouts.lock
+    for a run that changes the tree); on failure record it as the step's outcome."""
     try:
-        lock = run.lock(ctx.transport, ctx.owner)
+        lock = run.lock(ctx.transport, ctx.owner, mode, ctx.host.timeout("lock") if mode == state.SHARED else 0)
     except KdError as e:
-        status = "interrupted" if run.stopped.is_set() else "failed"
-        out(f"{step:9} {status.upper()}  {e.message}")
-        ctx.record.steps[step] = StepRecord(status, 0.0, None, e.message, e.tail)
+        _failed_before(ctx, run, step, out, e)
         return None
     if lock.stale:
         out(f"recovered the lock left by a run that died: {lock.stale}")
     return lock
+
+
+def _claim(ctx: StepContext, run: Run, step: str, out) -> bool:
+    """Claim the run's GPUs when preflight (which does it otherwise) is not run; on failure record
+    it as the outcome of `step`, the first step selected."""
+    ctx.log = lambda text: out(f"{step:9} | {text}")
+    try:
+        out(f"{step:9} | {preflight_step.take_gpus(ctx)}")
+    except KdError as e:
+        _failed_before(ctx, run, step, out, e)
+        return False
+    return True
+
+
+def _failed_before(ctx: StepContext, run: Run, step: str, out, error: KdError) -> None:
+    """Record that what `step` needed (the lock, the GPUs) could not be had."""
+    status = "interrupted" if run.stopped.is_set() else "failed"
+    out(f"{step:9} {status.upper()}  {error.message}")
+    ctx.record.steps[step] = StepRecord(status, 0.0, None, error.message, error.tail)
 
 
 def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
@@ -256,7 +292,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             log.write(f"{text}\n")
             log.flush()
             out(f"{step:9} | {text}")
-        ctx.step, ctx.log = step, write
+        ctx.step, ctx.log, ctx.devices_used = step, write, []
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
@@ -273,7 +309,8 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){'  ' + message if message else ''}")
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = record.read_tail(log_path)
-    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from)
+    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
+                      list(ctx.devices_used) or None)
 
 
 def _timed_out(error: KdError) -> bool:

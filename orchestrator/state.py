@@ -90,21 +90,33 @@ class HostLock:
 
     @contextlib.contextmanager
     def exclusive(self):
-        """Hold the lock alone for the with-block (waiting up to the lock's `wait` seconds for the
-        other runs holding it shared: LockError naming them), then shared again."""
+        """Hold the lock alone for the with-block (see to_exclusive), then shared again if it was."""
         if self.mode == EXCLUSIVE:
             yield self
             return
-        host = self.transport.host
-        answer, holders, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
-        if answer == "BUSY":
-            raise _busy(host, holders, self._wait, "is in use by other runs (the tree cannot change under them)")
-        self.mode = EXCLUSIVE
+        self.to_exclusive()
         try:
             yield self
         finally:
-            self._ask(b"shared\n", ("SHARED",))
-            self.mode = SHARED
+            self.to_shared()
+
+    def to_exclusive(self) -> None:
+        """Hold the lock alone from now on, waiting up to the lock's `wait` seconds for the other
+        runs holding it shared; LockError naming them when they stay (the lock stays shared)."""
+        if self.mode == EXCLUSIVE:
+            return
+        answer, holders, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
+        if answer == "BUSY":
+            raise _busy(self.transport.host, holders, self._wait,
+                        "is in use by other runs (the tree cannot change under them)")
+        self.mode = EXCLUSIVE
+
+    def to_shared(self) -> None:
+        """Share the lock again with other runs of the same tree."""
+        if self.mode == SHARED:
+            return
+        self._ask(b"shared\n", ("SHARED",))
+        self.mode = SHARED
 
     def _ask(self, request: bytes, finals: tuple[str, ...]):
         with self._guard:
