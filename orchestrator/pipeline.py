@@ -10,10 +10,10 @@ the reports. Each host runs its steps in order under its host lock and stops at 
 (later steps: skipped); a failing host never stops the others. A run.Run owns the connections,
 locks, GPU claims and stop flag. Nothing here decides exit codes.
 
-Locks: validate and nightly hold the tree lock shared from their first step on (runs of the same
-deployed tree run side by side, each on GPUs it claimed in preflight) and alone only while sync,
-build or bundles change the tree (a host without GPUs: for the whole run); deploy holds it alone;
-doctor takes none.
+Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
+deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
+bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
+first step that needs it. preflight takes it (after its checks) with the GPUs; doctor takes none.
 """
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ class Plan:
         """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly)."""
         return self.command in ("validate", "nightly")
 
-    def lock_mode(self) -> str | None:
-        """How the plan holds the tree lock: shared (validate, nightly), exclusive (deploy) or not
-        at all (doctor)."""
-        return state.SHARED if self.claims_gpus else state.EXCLUSIVE if self.command == "deploy" else None
+    @property
+    def takes_lock(self) -> bool:
+        """Whether the plan's runs hold the tree lock (all but doctor's)."""
+        return self.command != "doctor"
 
     @property
     def listed(self) -> tuple[str, ...]:
@@ -206,8 +206,10 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
                       gpu_request=gpus.Request.for_host(host, plan.gpus),
-                      claim_gpus=(lambda t, r: run.claim_gpus(t, r, shared.owner)) if plan.claims_gpus else None)
-    lock, stopped_by = None, None
+                      take_lock=lambda mode, wait: run.lock(transport, shared.owner, mode, wait),
+                      claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
+                      if plan.claims_gpus else None)
+    stopped_by = None
     try:
         for step in plan.listed:
             if step not in plan.steps:
@@ -217,17 +219,17 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if lock is None and plan.lock_mode():
-                    lock = ctx.lock = _acquire(ctx, run, plan.lock_mode(), step, out)
-                    if lock is None or (plan.claims_gpus and step != "preflight" and not _claim(ctx, run, step, out)):
-                        stopped_by = step
-                        continue
+                if ctx.lock is None and plan.takes_lock and not (plan.claims_gpus and step == "preflight") \
+                        and not _hold(ctx, run, plan, step, out):
+                    stopped_by = step
+                    continue
                 rec.steps[step] = _run_step(ctx, run, step, out)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
-        if lock:
-            run.unlock(lock)
+        for held in (ctx.claim, ctx.lock):
+            if held is not None:
+                run.release(held)
         transport.close()
         rec.seconds = round(time.monotonic() - start, 3)
     rec.status = record.host_status(rec.steps, run.stopped.is_set())
@@ -246,36 +248,22 @@ def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
     rec.status = record.host_status(rec.steps, stopped)
 
 
-def _acquire(ctx: StepContext, run: Run, mode: str, step: str, out) -> state.HostLock | None:
-    """Take the host lock in `mode` for the rest of the run (shared: waiting up to timeouts.lock
-    for a run that changes the tree); on failure record it as the step's outcome."""
-    try:
-        lock = run.lock(ctx.transport, ctx.owner, mode, ctx.host.timeout("lock") if mode == state.SHARED else 0)
-    except KdError as e:
-        _failed_before(ctx, run, step, out, e)
-        return None
-    if lock.stale:
-        out(f"recovered the lock left by a run that died: {lock.stale}")
-    return lock
-
-
-def _claim(ctx: StepContext, run: Run, step: str, out) -> bool:
-    """Claim the run's GPUs when preflight (which does it otherwise) is not run; on failure record
-    it as the outcome of `step`, the first step selected."""
+def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
+    """Before `step`, the first step that needs them, take the tree lock (and, for validate and
+    nightly, the GPUs: preflight does it otherwise) for the rest of the run; on failure record it
+    as the step's outcome."""
     ctx.log = lambda text: out(f"{step:9} | {text}")
     try:
-        out(f"{step:9} | {preflight_step.take_gpus(ctx)}")
+        if plan.claims_gpus:
+            ctx.log(preflight_step.hold_tree_and_gpus(ctx))
+        else:
+            ctx.hold_tree(state.EXCLUSIVE)
     except KdError as e:
-        _failed_before(ctx, run, step, out, e)
+        status = "interrupted" if run.stopped.is_set() else "failed"
+        out(f"{step:9} {status.upper()}  {e.message}")
+        ctx.record.steps[step] = StepRecord(status, 0.0, None, e.message, e.tail)
         return False
     return True
-
-
-def _failed_before(ctx: StepContext, run: Run, step: str, out, error: KdError) -> None:
-    """Record that what `step` needed (the lock, the GPUs) could not be had."""
-    status = "interrupted" if run.stopped.is_set() else "failed"
-    out(f"{step:9} {status.upper()}  {error.message}")
-    ctx.record.steps[step] = StepRecord(status, 0.0, None, error.message, error.tail)
 
 
 def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:

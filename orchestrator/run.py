@@ -2,7 +2,7 @@
 
     with Run("validate") as run:
         transport = run.transport(host)          # closed when the run ends
-        lock = run.lock(transport, owner)        # released when the run ends (or run.unlock(lock))
+        lock = run.lock(transport, owner)        # released when the run ends (or run.release(lock))
         claim = run.claim_gpus(transport, request, owner)   # GPUs, released when the run ends
         ...
         run.stop()                               # on an interrupt: locks released, connections closed
@@ -60,12 +60,14 @@ class Run:
         thing.release(STOP_LOCK_WAIT)       # taken just as the run stopped: let it go at once
         raise HostError("the run was interrupted", host=transport.host.name)
 
-    def unlock(self, lock: state.HostLock) -> None:
-        """Release a lock this run holds."""
+    def release(self, held) -> None:
+        """Release a lock or GPU claim this run holds (before its host's transport closes: the
+        holder on the host then says goodbye instead of seeing a dead run)."""
         with self._guard:
-            if lock in self._locks:
-                self._locks.remove(lock)
-        lock.release()
+            for things in (self._locks, self._claims):
+                if held in things:
+                    things.remove(held)
+        held.release()
 
     def stop(self) -> None:
         """Stop for good (an interrupt): release the GPU claims and the locks (the next run finds

@@ -58,11 +58,19 @@ class StepContext:
     deployed_tree_hash: str | None = None
     cache_keys: dict = dataclasses.field(default_factory=dict)     # build/bundles keys of this run
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
-    lock: Any = None                    # the run's state.HostLock on the host (None: not taken)
+    lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
+    take_lock: Any = None               # (mode, wait) -> state.HostLock held by the run
     gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
-    claim_gpus: Any = None              # (transport, request) -> gpu_claims.GpuClaim; None: only look (doctor)
+    claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
+    claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
     gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
     devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
+
+    def hold_tree(self, mode: str, wait: float = 0) -> None:
+        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds)."""
+        self.lock = self.take_lock(mode, wait)
+        if self.lock.stale:
+            self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
 
     def changing(self):
         """The with-block in which the current step changes the deployed tree (sync, build,

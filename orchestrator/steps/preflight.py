@@ -3,7 +3,7 @@ GPUs: the table of what nvidia-smi reports, the ones this run claims (validate, 
 take (doctor, which is this step alone)."""
 from __future__ import annotations
 
-from .. import doctor, gpu_claims, gpus
+from .. import doctor, gpu_claims, gpus, state
 from ..record import Fingerprint
 from .context import Outcome, StepContext, StepError
 
@@ -23,28 +23,40 @@ def run(ctx: StepContext) -> Outcome:
 
 
 def take_gpus(ctx: StepContext) -> str:
-    """Claim the run's GPUs (or, for doctor, find what a run would take), record every GPU and
-    the selection, log the GPU table; what was taken, in words. A host without GPUs runs alone
-    (its results are not kept apart per GPU). GpuSelectionError when there are not enough."""
-    request = ctx.gpu_request
-    if ctx.claim_gpus is None:
-        found, choice = gpu_claims.preview(ctx.transport, request)
+    """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
+    (hold_tree_and_gpus). What happened, in words."""
+    if ctx.claim_gpus is not None:
+        return hold_tree_and_gpus(ctx)
+    found, choice = gpu_claims.preview(ctx.transport, ctx.gpu_request)
+    _record(ctx, found, ())
+    if not found.gpus:
+        return "no GPU"
+    taken = ", ".join(str(g.index) for g in choice.taken())
+    return f"a run would take GPU {taken}" if choice.enough else f"a run would not start: {choice.shortage()}"
+
+
+def hold_tree_and_gpus(ctx: StepContext) -> str:
+    """Take the tree lock and the run's GPUs for the rest of the run: on a host with GPUs the lock
+    shared (waiting up to timeouts.lock for a run changing the tree) and the GPUs claimed (waiting
+    up to gpu_wait for enough: GpuSelectionError naming each GPU not taken and why); on a host
+    without, the lock alone, as one run at a time. Records every GPU and the selection."""
+    found = gpus.query(ctx.transport)
+    if not found.gpus:
+        gpus.choose((), ctx.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
+        ctx.hold_tree(state.EXCLUSIVE)
         _record(ctx, found, ())
-        if not found.gpus:
-            return "no GPU"
-        taken = ", ".join(str(g.index) for g in choice.taken())
-        return f"a run would take GPU {taken}" if choice.enough else f"a run would not start: {choice.shortage()}"
-    claim = ctx.claim_gpus(ctx.transport, request)
+        return "no GPU: the run holds the deployed tree alone"
+    ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"))
+    claim = ctx.claim = ctx.claim_gpus(ctx.gpu_request)
     for uuid, owner in claim.stale:
         ctx.log(f"recovered the claim on {uuid} left by a run that died: {gpus.visible(str(owner), 300)}")
     ctx.gpus = claim.gpus
     _record(ctx, claim.inventory, claim.gpus)
-    if not claim.gpus:
-        if ctx.lock is not None:
-            ctx.lock.to_exclusive()
+    if not claim.gpus:                  # they went away since the first look
+        ctx.lock.to_exclusive()
         return "no GPU: the run holds the deployed tree alone"
     return (f"GPU {', '.join(str(g.index) for g in claim.gpus)} claimed for the run "
-            f"(CUDA_VISIBLE_DEVICES by uuid; {request.describe()})")
+            f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.gpu_request.describe()})")
 
 
 def _record(ctx: StepContext, found: gpus.GpuInventory, taken) -> None:
