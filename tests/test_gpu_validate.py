@@ -233,3 +233,32 @@ def test_gpus_flag_errors_exit_2(lab, workdir, g1):
     proc = invoke(lab, "validate", write_inventory(workdir, lab, host, "flag"), "--gpus", "0,,1")
     assert proc.returncode == 2
     assert "--gpus '0,,1': not a list of GPU indices from 0 to 1023" in proc.stderr
+
+
+def test_a_run_that_needs_another_tree_waits_then_names_the_runs_using_it(full_run, lab, workdir, g1):
+    """Another run of the deployed tree holds it (shared, as a validate on its GPU does); a run of
+    a changed source must sync: it waits timeouts.lock for the tree alone, then fails naming it."""
+    from orchestrator import inventory as inventory_mod, state
+    from orchestrator.transport import open_transport
+    _, _, fake, host = full_run
+    fake.set(2)
+    changed = workdir / "changed"
+    if not changed.exists():
+        shutil.copytree(workdir / "engine_src", changed)
+        (changed / "CHANGED.md").write_text("another tree\n")
+    inventory = write_inventory(workdir, lab, host, "changed", timeouts={"connect": 5, "keepalive": 5, "lock": 2})
+    data = yaml.safe_load(inventory.read_text())
+    data["project"]["source"] = str(changed)
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    other = state.Owner("laptop", 4711, "2026-01-01T00:00:00Z", "nightly")
+    hosts = inventory_mod.load(write_inventory(workdir, lab, host, "holder")).hosts
+    with open_transport(hosts["g1"]) as t, state.acquire(t, other, state.SHARED, 5):
+        run_dir = workdir / "run-changed"
+        proc = invoke(lab, "validate", inventory, "--steps", "preflight,sync", "--report-dir", str(run_dir))
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rec = load(run_dir)
+    assert rec["steps"]["preflight"]["status"] == "passed"
+    assert rec["steps"]["sync"]["message"] == (
+        f"{host.root / 'engine'} is in use by other runs (the tree cannot change under them): nightly by pid 4711 "
+        "on laptop, started 2026-01-01T00:00:00Z (waited 2 s: timeouts.lock)")
+    assert not (host.root / "engine" / "CHANGED.md").exists()
