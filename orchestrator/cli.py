@@ -120,7 +120,8 @@ def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
     """Print every command a deploy would run on each host and resolve each host's address
     (ssh config, then DNS); 1 when an address does not resolve. Nothing is changed."""
     from . import state, sync
-    from .transport import open_transport, resolve_address
+    from .connection import resolve_address
+    from .transport import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)
     unresolved = []
@@ -193,13 +194,13 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
              baseline: str | None = None) -> int:
     """Run a plan on the hosts, write the run directory, print the summary. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import pipeline, remote, report
+    from . import pipeline, regression, remote
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     runs_root = inv.project.root / "runs"
     reference = _baseline(runs_root, baseline) if plan.command == "nightly" else None
     run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
     if reference is not None and run.status != "interrupted":
-        run.regressions = report.find_regressions(run.to_dict(), reference)
+        run.regressions = regression.find_regressions(run.to_dict(), reference)
     paths = pipeline.finish(run_dir, run, runs_root, secrets)
     run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
@@ -213,10 +214,10 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
 def _baseline(runs_root: Path, path: str | None) -> dict | None:
     """The nightly's baseline: a baseline file given with --baseline, else the last good nightly
     (chosen before this run starts, so never this run)."""
-    from . import record, report
+    from . import record, regression
     if path:
         try:
-            return report.load_baseline(path)
+            return regression.load_baseline(path)
         except ValueError as e:
             raise UsageError(str(e)) from None
     return record.last_good_run(runs_root, "nightly")
@@ -270,13 +271,13 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
 def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the newest validate or nightly run) for
     `nightly --baseline`."""
-    from . import record, report
+    from . import record, regression
     if not out:
         raise UsageError("baseline needs the file to write: --out FILE")
     runs_root = inv.project.root / "runs"
     run_dir = record.resolve_run(runs_root, run) if run else _measured_run(runs_root)
-    path = report.write_baseline(record.load_run(run_dir), out)
-    hosts = report.load_baseline(path)["hosts"]
+    path = regression.write_baseline(record.load_run(run_dir), out)
+    hosts = regression.load_baseline(path)["hosts"]
     console.say(f"wrote {path}: {sum(len(m) for m in hosts.values())} metrics of {len(hosts)} host(s) from {run_dir.name}")
     return 0
 

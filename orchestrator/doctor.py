@@ -62,17 +62,16 @@ def failed(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.status == "fail"]
 
 
-def probe_command(host: Host) -> str:
+def probe_command(host: Host) -> remote.Command:
     """The one command that gathers every fact the checks need (key=value lines)."""
-    return remote.script_command(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
-                                 host.python, timeout=host.timeout("preflight"))
+    return remote.script(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
+                         host.python, timeout=host.timeout("preflight"), what="the doctor probe")
 
 
 def probe(transport: Transport) -> dict[str, list[str]]:
     """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU)."""
     host = transport.host
-    result = transport.check(probe_command(host), timeout=remote.client_timeout(host.timeout("preflight")),
-                             what="the doctor probe")
+    result = transport.check(probe_command(host))
     facts: dict[str, list[str]] = {}
     for line in result.tail.splitlines():
         key, sep, value = line.partition("=")

@@ -388,6 +388,16 @@ def run_status(hosts: dict[str, HostRecord], interrupted: bool = False) -> str:
     return "passed"
 
 
+def mapping(value: Any) -> dict:
+    """``value`` when it is a dict, else an empty one (a record read back may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, in their first order."""
+    return list(dict.fromkeys(items))
+
+
 def utc_now() -> str:
     """The current time as ISO 8601 UTC, seconds precision (``2026-11-29T17:22:33Z``)."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -222,10 +222,8 @@ def read_deploy_record(transport: Transport) -> dict | None:
 
 def write_json(transport: Transport, name: str, data: dict) -> None:
     """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
-    transport.check(remote.script_command(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
-                                          reads_stdin=True),
-                    timeout=remote.client_timeout(60), stdin=json.dumps(data, indent=1).encode(),
-                    what=f"writing {STATE_DIR}/{name}")
+    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
+                                  stdin=json.dumps(data, indent=1).encode(), what=f"writing {STATE_DIR}/{name}"))
 
 
 def _marker_text(owner: Owner) -> str:

@@ -120,9 +120,8 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     assert deploy().stale_lock is None          # released cleanly
 
     # a run that dies holding the lock: its ssh client is killed, the host keeps no lock
-    from orchestrator.transport import SshTransport
     dead = state.Owner("ci-runner", 999, "2026-01-02T00:00:00Z", "deploy")
-    argv = SshTransport(inv.hosts["h"]).ssh_argv(state.lock_command(inv.hosts["h"].remote_dir, dead))
+    argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(inv.hosts["h"].remote_dir, dead))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "LOCKED exclusive"
     proc.kill()

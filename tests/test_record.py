@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from orchestrator import record as rec
+from orchestrator.console import Console
 
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:
@@ -319,3 +323,39 @@ def test_clean_leaves_a_latest_pointing_outside_runs(tmp_path):
     rec.update_latest(root, report_dir)
     rec.clean(root, keep=0)
     assert (root / "latest").resolve() == report_dir.resolve() and report_dir.is_dir()
+
+
+def write_command_runs(root, runs):
+    """Runs of given (run id, command, status)."""
+    for run_id, command, status in runs:
+        (root / run_id).mkdir(parents=True)
+        record = small_record(run_id, status)
+        record.command = command
+        rec.write_run(root / run_id, record)
+
+
+def test_clean_never_removes_the_newest_passing_nightly(tmp_path):
+    root = tmp_path / "runs"
+    write_command_runs(root, [(RUN_IDS[0], "nightly", "passed"), (RUN_IDS[1], "nightly", "failed"),
+                              (RUN_IDS[2], "deploy", "passed"), (RUN_IDS[3], "doctor", "passed")])
+    removed = rec.clean(root, keep=1)
+    assert [p.name for p in removed] == RUN_IDS[1:3]
+    assert [p.name for p in rec.list_runs(root)] == [RUN_IDS[0], RUN_IDS[3]]       # the baseline stays
+    assert [p.name for p in rec.clean(root, keep=0)] == [RUN_IDS[3]]
+    assert [p.name for p in rec.list_runs(root)] == [RUN_IDS[0]]
+
+
+def test_baselines_and_comparisons_default_to_the_newest_validate_or_nightly(tmp_path):
+    root = tmp_path / "runs"
+    write_command_runs(root, [(RUN_IDS[0], "nightly", "passed"), (RUN_IDS[1], "validate", "failed"),
+                              (RUN_IDS[2], "deploy", "passed"), (RUN_IDS[3], "doctor", "passed")])
+    assert rec.newest_run(root).name == RUN_IDS[1]             # doctor and deploy runs measure nothing
+    assert rec.newest_run(root, passed=True).name == RUN_IDS[0]
+    assert rec.newest_run(root, ("deploy",)).name == RUN_IDS[2]
+    assert rec.newest_run(tmp_path / "none") is None
+    from orchestrator import cli, inventory
+    inv = inventory.load(Path(__file__).resolve().parent.parent / "hosts.yaml")
+    inv = dataclasses.replace(inv, project=dataclasses.replace(inv.project, root=tmp_path))
+    out = io.StringIO()
+    assert cli.baseline(inv, Console(out), str(tmp_path / "baseline.json")) == 0
+    assert f"from {RUN_IDS[1]}" in out.getvalue()

@@ -221,42 +221,11 @@ def processes_in(directory: Path) -> list[str]:
     return found
 
 
-def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run):
-    _, full_dir = full_run
-    full = load_run(full_dir)
-    metric, value = next((m, v["value"]) for m, v in full["hosts"]["h1"]["bench"]["metrics"].items()
-                         if v["better"] == "higher" and v["value"] > 0)
-    baseline = workdir / "baseline.json"
-    baseline.write_text(json.dumps({"version": 1, "hosts": {"h1": {metric: value * 10}}, "thresholds": {"*": 0.5}}))
-    run_dir = workdir / "run-nightly"
-    proc = subprocess.run([sys.executable, "-m", "invoke", "nightly", "--inventory", str(workdir / "h1.yaml"),
-                           "--host", "h1", "--skip", "test", "--baseline", str(baseline), "--report-dir", str(run_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, **lab.env()})
-    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
-    run = load_run(run_dir)
-    assert run["command"] == "nightly" and run["status"] == "passed"
-    assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
-    assert f"REGRESSION h1 {metric}" in proc.stdout
-    assert metric in (run_dir / "report.md").read_text()
-
-
-def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
-    _, full_dir = full_run
-    again = workdir / "run-copy"
-    shutil.copytree(full_dir, again)
-    (again / "report.html").unlink()
-    proc = subprocess.run([sys.executable, "-m", "invoke", "report", "--inventory", str(workdir / "h1.yaml"),
-                           "--run", str(again), "--compare", str(full_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (again / "report.html").is_file()
-    compare = next(again.glob("compare-*.md")).read_text()
-    assert "h1" in compare and "tokens/s" in compare
-
-
 def copy_of_h1(lab, workdir, name: str, drop_stamps=()) -> tuple[Path, Path]:
     """A copy of the full run's deployment on h1 (its build and result stamps with it), and an
-    inventory for it; `drop_stamps`: state files left out (that step then runs for real)."""
+    inventory for it; `drop_stamps`: state files left out (that step then runs for real). The
+    tests using it come before the nightly below, which re-runs bench on h1's deployment (so that
+    its bench.json is no longer the one the full run stamped)."""
     h1 = lab.hosts["h1"]
     shutil.copytree(h1.root / "engine", h1.root / name, symlinks=True)
     for stamp in drop_stamps:
@@ -341,3 +310,37 @@ def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_r
     assert "no engine tests ran" not in (run_dir / "report.md").read_text()
     assert "### h1 · test: interrupted" in (run_dir / "report.md").read_text()
     assert not processes_in(remote), "the tests outlived the interrupt"
+
+
+def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run):
+    _, full_dir = full_run
+    full = load_run(full_dir)
+    metric, value = next((m, v["value"]) for m, v in full["hosts"]["h1"]["bench"]["metrics"].items()
+                         if v["better"] == "higher" and v["value"] > 0)
+    baseline = workdir / "baseline.json"
+    baseline.write_text(json.dumps({"version": 1, "hosts": {"h1": {metric: value * 10}}, "thresholds": {"*": 0.5}}))
+    run_dir = workdir / "run-nightly"
+    proc = subprocess.run([sys.executable, "-m", "invoke", "nightly", "--inventory", str(workdir / "h1.yaml"),
+                           "--host", "h1", "--skip", "test", "--baseline", str(baseline), "--report-dir", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, **lab.env()})
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert run["command"] == "nightly" and run["status"] == "passed"
+    assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
+    assert f"REGRESSION h1 {metric}" in proc.stdout
+    assert metric in (run_dir / "report.md").read_text()
+
+
+def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
+    _, full_dir = full_run
+    again = workdir / "run-copy"
+    shutil.copytree(full_dir, again)
+    (again / "report.html").unlink()
+    proc = subprocess.run([sys.executable, "-m", "invoke", "report", "--inventory", str(workdir / "h1.yaml"),
+                           "--run", str(again), "--compare", str(full_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (again / "report.html").is_file()
+    compare = next(again.glob("compare-*.md")).read_text()
+    assert "h1" in compare and "tokens/s" in compare
+

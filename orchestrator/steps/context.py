@@ -20,7 +20,7 @@ from ..errors import CommandError, HostError, KdError
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord, RunDir
 from ..sync import SourceId
-from ..transport import HeldInput, Result, Transport
+from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 T = TypeVar("T")
@@ -156,10 +156,9 @@ class StepContext:
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
         env = self._pinned(env)
-        command = remote.step_command(self.host, snippet, timeout, with_secrets=True, env=env)
+        command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
         self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
-        stdin = HeldInput(remote.secret_input(self.host)) if self.host.secret_env else None
-        result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log, stdin=stdin)
+        result = self.transport.run(command, on_output=self.log)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
@@ -176,10 +175,9 @@ class StepContext:
 
     def engine_output(self, name: str, max_bytes: int = 1 << 20) -> str:
         """The standard output of a short project command (e.g. build_key, tree_hash)."""
-        command = remote.step_command(self.host, self.project.commands[name], self.host.timeout(self.step),
-                                      env=self._pinned(None))
-        return self.transport.capture(command, timeout=remote.client_timeout(self.host.timeout(self.step)),
-                                      max_bytes=max_bytes, what=name).decode(errors="replace")
+        command = remote.step(self.host, self.project.commands[name], self.host.timeout(self.step), what=name,
+                              env=self._pinned(None))
+        return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
 
     def pull_json(self, result: str, gpu=None) -> dict:
         """Fetch the project's result file `result` (a key of project.results; of `gpu`'s run:
