@@ -13,7 +13,7 @@ import pytest
 from orchestrator import state
 from orchestrator.errors import LockError
 from orchestrator.state import EXCLUSIVE, SHARED, Owner
-from orchestrator.transport import SshTransport, open_transport
+from orchestrator.transport import open_transport
 
 WAIT = 2
 
@@ -95,11 +95,11 @@ def test_nobody_overtakes_a_run_going_back_to_shared(host):
         a.release()
 
 
-def test_a_dead_holder_is_recovered_and_a_live_one_is_not(host):
+def test_a_dead_holder_is_recovered_and_a_live_one_is_not(host, lab):
     live, tl = take(host, "validate", 1)
     with tl:
         dead = owner("nightly", 999)
-        argv = SshTransport(host).ssh_argv(state.lock_command(host.remote_dir, dead, mode=SHARED))
+        argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(host.remote_dir, dead, mode=SHARED))
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "LOCKED shared"
         proc.kill()
