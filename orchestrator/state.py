@@ -259,25 +259,38 @@ take() {
   if ! flock "${w[@]}" "$1" 9; then [ -n "$held" ] && flock -s 9; flock -u 7; return 1; fi
   flock -u 7
 }
-# BUSY, after a HOLDER line with the owner of each run holding the tree (this one excepted).
+# alive FILE: the holder file of a live run (it flocks its own file while it lives; `owner` is the
+# single owner file of an earlier version's lock, which had no such flock).
+alive() {
+  local fd rc=0
+  [ -f "$1" ] && [ ! -L "$1" ] && [ "$1" != "$me" ] || return 1
+  [ "$1" = owner ] && return 0
+  exec {fd}<"$1" || return 1
+  flock -n "$fd" && rc=1
+  exec {fd}<&-
+  return "$rc"
+}
+# BUSY, after a HOLDER line with the owner of each live run holding the tree; a run that has just
+# taken the lock writes its file a moment later: wait for it, briefly.
 busy() {
-  local f
-  for f in holder-*.json owner; do
-    [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] && printf 'HOLDER %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"
+  local f n=0 tries
+  for tries in 1 2 3 4 5 6 7 8 9 10; do
+    for f in holder-*.json owner; do
+      alive "$f" && n=$((n + 1)) && printf 'HOLDER %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"
+    done
+    [ "$n" -gt 0 ] && break
+    sleep 0.2
   done
   echo BUSY
 }
 take "$([ "$mode" = exclusive ] && echo -x || echo -s)" || { busy; exit 75; }
 held=$mode
-# A holder file whose flock is free belongs to a run that died (each run flocks its own while it
-# lives); `owner` is the single owner file of an earlier version's lock.
-for f in holder-*.json owner; do
-  [ -f "$f" ] && [ ! -L "$f" ] || continue
-  exec {fd}<"$f" || continue
-  if [ "$f" = owner ] || flock -n "$fd"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
-  exec {fd}<&-
-done
 printf '%s\n' "$2" > "new-$me" && exec 8<"new-$me" && flock -n 8 && mv -f -- "new-$me" "$me" || unsafe "cannot write $d/.kdtree/$me"
+# Holder files of runs that died (and an earlier version's owner file: we hold the lock now).
+for f in holder-*.json owner; do
+  [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
+  if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
+done
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
