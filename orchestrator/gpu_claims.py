@@ -42,9 +42,10 @@ class GpuClaim:
         """CUDA_VISIBLE_DEVICES for the claimed GPUs: their uuids, comma-separated."""
         return ",".join(g.uuid for g in self.gpus)
 
-    def release(self) -> None:
+    def release(self, timeout: float = 30) -> None:
+        """Let the GPUs go (waiting up to `timeout` seconds for the holder on the host to end)."""
         if self.lock is not None:
-            self.lock.release()
+            self.lock.release(timeout)
 
     def __enter__(self) -> "GpuClaim":
         return self

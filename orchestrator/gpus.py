@@ -120,20 +120,18 @@ class GpuInventory:
     gpus: tuple[Gpu, ...] = ()
 
 
-def query_command(host, driver_paths: Sequence[str] = DRIVER_PATHS) -> str:
+def query_command(host, driver_paths: Sequence[str] = DRIVER_PATHS) -> remote.Command:
     """The command that finds nvidia-smi (the host's PATH, then `driver_paths`) and runs the GPU
     and compute-process queries; its output is tagged lines for parse_query."""
-    return remote.script_command(_QUERY_SCRIPT, str(OUTPUT_MAX_BYTES), QUERY_GPUS, QUERY_APPS, CSV_FORMAT,
-                                 *driver_paths, timeout=host.timeout("preflight"))
+    return remote.script(_QUERY_SCRIPT, str(OUTPUT_MAX_BYTES), QUERY_GPUS, QUERY_APPS, CSV_FORMAT, *driver_paths,
+                         timeout=host.timeout("preflight"), what="the GPU query")
 
 
 def query(transport, driver_paths: Sequence[str] = DRIVER_PATHS) -> GpuInventory:
     """The host's GPUs now, as nvidia-smi reports them (GpuQueryError when it cannot tell)."""
-    host = transport.host
-    command = query_command(host, driver_paths)
-    out = transport.capture(command, timeout=remote.client_timeout(host.timeout("preflight")),
-                            max_bytes=3 * OUTPUT_MAX_BYTES, what="the GPU query")
-    return parse_query(out.decode("utf-8", errors="replace"), host=host.name, command=command)
+    command = query_command(transport.host, driver_paths)
+    out = transport.capture(command, max_bytes=3 * OUTPUT_MAX_BYTES)
+    return parse_query(out.decode("utf-8", errors="replace"), host=transport.host.name, command=command.line)
 
 
 def parse_query(text: str, *, host: str | None = None, command: str | None = None) -> GpuInventory:
