@@ -73,28 +73,30 @@ def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False):
 STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build,bundles,golden,test,bench; "
                        "nightly adds stress; validate runs stress when named here)",
              "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",
-             "no_cache": "rebuild and regenerate even when nothing changed"}
+             "no_cache": "rebuild and regenerate even when nothing changed",
+             "gpus": "GPUs per host, over gpu_policy/gpu_count: a count (2), all (every GPU the policy allows), "
+                     "or indices (0,3; one index as 3,)"}
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
 def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
-             no_cache=False):
+             no_cache=False, gpus=None):
     """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache))
+                                     no_cache=no_cache, gpus=gpus))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
                                "baseline": "a baseline file (default: the last good nightly run)"})
 def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
-            skip=None, no_cache=False):
+            skip=None, no_cache=False, gpus=None):
     """Validate every host but `local` (or the selection) and flag benchmark regressions (exit 3)."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, command="nightly", baseline=baseline))
+                                     no_cache=no_cache, command="nightly", baseline=baseline, gpus=gpus))
 
 
 @task(help={"run": "a run id, a run directory or latest (default: the newest validate or nightly run)", "out": "the baseline file to write",
