@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 from . import remote
 from .errors import HostError, UsageError
@@ -177,8 +177,9 @@ def parse_gpus(lines: Sequence[str], *, host: str | None = None) -> tuple[Gpu, .
         row = _Row("GPU", number, line, len(GPU_FIELDS), host)
         # a name may hold commas (nvidia-smi does not quote): the fields after it count from the end
         index, uuid, *_, used, total, util, cap, bus = row.fields
-        gpu = Gpu(index=row.number(index, "index", MAX_GPUS - 1, optional=False),
-                  uuid=row.match(uuid, _UUID, "uuid", optional=False),
+        # optional=False raises on a missing value, so these are never None
+        gpu = Gpu(index=cast(int, row.number(index, "index", MAX_GPUS - 1, optional=False)),
+                  uuid=cast(str, row.match(uuid, _UUID, "uuid", optional=False)),
                   name=visible(row.text(2, len(row.fields) - 5), NAME_CHARS) or "?",
                   memory_used_mib=row.number(used, "memory.used", MAX_MIB),
                   memory_total_mib=row.number(total, "memory.total", MAX_MIB),
@@ -201,7 +202,7 @@ def parse_processes(lines: Sequence[str], *, host: str | None = None) -> list[tu
     for number, line in enumerate(lines, 1):
         row = _Row("compute process", number, line, len(APP_FIELDS), host)
         uuid, pid, *_, used = row.fields      # a process name may hold commas
-        found.append((row.match(uuid, _UUID, "gpu_uuid", optional=False),
+        found.append((cast(str, row.match(uuid, _UUID, "gpu_uuid", optional=False)),
                       GpuProcess(row.number(pid, "pid", 1 << 31),
                                  visible(row.text(2, len(row.fields) - 1), PROCESS_NAME_CHARS) or "?",
                                  row.number(used, "used_memory", MAX_MIB))))

@@ -48,7 +48,8 @@ class _Sampler:
     """Looks at the host's GPUs (nvidia-smi) now and every SAMPLE_SECONDS until the with-block ends."""
 
     def __init__(self, ctx: StepContext):
-        self.ctx, self.samples, self._done = ctx, [], threading.Event()
+        self.ctx, self._done = ctx, threading.Event()
+        self.samples: list = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:

@@ -84,7 +84,7 @@ class StepContext:
             return {"CUDA_VISIBLE_DEVICES": gpu.uuid, "KD_RESULTS_DIR": results_dir(gpu), "KD_NO_BUILD": "1"}
         return {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus)} if self.gpus else {}
 
-    def on_each_gpu(self, work: Callable[["StepContext", Any], T]) -> dict[int, T | Exception]:
+    def on_each_gpu(self, work: Callable[["StepContext", Any], T]) -> dict[int, T | KdError]:
         """`work(ctx, gpu)` for every claimed GPU at once, each with a context whose log lines
         say the GPU; the result or the KdError of each, by GPU index."""
         guard = threading.Lock()

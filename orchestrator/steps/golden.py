@@ -26,9 +26,10 @@ def run(ctx: StepContext) -> Outcome:
     for gpu in ctx.gpus:
         cell = gpu_run(ctx, gpu)
         try:
-            if isinstance(outputs[gpu.index], Exception):
-                raise outputs[gpu.index]
-            cell.golden = rows[gpu.index] = _checked(ctx, outputs[gpu.index], manifest)
+            output = outputs[gpu.index]
+            if isinstance(output, KdError):
+                raise output
+            cell.golden = rows[gpu.index] = _checked(ctx, output, manifest)
         except KdError as e:
             cell.golden_status, cell.message = "failed", e.message
             problems.append(f"GPU {gpu.index}: {e.message}")

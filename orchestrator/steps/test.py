@@ -70,7 +70,7 @@ def _on_each_gpu(ctx: StepContext) -> Outcome:
     for gpu in ctx.gpus:
         cell = gpu_run(ctx, gpu)
         result = results[gpu.index]
-        if isinstance(result, Exception):
+        if isinstance(result, KdError):
             cell.tests_status, cell.message = "failed", result.message
             problems.append(f"GPU {gpu.index}: {result.message}")
             continue
