@@ -289,10 +289,10 @@ def test_two_runs_in_one_process_do_not_interfere(lab, make_inventory, tmp_path)
         with pytest.raises(HostError, match="the run was interrupted"):
             first.transport(inv.hosts["local"]).run("true", timeout=5)
         assert second.transport(inv.hosts["local"]).run("true", timeout=5).ok
-        assert not (Path(inv.hosts["a"].remote_dir) / ".kdtree" / "owner").exists()    # first's lock released
-        assert (Path(inv.hosts["b"].remote_dir) / ".kdtree" / "owner").exists()       # second's still held
+        assert not list((Path(inv.hosts["a"].remote_dir) / ".kdtree").glob("holder-*.json"))    # first's lock released
+        assert list((Path(inv.hosts["b"].remote_dir) / ".kdtree").glob("holder-*.json"))       # second's still held
         assert lock_a is not lock_b
-    assert not (Path(inv.hosts["b"].remote_dir) / ".kdtree" / "owner").exists()        # released at its end
+    assert not list((Path(inv.hosts["b"].remote_dir) / ".kdtree").glob("holder-*.json"))        # released at its end
 
 
 # -- doctor and deploy leave a run record -------------------------------------------------------------
