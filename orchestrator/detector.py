@@ -301,10 +301,17 @@ def _few_points(verdict: Verdict, current: Point, window: list[Point], policy: P
     return verdict
 
 
+def history_noise(window: Sequence[Point], policy: Policy = Policy()) -> tuple[float, float]:
+    """The baseline window's median and its run-to-run noise: 1.4826 x MAD of its values, never
+    below the policy's floor (the history rule's noise before the run's own samples count)."""
+    base = median(p.value for p in window)
+    return base, max(MAD_SCALE * mad(p.value for p in window), policy.floor * abs(base))
+
+
 def _history_rule(verdict: Verdict, current: Point, window: list[Point], policy: Policy) -> None:
     verdict.method = "history"
-    base = verdict.baseline
-    spreads = [MAD_SCALE * mad(p.value for p in window), policy.floor * abs(base)]
+    base, noise = history_noise(window, policy)
+    spreads = [noise]
     own = current.sample_mad()
     if own is not None:
         spreads.append(MAD_SCALE * own)
