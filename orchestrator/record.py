@@ -24,7 +24,9 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                                                 "window_start", "margin"},
                             "detail": "what failed, when no token position says it"}},
         "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
-        "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower"}}, "details": {...}}}},
+        "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
+                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...}},
+        "build_key": {...} | null}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
@@ -71,6 +73,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MESSAGE_LIMIT = 4000  # characters kept of a message parsed from a host's result file
 DETAILS_DEPTH = 16  # bench details nested deeper are dropped
 DETAILS_BYTES = 256_000  # and so are larger ones
+SAMPLES_LIMIT = 1000  # samples kept per benchmark metric
 REDACTED = "[REDACTED]"
 MIN_FRAGMENT = 6  # shortest cut-off piece of a secret redacted at the edge of a log tail
 
@@ -214,8 +217,10 @@ def bench_from_engine(data: Any) -> dict:
     """The ``bench`` part of a host record from the engine's ``build/bench.json``.
 
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
-    lower); every other top-level key but ``version`` and ``metrics`` goes to ``details``,
-    replaced by a note when it is nested too deeply or too large to keep.
+    lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
+    SAMPLES_LIMIT), ``n``, ``median``, ``mad`` and ``noisy`` (true only when the engine says so).
+    Every other top-level key but ``version`` and ``metrics`` goes to ``details``, replaced by a
+    note when it is nested too deeply or too large to keep.
     """
     data = data if isinstance(data, dict) else {}
     metrics = {}
@@ -228,9 +233,30 @@ def bench_from_engine(data: Any) -> dict:
                 "value": value,
                 "unit": short_text(metric.get("unit") or "", 40),
                 "better": better if better in ("higher", "lower") else "higher",
+                **_noise(metric),
             }
     details = {k: v for k, v in data.items() if k not in ("version", "metrics")}
     return {"metrics": metrics, "details": _bounded(details)}
+
+
+def _noise(metric: dict) -> dict:
+    """A metric's samples and spread as the engine reported them, typed and bounded."""
+    noise: dict[str, Any] = {}
+    samples = metric.get("samples")
+    if isinstance(samples, list):
+        kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]
+        if kept:
+            noise["samples"] = kept
+    n = metric.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 31:
+        noise["n"] = n
+    for key in ("median", "mad"):
+        number = finite_number(metric.get(key))
+        if number is not None and (key != "mad" or number >= 0):
+            noise[key] = number
+    if metric.get("noisy") is True:
+        noise["noisy"] = True
+    return noise
 
 
 def _bounded(details: dict) -> dict:
@@ -284,6 +310,7 @@ class HostRecord:
     golden: dict[str, GoldenRecord] = field(default_factory=dict)
     tests: TestsRecord | None = None
     bench: dict | None = None
+    build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
 
 
 @dataclass

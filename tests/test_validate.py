@@ -95,7 +95,7 @@ def test_full_pipeline_passes_on_a_cpu_host(full_run):
     host = run["hosts"]["h1"]
     assert steps(run, "h1") == dict.fromkeys(["preflight", "sync", "build", "bundles", "golden", "test", "bench"],
                                              "passed")
-    assert host["backend"] == "cpu"
+    assert host["backend"] == "cpu" and host["build_key"]["backend"] == "cpu"
     assert host["deployed_tree_hash"] == host["binary_tree_hash"] == run["source"]["tree_hash"]
     assert set(host["golden"]) == {"tiny_fp32", "tiny_int4", "tiny2_fp32", "tiny2_int4"}
     for bundle in host["golden"].values():

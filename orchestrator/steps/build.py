@@ -15,6 +15,7 @@ def run(ctx: StepContext) -> Outcome:
     tree = ctx.tree_hash()
     key = {"tree": tree, "build": _build_key(ctx)}
     ctx.cache_keys["build"] = key["build"]
+    ctx.record.build_key = key["build"] if isinstance(key["build"], dict) else None
     if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
         version = _checked_version(ctx, tree)
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date")
