@@ -4,6 +4,7 @@
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
+#   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,6 +70,33 @@ tree="$(bash scripts/tree_hash.sh "$engine")"
 stamp="#define KD_TREE_HASH \"$tree\"
 #define KD_ARCH \"$arch\""
 [[ "$(cat build/gen/build_stamp.h 2>/dev/null || true)" == "$stamp" ]] || echo "$stamp" > build/gen/build_stamp.h
+
+# The binaries of the last KD_BUILD_CACHE trees built are kept in build/trees/<tree>-<key hash>/:
+# coming back to one of those trees (a bisect, a revert) restores them instead of compiling.
+# A restored binary carries no link key, so the next compiled build always relinks.
+cache_keep="${KD_BUILD_CACHE:-4}"
+[[ "$cache_keep" =~ ^[0-9]+$ ]] || { echo "build.sh: KD_BUILD_CACHE must be a number, got '$cache_keep'" >&2; exit 2; }
+cached="build/trees/$tree-$(printf '%s' "$key" | sha256sum | cut -c1-16)"
+evict() {  # keep the newest cache_keep trees (names are <hex>-<hex>: ls -t is safe)
+    # shellcheck disable=SC2012
+    ls -1dt build/trees/*/ 2>/dev/null | tail -n +$((cache_keep + 1)) | xargs -r rm -rf --
+}
+current_tree="$(sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' build/build_info.json 2>/dev/null | head -n1 || true)"
+if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
+   (( cache_keep > 0 )) && [[ -f "$cached/kdtree" && -f "$cached/test_ops" ]]; then
+    rm -f build/kdtree.key build/test_ops.key
+    cp -p "$cached/kdtree" build/kdtree.restoring && mv -f build/kdtree.restoring build/kdtree
+    cp -p "$cached/test_ops" build/test_ops.restoring && mv -f build/test_ops.restoring build/test_ops
+    touch "$cached"
+    evict
+    cat > build/build_info.json <<JSON
+{"version": 1, "tree": "$tree", "binary": "build/kdtree", "test_program": "build/test_ops",
+ "key": $key,
+ "rebuilt": [], "restored": "$cached", "seconds": 0}
+JSON
+    echo "build.sh: $(build/kdtree --version) (restored from $cached, nothing compiled)"
+    exit 0
+fi
 
 # An object is stale when it is missing or older than any file its dependency file names.
 stale() {
@@ -146,4 +174,10 @@ cat > build/build_info.json <<JSON
  "key": $key,
  "rebuilt": [$rebuilt_json], "seconds": $seconds}
 JSON
+if (( cache_keep > 0 )) && { (( ${#rebuilt[@]} )) || [[ ! -f "$cached/kdtree" ]]; }; then
+    mkdir -p "$cached"
+    cp -p build/kdtree build/test_ops "$cached/"
+    touch "$cached"
+fi
+evict
 echo "build.sh: $(build/kdtree --version) (${#rebuilt[@]} steps, ${seconds}s)"
