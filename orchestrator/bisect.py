@@ -19,6 +19,7 @@ noise that the two ends' samples show.
 from __future__ import annotations
 
 import math
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -111,6 +112,14 @@ def commit_range(repo: Path | str, good: str, bad: str, source: str = "engine_sr
     if len(commits) < 2:
         raise UsageError(f"{source} is the same at --good {good} and --bad {bad}: nothing to bisect")
     return commits
+
+
+def command_for(host: str, metric: str, good: str | None, bad: str | None) -> str | None:
+    """The exact `invoke bisect` command that finds the commit behind a metric's regression
+    between a good and a bad commit; None when either is unknown or they are the same."""
+    if not good or not bad or good == bad:
+        return None
+    return f"invoke bisect --host {shlex.quote(host)} --good {good} --bad {bad} --metric {shlex.quote(metric)}"
 
 
 def max_probes(n: int) -> int:

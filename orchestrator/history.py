@@ -21,7 +21,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from .detector import Point, Policy, Verdict, judge
 from .errors import UsageError
@@ -344,8 +344,9 @@ def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
             verdicts.append((point, Verdict("unjudged", "none", point.value, point.better, tolerance(point.metric),
                                             reason=f"reused result{origin}: not a new measurement")))
             continue
+        # 3 windows: the drift rule looks 2 back, and the start of a streak is judged on its own past
         before = store.series(point.key, point.metric, before=point.run_id if indexed else None,
-                              limit=2 * policy.window)
+                              limit=3 * policy.window)
         verdicts.append((point, judge(point.point(), [p.point() for p in before], tolerance(point.metric),
                                       point.better, policy)))
     return verdicts
@@ -354,10 +355,4 @@ def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
 def default_path(runs_root: Path | str) -> Path:
     """Where the history lives unless --history names another file: runs/history.sqlite."""
     return Path(runs_root) / DEFAULT_NAME
-
-
-def iter_series(store: HistoryStore) -> Iterator[tuple[SeriesKey, str, list[StoredPoint]]]:
-    """Every comparable series of the store with its points (new measurements, oldest first)."""
-    for key, metric in store.series_keys():
-        yield key, metric, store.series(key, metric)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bisect import (BisectError, MetricJudge, ProbeResult, Worktree, commit_range, max_probes,
-                                 search)
+from orchestrator.bisect import (BisectError, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
+                                 max_probes, search)
 from orchestrator.errors import UsageError
 
 
@@ -125,3 +125,10 @@ def test_metric_judge_needs_a_step_beyond_the_noise():
         MetricJudge(good, ProbeResult(False, "", 980.0, (900.0, 980.0, 1060.0)), "higher")
     slower = MetricJudge(ProbeResult(False, "", 2.0), ProbeResult(False, "", 2.6), "lower")
     assert slower(ProbeResult(False, "", 2.4)) and not slower(ProbeResult(False, "", 2.1))
+
+
+def test_the_bisect_command_is_exact_and_quoted():
+    assert command_for("ct200", "tiny_fp32.ar_tokens_per_s", "a" * 40, "b" * 40) == \
+        f"invoke bisect --host ct200 --good {'a' * 40} --bad {'b' * 40} --metric tiny_fp32.ar_tokens_per_s"
+    assert command_for("h", "odd metric;rm", "a", "b").endswith("--metric 'odd metric;rm'")
+    assert command_for("h", "m", None, "b") is None and command_for("h", "m", "a", "a") is None
