@@ -82,11 +82,14 @@ evict() {  # keep the newest cache_keep trees (names are <hex>-<hex>: ls -t is s
     ls -1dt build/trees/*/ 2>/dev/null | tail -n +$((cache_keep + 1)) | xargs -r rm -rf --
 }
 current_tree="$(sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' build/build_info.json 2>/dev/null | head -n1 || true)"
+binaries=(kdtree test_ops)    # what a build links: all of them are kept and restored
+have_all() { local b; for b in "${binaries[@]}"; do [[ -f "$1/$b" ]] || return 1; done; }
 if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
-   (( cache_keep > 0 )) && [[ -f "$cached/kdtree" && -f "$cached/test_ops" ]]; then
-    rm -f build/kdtree.key build/test_ops.key
-    cp -p "$cached/kdtree" build/kdtree.restoring && mv -f build/kdtree.restoring build/kdtree
-    cp -p "$cached/test_ops" build/test_ops.restoring && mv -f build/test_ops.restoring build/test_ops
+   (( cache_keep > 0 )) && [[ -d "$cached" ]] && have_all "$cached"; then
+    for b in "${binaries[@]}"; do
+        rm -f "build/$b.key"
+        cp -p "$cached/$b" "build/$b.restoring" && mv -f "build/$b.restoring" "build/$b"
+    done
     touch "$cached"
     evict
     cat > build/build_info.json <<JSON
@@ -174,9 +177,9 @@ cat > build/build_info.json <<JSON
  "key": $key,
  "rebuilt": [$rebuilt_json], "seconds": $seconds}
 JSON
-if (( cache_keep > 0 )) && { (( ${#rebuilt[@]} )) || [[ ! -f "$cached/kdtree" ]]; }; then
+if (( cache_keep > 0 )) && { (( ${#rebuilt[@]} )) || ! have_all "$cached"; }; then
     mkdir -p "$cached"
-    cp -p build/kdtree build/test_ops "$cached/"
+    for b in "${binaries[@]}"; do cp -p "build/$b" "$cached/"; done
     touch "$cached"
 fi
 evict
