@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import importlib.util
 import json
 import os
@@ -374,7 +373,7 @@ def bench_fanout(tools_by_name, lab, counts_list, repeats, source) -> dict:
                   f"changed {median(changed):.2f} s, doctor {median(doctor):.2f} s", file=sys.stderr)
     for by_n in result.values():
         base = by_n[counts_list[0]]
-        for n, row in by_n.items():
+        for row in by_n.values():
             row["ratio"] = {k: round(row[k] / base[k], 2) for k in ("warm", "changed", "doctor")}
     return result
 

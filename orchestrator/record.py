@@ -481,16 +481,19 @@ def create_run_dir(runs_root: Path | str, report_dir: Path | str | None = None) 
     """Make a new run directory: ``runs_root/<run-id>/``, or ``report_dir`` when given.
 
     A ``report_dir`` must be new, empty, or hold an earlier run (a run.json): anything else is
-    refused, so a typo cannot scatter reports over an unrelated folder.
+    refused, so a typo cannot scatter reports over an unrelated folder. A relative one is taken
+    from the current directory. One named like a run id (``20261129-172233-ab12``) gives the run
+    that id, so a report dir directly under runs_root is a run like any other there (the nightly's
+    baseline, ``report --run``, ``clean``).
     """
     if report_dir is not None:
-        path = Path(report_dir)
+        path = Path(report_dir).absolute()  # the steps resolve paths inside it from other folders
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise RunRecordError(path, "report dir is not a plain directory")
         if path.is_dir() and any(path.iterdir()) and not (path / RUN_JSON).is_file():
             raise RunRecordError(path, "report dir is not empty and holds no earlier run")
         path.mkdir(parents=True, exist_ok=True)
-        return RunDir(path, new_run_id())
+        return RunDir(path, path.name if RUN_ID_RE.match(path.name) else new_run_id())
     root = Path(runs_root)
     root.mkdir(parents=True, exist_ok=True)
     while True:

@@ -452,13 +452,13 @@ class SshTransport(Transport):
             time.sleep(interval)
             answered = threading.Event()
 
-            def ask():
+            def ask(answered: threading.Event) -> None:
                 try:
                     transport.global_request("keepalive@openssh.com", wait=True)
                 except Exception:
                     pass
                 answered.set()
-            threading.Thread(target=ask, daemon=True).start()
+            threading.Thread(target=ask, args=(answered,), daemon=True).start()
             if not answered.wait(interval * KEEPALIVE_COUNT) and transport.is_active():
                 self._lost = f"the host answered no keepalive for {interval * KEEPALIVE_COUNT:g} s"
                 transport.close()

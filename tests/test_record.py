@@ -227,6 +227,24 @@ def test_report_dir_must_be_new_empty_or_an_earlier_run(tmp_path):
     assert not (tmp_path / "runs").exists()  # a report dir leaves runs/ alone
 
 
+def test_a_report_dir_named_like_a_run_id_under_runs_is_a_run_there(tmp_path, monkeypatch):
+    """What the nightly workflow does: an absolute --report-dir runs/<run-id> it names itself is
+    found as the last good run and cleaned like the runs the orchestrator names; a relative report
+    dir is made absolute (the steps join it to other folders)."""
+    root = tmp_path / "runs"
+    run = rec.create_run_dir(root, report_dir=root / "20261201-021700-3f2a")
+    assert run.run_id == "20261201-021700-3f2a" and run.path == root / "20261201-021700-3f2a"
+    nightly = small_record(run.run_id)
+    nightly.command = "nightly"
+    rec.write_run(run, nightly)
+    assert rec.last_good_run(root)["run_id"] == "20261201-021700-3f2a"
+    assert rec.clean(root, keep=0) == [run.path]
+    monkeypatch.chdir(tmp_path)
+    relative = rec.create_run_dir(root, report_dir="reports/nightly-7")
+    assert relative.path == tmp_path / "reports" / "nightly-7" and relative.path.is_absolute()
+    assert rec.RUN_ID_RE.match(relative.run_id)
+
+
 def test_latest_points_at_the_newest_run_relatively(tmp_path):
     root = tmp_path / "runs"
     first, second = make_runs(root, RUN_IDS[:2])
