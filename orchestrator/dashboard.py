@@ -13,7 +13,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable
 
-from .detector import Policy, history_noise, judge
+from .detector import DEFAULT_POLICY, Policy, history_noise, judge
 from .history import HistoryStore, SeriesKey, StoredPoint
 from .record import atomic_write, utc_now
 from .report import _ENV, NAME_LIMIT, fmt, text     # the run report's Jinja2 environment: filters, style, autoescape
@@ -25,7 +25,7 @@ LEFT, RIGHT, TOP, BOTTOM = 64, 44, 14, 64
 
 
 def render_history(store: HistoryStore, out: Path | str, tolerance: Callable[[str], float] = lambda metric: 0.10,
-                   policy: Policy = Policy()) -> Path:
+                   policy: Policy = DEFAULT_POLICY) -> Path:
     """Write the dashboard to ``out`` (atomically); returns its path."""
     out = Path(out)
     page = _ENV.get_template("history.html.j2").render(history=view(store, out.parent, tolerance, policy))

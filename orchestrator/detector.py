@@ -53,6 +53,9 @@ class Policy:
     floor: float = 0.005        # noise never below this fraction of the baseline
 
 
+DEFAULT_POLICY = Policy()
+
+
 @dataclass(frozen=True)
 class Point:
     """One run's measurement of one metric: its value (a median of repeats), its samples when the
@@ -198,7 +201,7 @@ def _u_distribution(n: int, m: int) -> list[int]:
 
 
 def judge(current: Point, history: Sequence[Point], tolerance: float, better: str = "higher",
-          policy: Policy = Policy()) -> Verdict:
+          policy: Policy = DEFAULT_POLICY) -> Verdict:
     """Whether ``current`` regressed against ``history`` (comparable earlier points, oldest first,
     reused results already left out), with the evidence. See the module docstring for the rules.
 
@@ -301,7 +304,7 @@ def _few_points(verdict: Verdict, current: Point, window: list[Point], policy: P
     return verdict
 
 
-def history_noise(window: Sequence[Point], policy: Policy = Policy()) -> tuple[float, float]:
+def history_noise(window: Sequence[Point], policy: Policy = DEFAULT_POLICY) -> tuple[float, float]:
     """The baseline window's median and its run-to-run noise: 1.4826 x MAD of its values, never
     below the policy's floor (the history rule's noise before the run's own samples count)."""
     base = median(p.value for p in window)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .detector import Point, Policy, Verdict, judge
+from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from .errors import UsageError
 from .record import RunRecordError, finite_number, list_runs, load_run, short_text
 
@@ -333,7 +333,7 @@ def _stored(row: tuple) -> StoredPoint:
 
 
 def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
-              policy: Policy = Policy()) -> list[tuple[StoredPoint, Verdict]]:
+              policy: Policy = DEFAULT_POLICY) -> list[tuple[StoredPoint, Verdict]]:
     """The detector's verdict on every benchmark metric of ``run`` against its comparable history
     in ``store`` (runs started before it). A reused result is not judged: its verdict says so."""
     verdicts = []
