@@ -2,13 +2,15 @@
 """Benchmark history acceptance: false alarms under load, detecting a 15 % slowdown, bisect.
 
     python3 benchmarks/history_acceptance.py [--parts false-alarms,detection,bisect] [--runs 20]
-        [--load-jobs 4] [--quiet-runs 6] [--steps STEPS] [--host local] [--work-dir DIR]
-        [--json out.json]
+        [--load-jobs 4] [--quiet-runs 6] [--steps STEPS] [--bench-args ARGS] [--host local]
+        [--work-dir DIR] [--json out.json]
 
 A script, not a test (pytest never collects it). Everything happens in a scratch clone of this
 repository under the work dir (default: a new temporary directory), so the runs, the history
 files and the commits it makes never touch this checkout. Each nightly is a real
-`invoke nightly --host HOST --history FILE` subprocess in the clone.
+`invoke nightly --host HOST --history FILE` subprocess in the clone; --steps narrows the nightly's
+steps and --bench-args (KD_BENCH_ARGS, e.g. "--budgets 4,16 --moe-tokens 1") lightens the bench
+in the clone's hosts.yaml, to fit the runs into the time there is (the figures say so).
 
   false-alarms  --runs nightlies of the unchanged tree while --load-jobs processes compile the
                 engine's sources in a loop (a parallel compile): the regressions each run reported
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,14 +69,23 @@ def sh(args: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.Compl
     return subprocess.run(args, cwd=cwd, check=check, capture_output=True, text=True, **kw)
 
 
-def scratch_clone(work: Path) -> Path:
-    """A fresh clone of this repository's HEAD under the work dir, with a committer set."""
+def scratch_clone(work: Path, bench_args: str | None) -> Path:
+    """A fresh clone of this repository's HEAD under the work dir, with a committer set and, with
+    bench_args, a bench command in its hosts.yaml that passes them to the engine's bench."""
     repo = work / "repo"
     if repo.exists():
         shutil.rmtree(repo)
     sh(["git", "clone", "--quiet", str(REPO), str(repo)], work)
     sh(["git", "config", "user.email", "bench@example.invalid"], repo)
     sh(["git", "config", "user.name", "history acceptance"], repo)
+    if bench_args:
+        inventory = repo / "hosts.yaml"
+        text = inventory.read_text()
+        line = "    bench: bash scripts/bench.sh\n"
+        if text.count(line) != 1:
+            raise SystemExit(f"{inventory}: no single `bench: bash scripts/bench.sh` line to give --bench-args to")
+        inventory.write_text(text.replace(line, f"    bench: KD_BENCH_ARGS={shlex.quote(bench_args)} bash scripts/bench.sh\n"))
+        commit(repo, "hosts.yaml: a lighter bench for the acceptance runs")
     return repo
 
 
@@ -158,7 +170,7 @@ def reported(run: dict, host: str) -> list[str]:
 
 
 def false_alarms(args, work: Path) -> dict:
-    repo = scratch_clone(work)
+    repo = scratch_clone(work, args.bench_args)
     history = work / "history-load.sqlite"
     results = []
     print(f"\n== false alarms: {args.runs} nightlies of an unchanged tree under {args.load_jobs} compile jobs")
@@ -184,7 +196,7 @@ def false_alarms(args, work: Path) -> dict:
 
 
 def detection(args, work: Path) -> dict:
-    repo = scratch_clone(work)
+    repo = scratch_clone(work, args.bench_args)
     history = work / "history-detect.sqlite"
     print(f"\n== detection: {args.quiet_runs} nightlies, then a commit that slows AR decoding 15 %, then one nightly")
     quiet = [nightly(repo, history, args.host, args.steps) for _ in range(args.quiet_runs)]
@@ -207,7 +219,7 @@ def detection(args, work: Path) -> dict:
 
 
 def bisect(args, work: Path) -> dict:
-    repo = scratch_clone(work)
+    repo = scratch_clone(work, args.bench_args)
     print("\n== bisect: a 16-commit engine history, golden broken at commit 6, AR 15 % slower at commit 11")
     shas = [sh(["git", "rev-parse", "HEAD"], repo).stdout.strip()]
     for i in range(1, 16):
@@ -248,6 +260,7 @@ def main() -> int:
     parser.add_argument("--load-jobs", type=int, default=4)
     parser.add_argument("--quiet-runs", type=int, default=6)
     parser.add_argument("--steps", default=None, help="nightly --steps (default: every step)")
+    parser.add_argument("--bench-args", default=None, help="KD_BENCH_ARGS for the engine's bench in the clone")
     parser.add_argument("--host", default="local")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -259,7 +272,8 @@ def main() -> int:
     unknown = [p for p in chosen if p not in parts]
     if unknown:
         parser.error(f"--parts: unknown part {unknown[0]!r} (parts: {', '.join(parts)})")
-    figures = {"host": args.host, "cpus": os.cpu_count(), "steps": args.steps, "work_dir": str(work)}
+    figures = {"host": args.host, "cpus": os.cpu_count(), "steps": args.steps, "bench_args": args.bench_args,
+               "work_dir": str(work)}
     for part in chosen:
         (work / part).mkdir(parents=True, exist_ok=True)
         figures[part] = parts[part](args, work / part)
