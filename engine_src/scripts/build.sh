@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds build/kdtree and build/test_ops incrementally (per-object dependency files), with g++,
-# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen. Writes build/build_info.json.
+# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen, and then also build/gpu_load (the
+# GPU load generator of the contention tests, bench/gpu_load.cu). Writes build/build_info.json.
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
@@ -83,6 +84,7 @@ evict() {  # keep the newest cache_keep trees (names are <hex>-<hex>: ls -t is s
 }
 current_tree="$(sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' build/build_info.json 2>/dev/null | head -n1 || true)"
 binaries=(kdtree test_ops)    # what a build links: all of them are kept and restored
+[[ "$backend" == cuda ]] && binaries+=(gpu_load)
 have_all() { local b; for b in "${binaries[@]}"; do [[ -f "$1/$b" ]] || return 1; done; }
 if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
    (( cache_keep > 0 )) && [[ -d "$cached" ]] && have_all "$cached"; then
@@ -126,7 +128,7 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
 }
 
 sources=(src/*.cpp tests/test_ops.cpp)
-[[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu)
+[[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu bench/gpu_load.cu)
 objects=()
 for src in "${sources[@]}"; do
     [[ -e "$src" ]] || continue
@@ -142,11 +144,12 @@ if (( ${#failed[@]} )); then
     exit 1
 fi
 
-engine_objs=(); main_obj=""; test_obj=""
+engine_objs=(); main_obj=""; test_obj=""; load_obj=""
 for o in "${objects[@]}"; do
     case "$o" in
         */src_main.o) main_obj="$o" ;;
         */tests_test_ops.o) test_obj="$o" ;;
+        */bench_gpu_load.o) load_obj="$o" ;;
         *) engine_objs+=("$o") ;;
     esac
 done
@@ -167,6 +170,9 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
 }
 link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }
 link build/test_ops "$test_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/test_ops" >&2; exit 1; }
+if [[ -n "$load_obj" ]]; then
+    link build/gpu_load "$load_obj" || { echo "build.sh: link failed: build/gpu_load" >&2; exit 1; }
+fi
 
 elapsed_ms=$(( ($(date +%s%N) - started_ns) / 1000000 ))
 seconds=$(printf '%d.%03d' $((elapsed_ms / 1000)) $((elapsed_ms % 1000)))

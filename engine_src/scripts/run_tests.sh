@@ -3,9 +3,13 @@
 # tests on the four bundles: AR == golden, engine == Python reference on prompts outside the
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
 # an altered golden token is caught, bad bundles are rejected. One line per test; ends with
-# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json.
+# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json (or $KD_TEST_RESULTS).
 # Builds first (incrementally) and regenerates missing bundles with $PYTHON (into $KD_BUNDLE_DIR,
 # default tests/refs, as scripts/bundles.sh does).
+#   KD_TEST_BACKENDS  comma-separated backends to test (default: every backend of the build)
+#   KD_TEST_RESULTS   the results file (default build/test_results.json)
+#   KD_GPU_LOAD       SHAPES[@SHARE] (scripts/gpu_load.sh): the op and model tests run with
+#                     build/gpu_load on the GPU, recorded as load.gpu_load (skipped without a GPU)
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -14,7 +18,12 @@ refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes them
 manifest="$refs/manifest.json"
 kdtree=build/kdtree
 scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+source scripts/gpu_load.sh
+cleanup() {
+    [[ -z "$GPU_LOAD_PID" ]] || gpu_load_stop || true
+    rm -rf "$scratch"
+}
+trap cleanup EXIT
 
 records=()
 passed=0; failed=0; skipped=0
@@ -58,9 +67,10 @@ expect_failure() {
 write_results() {
     local backend="$1" body="" r
     for r in "${records[@]+"${records[@]}"}"; do body+="${body:+,$'\n'  }$r"; done
-    mkdir -p build
+    local results="${KD_TEST_RESULTS:-build/test_results.json}"
+    mkdir -p "$(dirname "$results")"
     printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
-        "$backend" "$passed" "$failed" "$skipped" "$body" > build/test_results.json
+        "$backend" "$passed" "$failed" "$skipped" "$body" > "$results"
 }
 finish() {
     write_results "$1"
@@ -93,6 +103,29 @@ if [[ "$build_backend" == cuda ]]; then
     probe="$(build/test_ops --backend cuda 2>&1 | grep '^skip cuda' || true)"
     if [[ -n "$probe" ]]; then record backend.cuda skipped 0 "${probe#skip cuda.\* }"; backends=(cpu); fi
 fi
+
+if [[ -n "${KD_TEST_BACKENDS:-}" ]]; then
+    chosen=()
+    for be in ${KD_TEST_BACKENDS//,/ }; do
+        case "$be" in
+            cpu) chosen+=(cpu) ;;
+            cuda) [[ "$build_backend" == cuda ]] || { echo "run_tests.sh: KD_TEST_BACKENDS names cuda, but this is a $build_backend build" >&2; exit 2; }
+                  if [[ " ${backends[*]} " == *" cuda "* ]]; then chosen+=(cuda); fi ;;  # else recorded as skipped above
+            *) echo "run_tests.sh: KD_TEST_BACKENDS: unknown backend '$be' (cpu, cuda)" >&2; exit 2 ;;
+        esac
+    done
+    backends=("${chosen[@]+"${chosen[@]}"}")
+fi
+
+# Under load: the generator runs from here to the end of the model tests.
+if [[ -n "${KD_GPU_LOAD:-}" ]]; then
+    if [[ " ${backends[*]+"${backends[*]}"} " != *" cuda "* ]]; then
+        record load.gpu_load skipped 0 "KD_GPU_LOAD=$KD_GPU_LOAD: no CUDA backend is tested here, so nothing runs under load"
+    elif ! gpu_load_start "$KD_GPU_LOAD" "$scratch/gpu_load.log"; then
+        record load.gpu_load failed 0 "KD_GPU_LOAD=$KD_GPU_LOAD: build/gpu_load did not start, the tests below ran without load: $(tail -n 2 "$scratch/gpu_load.log" | tr '\n' ' ')"
+    fi
+fi
+load_t0=$(now_ms)
 
 # name file golden... of every bundle, one per line
 bundle_list="$("$PYTHON" -c '
@@ -146,6 +179,14 @@ for e in json.loads(sys.argv[1]): print(",".join(map(str, e["prompt"])), ",".joi
         fi
     done <<<"$bundle_list"
 done
+
+if [[ -n "$GPU_LOAD_PID" ]]; then
+    if gpu_load_stop; then
+        record load.gpu_load passed "$(secs "$load_t0")" "the op and model tests above ran under KD_GPU_LOAD=$KD_GPU_LOAD: $GPU_LOAD_SUMMARY"
+    else
+        record load.gpu_load failed "$(secs "$load_t0")" "build/gpu_load stopped before the tests ended, so not all of them ran under load: $GPU_LOAD_SUMMARY"
+    fi
+fi
 
 # ---- the manifest: what was regenerated is what is committed; quantisation leaves a trace ------
 check manifest.matches_expected "$PYTHON" - "$manifest" tests/refs/expected_manifest.json <<'PY'

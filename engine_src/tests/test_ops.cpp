@@ -28,6 +28,7 @@ int g_failed = 0;
 
 void report(const std::string& name, bool ok, const std::string& detail) {
     std::printf("%s %s %s\n", ok ? "ok" : "FAIL", name.c_str(), detail.c_str());
+    std::fflush(stdout);  // an abort later (a CUDA error thrown in a destructor) keeps the lines before it
     if (!ok) ++g_failed;
 }
 

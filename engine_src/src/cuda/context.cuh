@@ -8,17 +8,25 @@
 
 namespace kd::cuda {
 
-// A device buffer that only grows. Growing waits for the device (the old buffer may still be
-// read by queued work), so callers size it before a graph capture or a timed loop.
+// A device buffer that only grows, zero-filled in the order of the stream it is bound to.
+// Growing waits for the device (the old buffer may still be read by queued work), so callers
+// size it before a graph capture or a timed loop.
+//
+// The zero fill must be stream-ordered: the counters of the matmul kernels (split-K, dynamic
+// scheduling) rely on it, and the stream is non-blocking, so a plain cudaMemset (the legacy
+// default stream) would race the kernels and copies queued after it. That race was issue 16:
+// alone on the GPU the memset happened to finish first; with another process on the GPU it
+// could land after an upload into the new buffer (zeroed weights, positions, parents) or after a
+// kernel had read stale counters (tiles skipped, tile indices out of range).
 class Scratch {
 public:
-    Scratch() = default;
+    explicit Scratch(const cudaStream_t& stream) : stream_(stream) {}
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
     ~Scratch() {
         if (ptr_) cudaFree(ptr_);
     }
-    // At least nbytes; new memory is zero-filled (split-K counters rely on it).
+    // At least nbytes; new memory reads as zeros to everything queued on the stream after this call.
     void* get(size_t nbytes) {
         if (nbytes > cap_) {
             if (ptr_) {
@@ -28,7 +36,7 @@ public:
             }
             cap_ = std::max<size_t>(nbytes, 2 * cap_);
             KD_CUDA_CHECK(cudaMalloc(&ptr_, cap_));
-            KD_CUDA_CHECK(cudaMemset(ptr_, 0, cap_));
+            KD_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, cap_, stream_));
         }
         return ptr_;
     }
@@ -36,6 +44,7 @@ public:
     T* get(size_t count) { return static_cast<T*>(get(sizeof(T) * count)); }
 
 private:
+    const cudaStream_t& stream_;  // the owner's stream (set before the first get)
     void* ptr_ = nullptr;
     size_t cap_ = 0;
 };
@@ -46,13 +55,14 @@ struct Context {
     void* cublas = nullptr;     // cublasHandle_t in builds with cuBLAS, else null
     void* cublas_workspace = nullptr;
     bool use_cublas = false;    // matmul_f32 through cuBLAS (else our kernel)
-    Scratch split_ws, split_counters;          // matmul split-K
-    Scratch sched;                             // matmul dynamic-scheduling counters
-    Scratch moe_lists, moe_h, moe_y;           // moe_ffn routing lists and intermediates
-    Scratch cublas_x, cublas_y;                // matmul_f32 padding for cuBLAS
-    Scratch host_ints;                         // *_host int arrays copied to the device
-    Scratch w4_staging;                        // upload_w4a16: weights before tiling
-    Scratch small;                             // argmax / top-k results before download
+    // Every buffer below is bound to `stream` (declared above them, so it exists first).
+    Scratch split_ws{stream}, split_counters{stream};          // matmul split-K
+    Scratch sched{stream};                                     // matmul dynamic-scheduling counters
+    Scratch moe_lists{stream}, moe_h{stream}, moe_y{stream};   // moe_ffn routing lists and intermediates
+    Scratch cublas_x{stream}, cublas_y{stream};                // matmul_f32 padding for cuBLAS
+    Scratch host_ints{stream};                                 // *_host int arrays copied to the device
+    Scratch w4_staging{stream};                                // upload_w4a16: weights before tiling
+    Scratch small{stream};                                     // argmax / top-k results before download
 
     // Copies n ints from the host into device scratch (stream ordered) and returns them.
     const int32_t* upload_ints(const int32_t* host, size_t n) {
