@@ -177,6 +177,16 @@ def test_few_points_rule_tolerance_and_three_sample_mads():
     assert judge(near, [first], 0.10).status == "same"
 
 
+def test_few_points_rule_for_a_noisy_metric_counts_the_spread_between_runs():
+    first = Point(1000.0, (990.0, 1000.0, 1010.0), run_id="a", noisy=True)
+    loaded = Point(860.0, (855.0, 860.0, 866.0), run_id="b", noisy=True)      # a whole run slowed by load
+    assert judge(loaded, [first], 0.10).status == "same"
+    assert judge(Point(860.0, loaded.samples, run_id="b"), [Point(1000.0, first.samples)], 0.10).regressed
+    second = Point(1004.0, (995.0, 1004.0, 1012.0), run_id="c", noisy=True)   # from the third night on
+    step = judge(Point(850.0, (845.0, 850.0, 855.0), run_id="d", noisy=True), [first, second], 0.10)
+    assert step.regressed and step.method == "few-points"
+
+
 def test_few_points_rule_without_samples_falls_back_to_the_tolerance_and_says_so():
     verdict = judge(Point(850.0), [Point(1000.0)], 0.10)
     assert verdict.status == "regressed" and "no samples reported" in verdict.reason
