@@ -1,13 +1,28 @@
-"""kdtree orchestrator tasks: `invoke --list`, `invoke --help deploy`.
+"""kdtree orchestrator tasks: `invoke --list`, `invoke deploy -h`.
 
-Every task takes --inventory (default: hosts.yaml beside this file); host tasks take --host NAME
-(repeatable), --group NAME or --all; no selection means the host `local`.
-Exit codes: 0 ok, 1 a host failed, 2 usage or inventory error.
+Every task takes --inventory (default: hosts.yaml beside this file); host tasks take --host/-H NAME
+(repeatable), --group NAME or --all; no selection means the host `local`. `-h` is help on every task.
+Exit codes: 0 ok, 1 a host failed, 2 usage or inventory error (Invoke's own parse errors: 1).
 """
-from invoke import Exit, task
+from invoke import Exit, Task, task as _invoke_task
 
 from orchestrator import cli
 from orchestrator.console import Console
+
+
+class KdTask(Task):
+    """A task whose `-h` is always help (Invoke would give it to --host): --host is `-H`."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names | {"h", "H"})
+        if name == "host":
+            opts["names"] = [opts["names"][0], "H"]
+        return opts
+
+
+def task(*args, **kwargs):
+    """Invoke's @task with KdTask (explicit short flags; -h is help)."""
+    return _invoke_task(*args, klass=KdTask, **kwargs)
 
 SELECT_HELP = {"host": "a host of the inventory (repeatable)", "group": "every host of a group",
                "all": "every host", "inventory": "the inventory file (default: hosts.yaml here)"}
@@ -25,17 +40,16 @@ def hosts(c, inventory=None):
 def doctor(c, host=None, group=None, all=False, inventory=None):
     """Check the selected hosts: reachable, auth, rsync, nvcc, GPU and arch, disk, python+numpy."""
     with cli.exit_codes():
-        _, selected = cli.load_selection(inventory, host, group, all)
-        raise Exit(code=cli.doctor(selected, Console()))
+        inv, selected = cli.load_selection(inventory, host, group, all)
+        raise Exit(code=cli.doctor(inv, selected, Console()))
 
 
 @task(iterable=["fingerprint"], help={"host": "the host whose key to pin", "inventory": SELECT_HELP["inventory"],
                                       "fingerprint": "the SHA256:... fingerprint you expect (repeatable)"})
-def trust(c, host, fingerprint=None, inventory=None):
+def trust(c, host=None, fingerprint=None, inventory=None):
     """Show a host's SSH key fingerprint and pin it in the project known_hosts file."""
     with cli.exit_codes():
-        _, (selected,) = cli.load_selection(inventory, [host])
-        raise Exit(code=cli.trust(selected, fingerprint or [], Console()))
+        raise Exit(code=cli.trust(cli.load_host(inventory, host, "trust"), fingerprint or [], Console()))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, "dry_run": "print the commands that would run; change nothing"})
@@ -67,16 +81,14 @@ def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, 
             skip=None, no_cache=False):
     """Validate every host but `local` (or the selection) and flag benchmark regressions (exit 3)."""
     with cli.exit_codes():
-        inv, selected = cli.load_selection(inventory, host, group, all)
-        if not (host or group or all):
-            selected = [h for h in inv.hosts.values() if h.name != "local"]
+        inv, selected = cli.load_selection(inventory, host, group, all, nightly=True)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
                                      no_cache=no_cache, command="nightly", baseline=baseline))
 
 
-@task(help={"run": "a run id, a run directory or latest (default)", "out": "the baseline file to write",
+@task(help={"run": "a run id, a run directory or latest (default: the newest validate or nightly run)", "out": "the baseline file to write",
             "inventory": SELECT_HELP["inventory"]})
-def baseline(c, out, run=None, inventory=None):
+def baseline(c, out=None, run=None, inventory=None):
     """Write a benchmark baseline file (for nightly --baseline) from a run's passing hosts."""
     with cli.exit_codes():
         inv = cli.load_inventory(inventory)
@@ -93,8 +105,8 @@ def report(c, run=None, compare=None, inventory=None):
 
 
 @task(help={"keep": "how many of the newest runs to keep (default 10)", "inventory": SELECT_HELP["inventory"]})
-def clean(c, keep=10, inventory=None):
-    """Delete old runs under runs/, keeping the newest --keep."""
+def clean(c, keep=None, inventory=None):
+    """Delete old runs under runs/, keeping the newest --keep (and always the newest passing nightly)."""
     with cli.exit_codes():
         inv = cli.load_inventory(inventory)
-        raise Exit(code=cli.clean(inv, Console(), int(keep)))
+        raise Exit(code=cli.clean(inv, Console(), keep))

@@ -406,13 +406,13 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
     """A no-op validate in this process, the transport instrumented: sessions (round trips) per step,
     Paramiko connections, rsync/ssh subprocesses."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import cli, pipeline, transport as transport_mod, sync as sync_mod
+    from orchestrator import cli, connection as connection_mod, pipeline, transport as transport_mod, sync as sync_mod
     from orchestrator.console import Console
     import io
 
     local = threading.local()
     counts = collections.defaultdict(lambda: collections.Counter())
-    orig_exec, orig_open = transport_mod.SshTransport._exec, transport_mod.SshTransport._open
+    orig_exec, orig_open = transport_mod.SshTransport._exec, connection_mod._open_once
     orig_step, orig_run = pipeline._run_step, subprocess.run
 
     def step_of():
@@ -422,14 +422,14 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
         counts[step_of()]["sessions"] += 1
         return orig_exec(self, *a, **k)
 
-    def open_(self, *a, **k):
+    def open_(host):
         counts[step_of()]["connections"] += 1
-        return orig_open(self, *a, **k)
+        return orig_open(host)
 
-    def run_step(ctx, step, out):
+    def run_step(ctx, run, step, out):
         local.step = step
         try:
-            return orig_step(ctx, step, out)
+            return orig_step(ctx, run, step, out)
         finally:
             local.step = "(between steps)"
 
@@ -441,13 +441,13 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
     with lab.environment():         # bring the host up to date first (not counted): the counted run is a no-op
         inv, selected = cli.load_selection(str(inventory), [host.name])
         cli.validate(inv, selected, Console(io.StringIO()), report_dir=str(inventory.parent / "runs" / "settle"))
-    transport_mod.SshTransport._exec, transport_mod.SshTransport._open = exec_, open_
+    transport_mod.SshTransport._exec, connection_mod._open_once = exec_, open_
     pipeline._run_step, sync_mod.subprocess.run = run_step, run
     try:
         with lab.environment():
             cli.validate(inv, selected, Console(io.StringIO()), report_dir=str(inventory.parent / "runs" / "counted"))
     finally:
-        transport_mod.SshTransport._exec, transport_mod.SshTransport._open = orig_exec, orig_open
+        transport_mod.SshTransport._exec, connection_mod._open_once = orig_exec, orig_open
         pipeline._run_step, sync_mod.subprocess.run = orig_step, orig_run
     return {step: dict(c) for step, c in counts.items()}
 

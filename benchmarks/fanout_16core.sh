@@ -16,7 +16,7 @@ for b in ssh ssh-keygen rsync scp; do ln -sf "$R/usr/bin/$b" /usr/local/bin/$b; 
 ln -sf "$R/usr/sbin/sshd" /usr/sbin/sshd        # tests/sshd.py starts /usr/sbin/sshd
 id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
 mkdir -p /run/sshd
-python3 -c 'import fabric, invoke, paramiko' 2>/dev/null ||
+python3 -c 'import invoke, paramiko' 2>/dev/null ||
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /opt/site .whl/*.whl
 export PYTHONPATH=/opt/site
 python3 benchmarks/bench_orchestrator.py --hosts 1,16 --sections fanout --repeats 3 --no-ansible --json "$out/fanout.json"

@@ -5,7 +5,6 @@ inventory error). `main()` is the `kdtree-orch` console entry: Invoke's Program 
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import signal
 import sys
@@ -21,12 +20,13 @@ from .inventory import Host, Inventory
 # Start-up time counts (engineers run these tasks dozens of times a day): each task imports what
 # it uses (Paramiko only when a host is reached; Jinja2 and the pipeline only for validate/report).
 if TYPE_CHECKING:
-    from . import parallel, record
+    from . import record
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
 INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
+DEFAULT_KEEP = 10      # runs `clean` keeps
 
 
 class Terminated(KeyboardInterrupt):
@@ -74,11 +74,18 @@ def load_inventory(inventory: str | None) -> Inventory:
     return inventory_mod.load(inventory or DEFAULT_INVENTORY)
 
 
-def load_selection(inventory: str | None, host=None, group=None, all=False) -> tuple[Inventory, list[Host]]:
-    """The inventory and the hosts the flags select (none selected: `local`)."""
+def load_selection(inventory: str | None, host=None, group=None, all=False,
+                   nightly: bool = False) -> tuple[Inventory, list[Host]]:
+    """The inventory and the hosts the flags select (none selected: `local`; for the nightly,
+    every host but `local`). A selection of no host is a UsageError naming why."""
     if all and (host or group):
         raise UsageError("--all cannot be combined with --host or --group")
     inv = load_inventory(inventory)
+    if nightly and not (host or group or all):
+        hosts = [h for h in inv.hosts.values() if h.name != inventory_mod.DEFAULT_HOST]
+        if not hosts:
+            raise UsageError(f"nightly: {inv.path} has no host but `local`; name the hosts with --host, --group or --all")
+        return inv, hosts
     return inv, inv.select(host or (), group, all)
 
 
@@ -94,63 +101,50 @@ def hosts_table(inv: Inventory, console: Console) -> int:
     return 0
 
 
-def doctor(hosts: list[Host], console: Console) -> int:
-    """Check every host in parallel; print the findings and a summary; 1 if a check failed."""
-    from . import doctor as doctor_mod, parallel
-    from .transport import open_transport
-    console.width = max(len(h.name) for h in hosts)
-
-    def check(host: Host) -> list[doctor_mod.Finding]:
-        out = console.host(host.name)
-        with open_transport(host) as transport:
-            findings = doctor_mod.diagnose(transport)
-        for f in findings:
-            out(f"{f.status:4}  {f.check:9}  {f.detail}")
-        if doctor_mod.failed(findings):
-            raise KdError("; ".join(f"{f.check}: {f.detail}" for f in doctor_mod.failed(findings)), host=host.name)
-        return findings
-
-    outcomes = parallel.run_parallel(hosts, check)
-    summary(console, outcomes, lambda o: [sum(f.status == "warn" for f in o.value or [])], ["warnings"])
-    return outcomes.exit_code
+def doctor(inv: Inventory, hosts: list[Host], console: Console) -> int:
+    """Check every host (the preflight step alone); a run record; 1 if a check failed."""
+    from . import pipeline
+    return run_plan(inv, hosts, pipeline.Plan.of("doctor"), console)
 
 
 def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = False) -> int:
-    """Sync the project source to every host in parallel (or print what would run); summary.
-    The local tree hash runs while the hosts connect (a subprocess: it overlaps the handshakes)."""
-    from . import parallel, state, sync
+    """Sync the project source to every host (the sync step alone; a run record), or with
+    `dry_run` print what would run, resolving every host's address, and change nothing."""
+    from . import pipeline
+    if dry_run:
+        return dry_run_deploy(inv, hosts, console)
+    return run_plan(inv, hosts, pipeline.Plan.of("deploy"), console)
+
+
+def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
+    """Print every command a deploy would run on each host and resolve each host's address
+    (ssh config, then DNS); 1 when an address does not resolve. Nothing is changed."""
+    from . import state, sync
+    from .connection import resolve_address
     from .transport import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)
-    if dry_run:
-        for host in hosts:
-            out = console.host(host.name)
-            for what, command in sync.deploy_commands(open_transport(host), inv.project, owner):
-                out(f"# {what}")
-                out(command)
-        return 0
-    console.log_dir = inv.project.root / "runs" / "deploy"
+    unresolved = []
+    for host in hosts:
+        out = console.host(host.name)
+        for what, command in sync.deploy_commands(open_transport(host), inv.project, owner):
+            out(f"# {what}")
+            out(command)
+        problem = resolve_address(host)
+        if problem:
+            unresolved.append(host.name)
+            out(f"# ADDRESS DOES NOT RESOLVE: {problem}")
+    if unresolved:
+        console.say(f"cannot resolve the address of {len(unresolved)} host(s): {', '.join(unresolved)}")
+    console.say("dry run: nothing was changed")
+    return 1 if unresolved else 0
 
-    def announce(pending) -> None:
-        if pending.exception() is None:
-            source = pending.result()
-            console.say(f"deploying {inv.project.source} (tree {source.tree_hash[:12]}"
-                        f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
-                        f"{', uncommitted changes' if source.git_dirty else ''}) to {len(hosts)} host(s)")
 
-    def one(host: Host) -> sync.DeployResult:
-        with open_transport(host) as transport:
-            transport.connect()
-            return sync.deploy(transport, inv.project, pending.result(), owner, console.host(host.name))
-
-    with concurrent.futures.ThreadPoolExecutor(1) as hasher:
-        pending = hasher.submit(sync.source_id, inv.project)
-        pending.add_done_callback(announce)
-        outcomes = parallel.run_parallel(hosts, one)
-    pending.result()        # a failed local tree hash failed every host: report it once, as the task's error
-    summary(console, outcomes, lambda o: [o.value.method, o.value.files, o.value.bytes, o.value.deleted]
-            if o.ok else ["", "", "", ""], ["method", "files", "bytes", "deleted"])
-    return outcomes.exit_code
+def load_host(inventory: str | None, name: str | None, task: str) -> Host:
+    """The one host a task needs (--host); a UsageError naming the flag when none is given."""
+    if not name:
+        raise UsageError(f"{task} needs one host: --host NAME (-H NAME)")
+    return load_inventory(inventory).select([name])[0]
 
 
 def trust(host: Host, fingerprints: list[str], console: Console) -> int:
@@ -189,20 +183,25 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
 def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
              skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
              command: str = "validate", baseline: str | None = None) -> int:
-    """Run the pipeline on the hosts, write the run directory, print the summary. Exit code:
-    0 passed, 1 a host failed, 3 (nightly) a benchmark regressed, 130 interrupted."""
-    from . import pipeline, report
-    from . import remote
-    plan = pipeline.Plan.choose(steps, skip, use_cache=not no_cache)
+    """Run the pipeline's steps (--steps/--skip) on the hosts; see run_plan."""
+    from . import pipeline
+    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache)
+    return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline)
+
+
+def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, report_dir: str | None = None,
+             baseline: str | None = None) -> int:
+    """Run a plan on the hosts, write the run directory, print the summary. Exit code: 0 passed,
+    1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
+    from . import pipeline, regression, remote
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
-    run_dir, run = pipeline.validate(inv, hosts, plan, console, command=command, report_dir=report_dir)
     runs_root = inv.project.root / "runs"
-    if command == "nightly":
-        reference = _baseline(runs_root, baseline, exclude=run.run_id)
-        if reference is not None:
-            run.regressions = report.find_regressions(run.to_dict(), reference)
+    reference = _baseline(runs_root, baseline) if plan.command == "nightly" else None
+    run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
+    if reference is not None and run.status != "interrupted":
+        run.regressions = regression.find_regressions(run.to_dict(), reference)
     paths = pipeline.finish(run_dir, run, runs_root, secrets)
-    run_summary(console, run)
+    run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
         return interrupted_code()
@@ -211,79 +210,101 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     return 3 if run.regressions else 0
 
 
-def _baseline(runs_root: Path, path: str | None, exclude: str) -> dict | None:
-    """The nightly's baseline: a baseline file given with --baseline, else the last good nightly."""
-    from . import record, report
+def _baseline(runs_root: Path, path: str | None) -> dict | None:
+    """The nightly's baseline: a baseline file given with --baseline, else the last good nightly
+    (chosen before this run starts, so never this run)."""
+    from . import record, regression
     if path:
         try:
-            return report.load_baseline(path)
+            return regression.load_baseline(path)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    return record.last_good_run(runs_root, "nightly", exclude=exclude)
+    return record.last_good_run(runs_root, "nightly")
 
 
-def run_summary(console: Console, run: record.RunRecord) -> None:
-    """The final table of a validate run: every host, its status, backend and each step's outcome."""
-    from . import pipeline, record
+def run_summary(console: Console, run: record.RunRecord, plan) -> None:
+    """The final table of every run: each host, its status, backend, each step's outcome (a reused
+    one as `cached`), golden and tests when the plan has them, seconds, the first failure."""
+    from . import record
     console.say()
+    steps = list(plan.listed)
+    extra = [c for c, step in (("golden", "golden"), ("tests", "test")) if step in steps]
     rows = []
     for name, host in run.hosts.items():
-        golden = sum(g.status == "passed" for g in host.golden.values())
-        tests = f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"
         failed = next((f"{step}: {s.message}" for step, s in host.steps.items()
-                       if s.status in record.FAILED_STEP_STATUSES), "")
+                       if s.status in record.UNFINISHED_STEP_STATUSES), "")
+        golden = sum(g.status == "passed" for g in host.golden.values())
+        columns = {"golden": f"{golden}/{len(host.golden)}" if host.golden else "-",
+                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"}
         rows.append([name, host.status.upper() if host.status != "passed" else "passed", host.backend or "-",
-                     *[host.steps[s].status if s in host.steps else "-" for s in pipeline.ORDER],
-                     f"{golden}/{len(host.golden)}" if host.golden else "-", tests, failed.splitlines()[0][:100] if failed else ""])
-    console.table(["host", "status", "backend", *pipeline.ORDER, "golden", "tests", "first failure"], rows)
+                     *[host.steps[s].status if s in host.steps else "-" for s in steps],
+                     *[columns[c] for c in extra], f"{host.seconds:.1f}",
+                     failed.splitlines()[0][:100] if failed else ""])
+    console.table(["host", "status", "backend", *steps, *extra, "seconds", "first failure"], rows)
+    reused = [f"{name} {step} from run {s.reused_from}" for name, host in run.hosts.items()
+              for step, s in host.steps.items() if s.reused_from]
+    if reused:
+        console.say("reused results (not re-run): " + "; ".join(reused))
     for reg in run.regressions:
         console.say(f"REGRESSION {reg.host} {reg.metric}: {reg.value:g} vs baseline {reg.baseline:g} "
                     f"(x{reg.ratio:.2f}, tolerance {reg.threshold:.0%})")
 
 
 def rerender(inv: Inventory, console: Console, run: str | None = None, compare_to: str | None = None) -> int:
-    """Re-render a run's reports (default: the latest); with compare_to, write the benchmark
-    comparison of the two runs beside the newer one's reports."""
+    """Re-render a run's reports (default: the latest of any command); with compare_to, write the
+    benchmark comparison of the two runs beside the newer one's reports (default: the newest
+    validate or nightly run)."""
     from . import record, report
     runs_root = inv.project.root / "runs"
     run_dir = record.resolve_run(runs_root, run)
     paths = report.render_run(run_dir)
     console.say(f"rendered {paths['md']}, {paths['html']}, {paths['junit']}")
     if compare_to:
+        if run is None:         # a comparison is of measurements: the newest validate or nightly
+            run_dir = _measured_run(runs_root)
         written = report.write_compare(record.resolve_run(runs_root, compare_to), run_dir)
         console.say(f"comparison: {written['md']}, {written['html']}")
     return 0
 
 
-def baseline(inv: Inventory, console: Console, out: str, run: str | None = None) -> int:
-    """Write a baseline file from a run (default: the latest) for `nightly --baseline`."""
-    from . import record, report
-    run_dir = record.resolve_run(inv.project.root / "runs", run)
-    path = report.write_baseline(record.load_run(run_dir), out)
-    hosts = report.load_baseline(path)["hosts"]
+def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
+    """Write a baseline file from a run (default: the newest validate or nightly run) for
+    `nightly --baseline`."""
+    from . import record, regression
+    if not out:
+        raise UsageError("baseline needs the file to write: --out FILE")
+    runs_root = inv.project.root / "runs"
+    run_dir = record.resolve_run(runs_root, run) if run else _measured_run(runs_root)
+    path = regression.write_baseline(record.load_run(run_dir), out)
+    hosts = regression.load_baseline(path)["hosts"]
     console.say(f"wrote {path}: {sum(len(m) for m in hosts.values())} metrics of {len(hosts)} host(s) from {run_dir.name}")
     return 0
 
 
-def clean(inv: Inventory, console: Console, keep: int) -> int:
-    """Delete all but the newest `keep` runs under runs/."""
+def _measured_run(runs_root: Path) -> Path:
+    """The newest validate or nightly run (the default of baselines and comparisons)."""
     from . import record
+    path = record.newest_run(runs_root)
+    if path is None:
+        raise record.RunRecordError(runs_root, "no validate or nightly run here")
+    return path
+
+
+def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> int:
+    """Delete all but the newest `keep` runs under runs/ (default 10)."""
+    from . import record
+    try:
+        keep = DEFAULT_KEEP if keep is None else int(keep)
+    except ValueError:
+        raise UsageError(f"--keep must be a whole number of runs, not {keep!r}") from None
     if keep < 0:
         raise UsageError(f"--keep must be 0 or more, not {keep}")
-    removed = record.clean(inv.project.root / "runs", keep)
-    console.say(f"removed {len(removed)} run(s), kept the newest {keep}")
+    runs_root = inv.project.root / "runs"
+    removed = record.clean(runs_root, keep)
+    baseline = record.newest_run(runs_root, ("nightly",), passed=True)
+    kept = f" and the newest passing nightly {baseline.name}" if baseline else ""
+    console.say(f"removed {len(removed)} run(s), kept the newest {keep}{kept}")
     return 0
-
-
-def summary(console: Console, outcomes: parallel.Outcomes, columns, header: list[str]) -> None:
-    """The final table: every host, its outcome, task-specific columns, seconds, the error."""
-    console.say()
-    rows = [[name, "ok" if o.ok else "FAILED", *columns(o), f"{o.seconds:.1f}", o.summary]
-            for name, o in outcomes.items()]
-    console.table(["host", "status", *header, "seconds", "error"], rows)
-    for o in outcomes.failed:
-        console.say()
-        console.say(str(o.error) if isinstance(o.error, KdError) else f"{o.host.name}: {o.error!r}")
 
 
 def main() -> None:

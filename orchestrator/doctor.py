@@ -29,38 +29,49 @@ class Finding:
 
 
 def diagnose(transport: Transport) -> list[Finding]:
-    """Every check's finding for the host of `transport` (a connection failure is a finding)."""
+    """Every check's finding for the host of `transport` (any host error is a finding)."""
+    try:
+        return examine(transport)[0]
+    except HostError as e:
+        return [Finding("reachable", "fail", e.message)]
+
+
+def examine(transport: Transport) -> tuple[list[Finding], dict[str, list[str]]]:
+    """Every check's finding and the probe's facts (none when the host could not be reached:
+    a connection, host key or authentication failure is a finding). Other errors (the probe
+    failed or timed out, the run was interrupted) are raised."""
     host = transport.host
     try:
         facts = probe(transport)
     except HostKeyError as e:
-        return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)]
+        return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)], {}
     except AuthError as e:
         return [Finding("reachable", "ok", host.label), Finding("host_key", "ok", "verified"),
-                Finding("auth", "fail", e.message)]
-    except (ConnectError, HostError) as e:
-        return [Finding("reachable", "fail", e.message)]
+                Finding("auth", "fail", e.message)], {}
+    except ConnectError as e:
+        if transport.stopped.is_set():
+            raise
+        return [Finding("reachable", "fail", e.message)], {}
     connection = [Finding("reachable", "ok", host.label)]
     if not host.is_local:
         connection += [Finding("host_key", "ok", "verified"), Finding("auth", "ok", host.user or "as configured")]
-    return connection + [check(host, facts) for check in CHECKS]
+    return connection + [check(host, facts) for check in CHECKS], facts
 
 
 def failed(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.status == "fail"]
 
 
-def probe_command(host: Host) -> str:
+def probe_command(host: Host) -> remote.Command:
     """The one command that gathers every fact the checks need (key=value lines)."""
-    return remote.script_command(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
-                                 host.python, timeout=host.timeout("preflight"))
+    return remote.script(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
+                         host.python, timeout=host.timeout("preflight"), what="the doctor probe")
 
 
 def probe(transport: Transport) -> dict[str, list[str]]:
     """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU)."""
     host = transport.host
-    result = transport.check(probe_command(host), timeout=remote.client_timeout(host.timeout("preflight")),
-                             what="the doctor probe")
+    result = transport.check(probe_command(host))
     facts: dict[str, list[str]] = {}
     for line in result.tail.splitlines():
         key, sep, value = line.partition("=")

@@ -70,15 +70,12 @@ def changed(host: str, name: str, key, expected: str, where: str) -> HostKeyErro
 
 
 class VerifyPolicy(RejectPolicy):
-    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted
-    (and remembered in `accepted` so system ssh can be given the same key)."""
+    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted."""
 
     def __init__(self, host: str, pinned: str | None, hop: bool):
         self.host, self.pinned, self.hop = host, pinned, hop
-        self.accepted: list[tuple[str, object]] = []
 
     def missing_host_key(self, client, hostname, key):
         if self.pinned and fingerprint(key) == self.pinned:
-            self.accepted.append((hostname, key))
             return
         raise unknown(self.host, hostname, key, self.hop)

@@ -17,10 +17,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import InventoryError
+from .errors import InventoryError, UsageError
 
 DEFAULT_HOST = "local"
-STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
+# The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
+# a local host's remote_dir): it is relative to the folder of the inventory file that names it.
+RELATIVE_RULE = "relative paths resolve against the inventory file's folder"
+STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")     # the one list of steps, in order
 TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
 DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
                     "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900}
@@ -37,7 +40,7 @@ _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
 _ARCH = re.compile(r"(?:auto|sm_\d{2,3}[a-z]?)\Z")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}\Z")
 _SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*\Z")
-RESERVED_ENV = frozenset("CUDA_HOME PATH PYTHON KD_BACKEND KD_ARCH HOME USER LOGNAME LANG LD_LIBRARY_PATH "
+RESERVED_ENV = frozenset("CUDA_HOME PATH PYTHON KD_BACKEND KD_ARCH KD_REBUILD HOME USER LOGNAME LANG LD_LIBRARY_PATH "
                          "KDTREE_STEP".split())
 
 # remote_dir may never be one of these, nor a direct child of /home, nor shallower than 2 levels.
@@ -119,15 +122,21 @@ class Inventory:
     groups: Mapping[str, Group]
 
     def select(self, hosts=(), group: str | None = None, all: bool = False) -> list[Host]:
-        """Hosts chosen by --host (repeatable), --group, --all; nothing chosen means `local`."""
+        """Hosts chosen by --host (repeatable), --group, --all; no flag means `local`. A flag
+        that selects no host is a UsageError naming it (never a silent fall-back to `local`)."""
         if all:
+            if not self.hosts:
+                raise UsageError(f"--all: {self.path} has no hosts")
             return list(self.hosts.values())
         names = list(hosts)
         if group is not None:
             if group not in self.groups:
                 raise InventoryError(self.path, f"unknown group {group!r}{_did_you_mean(group, self.groups)}")
+            if not self.groups[group].members:
+                raise UsageError(f"--group {group}: no host of {self.path} is in group {group!r} "
+                                 "(a host joins it with `groups: [" + group + "]`)")
             names += list(self.groups[group].members)
-        if not names:
+        elif not names:
             names = [DEFAULT_HOST]
         for name in names:
             if name not in self.hosts:
@@ -136,15 +145,38 @@ class Inventory:
 
 
 def load(path) -> Inventory:
-    """Read and validate hosts.yaml at `path`."""
+    """Read and validate hosts.yaml at `path` (a relative `path`: from the current directory)."""
     path = Path(path).absolute()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except OSError as e:
         raise InventoryError(path, f"cannot read: {e.strerror}") from None
+    except _DuplicateKey as e:
+        raise InventoryError(path, str(e)) from None
     except yaml.YAMLError as e:
         raise InventoryError(path, f"not valid YAML: {e}") from None
     return parse(data, path)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of the inventory names one key twice (PyYAML would keep the last silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:           # an unhashable key: PyYAML's own error follows
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} given twice "
+                                    f"(first on line {first}); remove one")
+        return super().construct_mapping(node, deep)
 
 
 def parse(data: Any, path: Path) -> Inventory:
@@ -253,9 +285,12 @@ class _Validator:
         for key in PROJECT_KEYS:
             if key not in data:
                 self.fail(None, f"project.{key}", "is missing")
-        source = root / self.path(data["source"], None, "project.source")
+        given = self.path(data["source"], None, "project.source")
+        source = root / given
         if not source.is_dir():
-            self.fail(None, "project.source", f"{source} is not a directory")
+            rule = "" if Path(given).is_absolute() else \
+                f" ({given!r} is relative: {RELATIVE_RULE}, {root})"
+            self.fail(None, "project.source", f"{source} is not a directory{rule}")
         excludes = data["excludes"]
         if not isinstance(excludes, list):
             self.fail(None, "project.excludes", f"must be a list, not {_type(excludes)}")
@@ -355,7 +390,12 @@ class _Validator:
         return merged
 
     def groups(self, data, hosts) -> dict:
-        names = {g for host in hosts.values() for g in host.groups} | set(data)
+        for host in hosts.values():
+            for group in host.groups:
+                if group not in data:
+                    self.fail(host.name, "groups", f"group {group!r} is not declared under `groups:`"
+                              f"{_did_you_mean(group, data)}")
+        names = set(data)
         groups = {}
         for group in sorted(names):
             entry = data.get(group) or {}

@@ -1,9 +1,11 @@
 """Run one function per host in parallel (bounded); collect per-host outcomes as data.
 
 One host failing never stops the others: its exception is kept in its Outcome. As in Fabric's
-group.py, the caller gets every host's result and decides (succeeded / failed / exit_code).
-An interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) releases the host locks and closes every
-transport for good, which stops the commands running on the hosts (and no retry reconnects).
+ThreadingGroup, the caller gets every host's result and decides (succeeded / failed / exit_code).
+On an interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) the hosts not started are cancelled,
+`on_interrupt` runs (the run's stop: locks released, connections closed, so the commands on the
+hosts stop), the running hosts are waited for (they end at once, their work cut off), and the
+interrupt goes on.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
-from . import state, transport
 from .errors import KdError
 from .inventory import Host
 
@@ -59,7 +60,8 @@ class Outcomes(dict):
         return 0 if not self.failed else 1
 
 
-def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int = MAX_PARALLEL) -> Outcomes:
+def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int = MAX_PARALLEL,
+                 on_interrupt: Callable[[], None] | None = None) -> Outcomes:
     """Call fn(host) for every host, at most max_parallel at a time; never raises for a host."""
     hosts = list(hosts)
 
@@ -81,7 +83,7 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel:
         except KeyboardInterrupt:           # stop the hosts' work, here and on the hosts
             for future in futures:
                 future.cancel()
-            state.release_all()
-            transport.close_all()
+            if on_interrupt is not None:
+                on_interrupt()
             raise
     return outcomes

@@ -1,11 +1,14 @@
-"""The validate pipeline: the steps over the selected hosts, in parallel, into one run record.
+"""The one execution path of every host task: a plan of steps over the selected hosts, in
+parallel, into one run record and one run directory.
 
-    plan = Plan.choose(steps="build,test", skip=None)
-    run_dir, record = validate(inventory, hosts, plan, console, command="validate")
+    plan = Plan.choose(steps="build,test", skip=None)        # or Plan.of("doctor"), Plan.of("deploy")
+    run_dir, record = execute(inventory, hosts, plan, console)
+    finish(run_dir, record, runs_root, secrets)               # run.json, reports, runs/latest
 
 Data flows one way: Host -> StepContext -> steps fill the HostRecord -> RunRecord -> run.json and
 the reports. Each host runs its steps in order under its host lock and stops at its first failure
-(later steps: skipped); a failing host never stops the others. Nothing here decides exit codes.
+(later steps: skipped); a failing host never stops the others. A run.Run owns the connections,
+locks and stop flag. Nothing here decides exit codes.
 """
 from __future__ import annotations
 
@@ -23,26 +26,47 @@ from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
+from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
-from .transport import open_transport
 
 LOCK_FREE_STEPS = ("preflight",)      # read-only: runs before the host lock is taken
+# Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
+# deploy the sync alone, validate and nightly every step.
+COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER}
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Which steps run, and whether build and bundles may be skipped when nothing changed."""
+    """A command's steps (those selected of its list), and whether build, bundles, test and
+    bench may reuse results when nothing they depend on changed."""
 
+    command: str = "validate"
     steps: tuple[str, ...] = ORDER
     use_cache: bool = True
     max_parallel: int = parallel.MAX_PARALLEL
 
+    @property
+    def listed(self) -> tuple[str, ...]:
+        """Every step of the command, selected or not (the columns of its summary)."""
+        return COMMAND_STEPS[self.command]
+
     @classmethod
-    def choose(cls, steps: str | None = None, skip: str | None = None, **options) -> "Plan":
-        """The steps named by --steps (default: all) minus those named by --skip (comma lists)."""
-        chosen = _step_list(steps, "--steps") if steps else list(ORDER)
+    def of(cls, command: str, **options) -> "Plan":
+        """Every step of `command`."""
+        return cls(command, COMMAND_STEPS[command], **options)
+
+    @classmethod
+    def choose(cls, steps: str | None = None, skip: str | None = None, command: str = "validate",
+               **options) -> "Plan":
+        """The steps named by --steps (default: all) minus those named by --skip (comma lists);
+        UsageError when that leaves none."""
+        chosen = _step_list(steps, "--steps") if steps is not None else list(ORDER)
         skipped = _step_list(skip, "--skip") if skip else []
-        return cls(tuple(s for s in ORDER if s in chosen and s not in skipped), **options)
+        selected = tuple(s for s in ORDER if s in chosen and s not in skipped)
+        if not selected:
+            flags = " ".join(f for f, v in (("--steps", steps), ("--skip", skip)) if v is not None)
+            raise UsageError(f"{flags} selects no step (steps: {', '.join(ORDER)})")
+        return cls(command, selected, **options)
 
 
 def _step_list(text: str, flag: str) -> list[str]:
@@ -57,8 +81,8 @@ class LocalReference:
     """The golden tokens every host is checked against: the engine's committed expected manifest,
     and the bundles regenerated on this machine once per run (cached by the generator's input hash)."""
 
-    def __init__(self, project: Project, cache_root: Path):
-        self.project, self.cache_root = project, cache_root
+    def __init__(self, project: Project, cache_root: Path, use_cache: bool = True):
+        self.project, self.cache_root, self.use_cache = project, cache_root, use_cache
         self._lock = threading.Lock()
         self._local: dict | None = None
 
@@ -81,7 +105,7 @@ class LocalReference:
         key = self._local_command("bundles_key").split()[-1]
         out = self.cache_root / key
         manifest = out / Path(self.project.results["manifest"]).name
-        if not manifest.is_file():
+        if not self.use_cache or not manifest.is_file():       # --no-cache regenerates here too
             self._local_command("bundles", {"KD_BUNDLE_DIR": str(out)})
         try:
             return json.loads(manifest.read_text())
@@ -104,33 +128,38 @@ def _base_env() -> dict:
     return {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")}
 
 
-def validate(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, *, command: str = "validate",
-             report_dir: str | None = None) -> tuple[RunDir, RunRecord]:
-    """Run the plan's steps on every host; write run.json and the reports; return both."""
+def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
+            report_dir: str | None = None) -> tuple[RunDir, RunRecord]:
+    """Run the plan's steps on every host (in parallel, bounded) into a new run directory; return
+    it and the run's record (written by `finish`). An interrupt (Ctrl-C, SIGTERM) stops the run:
+    the steps that finished keep their outcome, the running ones are `interrupted`, the rest
+    `skipped`, and the record says `interrupted`."""
     runs_root = inv.project.root / "runs"
     run_dir = record.create_run_dir(runs_root, report_dir)
     source = sync.source_id(inv.project)
-    run = RunRecord(run_id=run_dir.run_id, command=command, started=record.utc_now(),
+    rec = RunRecord(run_id=run_dir.run_id, command=plan.command, started=record.utc_now(),
                     source=record.Source(source.tree_hash, source.git_revision, source.git_dirty))
     console.width = max(len(h.name) for h in hosts)
-    console.say(f"{command} run {run_dir.run_id}: tree {source.tree_hash[:12]} on {len(hosts)} host(s), "
+    console.say(f"{plan.command} run {run_dir.run_id}: tree {source.tree_hash[:12]}"
+                f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
+                f"{' (uncommitted changes)' if source.git_dirty else ''} on {len(hosts)} host(s), "
                 f"steps {', '.join(plan.steps)}")
-    reference = LocalReference(inv.project, inv.project.root / "build" / "local-bundles")
-    owner = state.Owner.now(command)
+    shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
+                     LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
+    records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
     start = time.monotonic()
-    interrupted = False
-    try:
-        outcomes = parallel.run_parallel(
-            hosts, lambda h: run_host(h, plan, inv.project, run_dir, source, owner, reference, console),
-            plan.max_parallel)
-    except KeyboardInterrupt:
-        interrupted, outcomes = True, parallel.Outcomes()
-    for host in hosts:
-        outcome = outcomes.get(host.name)
-        run.hosts[host.name] = outcome.value if outcome and outcome.ok else _crashed(host, outcome)
-    run.finished, run.seconds = record.utc_now(), round(time.monotonic() - start, 3)
-    run.status = record.run_status(run.hosts, interrupted)
-    return run_dir, run
+    with Run(plan.command) as run:
+        try:
+            outcomes = parallel.run_parallel(
+                hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel, run.stop)
+        except KeyboardInterrupt:
+            outcomes = parallel.Outcomes()
+        for host in hosts:
+            _settle(records[host.name], plan, outcomes.get(host.name), run.stopped.is_set())
+    rec.hosts = records
+    rec.finished, rec.seconds = record.utc_now(), round(time.monotonic() - start, 3)
+    rec.status = record.run_status(rec.hosts, run.stopped.is_set())
+    return run_dir, rec
 
 
 def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict[str, Path]:
@@ -141,55 +170,85 @@ def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict
     return paths
 
 
-def run_host(host: Host, plan: Plan, project: Project, run_dir: RunDir, source: sync.SourceId,
-             owner: state.Owner, reference: LocalReference, console: Console) -> HostRecord:
-    """Every step on one host, in order; the first failure skips the rest."""
-    rec = HostRecord(transport=host.transport, address=host.address)
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """What every host of a run shares."""
+
+    project: Project
+    run_dir: RunDir
+    source: sync.SourceId
+    owner: state.Owner
+    reference: LocalReference
+
+
+def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord, console: Console) -> HostRecord:
+    """Every step of the plan on one host, in order, into `rec`; the first failure skips the rest.
+    The host lock is taken before the first step that changes the host and held to the end."""
     out = console.host(host.name)
-    with open_transport(host) as transport:
-        ctx = StepContext(host, transport, project, run_dir, source, owner, reference, rec, plan.use_cache,
-                          secrets=tuple(remote.secret_strings(host)))
-        lock, stopped_by = None, None
-        try:
-            for step in ORDER:
-                if step not in plan.steps:
-                    rec.steps[step] = StepRecord("skipped", message="not selected")
-                elif stopped_by:
-                    rec.steps[step] = StepRecord("skipped", message=f"{stopped_by} failed")
-                else:
-                    if lock is None and step not in LOCK_FREE_STEPS:
-                        lock = _acquire(ctx, step, out)
-                        if lock is None:
-                            stopped_by = step
-                            continue
-                    rec.steps[step] = _run_step(ctx, step, out)
-                    if rec.steps[step].status in record.FAILED_STEP_STATUSES:
+    start = time.monotonic()
+    transport = run.transport(host)
+    ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
+                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)))
+    lock, stopped_by = None, None
+    try:
+        for step in plan.listed:
+            if step not in plan.steps:
+                rec.steps[step] = StepRecord("skipped", message="not selected")
+            elif stopped_by:
+                rec.steps[step] = StepRecord("skipped", message=f"{stopped_by} {rec.steps[stopped_by].status}")
+            elif run.stopped.is_set():
+                rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
+            else:
+                if lock is None and step not in LOCK_FREE_STEPS:
+                    lock = _acquire(ctx, run, step, out)
+                    if lock is None:
                         stopped_by = step
-        finally:
-            if lock:
-                lock.release()
-    rec.status = record.host_status(rec.steps)
+                        continue
+                rec.steps[step] = _run_step(ctx, run, step, out)
+                if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
+                    stopped_by = step
+    finally:
+        if lock:
+            run.unlock(lock)
+        transport.close()
+        rec.seconds = round(time.monotonic() - start, 3)
+    rec.status = record.host_status(rec.steps, run.stopped.is_set())
     return rec
 
 
-def _acquire(ctx: StepContext, step: str, out) -> state.HostLock | None:
-    """Take the host lock for the rest of the run; on failure record it as the step's failure."""
+def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
+    """Complete a host's record after the run: a host never started (interrupted first) has its
+    steps `skipped`; one whose runner crashed keeps what it recorded and the error."""
+    if outcome is not None and not outcome.ok:
+        step = next((s for s in plan.steps if s not in rec.steps), plan.steps[0])
+        rec.steps[step] = StepRecord("failed", message=outcome.summary)
+    for step in plan.listed:
+        if step not in rec.steps:
+            rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP if stopped else "not run")
+    rec.status = record.host_status(rec.steps, stopped)
+
+
+def _acquire(ctx: StepContext, run: Run, step: str, out) -> state.HostLock | None:
+    """Take the host lock for the rest of the run; on failure record it as the step's outcome."""
     try:
-        lock = state.acquire(ctx.transport, ctx.owner)
+        lock = run.lock(ctx.transport, ctx.owner)
     except KdError as e:
-        out(f"{step}: FAILED  {e.message}")
-        ctx.record.steps[step] = StepRecord("failed", 0.0, None, e.message, e.tail)
+        status = "interrupted" if run.stopped.is_set() else "failed"
+        out(f"{step:9} {status.upper()}  {e.message}")
+        ctx.record.steps[step] = StepRecord(status, 0.0, None, e.message, e.tail)
         return None
     if lock.stale:
         out(f"recovered the lock left by a run that died: {lock.stale}")
     return lock
 
 
-def _run_step(ctx: StepContext, step: str, out) -> StepRecord:
-    """One step with its log file, timing and outcome; errors become a failed/timeout record."""
+def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
+    """One step with its log file, timing and outcome; errors become a failed/timeout record, and
+    any error once the run was stopped an `interrupted` one (with the output it had)."""
     log_path = ctx.run_dir.log_path(ctx.host.name, step)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    reused_from = None
     with open(log_path, "w", encoding="utf-8") as log:
         def write(text: str) -> None:
             if ctx.secrets:
@@ -201,27 +260,21 @@ def _run_step(ctx: StepContext, step: str, out) -> StepRecord:
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
-            status, message, tail = outcome.status, outcome.message, ""
+            status, message, tail, reused_from = outcome.status, outcome.message, "", outcome.reused_from
         except KdError as e:
-            status = "timeout" if _timed_out(e) else "failed"
-            message, tail = e.message, e.tail
+            status = "interrupted" if run.stopped.is_set() else "timeout" if _timed_out(e) else "failed"
+            message, tail = (f"interrupted: {e.message}" if status == "interrupted" else e.message), e.tail
             write(str(e))
     if ctx.secrets:
         message, tail = record.redact(message, ctx.secrets), record.redact(tail, ctx.secrets)
     seconds = round(time.monotonic() - start, 3)
-    out(f"{step:9} {status.upper() if status in record.FAILED_STEP_STATUSES else status} "
-        f"({seconds:.1f} s){'  ' + message if message else ''}")
-    if status in record.FAILED_STEP_STATUSES and not tail:
+    shown = status.upper() if status in record.UNFINISHED_STEP_STATUSES else status
+    reuse = f" (reused from run {reused_from})" if reused_from else ""
+    out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){'  ' + message if message else ''}")
+    if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = record.read_tail(log_path)
-    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail)
+    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from)
 
 
 def _timed_out(error: KdError) -> bool:
     return error.exit_status in (124, 137) or (error.exit_status is None and "timed out" in error.message)
-
-
-def _crashed(host: Host, outcome) -> HostRecord:
-    """The record of a host whose run ended without one (an unexpected error or an interrupt)."""
-    message = outcome.summary if outcome else "interrupted"
-    return HostRecord(status="failed", transport=host.transport, address=host.address,
-                      steps={"preflight": StepRecord("failed", message=message)})

@@ -10,15 +10,16 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
 ``runs/latest`` is a symlink to the newest run. The record is built with the dataclasses here
 (``RunRecord.to_dict()``) and read back as a plain dict (``load_run``). Schema, version 1:
 
-    {"version": 1, "run_id", "command": "validate|nightly|deploy", "started", "finished", "seconds",
+    {"version": 1, "run_id", "command": "doctor|deploy|validate|nightly", "started", "finished", "seconds",
      "status": "passed|failed|interrupted",
      "source": {"tree_hash", "git_rev", "git_dirty"},
-     "hosts": {NAME: {"status": "passed|failed", "transport": "ssh|local", "address",
+     "hosts": {NAME: {"status": "passed|failed|interrupted", "transport": "ssh|local", "address",
         "backend": "cpu|cuda|null", "deployed_tree_hash", "binary_tree_hash",
         "fingerprint": {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch",
                         "gpus_busy", "cpu"},
-        "steps": {STEP: {"status": "passed|failed|timeout|skipped|cached", "seconds",
-                         "log": "<host>/<step>.log", "message", "tail"}},
+        "steps": {STEP: {"status": "passed|failed|timeout|interrupted|skipped|cached", "seconds",
+                         "log": "<host>/<step>.log", "message", "tail",
+                         "reused_from": null | RUN_ID (a cached step: the run whose result it reused)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
@@ -26,7 +27,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
                                      "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...}},
-        "build_key": {...} | null}},
+        "build_key": {...} | null, "seconds"}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
@@ -48,16 +49,19 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from orchestrator.errors import UsageError
+from orchestrator.inventory import STEPS
 
 RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("validate", "nightly", "deploy")
+COMMANDS = ("doctor", "deploy", "validate", "nightly")
+BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
-STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
-STEP_STATUSES = ("passed", "failed", "timeout", "skipped", "cached")
+HOST_STATUSES = RUN_STATUSES
+STEP_STATUSES = ("passed", "failed", "timeout", "interrupted", "skipped", "cached")
 FAILED_STEP_STATUSES = ("failed", "timeout")
+UNFINISHED_STEP_STATUSES = FAILED_STEP_STATUSES + ("interrupted",)     # a step whose log tail is kept
 GOLDEN_CHECKS = (
     "local_vs_expected",
     "host_vs_expected",
@@ -116,13 +120,15 @@ class Fingerprint:
 
 @dataclass
 class StepRecord:
-    """One step on one host: its outcome, duration, log (relative to the run dir) and log tail."""
+    """One step on one host: its outcome, duration, log (relative to the run dir) and log tail;
+    a `cached` step names the run whose result it reused (`reused_from`)."""
 
     status: str
     seconds: float = 0.0
     log: str | None = None
     message: str = ""
     tail: str = ""
+    reused_from: str | None = None
 
 
 @dataclass
@@ -310,6 +316,7 @@ class HostRecord:
     golden: dict[str, GoldenRecord] = field(default_factory=dict)
     tests: TestsRecord | None = None
     bench: dict | None = None
+    seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
 
 
@@ -355,9 +362,18 @@ def step_order(step: str) -> int:
     return STEPS.index(step) if step in STEPS else len(STEPS)
 
 
-def host_status(steps: dict[str, StepRecord]) -> str:
-    """``failed`` when any step failed or timed out, else ``passed``."""
-    return "failed" if any(s.status in FAILED_STEP_STATUSES for s in steps.values()) else "passed"
+def host_status(steps: dict[str, StepRecord], stopped: bool = False) -> str:
+    """``failed`` when any step failed or timed out; ``interrupted`` when one was interrupted, or
+    the run was ``stopped`` before every step ran; else ``passed``."""
+    if any(s.status in FAILED_STEP_STATUSES for s in steps.values()):
+        return "failed"
+    if any(s.status == "interrupted" for s in steps.values()) or \
+            stopped and any(s.status == "skipped" and s.message == INTERRUPTED_SKIP for s in steps.values()):
+        return "interrupted"
+    return "passed"
+
+
+INTERRUPTED_SKIP = "the run was interrupted before it ran"
 
 
 def run_status(hosts: dict[str, HostRecord], interrupted: bool = False) -> str:
@@ -367,6 +383,16 @@ def run_status(hosts: dict[str, HostRecord], interrupted: bool = False) -> str:
     if not hosts or any(h.status != "passed" for h in hosts.values()):
         return "failed"
     return "passed"
+
+
+def mapping(value: Any) -> dict:
+    """``value`` when it is a dict, else an empty one (a record read back may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, in their first order."""
+    return list(dict.fromkeys(items))
 
 
 def utc_now() -> str:
@@ -605,6 +631,14 @@ def resolve_run(runs_root: Path | str, ref: str | Path | None = None) -> Path:
 
 def last_good_run(runs_root: Path | str, command: str = "nightly", exclude: str | None = None) -> dict | None:
     """The newest readable run of ``command`` that passed (the nightly's default baseline)."""
+    path = newest_run(runs_root, (command,), passed=True, exclude=exclude)
+    return load_run(path) if path else None
+
+
+def newest_run(runs_root: Path | str, commands: Iterable[str] = BASELINE_COMMANDS, passed: bool = False,
+               exclude: str | None = None) -> Path | None:
+    """The newest readable run directory of one of ``commands`` (``passed``: that passed)."""
+    commands = tuple(commands)
     for path in reversed(list_runs(runs_root)):
         if path.name == exclude:
             continue
@@ -612,13 +646,14 @@ def last_good_run(runs_root: Path | str, command: str = "nightly", exclude: str 
             run = load_run(path)
         except RunRecordError:
             continue
-        if run.get("command") == command and run.get("status") == "passed":
-            return run
+        if run.get("command") in commands and (not passed or run.get("status") == "passed"):
+            return path
     return None
 
 
 def clean(runs_root: Path | str, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` runs under runs_root; returns what was deleted.
+    """Delete all but the newest ``keep`` runs under runs_root; returns what was deleted. The
+    newest passing nightly (the next nightly's baseline) is never deleted.
 
     Only run directories directly inside runs_root are candidates (names like a run id, real
     directories, never symlinks), and rmtree does not follow links inside them. ``latest`` is
@@ -628,10 +663,11 @@ def clean(runs_root: Path | str, keep: int) -> list[Path]:
         raise ValueError(f"keep must be >= 0, not {keep}")
     root = Path(runs_root)
     runs = list_runs(root)
-    doomed = runs[: max(0, len(runs) - keep)]
+    baseline = newest_run(root, ("nightly",), passed=True)
+    doomed = [p for p in runs[: max(0, len(runs) - keep)] if p != baseline]
     for path in doomed:
         shutil.rmtree(path)
-    _repair_latest(root, runs[len(doomed):])
+    _repair_latest(root, [p for p in runs if p not in doomed])
     return doomed
 
 

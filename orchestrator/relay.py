@@ -69,7 +69,7 @@ def rsync_shell(transport: Transport):
     if not isinstance(transport, SshTransport):
         yield None
         return
-    conn = transport._conn
+    conn = transport.connection
     if conn is None or not conn.is_connected:
         # never reconnect here: the host lock was taken over this connection and died with it
         raise ConnectError("the connection to the host was lost before the transfer (its lock with it)",
@@ -144,7 +144,7 @@ class _Relay:
         return data.decode(errors="replace") if data is not None else None
 
     def _run(self, client: socket.socket, command: str) -> None:
-        ssh = self.transport._conn.transport            # the verified Paramiko connection
+        ssh = self.transport.connection.paramiko        # the verified Paramiko connection
         chan = ssh.open_session(timeout=self.transport.host.timeout("connect"))
         self._channels.append(chan)
         with chan:

@@ -20,9 +20,10 @@ runs without GUARD, under the timeout only.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from typing import Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 from .errors import UsageError
 from .inventory import Host
@@ -34,6 +35,53 @@ TIMEOUT_EXIT_CODES = (124, 137)
 # commonly reach the driver's and CUDA's libraries through it (the host's setting, not ours).
 INHERITED_ENV = ('HOME="$HOME"', 'USER="$USER"', 'LOGNAME="$LOGNAME"', 'LANG="${LANG:-C.UTF-8}"',
                  'LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command for a host, as data: the argv it runs, its full command line (wrap's), the
+    host-side timeout it runs under (None: none), the data it reads first on stdin, the secret
+    values it receives (redacted from whatever shows its output), and what it does (for
+    messages). The transport derives the client's deadline from the timeout (`deadline`), so a
+    limit is never given twice."""
+
+    argv: tuple[str, ...]
+    line: str
+    timeout: float | None
+    stdin: bytes | BinaryIO | None = None      # data, or a stream read to its end
+    holds_stdin: bool = False   # after `stdin`, stdin stays open until the command ends (GUARD)
+    secrets: tuple[str, ...] = ()
+    what: str = "command"
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds the client waits before it gives up: the host-side timeout, the host's
+        TERM-to-KILL grace and a margin (None: no limit)."""
+        return None if self.timeout is None else client_timeout(self.timeout)
+
+
+def command(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
+            stdin: bytes | BinaryIO | None = None, what: str = "command") -> Command:
+    """`argv` as a Command (wrap's command line); with `stdin` data it reads its stdin, unguarded."""
+    line = wrap(argv, timeout=timeout, cwd=cwd, reads_stdin=stdin is not None)
+    return Command(tuple(argv), line, timeout, stdin, what=what)
+
+
+def script(text: str, *args: str, timeout: float | None, cwd: str | None = None,
+            stdin: bytes | BinaryIO | None = None, what: str = "command") -> Command:
+    """One of the orchestrator's own bash scripts as a Command, its values passed as positional
+    arguments; with `stdin` data it reads that on its stdin."""
+    return command(["bash", "-c", text, "kdtree", *args], timeout=timeout, cwd=cwd, stdin=stdin, what=what)
+
+
+def step(host: Host, snippet: str, timeout: float, *, with_secrets: bool = False,
+         env: Mapping[str, str] | None = None, what: str = "command") -> Command:
+    """An engine command (a trusted snippet of hosts.yaml) as a Command run in the host's
+    remote_dir (step_command); `with_secrets`: it gets the host's secret_env on stdin."""
+    secrets = with_secrets and bool(host.secret_env)
+    line = step_command(host, snippet, timeout, with_secrets=secrets, env=env)
+    return Command(("bash", "-c", snippet), line, timeout, secret_input(host) if secrets else None, secrets,
+                   tuple(secret_strings(host)) if secrets else (), what)
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -83,11 +131,13 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
     return f"cd -- {shlex.quote(cwd)} && {line}" if cwd else line
 
 
-def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False) -> str:
-    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir;
-    `with_secrets`: it also gets the host's secret_env (send secret_input(host) as its stdin)."""
+def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False,
+                 env: Mapping[str, str] | None = None) -> str:
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir, `env`
+    added to the host's step environment; `with_secrets`: it also gets the host's secret_env
+    (send secret_input(host) as its stdin)."""
     return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
-                env=host_env(host), path_prefix=host_path_prefix(host),
+                env={**host_env(host), **(env or {})}, path_prefix=host_path_prefix(host),
                 secrets=host.secret_env if with_secrets else ())
 
 

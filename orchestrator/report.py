@@ -1,23 +1,16 @@
-"""Reports rendered from a run record: report.md, report.html, junit.xml; comparisons; regressions.
+"""Reports rendered from a run record: report.md, report.html, junit.xml, and the comparison of two
+runs (its rows come from orchestrator.regression, the domain logic of baselines, regressions and
+comparisons; this module only renders).
 
 Everything renders from run.json (a dict, see orchestrator.record) through ``view()``, which turns
 whatever the record holds into clean, bounded, typed data: contents pulled from hosts may be
 hostile (huge strings, control characters, markup, odd types), and rendering never trusts them.
 HTML is escaped by Jinja2's autoescape, XML by ElementTree, Markdown by the filters below, and
 every message and log tail is redacted with the secrets the caller passes.
-
-The nightly job compares benchmarks with a baseline: a previous run.json or a baseline file
-
-    {"version": 1, "created": ISO-8601, "source_run": RUN_ID,
-     "hosts": {HOST: {METRIC: VALUE}}, "thresholds": {METRIC_OR_GLOB: RELATIVE_TOLERANCE}}
-
-(``thresholds`` optional), with per-metric relative tolerances that absorb the noise left in the
-engine's medians of repeats.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -27,31 +20,29 @@ from typing import Any, Iterable
 
 import jinja2
 
+from orchestrator.regression import compare
 from orchestrator.record import (
-    FAILED_STEP_STATUSES,
+    HOST_STATUSES,
+    UNFINISHED_STEP_STATUSES,
     Fingerprint,
     GOLDEN_CHECKS,
     RUN_JSON,
-    Regression,
     STEP_STATUSES,
     atomic_write,
     finite_number,
     load_run,
     redact,
+    mapping as _dict,
     short_text,
     step_order,
+    unique as _unique,
     utc_now,
 )
 
-__all__ = [
-    "redact", "text", "view", "render_markdown", "render_html", "render_junit", "render_run",
-    "compare", "render_compare", "write_compare",
-    "find_regressions", "threshold_for", "baseline_values", "make_baseline", "write_baseline", "load_baseline",
-]
+__all__ = ["redact", "text", "view", "render_markdown", "render_html", "render_junit", "render_run",
+           "render_compare", "write_compare"]
 
 REPORT_FILES = {"md": "report.md", "html": "report.html", "junit": "junit.xml"}
-BASELINE_VERSION = 1
-DEFAULT_THRESHOLD = 0.10  # relative tolerance of a metric no threshold names
 
 NAME_LIMIT = 120
 MESSAGE_LIMIT = 2000
@@ -101,10 +92,6 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
@@ -137,20 +124,17 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
             "git_dirty": source.get("git_dirty") is True,
         },
         "hosts": hosts,
-        "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in ("passed", "failed")},
+        "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in HOST_STATUSES},
         "steps": sorted(_unique(s["name"] for h in hosts for s in h["steps"]), key=step_order),
         "bundles": _unique(b for h in hosts for b in h["golden"]),
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
         "regressions": regressions,
-        "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in FAILED_STEP_STATUSES],
+        "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in UNFINISHED_STEP_STATUSES],
+        "reused": [(h, s) for h in hosts for s in h["steps"] if s["reused_from"]],
         "generated": utc_now(),
     }
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
 
 
 def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
@@ -163,7 +147,7 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
     binary = text(host.get("binary_tree_hash"), 80, secrets)
     return {
         "name": name,
-        "status": _status(host.get("status"), ("passed", "failed")),
+        "status": _status(host.get("status"), HOST_STATUSES),
         "transport": text(host.get("transport"), 20, secrets),
         "address": text(host.get("address"), NAME_LIMIT, secrets),
         "backend": text(host.get("backend"), 20, secrets) or "—",
@@ -204,6 +188,7 @@ def _step_view(name: str, step: Any, secrets: list[str]) -> dict:
         "log": text(step.get("log"), 200, secrets),
         "message": text(step.get("message"), MESSAGE_LIMIT, secrets),
         "tail": text(step.get("tail"), TAIL_LIMIT, secrets, keep_end=True),
+        "reused_from": text(step.get("reused_from"), NAME_LIMIT, secrets) if step.get("reused_from") else "",
     }
 
 
@@ -433,7 +418,7 @@ def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
         for step in host["steps"]:
             evidence = "\n".join(filter(None, [_golden_summary(host) if step["name"] == "golden" else "", step["tail"]]))
             _junit_case(suite, host["name"], f"step.{step['name']}", step["status"], step["seconds"],
-                        step["message"], evidence)
+                        step["message"], evidence, step["reused_from"])
         for case in (host["tests"] or {}).get("cases", []):
             _junit_case(suite, host["name"], f"test.{case['name']}", case["status"], case["seconds"], case["message"], "")
         _junit_totals(suite)
@@ -460,16 +445,16 @@ def _golden_summary(host: dict) -> str:
 
 
 def _junit_case(suite: ET.Element, classname: str, name: str, status: str, seconds: float | None,
-                message: str, tail: str) -> None:
+                message: str, tail: str, reused_from: str = "") -> None:
     case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds or 0:.3f}")
     summary = message.splitlines()[0][:500] if message else status
-    if status in FAILED_STEP_STATUSES:
+    if status in UNFINISHED_STEP_STATUSES:
         body = "\n\n".join(part for part in (message, tail) if part)
         ET.SubElement(case, "failure", message=summary, type=status).text = body
     elif status == "skipped":
         ET.SubElement(case, "skipped", message=summary)
     elif status == "cached":
-        ET.SubElement(case, "system-out").text = "cached: unchanged since the last successful run"
+        ET.SubElement(case, "system-out").text = f"cached: reused from run {reused_from or '?'} (not re-run)"
 
 
 def _junit_totals(element: ET.Element) -> None:
@@ -499,129 +484,7 @@ def render_run(run_dir: Path | str, secrets: Iterable[str] = ()) -> dict[str, Pa
 
 
 # --------------------------------------------------------------------------------------------
-# Baselines and regressions
-
-
-def baseline_values(baseline: dict) -> dict[str, dict[str, float]]:
-    """``{host: {metric: value}}`` from a baseline file's dict or from a run record."""
-    hosts = _dict(baseline.get("hosts"))
-    if "run_id" in baseline:
-        hosts = {h: {m: _dict(v).get("value") for m, v in _dict(_dict(_dict(rec).get("bench")).get("metrics")).items()}
-                 for h, rec in hosts.items()}
-    return {str(h): {str(m): v for m, v in _dict(ms).items() if finite_number(v) is not None} for h, ms in hosts.items()}
-
-
-def make_baseline(run: dict, thresholds: dict[str, float] | None = None) -> dict:
-    """A baseline file's content from a run: each passing host's benchmark values."""
-    passing = {h: rec for h, rec in _dict(run.get("hosts")).items() if _dict(rec).get("status") == "passed"}
-    data = {"version": BASELINE_VERSION, "created": utc_now(), "source_run": run.get("run_id"),
-            "hosts": baseline_values({"run_id": run.get("run_id"), "hosts": passing})}
-    if thresholds:
-        data["thresholds"] = dict(thresholds)
-    return data
-
-
-def write_baseline(run: dict, path: Path | str, thresholds: dict[str, float] | None = None) -> Path:
-    """Write a baseline file (to commit, e.g. benchmarks/baseline.json) from a run."""
-    return atomic_write(path, json.dumps(make_baseline(run, thresholds), indent=2, sort_keys=True) + "\n")
-
-
-def load_baseline(path: Path | str) -> dict:
-    """Read a baseline: a baseline file or a run.json (ValueError naming the file when neither)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read baseline: {e}") from None
-    if not isinstance(data, dict) or data.get("version") != BASELINE_VERSION or not isinstance(data.get("hosts"), dict):
-        raise ValueError(f"{path}: not a baseline (version {BASELINE_VERSION} with 'hosts') nor a run.json")
-    return data
-
-
-def threshold_for(metric: str, thresholds: dict[str, float]) -> float:
-    """A metric's relative tolerance: its own entry, else the longest matching glob, else
-    ``*``, else DEFAULT_THRESHOLD."""
-    if metric in thresholds:
-        return float(thresholds[metric])
-    globs = sorted((p for p in thresholds if p != "*" and fnmatch.fnmatchcase(metric, p)), key=len, reverse=True)
-    if globs:
-        return float(thresholds[globs[0]])
-    return float(thresholds.get("*", DEFAULT_THRESHOLD))
-
-
-def _tolerances(baseline: dict, thresholds: dict[str, float] | None) -> dict[str, float]:
-    merged = {**_dict(baseline.get("thresholds")), **(thresholds or {})}
-    return {str(k): float(v) for k, v in merged.items() if finite_number(v) is not None and v >= 0}
-
-
-def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, float] | None = None) -> list[Regression]:
-    """The metrics of ``current_run`` (a run.json dict) worse than ``baseline`` by more than
-    their tolerance, for RunRecord.regressions.
-
-    ``baseline`` is a run record or a baseline file; ``thresholds`` maps metric names (or globs,
-    ``*`` for the rest) to relative tolerances, over the baseline file's own ``thresholds``.
-    Direction follows each metric's ``better``: a ``higher`` metric regresses when
-    value < baseline * (1 - t), a ``lower`` one when value > baseline * (1 + t). Metrics absent
-    on either side, or with a baseline <= 0, are not compared. Sorted by host then metric.
-    """
-    reference = baseline_values(baseline)
-    tolerances = _tolerances(baseline, thresholds)
-    found = []
-    for host, record in _dict(current_run.get("hosts")).items():
-        metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
-        for name, metric in metrics.items():
-            value, base = finite_number(_dict(metric).get("value")), finite_number(reference.get(host, {}).get(name))
-            if value is None or base is None or base <= 0:
-                continue
-            better = "lower" if metric.get("better") == "lower" else "higher"
-            tolerance, ratio = threshold_for(name, tolerances), value / base
-            if (ratio < 1 - tolerance) if better == "higher" else (ratio > 1 + tolerance):
-                found.append(Regression(host, name, base, value, round(ratio, 4), tolerance,
-                                        str(metric.get("unit") or ""), better))
-    return sorted(found, key=lambda r: (r.host, r.metric))
-
-
-# --------------------------------------------------------------------------------------------
-# Comparing two runs
-
-
-def compare(base: dict, current: dict, thresholds: dict[str, float] | None = None) -> list[dict]:
-    """Two runs' benchmarks side by side: a row per host and metric present in either, with
-    ``ratio`` = current / base and a ``verdict``: better, worse, same (within the metric's
-    tolerance), new or gone."""
-    tolerances = _tolerances({}, thresholds)
-    a, b = _bench_metrics(base), _bench_metrics(current)
-    rows = []
-    for host in _unique([*a, *b]):
-        for name in _unique([*a.get(host, {}), *b.get(host, {})]):
-            ma, mb = a.get(host, {}).get(name), b.get(host, {}).get(name)
-            meta = mb or ma
-            va, vb = (ma or {}).get("value"), (mb or {}).get("value")
-            ratio = vb / va if va and vb is not None else None
-            rows.append({"host": host, "metric": name, "unit": meta["unit"], "better": meta["better"],
-                         "base": va, "current": vb, "ratio": ratio,
-                         "verdict": _verdict(va, vb, ratio, meta["better"], threshold_for(name, tolerances))})
-    return rows
-
-
-def _bench_metrics(run: dict) -> dict[str, dict[str, dict]]:
-    hosts = {}
-    for host, record in _dict(run.get("hosts")).items():
-        metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
-        hosts[str(host)] = {str(n): {"value": finite_number(_dict(m).get("value")), "unit": str(_dict(m).get("unit") or ""),
-                                     "better": "lower" if _dict(m).get("better") == "lower" else "higher"}
-                            for n, m in metrics.items()}
-    return hosts
-
-
-def _verdict(base: float | None, current: float | None, ratio: float | None, better: str, tolerance: float) -> str:
-    if base is None:
-        return "new"
-    if current is None:
-        return "gone"
-    if ratio is None or abs(ratio - 1) <= tolerance:
-        return "same"
-    return "better" if (ratio > 1) == (better == "higher") else "worse"
+# Comparing two runs (the rows are regression.compare's)
 
 
 def render_compare(base: dict, current: dict, thresholds: dict[str, float] | None = None,
@@ -629,7 +492,8 @@ def render_compare(base: dict, current: dict, thresholds: dict[str, float] | Non
     """The comparison as (Markdown, self-contained HTML)."""
     secrets = [s for s in secrets if s]
     rows = [{**r, "host": text(r["host"], NAME_LIMIT, secrets), "metric": text(r["metric"], NAME_LIMIT, secrets),
-             "unit": text(r["unit"], 40, secrets)} for r in compare(base, current, thresholds)]
+             "unit": text(r["unit"], 40, secrets), "reused_from": text(r["reused_from"], 200, secrets)}
+            for r in compare(base, current, thresholds)]
     context = {"base": view(base, secrets), "current": view(current, secrets), "rows": rows}
     return (_ENV.get_template("compare.md.j2").render(**context),
             _ENV.get_template("compare.html.j2").render(**context))

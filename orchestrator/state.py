@@ -62,17 +62,12 @@ class Owner:
         return f"{self.command} by pid {self.pid} on {self.client}, started {self.started}"
 
 
-_HELD: set = set()                      # the locks this process holds (released on an interrupt)
-_HELD_GUARD = threading.Lock()
-
-
 class HostLock:
     """A held lock; release() (or leaving the with-block) frees it and removes its owner file."""
 
     def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None):
         self.transport, self._process, self.stale = transport, process, stale
-        with _HELD_GUARD:
-            _HELD.add(self)
+        self._guard = threading.Lock()
         if heartbeat:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
 
@@ -80,7 +75,7 @@ class HostLock:
         """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
         released = threading.Event()
         while not released.wait(interval):
-            with _HELD_GUARD:
+            with self._guard:
                 if self._process is None:
                     return
                 try:
@@ -89,9 +84,8 @@ class HostLock:
                     return
 
     def release(self, timeout: float = 30) -> None:
-        with _HELD_GUARD:
+        with self._guard:
             process, self._process = self._process, None
-            _HELD.discard(self)
         if process is None:
             return
         try:
@@ -105,13 +99,6 @@ class HostLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def release_all(timeout: float = 2) -> None:
-    """Release every lock this process holds, each waiting at most `timeout` seconds (on an
-    interrupt, before the connections close: the next run finds the lock free, not a dead run's)."""
-    for lock in list(_HELD):
-        lock.release(timeout)
 
 
 def lock_silence(host) -> float:
@@ -176,10 +163,8 @@ def read_deploy_record(transport: Transport) -> dict | None:
 
 def write_json(transport: Transport, name: str, data: dict) -> None:
     """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
-    transport.check(remote.script_command(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
-                                          reads_stdin=True),
-                    timeout=remote.client_timeout(60), stdin=json.dumps(data, indent=1).encode(),
-                    what=f"writing {STATE_DIR}/{name}")
+    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
+                                  stdin=json.dumps(data, indent=1).encode(), what=f"writing {STATE_DIR}/{name}"))
 
 
 def _marker_text(owner: Owner) -> str:

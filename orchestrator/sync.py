@@ -88,8 +88,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     the whole run)."""
     host = transport.host
     start = time.monotonic()
-    begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path),
-                            timeout=remote.client_timeout(60), what="preparing the sync")
+    begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path))
     facts = dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
@@ -107,8 +106,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
-    transport.check(finish_command(host.remote_dir), timeout=60, stdin=json.dumps(record, indent=1).encode(),
-                    what="writing the deploy record")
+    transport.check(finish_command(host.remote_dir, json.dumps(record, indent=1).encode()))
     log(f"deployed {source.tree_hash[:12]} with {method}: {counts['files']} files, {counts['bytes']} bytes sent, "
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
@@ -122,36 +120,43 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     return [
         (f"{where}: claim remote_dir and take the lock",
          state.lock_command(host.remote_dir, owner, state.lock_silence(host))),
-        (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path)),
+        (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path).line),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
-        (f"{where}: hash the deployed tree", remote.step_command(host, project.commands["tree_hash"], host.timeout("sync"))),
-        (f"{where}: write the deploy record, clear the in-progress mark", finish_command(host.remote_dir)),
+        (f"{where}: hash the deployed tree", tree_hash_command(transport, project).line),
+        (f"{where}: write the deploy record, clear the in-progress mark", finish_command(host.remote_dir, b"").line),
     ]
 
 
 def rsync_argv(transport: Transport, project: Project, checksum: bool = False, rsh: str | None = None) -> list[str]:
     """The rsync command line that mirrors the source onto the host's remote_dir (`checksum`:
     compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
-    shell, relay.rsync_shell's, instead of the transport's system ssh)."""
+    shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection)."""
     host = transport.host
     argv = ["rsync", "-az", "--delete", "--stats", "--protect-args"] + (["--checksum"] if checksum else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
-    argv += ["-e", rsh] if rsh else transport.rsync_args()
+    argv += ["-e", rsh] if rsh else []        # local: no remote shell
     if host.rsync_path and not host.is_local:
         argv.append("--rsync-path=" + remote.quote([host.rsync_path]))
     return argv + [f"{project.source}/", transport.rsync_dest(host.remote_dir + "/")]
 
 
-def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -> str:
+def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -> remote.Command:
     """Reports a broken previous sync (PARTIAL ...), marks this one, says where rsync is (RSYNC ...)."""
-    return remote.script_command(_BEGIN_SCRIPT, remote_dir, str(owner), rsync_path or "", timeout=60)
+    return remote.script(_BEGIN_SCRIPT, remote_dir, str(owner), rsync_path or "", timeout=60,
+                         what="preparing the sync")
 
 
-def finish_command(remote_dir: str) -> str:
-    """Stores the deploy record (stdin) and clears the in-progress mark."""
-    return remote.script_command(_FINISH_SCRIPT, remote_dir, timeout=60, reads_stdin=True)
+def finish_command(remote_dir: str, deploy_record: bytes) -> remote.Command:
+    """Stores the deploy record (its JSON, on stdin) and clears the in-progress mark."""
+    return remote.script(_FINISH_SCRIPT, remote_dir, timeout=60, stdin=deploy_record, what="writing the deploy record")
+
+
+def tree_hash_command(transport: Transport, project: Project) -> remote.Command:
+    """The project's tree_hash command over the deployed tree, under the sync step's timeout."""
+    host = transport.host
+    return remote.step(host, project.commands["tree_hash"], host.timeout("sync"), what="hashing the deployed tree")
 
 
 def is_excluded(path: str, is_dir: bool, patterns) -> bool:
@@ -199,8 +204,8 @@ def _space_cause(transport: Transport, project: Project) -> str | None:
     """`No space left on device`, with the numbers, when the tree cannot fit in remote_dir's
     filesystem (rsync's receiver does not always get to say so before its connection ends)."""
     try:
-        out = transport.capture(remote.script_command(_SPACE_SCRIPT, transport.host.remote_dir, timeout=30),
-                                timeout=remote.client_timeout(30), max_bytes=4096, what="checking free space")
+        out = transport.capture(remote.script(_SPACE_SCRIPT, transport.host.remote_dir, timeout=30,
+                                              what="checking free space"), max_bytes=4096)
         free_kb, used_kb = (int(w) for w in out.split()[:2])
     except (KdError, ValueError):
         return None
@@ -228,9 +233,8 @@ def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> 
     gone = sorted((p for p, (kind, _, _) in listing.items() if p not in local
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:
-        transport.check(remote.script_command(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, reads_stdin=True),
-                        timeout=remote.client_timeout(timeout), what="deleting removed files",
-                        stdin=b"".join(p.encode() + b"\0" for p in gone))
+        transport.check(remote.script(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, what="deleting removed files",
+                                      stdin=b"".join(p.encode() + b"\0" for p in gone)))
     with tempfile.TemporaryFile() as stream:
         with tarfile.open(fileobj=stream, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(p for p, (kind, _, _) in local.items() if kind == "d"):
@@ -239,16 +243,15 @@ def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> 
                 tar.add(project.source / path, arcname=path, recursive=False)
         size = stream.tell()
         stream.seek(0)
-        transport.check(remote.script_command(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout, reads_stdin=True),
-                        timeout=remote.client_timeout(timeout), what="extracting the tar stream", stdin=stream)
+        transport.check(remote.script(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout, stdin=stream,
+                                      what="extracting the tar stream"))
     return {"files": len(changed), "bytes": size, "deleted": len(gone)}
 
 
 def _remote_listing(transport: Transport, timeout: float) -> dict:
     host = transport.host
-    data = transport.capture(remote.script_command(_LIST_SCRIPT, host.remote_dir, timeout=timeout),
-                             timeout=remote.client_timeout(timeout), max_bytes=LISTING_MAX_BYTES,
-                             what="listing remote_dir")
+    data = transport.capture(remote.script(_LIST_SCRIPT, host.remote_dir, timeout=timeout, what="listing remote_dir"),
+                             max_bytes=LISTING_MAX_BYTES)
     listing = {}
     for entry in data.split(b"\0"):
         if entry:
@@ -288,8 +291,7 @@ def _under_excluded(path: str, is_dir: bool, patterns) -> bool:
 
 def _remote_hash(transport: Transport, project: Project) -> str:
     host = transport.host
-    result = transport.check(remote.step_command(host, project.commands["tree_hash"], host.timeout("sync")),
-                             timeout=remote.client_timeout(host.timeout("sync")), what="hashing the deployed tree")
+    result = transport.check(tree_hash_command(transport, project))
     words = result.tail.split()
     if not words:
         raise SyncError("the tree hash command printed nothing", host=host.name, command=result.command)

@@ -1,50 +1,46 @@
 """Transports: one small interface to run commands on a host and read files back, two kinds.
 
     t = open_transport(host)            # SshTransport or LocalTransport, nothing opened yet
-    r = t.run(command, timeout=60, on_output=print)   # -> Result(exit_code, seconds, tail, timed_out)
-    t.check(command, timeout=60)        # the same, raises CommandError unless it exited 0
-    out = t.capture(command, timeout=60, max_bytes=1 << 20)   # its raw output (bytes)
+    r = t.run(command, on_output=print)   # a remote.Command -> Result(exit_code, seconds, tail, timed_out)
+    t.check(command)                    # the same, raises CommandError unless it exited 0
+    out = t.capture(command, max_bytes=1 << 20)   # its raw output (bytes)
     data = t.read_file("build/bench.json", max_bytes=1 << 20)
     t.fetch("build/bench.json", run_dir / "ct200" / "bench.json", within=run_dir, max_bytes=...)
     p = t.start(command)                # a long-running command: p.readline(), p.write(), p.close()
-    t.rsync_args(), t.rsync_dest(path)  # how rsync reaches the host (sync.py)
-    t.close()                           # also stops its running commands (close_all(): every transport)
+    t.rsync_dest(path)                  # the host's path as rsync's destination (sync.py)
+    t.close()                           # also stops its running commands
 
-`command` is a complete shell command line, as built by remote.py. `timeout` is the client-side
-limit in seconds (None: none): when it passes the client stops waiting and the Result says
-timed_out (the host-side limit is remote.wrap's). SshTransport opens one Paramiko connection per
-host on first use and reuses it for every command of the run; host keys are verified (hostkeys.py),
-~/.ssh/config is honoured (or $KDTREE_SSH_CONFIG instead), and a `jump:` bastion or a ProxyJump of
-the ssh config is used by both Paramiko and system ssh/rsync. LocalTransport runs the same command
-lines with bash on this machine.
+`command` is a remote.Command: its command line, the host-side timeout it runs under (from which
+the client's deadline is derived: when it passes the client stops waiting and the Result says
+timed_out), its stdin. A bare command line with `timeout=` (the client's limit) is accepted for
+tests and for commands held open for the run's length (the lock). SshTransport runs each command
+in a session of one verified connection per host (connection.py: host keys, ssh config, jump
+hosts, keepalive), opened on first use and reused by every command of the run and by rsync
+(relay.py). LocalTransport runs the same command lines with bash on this machine.
 """
 from __future__ import annotations
 
 import dataclasses
 import errno
-import itertools
 import os
 import posixpath
 import queue
 import select
 import socket
 import subprocess
-import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
-from . import hostkeys, remote
-from .errors import AuthError, CommandError, ConnectError, FetchError, HostError, cause_of
+from . import remote
+from .connection import SshConnection
+from .errors import CommandError, ConnectError, FetchError, HostError, cause_of
 from .inventory import Host
 
 TAIL_BYTES = 64 * 1024
 MAX_LINE = 64 * 1024    # a longer output line is passed on (logged, printed) in pieces of this size
 CHUNK = 64 * 1024
-CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
-KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
 STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
 
 OutputCallback = Callable[[str], None]
@@ -85,11 +81,17 @@ class HeldInput:
 
 
 class Transport:
-    """The interface every transport offers; subclasses implement `_exec` (and connect/close)."""
+    """The interface every transport offers; subclasses implement `_exec` (and connect/close).
+    `stopped`: the stop flag of the run that owns it (run.Run): once set, it neither connects nor
+    starts a command again (a retry would resume interrupted work)."""
 
-    def __init__(self, host: Host):
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
         self.host = host
-        _ALL.add(self)
+        self.stopped = stopped if stopped is not None else threading.Event()
+
+    def _refuse_if_stopped(self) -> None:
+        if self.stopped.is_set():
+            raise HostError("the run was interrupted", host=self.host.name)
 
     # -- to implement -------------------------------------------------------------------------
     def _exec(self, command: str, stdin: BinaryIO | None, sink: Callable[[bytes], None],
@@ -104,55 +106,56 @@ class Transport:
     def close(self) -> None:
         """Close the connection; the transport may be used again (it reconnects)."""
 
-    def rsync_args(self) -> list[str]:
-        """rsync options that make it reach this host (e.g. `-e ssh ...`)."""
-        return []
-
     def rsync_dest(self, path: str) -> str:
         """`path` on this host as an rsync destination."""
         return path
 
     # -- built on _exec ------------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None, on_output: OutputCallback | None = None,
-            stdin: bytes | BinaryIO | None = None) -> Result:
-        """Run a command line; stream its output lines to `on_output`; never raises for a
-        non-zero exit (HostError only when the host cannot be reached). Without `stdin` data the
-        command's stdin stays open until it ends: a guarded command (remote.GUARD) stops when
-        it closes (the client gives up, closes the transport, or dies)."""
-        if _STOPPED.is_set():
-            raise HostError("the run was interrupted", host=self.host.name)
+    def run(self, command: remote.Command | str, *, timeout: float | None = None,
+            on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None) -> Result:
+        """Run a command; stream its output lines to `on_output`; never raises for a non-zero exit
+        (HostError only when the host cannot be reached). A remote.Command brings its deadline
+        and stdin; a bare command line (tests, long-held commands) runs with the client limit
+        `timeout` (None: none) and `stdin`. Without stdin data, or after it for a Command that
+        holds stdin, the command's stdin stays open until it ends: a guarded command
+        (remote.GUARD) stops when it closes (the client gives up, closes the transport, or dies)."""
+        self._refuse_if_stopped()
+        line, timeout, stdin = _parts(command, timeout, stdin)
         collector = _Collector(on_output, TAIL_BYTES)
         if isinstance(stdin, (bytes, bytearray)):
             stdin = _BytesReader(bytes(stdin))
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
         try:
-            code = self._exec(command, stdin, collector.feed, deadline)
+            code = self._exec(line, stdin, collector.feed, deadline)
         finally:
             if isinstance(stdin, HeldInput):
                 stdin.release()
         collector.flush()
-        return Result(command, code, round(time.monotonic() - start, 3), collector.tail(),
+        return Result(line, code, round(time.monotonic() - start, 3), collector.tail(),
                       code is None or code in remote.TIMEOUT_EXIT_CODES)
 
-    def check(self, command: str, *, timeout: float | None, on_output: OutputCallback | None = None,
-              stdin: bytes | BinaryIO | None = None, what: str = "command") -> Result:
+    def check(self, command: remote.Command | str, *, timeout: float | None = None,
+              on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None,
+              what: str | None = None) -> Result:
         """`run`, raising CommandError (with the command, exit code and tail) unless it exited 0."""
         result = self.run(command, timeout=timeout, on_output=on_output, stdin=stdin)
         if not result.ok:
             why = "timed out" if result.timed_out else "failed"
             cause = None if result.timed_out else cause_of(result.tail)
             why += f": {cause}" if cause else ""
-            raise CommandError(f"{what} {why}", host=self.host.name, command=command,
+            raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=result.command,
                                exit_status=result.exit_code, tail=result.tail)
         return result
 
-    def capture(self, command: str, *, timeout: float | None, max_bytes: int, what: str = "command") -> bytes:
+    def capture(self, command: remote.Command | str, *, max_bytes: int, timeout: float | None = None,
+                what: str | None = None) -> bytes:
         """The raw output of a command; CommandError unless it exited 0 within `max_bytes`."""
-        code, data = self._capture(command, timeout, max_bytes)
+        line, timeout, _ = _parts(command, timeout, None)
+        code, data = self._capture(line, timeout, max_bytes)
         if code != 0 or len(data) > max_bytes:
             why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes else "failed"
-            raise CommandError(f"{what} {why}", host=self.host.name, command=command, exit_status=code,
+            raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=line, exit_status=code,
                                tail=data[-2000:].decode(errors="replace"))
         return data
 
@@ -160,17 +163,18 @@ class Transport:
         """The content of a regular file on the host (relative: under remote_dir). Refuses a
         symlink, anything but a regular file, and a file larger than `max_bytes`."""
         path = posixpath.join(self.host.remote_dir, path)
-        command = remote.script_command(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
-        code, data = self._capture(command, remote.client_timeout(timeout), max_bytes)
+        command = remote.script(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
+        code, data = self._capture(command.line, command.deadline, max_bytes)
         if code == 0 and len(data) <= max_bytes:
             return data
         why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
             else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
-        raise FetchError(f"{path} {why}", host=self.host.name, command=command, exit_status=code,
+        raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
                          tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
 
     def _capture(self, command: str, timeout: float | None, max_bytes: int) -> tuple[int | None, bytes]:
-        """Run a command keeping at most max_bytes + 1 bytes of its output."""
+        """Run a command line keeping at most max_bytes + 1 bytes of its output."""
+        self._refuse_if_stopped()
         chunks, size = [], 0
 
         def sink(data: bytes) -> None:
@@ -262,8 +266,8 @@ class Process:
 class LocalTransport(Transport):
     """Commands run with bash on this machine, in their own session."""
 
-    def __init__(self, host: Host):
-        super().__init__(host)
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
         self._running: set[subprocess.Popen] = set()
 
     def close(self) -> None:
@@ -308,187 +312,40 @@ class LocalTransport(Transport):
 
 
 class SshTransport(Transport):
-    """Commands run over one Paramiko connection (Fabric's Connection, hardened); rsync reaches
-    the host with system ssh given the same config, known_hosts files and jump hosts."""
+    """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
+    opened on first use and reused by every command (and by rsync, through relay.py)."""
 
-    def __init__(self, host: Host):
-        super().__init__(host)
-        self._conn = None
-        self._hops: list = []
-        self._pinned_file: Path | None = None
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
+        self.connection: SshConnection | None = None
         self._lock = threading.Lock()
-        self._lost: str | None = None       # why the keepalive watchdog closed the connection
 
-    # -- connection ----------------------------------------------------------------------------
     def connect(self) -> None:
         with self._lock:
-            if self._conn is not None and self._conn.is_connected:
+            if self.connection is not None and self.connection.is_connected:
                 return
-            if _STOPPED.is_set():
-                raise HostError("the run was interrupted", host=self.host.name)
-            # a refused or reset connection (sshd restarting) is retried with backoff for as long as
-            # the connect timeout lasts; a timeout, a host key or an authentication failure never is
-            start, delay = time.monotonic(), CONNECT_BACKOFF
-            for attempt in itertools.count(1):
-                try:
-                    self._conn = self._open()
-                    return
-                except ConnectError as e:
-                    left = start + self.host.timeout("connect") - time.monotonic()
-                    if not e.retry or left <= 0:
-                        if attempt == 1:
-                            raise
-                        raise ConnectError(f"{e.message} ({attempt} attempts in {time.monotonic() - start:.1f} s)",
-                                           host=self.host.name, retry=False) from None
-                    time.sleep(min(delay, left))
-                    delay *= 2
+            self._refuse_if_stopped()
+            self.connection = SshConnection.open(self.host, self.stopped)
 
     def close(self) -> None:
         with self._lock:
-            for conn in [self._conn, *self._hops]:
-                if conn is not None:
-                    conn.close()
-            self._conn, self._hops = None, []
-            if self._pinned_file is not None:
-                self._pinned_file.unlink(missing_ok=True)
-                self._pinned_file = None
-
-    def _open(self):
-        """Open the jump hosts' connections in order, then the host's through them."""
-        import fabric
-        host = self.host
-        config = fabric.Config(runtime_ssh_path=ssh_config_file()) if ssh_config_file() else fabric.Config()
-        ssh_config = config.base_ssh_config.lookup(host.address)
-        hops = self.jump_hops(ssh_config)
-        gateway: object = False
-        if not hops and ssh_config.get("proxycommand", "none").lower() != "none":
-            gateway = ssh_config["proxycommand"]
-        self._hops = []
-        try:
-            for hop in hops:
-                gateway = self._connection(config, hop, None, None, gateway,
-                                           hostkeys.VerifyPolicy(host.name, None, hop=True))
-                self._hops.append(gateway)
-                self._open_one(gateway)
-            policy = hostkeys.VerifyPolicy(host.name, host.host_key, hop=False)
-            conn = self._connection(config, host.address, host.user, host.port, gateway, policy)
-            self._open_one(conn)
-        except HostError:
-            for hop in self._hops:
-                hop.close()
-            self._hops = []
-            raise
-        conn.transport.set_keepalive(int(host.timeout("keepalive")))
-        self._lost = None
-        threading.Thread(target=self._watch, args=(conn.transport,), daemon=True).start()
-        key = conn.transport.get_remote_server_key()
-        name = hostkeys.known_name(conn.host, conn.port)
-        if host.host_key and hostkeys.fingerprint(key) != host.host_key:
-            conn.close()
-            raise hostkeys.changed(host.name, name, key, host.host_key, "host_key: in the inventory")
-        if policy.accepted:
-            self._pin_for_ssh(name, key)
-        return conn
-
-    def _open_one(self, conn) -> None:
-        """Open one Fabric connection, its failure as a HostError of the right kind."""
-        start = time.monotonic()
-        try:
-            conn.open()
-        except HostError:
-            _discard(conn)
-            raise
-        except Exception as e:
-            _discard(conn)
-            raise self._connect_error(e, conn, time.monotonic() - start) from None
-        _no_delay(conn.transport.sock)
-
-    def _connection(self, config, target, user, port, gateway, policy):
-        import fabric
-        kwargs = {"banner_timeout": self.host.timeout("connect"), "auth_timeout": self.host.timeout("connect")}
-        if self.host.identity:
-            kwargs["key_filename"] = [self.host.identity]
-        conn = fabric.Connection(target, user=user, port=port, config=config, gateway=gateway,
-                                 connect_timeout=int(self.host.timeout("connect")), connect_kwargs=kwargs)
-        # Fabric accepts unknown keys (auto-add) and loads no known_hosts: verify against ours instead.
-        conn.client.set_missing_host_key_policy(policy)
-        for file in hostkeys.known_hosts_files(self.host.known_hosts):
-            if file.is_file():
-                conn.client.get_host_keys().load(str(file))
-        return conn
-
-    def _connect_error(self, e: Exception, conn, elapsed: float = 0.0) -> HostError:
-        import paramiko
-        where = f"{conn.host}:{conn.port}"
-        if isinstance(e, paramiko.BadHostKeyException):
-            name = hostkeys.known_name(e.hostname, conn.port)
-            return hostkeys.changed(self.host.name, name, e.key, hostkeys.fingerprint(e.expected_key),
-                                    "known_hosts")
-        if isinstance(e, paramiko.AuthenticationException):
-            return AuthError(f"authentication to {where} as {conn.user} failed: {e}", host=self.host.name)
-        if isinstance(e, socket.gaierror):
-            return ConnectError(f"cannot reach {where}: {e.strerror or e}", host=self.host.name, retry=False)
-        if isinstance(e, (socket.timeout, TimeoutError)):
-            return ConnectError(f"cannot reach {where}: timed out after {self.host.timeout('connect')} s",
-                                host=self.host.name, retry=False)
-        if isinstance(e, paramiko.SSHException) and (isinstance(e.__context__, (socket.timeout, TimeoutError))
-                                                      or elapsed >= self.host.timeout("connect") - 0.5):
-            # the TCP connection opened but the host said nothing in time (a hung sshd): not
-            # transient, and retrying would multiply the wait
-            return ConnectError(f"cannot reach {where}: no SSH answer within {self.host.timeout('connect')} s "
-                                f"(sshd hung or not an SSH server: {e})", host=self.host.name, retry=False)
-        if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, EOFError,
-                          paramiko.SSHException, OSError)):
-            return ConnectError(f"cannot reach {where}: {e}", host=self.host.name, retry=True)
-        return ConnectError(f"cannot connect to {where}: {type(e).__name__}: {e}", host=self.host.name, retry=False)
-
-    def _watch(self, transport) -> None:
-        """Keepalive with a deadline (ssh's ServerAliveCountMax; Paramiko's keepalive never waits for
-        an answer): every `keepalive` seconds ask the host for a reply; when none comes within
-        KEEPALIVE_COUNT intervals (a hung host, a dead network), close the connection, so every
-        command on it fails at once instead of waiting for its own timeout."""
-        interval = self.host.timeout("keepalive")
-        while transport.is_active():
-            time.sleep(interval)
-            answered = threading.Event()
-
-            def ask(answered: threading.Event) -> None:
-                try:
-                    transport.global_request("keepalive@openssh.com", wait=True)
-                except Exception:
-                    pass
-                answered.set()
-            threading.Thread(target=ask, args=(answered,), daemon=True).start()
-            if not answered.wait(interval * KEEPALIVE_COUNT) and transport.is_active():
-                self._lost = f"the host answered no keepalive for {interval * KEEPALIVE_COUNT:g} s"
-                transport.close()
-                return
+            if self.connection is not None:
+                self.connection.close()
+            self.connection = None
 
     def server_key(self) -> tuple[str, object]:
         """The verified host key of the connection: (known_hosts name, Paramiko key)."""
         self.connect()
-        return hostkeys.known_name(self._conn.host, self._conn.port), self._conn.transport.get_remote_server_key()
+        return self.connection.server_key()
 
-    def _pin_for_ssh(self, name: str, key) -> None:
-        """Give system ssh the key that matched `host_key:` (a file removed on close)."""
-        fd, path = tempfile.mkstemp(prefix="kdtree-pinned-", suffix=".known_hosts")
-        os.close(fd)
-        self._pinned_file = Path(path)
-        hostkeys.pin(self._pinned_file, name, key)
+    def rsync_dest(self, path: str) -> str:
+        address = f"[{self.host.address}]" if ":" in self.host.address else self.host.address
+        return f"{address}:{path}"
 
-    def jump_hops(self, ssh_config=None) -> list[str]:
-        """The jump hosts in order (first hop first): `jump:` or the ssh config's ProxyJump."""
-        if self.host.jump:
-            return self.host.jump.split(",")
-        if ssh_config is None:
-            ssh_config = ssh_config_lookup(self.host.address)
-        jump = ssh_config.get("proxyjump", "none")
-        return [] if jump.lower() == "none" else jump.split(",")
-
-    # -- commands ------------------------------------------------------------------------------
     def _exec(self, command, stdin, sink, deadline):
         self.connect()
-        transport = self._conn.transport
+        connection = self.connection
+        transport = connection.paramiko
         try:
             chan = transport.open_session(timeout=self.host.timeout("connect"))
         except Exception as e:
@@ -521,90 +378,15 @@ class SshTransport(Transport):
             if code is None and transport.is_active():
                 return None
             if code is None or code < 0:
-                raise ConnectError("connection lost while running a command" + (f": {self._lost}" if self._lost else ""),
+                raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
                                    host=self.host.name, command=command, retry=False)
             return code
 
-    # -- system ssh / rsync --------------------------------------------------------------------
-    def ssh_options(self) -> list[str]:
-        """system ssh's argv up to the destination: the same config, known_hosts files (plus a
-        key pinned by host_key:), identity and jump hosts as the Paramiko connection."""
-        argv = self._base_options()
-        argv += self._jump_options(self.jump_hops())
-        if self.host.user:
-            argv += ["-l", self.host.user]
-        if self.host.port:
-            argv += ["-p", str(self.host.port)]
-        return argv
 
-    def ssh_argv(self, command: str) -> list[str]:
-        """The full argv of system ssh running `command` on the host."""
-        return self.ssh_options() + ["--", self.host.address, command]
+def open_transport(host: Host, stopped: threading.Event | None = None) -> Transport:
+    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop flag."""
+    return LocalTransport(host, stopped) if host.is_local else SshTransport(host, stopped)
 
-    def rsync_args(self) -> list[str]:
-        return ["-e", remote.quote(self.ssh_options())]
-
-    def rsync_dest(self, path: str) -> str:
-        address = f"[{self.host.address}]" if ":" in self.host.address else self.host.address
-        return f"{address}:{path}"
-
-    def _base_options(self) -> list[str]:
-        files = hostkeys.known_hosts_files(self.host.known_hosts)
-        if self._pinned_file is not None:
-            files.append(self._pinned_file)
-        argv = ["ssh"]
-        if ssh_config_file():
-            argv += ["-F", ssh_config_file()]
-        argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                 "-o", "UserKnownHostsFile=" + " ".join(f'"{_pct(str(f))}"' for f in files),
-                 "-o", f"ConnectTimeout={int(self.host.timeout('connect'))}",
-                 "-o", f"ServerAliveInterval={int(self.host.timeout('keepalive'))}",
-                 "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}"]
-        if self.host.identity:
-            argv += ["-i", _pct(self.host.identity)]
-        return argv
-
-    def _jump_options(self, hops: list[str]) -> list[str]:
-        """-o ProxyCommand=ssh ... -W [%h]:%p LAST_HOP, recursively through the earlier hops."""
-        if not hops:
-            return []
-        *before, last = hops
-        user_host, _, port = last.rpartition(":") if last.count(":") == 1 else (last, "", "")
-        user, _, hop_host = user_host.rpartition("@")
-        inner = self._base_options() + self._jump_options(before)
-        inner += (["-l", user] if user else []) + (["-p", port] if port else [])
-        command = remote.quote([_pct(a) for a in inner] + ["-W", "[%h]:%p", _pct(hop_host)])
-        return ["-o", "ProxyCommand=" + command]
-
-
-def close_all() -> None:
-    """Close every transport of this process for good (on an interrupt): remote commands stop
-    too, and no transport connects or starts a command again (a retry would resume the work)."""
-    _STOPPED.set()
-    for transport in list(_ALL):
-        transport.close()
-
-
-def open_transport(host: Host) -> Transport:
-    """The transport for a host (nothing is opened until it is used)."""
-    return LocalTransport(host) if host.is_local else SshTransport(host)
-
-
-def ssh_config_file() -> str | None:
-    """The ssh config used instead of ~/.ssh/config and /etc/ssh/ssh_config ($KDTREE_SSH_CONFIG)."""
-    return os.environ.get("KDTREE_SSH_CONFIG") or None
-
-
-def ssh_config_lookup(alias: str) -> dict:
-    """The ssh config settings for a host alias, as Paramiko reads them."""
-    import fabric
-    config = fabric.Config(runtime_ssh_path=ssh_config_file()) if ssh_config_file() else fabric.Config()
-    return config.base_ssh_config.lookup(alias)
-
-
-# -- helpers -------------------------------------------------------------------------------------
-_ALL: "weakref.WeakSet[Transport]" = weakref.WeakSet()
-_STOPPED = threading.Event()        # set by close_all(): the run was interrupted
 
 _READ_SCRIPT = r'''
 [ -L "$1" ] && exit 3
@@ -617,6 +399,20 @@ exec head -c "$(($2 + 1))" -- "$1"
 _READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
+
+
+def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple[str, float | None, Any]:
+    """(command line, client limit in seconds, stdin) of a Command, or of a bare command line."""
+    if isinstance(command, str):
+        return command, timeout, stdin
+    if timeout is not None or stdin is not None:
+        raise TypeError("a remote.Command carries its own timeout and stdin")
+    data = command.stdin
+    return command.line, command.deadline, HeldInput(data or b"") if command.holds_stdin else data
+
+
+def _what(command: remote.Command | str, what: str | None) -> str:
+    return what or (command.what if isinstance(command, remote.Command) else "command")
 
 
 class _Collector:
@@ -698,26 +494,3 @@ def _stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-
-
-def _discard(conn) -> None:
-    """Close a connection that failed to open: Fabric's close() does nothing before open()
-    succeeded, which would leave Paramiko's socket open (a session half-way through auth)."""
-    conn.close()
-    conn.client.close()
-
-
-def _no_delay(sock) -> None:
-    """Send small SSH packets at once (TCP_NODELAY, as OpenSSH does): without it every command's
-    last packet waits for the peer's delayed ACK, ~40 ms per round trip. A jump host's channel
-    (the socket of a connection through a bastion) has no such option: its hop's socket has it."""
-    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-
-
-def _pct(value: str) -> str:
-    """Escape ssh's %-tokens in a value ssh expands (identity, known_hosts, ProxyCommand)."""
-    return value.replace("%", "%%")

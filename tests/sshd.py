@@ -169,11 +169,14 @@ class SshLab:
                 else:
                     os.environ[k] = v
 
+    def ssh_argv(self, host: SshdHost, command: str) -> list[str]:
+        """System ssh running a command on a host (a client process of its own, for tests)."""
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", host.name, command]
+
     def ssh(self, host: SshdHost, command: str, **kwargs) -> subprocess.CompletedProcess:
         """Run a command on a host with system ssh (for checks made by tests)."""
-        argv = ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", host.name, command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kwargs)
+        return subprocess.run(self.ssh_argv(host, command), capture_output=True, text=True, timeout=60, **kwargs)
 
     def inventory_entry(self, host: SshdHost, **overrides) -> dict:
         """A hosts.yaml entry for `host`: its alias, its remote_dir under its root, the lab's keys."""

@@ -46,33 +46,35 @@ def test_hostile_values_reach_the_command_literally(tmp_path):
     assert not canary.exists()
 
 
-def test_ssh_argv_and_jump(monkeypatch):
-    monkeypatch.setenv("KDTREE_SSH_CONFIG", "/lab/ssh_config")
-    monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", "/lab/user known_hosts")
-    host = Host(**{**CT200.__dict__, "jump": "ops@bastion:2222", "port": 2200, "identity": "/keys/id"})
-    base = ["ssh", "-F", "/lab/ssh_config", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", 'UserKnownHostsFile="/repo/known_hosts" "/lab/user known_hosts"', "-o", "ConnectTimeout=10",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3", "-i", "/keys/id"]
-    proxy = ("ProxyCommand=ssh -F /lab/ssh_config -o BatchMode=yes -o StrictHostKeyChecking=yes -o "
-             "'UserKnownHostsFile=\"/repo/known_hosts\" \"/lab/user known_hosts\"' -o ConnectTimeout=10 "
-             "-o ServerAliveInterval=15 -o ServerAliveCountMax=3 -i /keys/id -l ops -p 2222 -W '[%h]:%p' bastion")
-    assert SshTransport(host).ssh_argv("true") == base + ["-o", proxy, "-l", "root", "-p", "2200", "--", "ct200", "true"]
+def test_the_ssh_config_resolves_targets_and_jump_hosts(tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu7\n  HostName gpu7.lab.example\n  Port 2200\n  User ops\n  IdentityFile /keys/gpu\n"
+                      "  ProxyJump admin@gate:2222,inner\n\nHost *\n  User fallback\n")
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
+    from orchestrator import connection
+    host = Host(**{**CT200.__dict__, "address": "gpu7", "user": None, "port": None, "identity": "/keys/id"})
+    assert connection.jump_hops(host) == ["admin@gate:2222", "inner"]
+    assert connection.jump_hops(Host(**{**host.__dict__, "jump": "ops@bastion:2222"})) == ["ops@bastion:2222"]
+    assert connection._hop_parts("admin@gate:2222") == ("gate", "admin", 2222)
+    assert connection._hop_parts("inner") == ("inner", None, None)
+    target = connection._Target.of(connection.ssh_config(), "gpu7", None, None, "/keys/id")
+    assert (target.hostname, target.port, target.user, target.key_files) == \
+        ("gpu7.lab.example", 2200, "ops", ["/keys/id", "/keys/gpu"])
+    target = connection._Target.of(connection.ssh_config(), "gpu7", "root", 22, None)    # the inventory wins
+    assert (target.port, target.user) == (22, "root")
+    other = connection._Target.of(connection.ssh_config(), "elsewhere", None, None, None)
+    assert (other.hostname, other.port, other.user, other.key_files) == ("elsewhere", 22, "fallback", [])
 
 
 def test_rsync_argv(monkeypatch, make_inventory):
-    monkeypatch.delenv("KDTREE_SSH_CONFIG", raising=False)
-    monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", "/home/me/.ssh/known_hosts")
     inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine", "user": "root",
                                     "rsync_path": "/opt/rsync dir/rsync"}})
-    argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project)
-    known = inv.hosts["ct200"].known_hosts
+    argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project, rsh="python3 rsh_helper.py /tmp/s")
     assert argv == [
         "rsync", "-az", "--delete", "--stats", "--protect-args", "--exclude=/.kdtree/",
         "--exclude=build/", "--exclude=.git/", "--exclude=.kdtree/", "--exclude=__pycache__/", "--exclude=*.pyc",
         "--exclude=tests/refs/model_*.kdtr", "--exclude=tests/refs/manifest.json",
-        "-e", "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o "
-              f"'UserKnownHostsFile=\"{known}\" \"/home/me/.ssh/known_hosts\"' -o ConnectTimeout=10 "
-              "-o ServerAliveInterval=15 -o ServerAliveCountMax=3 -l root",
+        "-e", "python3 rsh_helper.py /tmp/s",          # the relay over the verified connection: no system ssh
         "--rsync-path='/opt/rsync dir/rsync'", f"{inv.project.source}/", "ct200:/root/kdtree-engine/"]
     local = Host(name="local", transport="local", remote_dir="/work/.deploy/local")
     assert sync.rsync_argv(LocalTransport(local), inv.project)[-2:] == [f"{inv.project.source}/", "/work/.deploy/local/"]
@@ -154,3 +156,23 @@ def test_parallel_collects_failures():
     assert list(outcomes) == ["a", "b", "c"]
     assert [o.value for o in outcomes.succeeded] == ["A", "C"]
     assert [o.summary for o in outcomes.failed] == ["RuntimeError: boom"] and outcomes.exit_code == 1
+
+
+def test_a_command_carries_its_timeout_stdin_and_secrets_and_the_client_deadline_follows(tmp_path, monkeypatch):
+    monkeypatch.setenv("KD_TOKEN", "s3cret-value")
+    host = Host(**{**CT200.__dict__, "secret_env": ("KD_TOKEN",)})
+    command = remote.step(host, "bash scripts/build.sh", 900, with_secrets=True, what="build")
+    assert command.line == remote.step_command(host, "bash scripts/build.sh", 900, with_secrets=True)
+    assert (command.argv, command.timeout, command.what) == (("bash", "-c", "bash scripts/build.sh"), 900, "build")
+    assert command.stdin == b"s3cret-value\0" and command.holds_stdin and command.secrets == ("s3cret-value",)
+    assert "s3cret-value" not in command.line
+    assert command.deadline == 900 + remote.KILL_AFTER + remote.CLIENT_GRACE
+    assert remote.script("exit 0", timeout=None).deadline is None
+    local = LocalTransport(Host(name="local", transport="local", remote_dir=str(tmp_path)))
+    with pytest.raises(TypeError, match="carries its own timeout"):
+        local.run(remote.script("true", timeout=5), timeout=5)
+    echo = remote.script('cat; echo " $1"', "arg", timeout=5, stdin=b"from stdin")
+    assert local.check(echo).tail == "from stdin arg\n"
+    slow = remote.command(["sleep", "30"], timeout=0.5)        # host-side limit 0.5 s: exit 124, timed out
+    result = local.run(slow)
+    assert result.timed_out and result.exit_code == 124 and result.seconds < 5

@@ -80,7 +80,11 @@ def test_local_transport_deploy(make_inventory, tmp_path, source):
     out = io.StringIO()
     assert cli.deploy(inv, [inv.hosts["local"]], Console(out)) == 0
     assert files(tmp_path / ".deploy" / "local") == SYNCED
-    assert (tmp_path / "runs" / "deploy" / "local.log").exists()
+    run = json.loads((tmp_path / "runs" / "latest" / "run.json").read_text())      # a deploy leaves a run record
+    assert run["command"] == "deploy" and run["status"] == "passed"
+    assert run["hosts"]["local"]["steps"]["sync"]["status"] == "passed"
+    assert "deployed" in (tmp_path / "runs" / "latest" / "local" / "sync.log").read_text()
+    assert not (tmp_path / "runs" / "deploy").exists()
 
 
 def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path):
@@ -116,9 +120,8 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     assert deploy().stale_lock is None          # released cleanly
 
     # a run that dies holding the lock: its ssh client is killed, the host keeps no lock
-    from orchestrator.transport import SshTransport
     dead = state.Owner("ci-runner", 999, "2026-01-02T00:00:00Z", "deploy")
-    argv = SshTransport(inv.hosts["h"]).ssh_argv(state.lock_command(inv.hosts["h"].remote_dir, dead))
+    argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(inv.hosts["h"].remote_dir, dead))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "LOCKED"
     proc.kill()
@@ -157,7 +160,7 @@ def test_parallel_deploy_with_one_host_down(lab, make_inventory, tmp_path):
     assert cli.deploy(inv, list(inv.hosts.values()), Console(out)) == 1
     text = out.getvalue()
     rows = {line.split()[0]: line.split()[1] for line in text.splitlines() if line.split()[:1] in (["h1"], ["h2"], ["down"])}
-    assert rows == {"h1": "ok", "h2": "ok", "down": "FAILED"}
+    assert rows == {"h1": "passed", "h2": "passed", "down": "FAILED"}
     assert "cannot reach 127.0.0.1:" in text
     for n in ("h1", "h2"):
         assert files(names[n].root / f"fleet-{tmp_path.name}") == SYNCED
@@ -170,6 +173,7 @@ def test_dry_run_changes_nothing(lab, make_inventory, remote_dir):
     assert not Path(remote_dir).exists()
     text = out.getvalue()
     assert "[h] # local: transfer" in text and "rsync -az --delete" in text and f"h1:{remote_dir}/" in text
+    assert text.splitlines()[-1] == "dry run: nothing was changed"
 
 
 def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
@@ -178,7 +182,7 @@ def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
     proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--inventory", str(inv.path), "--host", "h"],
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[h] deployed" in proc.stdout and files(remote_dir) == SYNCED
+    assert "[h] sync      | deployed" in proc.stdout and files(remote_dir) == SYNCED
 
 
 @pytest.mark.parametrize("method", ["rsync", "tar"])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, inventory as inventory_mod, state, sync
+from orchestrator import cli, connection, inventory as inventory_mod, relay, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import AuthError, HostKeyError, InventoryError
 from orchestrator.transport import SshTransport, open_transport
@@ -129,7 +129,8 @@ def test_1_unknown_host_key_is_refused_before_authentication(lab, make_inventory
 
 def test_2_changed_host_key_is_refused_by_every_path(lab, make_inventory, remote_dir, source):
     """Scenario 2. The user sees: HOST KEY CHANGED with the old and new fingerprints and how to
-    re-pin, from Paramiko (every task), system ssh and rsync alike; `invoke deploy` exits 1.
+    re-pin, from every task (validate's preflight included); rsync has no path of its own (it runs
+    only over the verified connection); `invoke deploy` exits 1.
     Afterwards: no session was authenticated after the key changed, and the deployed tree is exactly
     the one before (nothing ran, nothing was transferred)."""
     changer = fresh_host(lab, "changer")
@@ -151,12 +152,11 @@ def test_2_changed_host_key_is_refused_by_every_path(lab, make_inventory, remote
     assert validate.returncode == 1 and "HOST KEY CHANGED" in validate.stdout
 
     t = SshTransport(host)
-    ssh = subprocess.run(t.ssh_argv(f"touch {remote_dir}/ssh-ran"), capture_output=True, text=True)   # system ssh
-    assert ssh.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in ssh.stderr
-    argv = sync.rsync_argv(t, inv.project)                          # rsync with its own ssh (-e)
-    assert argv[argv.index("-e") + 1].startswith("ssh ")
-    rsync = subprocess.run(argv, capture_output=True, text=True)
-    assert rsync.returncode in (12, 255) and "Host key verification failed" in rsync.stderr
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        t.connect()
+    with pytest.raises(Exception, match="the connection to the host was lost before the transfer"):
+        with relay.rsync_shell(t):
+            pass
 
     assert accepted(changer) == sessions
     assert tree(Path(remote_dir)) == before
@@ -214,9 +214,11 @@ def test_4_unreachable_host_fails_within_the_connect_timeout_while_others_finish
         start = time.monotonic()
         assert cli.deploy(inv, list(inv.hosts.values()), console) == 1
         text = out.getvalue()
-        rows = {l.split()[0]: l.split() for l in text.splitlines() if l.split()[:1] in (["h1"], ["h2"], ["bad"])}
-        assert rows["h1"][1] == rows["h2"][1] == "ok" and rows["bad"][1] == "FAILED"
-        seconds = float(rows["bad"][2])         # host, status, (empty columns), seconds, error
+        lines = text.splitlines()
+        header = next(l.split() for l in lines if l.startswith("host "))
+        rows = {l.split()[0]: l.split() for l in lines if l.split()[:1] in (["h1"], ["h2"], ["bad"])}
+        assert rows["h1"][1] == rows["h2"][1] == "passed" and rows["bad"][1] == "FAILED"
+        seconds = float(rows["bad"][header.index("seconds")])     # host, status, backend, sync, seconds, failure
         assert seconds < FAST["connect"] + 3, text
         assert "cannot reach 127.0.0.1:" in text
         assert time.monotonic() - start < FAST["connect"] + 10
@@ -289,12 +291,12 @@ def test_14_sshd_down_for_a_few_seconds_is_retried_with_backoff(lab, make_invent
     flaky = fresh_host(lab, "flaky")
     inv = make_inventory({"f": entry(lab, flaky, remote_dir=remote_dir, timeouts={"connect": 5})})
     attempts = []
-    real_open = SshTransport._open
+    real_open = connection._open_once
 
-    def counting_open(self):
+    def counting_open(host):
         attempts.append(time.monotonic())
-        return real_open(self)
-    monkeypatch.setattr(SshTransport, "_open", counting_open)
+        return real_open(host)
+    monkeypatch.setattr(connection, "_open_once", counting_open)
     flaky.stop()
     threading.Timer(3, flaky.start).start()
     start = time.monotonic()
@@ -395,8 +397,9 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
         lab, make_inventory, source, tmp_path, task, phase, sig):
     """Scenario 7. `invoke deploy` / `invoke validate` gets SIGINT (Ctrl-C) or SIGTERM (CI cancelling
     a job) during the sync, the build or the tests. The user sees: `interrupted`, exit code 130
-    (SIGINT) or 143 (SIGTERM), within seconds; validate still writes its run directory (status
-    interrupted). Afterwards: the remote rsync / build / test processes are gone, the host lock is
+    (SIGINT) or 143 (SIGTERM), within seconds; deploy and validate both write the run directory:
+    the run and the host `interrupted`, sync `passed` (with its time) when it had finished, the
+    running step `interrupted` with the output it had, the rest `skipped`. Afterwards: the remote rsync / build / test processes are gone, the host lock is
     free (its owner file removed: the next run does not report a dead run's lock), and the next run
     works."""
     m = f"7{os.getpid() % 1000:03d}{next(_names)}"
@@ -436,8 +439,15 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
     assert "interrupted" in err + out
     assert wait_for(lambda: not any(alive(p) for p in remote_pids), 5), "the remote work goes on"
     assert not (remote / ".kdtree" / "owner").exists(), "the lock's owner file was left behind"
-    if task == "validate":
-        assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+    run = json.loads(((tmp_path / "run") if task == "validate" else (tmp_path / "runs" / "latest")).joinpath(
+        "run.json").read_text())          # deploy and validate alike: finished steps keep their outcome
+    assert run["status"] == run["hosts"]["h"]["status"] == "interrupted"
+    statuses = {name: s["status"] for name, s in run["hosts"]["h"]["steps"].items()}
+    assert statuses[phase] == "interrupted", statuses
+    if phase != "sync":
+        assert statuses["sync"] == "passed" and run["hosts"]["h"]["steps"]["sync"]["seconds"] > 0
+        assert {"build": "building", "test": "testing"}[phase] in run["hosts"]["h"]["steps"][phase]["tail"].splitlines()
+    assert all(v == "skipped" for k, v in statuses.items() if k not in ("sync", phase)), statuses
     (source / "big.bin").unlink(missing_ok=True)
     again = invoke(lab, "deploy", "--inventory", str(inv.path), "--host", "h")
     assert again.returncode == 0, again.stdout + again.stderr

@@ -1,6 +1,7 @@
 """Inventory: the shipped hosts.yaml, validation with exact messages, host selection."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_defaults_merge_and_local_paths(tmp_path):
     inv = inventory.load(write(tmp_path, {
         "local": {"transport": "local", "remote_dir": ".deploy/local"},
         "a": {**SSH, "timeouts": {"build": 5}, "groups": ["g"], "remote_dir": "/srv/with space"},
-    }, defaults={"user": "eng", "timeouts": {"build": 7, "test": 8}, "identity": "keys/id"}))
+    }, defaults={"user": "eng", "timeouts": {"build": 7, "test": 8}, "identity": "keys/id"}, groups={"g": {}}))
     a = inv.hosts["a"]
     assert (a.user, a.timeout("build"), a.timeout("test"), a.timeout("bench")) == ("eng", 5, 8, 900)
     assert a.identity == str(tmp_path / "keys" / "id") and a.remote_dir == "/srv/with space"
@@ -140,5 +141,5 @@ def test_cli_exit_code_2_on_unknown_host():
 def test_kdtree_orch_usage_errors_exit_2():
     for argv in (["deploy", "--nope"], ["trust"], ["deploy", "--host", "nope"]):
         proc = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *argv],
-                              cwd="/", capture_output=True, text=True)
+                              cwd="/", capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 2, (argv, proc.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import record, state, transport
+from orchestrator import connection, record, state, transport
 from orchestrator.steps import StepContext, bench as bench_step, test as test_step
 from orchestrator.sync import SourceId
 
@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_paramiko_sockets_get_tcp_nodelay():
     with socket.socket() as s:
-        transport._no_delay(s)
+        connection._no_delay(s)
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-    transport._no_delay(object())          # a jump host's channel or a ProxyCommand: left alone
+    connection._no_delay(object())          # a jump host's channel or a ProxyCommand: left alone
 
 
 def test_the_task_layer_imports_neither_paramiko_nor_jinja2():
@@ -71,7 +71,8 @@ def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
     ctx.stamp_result(TESTS)
     stamp = json.loads((context.root / ".kdtree" / "test.json").read_text())
     assert stamp["key"] == ctx.results_key() and len(stamp["digest"]) == 64
-    assert context().cached_result("tests") == TESTS
+    assert stamp["run_id"] == ctx.run_dir.run_id
+    assert context().cached_result("tests") == (TESTS, ctx.run_dir.run_id)      # and the run it came from
     other = context()
     other.cache_keys["build"] = {"key": "another compiler"}
     assert other.cached_result("tests") is None                   # inputs changed
@@ -85,12 +86,14 @@ def test_cached_test_and_bench_steps(context):
     ctx = context()
     ctx.stamp_result(TESTS)
     outcome = test_step.run(context())
-    assert outcome.status == "cached" and "2 passed" in outcome.message
+    assert outcome.status == "cached" and "2 passed" in outcome.message and outcome.reused_from == ctx.run_dir.run_id
     ctx.step = "bench"
     ctx.stamp_result({"version": 1, "metrics": {}})
     bench_ctx = context()
     bench_ctx.step = "bench"
-    assert bench_step.run(bench_ctx).status == "cached"
+    outcome = bench_step.run(bench_ctx)
+    assert outcome.status == "cached" and outcome.reused_from == ctx.run_dir.run_id
+    assert "not a new measurement" in outcome.message
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):

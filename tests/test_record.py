@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from orchestrator import record as rec
+from orchestrator.console import Console
 
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:
     steps = {s: rec.StepRecord("passed", 1.0, f"local/{s}.log") for s in reversed(rec.STEPS)}
-    steps["build"] = rec.StepRecord("cached", 0.1, "local/build.log")
+    steps["build"] = rec.StepRecord("cached", 0.1, "local/build.log", reused_from="20261128-010000-bbbb")
     host = rec.HostRecord(rec.host_status(steps), "local", None, "cpu", "abc", "abc", rec.Fingerprint(cpu="x86_64"), steps,
                           {"tiny_fp32": rec.GoldenRecord("passed", {c: "passed" for c in rec.GOLDEN_CHECKS})},
                           rec.TestsRecord(1, 0, 0, [rec.TestCase("op_rope", "passed", 0.1)]),
@@ -43,9 +47,10 @@ def test_record_serialises_to_the_documented_schema():
     assert data["version"] == rec.RUN_VERSION == 1
     host = data["hosts"]["local"]
     assert list(host["steps"]) == list(rec.STEPS)  # pipeline order whatever the insertion order
-    assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": ""}
+    assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
+                                      "reused_from": "20261128-010000-bbbb"}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
-                         "fingerprint", "steps", "golden", "tests", "bench", "build_key"}
+                         "fingerprint", "steps", "golden", "tests", "bench", "build_key", "seconds"}
     assert set(host["fingerprint"]) == {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch", "gpus_busy", "cpu"}
     assert host["golden"]["tiny_fp32"]["mismatch"] is None
     assert host["tests"]["cases"][0] == {"name": "op_rope", "status": "passed", "seconds": 0.1, "message": ""}
@@ -238,6 +243,11 @@ def test_a_report_dir_named_like_a_run_id_under_runs_is_a_run_there(tmp_path, mo
     nightly.command = "nightly"
     rec.write_run(run, nightly)
     assert rec.last_good_run(root)["run_id"] == "20261201-021700-3f2a"
+    assert rec.clean(root, keep=0) == []                 # the newest passing nightly is never cleaned
+    make_runs(root, ["20261202-021700-4b3c"])             # a newer passing nightly takes its place
+    newer = rec.load_run(root / "20261202-021700-4b3c")
+    newer["command"] = "nightly"
+    rec.write_run(root / "20261202-021700-4b3c", newer)
     assert rec.clean(root, keep=0) == [run.path]
     monkeypatch.chdir(tmp_path)
     relative = rec.create_run_dir(root, report_dir="reports/nightly-7")
@@ -347,3 +357,39 @@ def test_clean_leaves_a_latest_pointing_outside_runs(tmp_path):
     rec.update_latest(root, report_dir)
     rec.clean(root, keep=0)
     assert (root / "latest").resolve() == report_dir.resolve() and report_dir.is_dir()
+
+
+def write_command_runs(root, runs):
+    """Runs of given (run id, command, status)."""
+    for run_id, command, status in runs:
+        (root / run_id).mkdir(parents=True)
+        record = small_record(run_id, status)
+        record.command = command
+        rec.write_run(root / run_id, record)
+
+
+def test_clean_never_removes_the_newest_passing_nightly(tmp_path):
+    root = tmp_path / "runs"
+    write_command_runs(root, [(RUN_IDS[0], "nightly", "passed"), (RUN_IDS[1], "nightly", "failed"),
+                              (RUN_IDS[2], "deploy", "passed"), (RUN_IDS[3], "doctor", "passed")])
+    removed = rec.clean(root, keep=1)
+    assert [p.name for p in removed] == RUN_IDS[1:3]
+    assert [p.name for p in rec.list_runs(root)] == [RUN_IDS[0], RUN_IDS[3]]       # the baseline stays
+    assert [p.name for p in rec.clean(root, keep=0)] == [RUN_IDS[3]]
+    assert [p.name for p in rec.list_runs(root)] == [RUN_IDS[0]]
+
+
+def test_baselines_and_comparisons_default_to_the_newest_validate_or_nightly(tmp_path):
+    root = tmp_path / "runs"
+    write_command_runs(root, [(RUN_IDS[0], "nightly", "passed"), (RUN_IDS[1], "validate", "failed"),
+                              (RUN_IDS[2], "deploy", "passed"), (RUN_IDS[3], "doctor", "passed")])
+    assert rec.newest_run(root).name == RUN_IDS[1]             # doctor and deploy runs measure nothing
+    assert rec.newest_run(root, passed=True).name == RUN_IDS[0]
+    assert rec.newest_run(root, ("deploy",)).name == RUN_IDS[2]
+    assert rec.newest_run(tmp_path / "none") is None
+    from orchestrator import cli, inventory
+    inv = inventory.load(Path(__file__).resolve().parent.parent / "hosts.yaml")
+    inv = dataclasses.replace(inv, project=dataclasses.replace(inv.project, root=tmp_path))
+    out = io.StringIO()
+    assert cli.baseline(inv, Console(out), str(tmp_path / "baseline.json")) == 0
+    assert f"from {RUN_IDS[1]}" in out.getvalue()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import record as rec
-from orchestrator import report
+from orchestrator import regression, report
 
 from browser import chromium
 
@@ -130,7 +130,7 @@ def baseline(run) -> dict:
     for host in ("local", "ct200"):
         for metric in older["hosts"][host]["bench"]["metrics"].values():
             metric["value"] *= 1.03 if metric["better"] == "higher" else 0.97
-    return report.make_baseline(older)
+    return regression.make_baseline(older)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,8 +294,8 @@ def test_text_keeps_the_end_of_a_tail_and_the_start_of_a_message():
 
 def test_noise_within_threshold_is_no_regression(run, baseline):
     """The baseline is 3 % better everywhere; the default 10 % tolerance absorbs it."""
-    assert report.find_regressions(run, baseline) == []
-    assert report.find_regressions(run, baseline, {"*": 0.05}) == []
+    assert regression.find_regressions(run, baseline) == []
+    assert regression.find_regressions(run, baseline, {"*": 0.05}) == []
 
 
 def test_a_real_drop_is_a_regression_in_both_directions(run, baseline):
@@ -303,7 +303,7 @@ def test_a_real_drop_is_a_regression_in_both_directions(run, baseline):
     metrics["ddtree_tokens_per_s"]["value"] *= 0.70
     metrics["decode_step_ms"]["value"] *= 1.30
     metrics["gemv_int4_bandwidth"]["value"] *= 1.50  # better, never a regression
-    found = report.find_regressions(run, baseline, {"decode_*": 0.2})
+    found = regression.find_regressions(run, baseline, {"decode_*": 0.2})
     assert [(r.host, r.metric) for r in found] == [("ct200", "ddtree_tokens_per_s"), ("ct200", "decode_step_ms")]
     ddtree, step = found
     assert ddtree.ratio == pytest.approx(0.70 / 1.03, abs=1e-4) and ddtree.threshold == 0.10
@@ -312,42 +312,42 @@ def test_a_real_drop_is_a_regression_in_both_directions(run, baseline):
 
 
 def test_thresholds_tight_enough_flag_the_noise(run, baseline):
-    found = report.find_regressions(run, baseline, {"*": 0.01})
+    found = regression.find_regressions(run, baseline, {"*": 0.01})
     assert len(found) == 5 + 7  # every local and ct200 metric is 3 % worse than its baseline
 
 
 def test_threshold_lookup_prefers_exact_then_longest_glob():
     t = {"*": 0.3, "gemv_*": 0.2, "gemv_int4_*": 0.15, "gemv_int4_bandwidth": 0.05}
-    assert report.threshold_for("gemv_int4_bandwidth", t) == 0.05
-    assert report.threshold_for("gemv_int4_latency", t) == 0.15
-    assert report.threshold_for("gemv_fp32_bandwidth", t) == 0.2
-    assert report.threshold_for("ar_tokens_per_s", t) == 0.3
-    assert report.threshold_for("ar_tokens_per_s", {}) == report.DEFAULT_THRESHOLD
+    assert regression.threshold_for("gemv_int4_bandwidth", t) == 0.05
+    assert regression.threshold_for("gemv_int4_latency", t) == 0.15
+    assert regression.threshold_for("gemv_fp32_bandwidth", t) == 0.2
+    assert regression.threshold_for("ar_tokens_per_s", t) == 0.3
+    assert regression.threshold_for("ar_tokens_per_s", {}) == regression.DEFAULT_THRESHOLD
 
 
 def test_baseline_file_round_trip_and_previous_run_as_baseline(tmp_path, run):
-    path = report.write_baseline(run, tmp_path / "baseline.json", thresholds={"*": 0.08})
-    data = report.load_baseline(path)
+    path = regression.write_baseline(run, tmp_path / "baseline.json", thresholds={"*": 0.08})
+    data = regression.load_baseline(path)
     assert data["version"] == 1 and data["source_run"] == run["run_id"] and data["thresholds"] == {"*": 0.08}
     assert set(data["hosts"]) == {"local", "ct200"}  # only passing hosts make a baseline
     assert data["hosts"]["ct200"]["gemv_int4_bandwidth"] == pytest.approx(1495.0 * 9)
-    assert report.baseline_values(run)["local"] == data["hosts"]["local"]
+    assert regression.baseline_values(run)["local"] == data["hosts"]["local"]
     slower = copy.deepcopy(run)
     slower["hosts"]["local"]["bench"]["metrics"]["ar_tokens_per_s"]["value"] *= 0.9
-    assert [r.metric for r in report.find_regressions(slower, data)] == ["ar_tokens_per_s"]  # 8 % from the file
-    assert report.find_regressions(slower, run) == []  # a run.json baseline, default 10 %
+    assert [r.metric for r in regression.find_regressions(slower, data)] == ["ar_tokens_per_s"]  # 8 % from the file
+    assert regression.find_regressions(slower, run) == []  # a run.json baseline, default 10 %
 
 
 def test_load_baseline_rejects_junk(tmp_path):
     (tmp_path / "b.json").write_text('{"version": 7, "hosts": {}}')
     with pytest.raises(ValueError, match="not a baseline"):
-        report.load_baseline(tmp_path / "b.json")
+        regression.load_baseline(tmp_path / "b.json")
 
 
 def test_regressions_are_highlighted_in_the_reports(baseline):
     record = fleet_record()
     record.hosts["ct200"].bench["metrics"]["ddtree_tokens_per_s"]["value"] *= 0.5
-    record.regressions = report.find_regressions(record.to_dict(), baseline)
+    record.regressions = regression.find_regressions(record.to_dict(), baseline)
     run = record.to_dict()
     assert run["regressions"][0]["metric"] == "ddtree_tokens_per_s"
     md = report.render_markdown(run)
@@ -369,7 +369,7 @@ def test_compare_puts_two_runs_side_by_side(tmp_path, run):
     older["hosts"]["local"]["bench"]["metrics"]["decode_step_ms"]["value"] *= 2
     del older["hosts"]["ct200"]["bench"]["metrics"]["gemv_int4_bandwidth"]
     older["hosts"]["local"]["bench"]["metrics"]["retired_metric"] = {"value": 1.0, "unit": "x", "better": "higher"}
-    rows = {(r["host"], r["metric"]): r for r in report.compare(older, run)}
+    rows = {(r["host"], r["metric"]): r for r in regression.compare(older, run)}
     assert rows[("ct200", "ddtree_tokens_per_s")]["verdict"] == "worse"
     assert rows[("ct200", "ddtree_tokens_per_s")]["ratio"] == pytest.approx(0.5)
     assert rows[("local", "decode_step_ms")]["verdict"] == "better"
@@ -385,6 +385,27 @@ def test_compare_puts_two_runs_side_by_side(tmp_path, run):
     assert "| ct200 | `ddtree_tokens_per_s` | tokens/s | higher | 21,240 | 10,620 | 0.500 | **worse** |" in md
     html = paths["html"].read_text()
     assert 'data-verdict="worse"' in html and "0.500×" in html
+
+
+def test_a_reused_benchmark_is_never_compared_as_a_new_measurement(tmp_path, run, baseline):
+    older = copy.deepcopy(run)
+    older["run_id"] = "20261128-020000-0001"
+    older["hosts"]["ct200"]["bench"]["metrics"]["ddtree_tokens_per_s"]["value"] *= 2
+    run["hosts"]["ct200"]["steps"]["bench"] = {"status": "cached", "seconds": 0.2, "log": "ct200/bench.log",
+                                              "message": "", "tail": "", "reused_from": "20261127-020000-0abc"}
+    rows = {(r["host"], r["metric"]): r for r in regression.compare(older, run)}
+    reused = rows[("ct200", "ddtree_tokens_per_s")]
+    assert reused["verdict"] == "reused" and reused["reused_from"] == "current reused from run 20261127-020000-0abc"
+    assert rows[("local", "decode_step_ms")]["verdict"] == "same" and not rows[("local", "decode_step_ms")]["reused_from"]
+    slower = copy.deepcopy(run)
+    for metric in slower["hosts"]["ct200"]["bench"]["metrics"].values():
+        metric["value"] *= 0.5 if metric["better"] == "higher" else 2
+    assert regression.find_regressions(slower, baseline) == []       # figures of an earlier run: no verdict
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    rec.write_run(a, older), rec.write_run(b, run)
+    md = report.write_compare(a, b)["md"].read_text()
+    assert "reused (current reused from run 20261127-020000-0abc: not a new measurement)" in md
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -220,6 +221,97 @@ def processes_in(directory: Path) -> list[str]:
     return found
 
 
+def copy_of_h1(lab, workdir, name: str, drop_stamps=()) -> tuple[Path, Path]:
+    """A copy of the full run's deployment on h1 (its build and result stamps with it), and an
+    inventory for it; `drop_stamps`: state files left out (that step then runs for real). The
+    tests using it come before the nightly below, which re-runs bench on h1's deployment (so that
+    its bench.json is no longer the one the full run stamped)."""
+    h1 = lab.hosts["h1"]
+    shutil.copytree(h1.root / "engine", h1.root / name, symlinks=True)
+    for stamp in drop_stamps:
+        (h1.root / name / ".kdtree" / stamp).unlink()
+    return h1.root / name, write_inventory(workdir, name, {"h1": lab.inventory_entry(h1, remote_dir=str(h1.root / name))})
+
+
+def test_no_cache_really_rebuilds_and_regenerates(lab, workdir, full_run):
+    """--no-cache on a host whose build and bundles are up to date: both run (not cached), the
+    build log shows every source compiled."""
+    _, inventory = copy_of_h1(lab, workdir, "nocache")
+    run_dir = workdir / "run-nocache"
+    proc = invoke(lab, inventory, "--host", "h1", "--steps", "preflight,sync,build,bundles", "--no-cache",
+                  "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert steps(run, "h1")["build"] == "passed" and steps(run, "h1")["bundles"] == "passed"
+    log = (run_dir / "h1" / "build.log").read_text()
+    assert "KD_REBUILD=1: full rebuild" in log
+    sources = [p.relative_to(workdir / "engine_src").as_posix() for p in (workdir / "engine_src" / "src").glob("*.cpp")]
+    assert sources and all(f"build.sh: compiling {s}" in log for s in sources)
+    assert "regenerated with" in run["hosts"]["h1"]["steps"]["bundles"]["message"]
+
+
+def test_reused_results_say_so_everywhere(lab, workdir, full_run, tmp_path):
+    """Nothing changed since the full run: build, bundles, test and bench are `cached` with
+    `reused_from` the full run's id in run.json, the console and the reports; comparing the two
+    runs calls every metric `reused`, never `same`; a nightly never reuses."""
+    _, full_dir = full_run
+    full_id = load_run(full_dir)["run_id"]
+    _, inventory = copy_of_h1(lab, workdir, "reuse")
+    run_dir = workdir / "run-reuse"
+    proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    reused = {name: s.get("reused_from") for name, s in run["hosts"]["h1"]["steps"].items()}
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
+                                "golden": "passed", "test": "cached", "bench": "cached"}
+    assert reused == {"preflight": None, "sync": None, "build": full_id, "bundles": full_id, "golden": None,
+                      "test": full_id, "bench": full_id}
+    assert f"[h1] bench     cached (reused from run {full_id})" in proc.stdout
+    assert f"reused results (not re-run): h1 build from run {full_id}; h1 bundles from run {full_id}" in proc.stdout
+    report_md = (run_dir / "report.md").read_text()
+    assert f"cached (run {full_id})" in report_md and "(not re-run)" in report_md
+    assert f"reused from run {full_id}" in (run_dir / "junit.xml").read_text()
+    html = dom(tmp_path, run_dir / "report.html")
+    assert f"reused from {full_id}" in html
+    proc = subprocess.run([sys.executable, "-m", "invoke", "report", "--inventory", str(inventory), "--run",
+                           str(run_dir), "--compare", str(full_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    compare = next(run_dir.glob("compare-*.md")).read_text()
+    rows = [line for line in compare.splitlines() if line.startswith("| h1 ")]
+    assert rows and all(f"reused (current reused from run {full_id}: not a new measurement)" in r for r in rows)
+    assert not any("| same" in r for r in rows)
+
+
+def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_run):
+    """The scenario of a Ctrl-C during `test` on an sshd host with the real engine: preflight,
+    sync, build, bundles and golden keep their outcome and time, test is `interrupted` with the
+    output it had, bench `skipped`, the run `interrupted`, exit 130."""
+    remote, inventory = copy_of_h1(lab, workdir, "interrupt", drop_stamps=["test.json"])
+    run_dir = workdir / "run-interrupt"
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "validate", "--inventory", str(inventory), "--host", "h1",
+                             "--report-dir", str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **lab.env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("[h1] test      | "):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:] + err[-2000:]
+    run = load_run(run_dir)
+    assert run["status"] == "interrupted" and run["hosts"]["h1"]["status"] == "interrupted"
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
+                                "golden": "passed", "test": "interrupted", "bench": "skipped"}
+    record = run["hosts"]["h1"]["steps"]
+    assert all(record[s]["seconds"] > 0 for s in ("preflight", "sync", "golden"))
+    assert record["test"]["tail"].strip() and record["test"]["tail"] in (run_dir / "h1" / "test.log").read_text()
+    assert "no engine tests ran" not in (run_dir / "report.md").read_text()
+    assert "### h1 · test: interrupted" in (run_dir / "report.md").read_text()
+    assert not processes_in(remote), "the tests outlived the interrupt"
+
+
 def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run):
     _, full_dir = full_run
     full = load_run(full_dir)
@@ -251,3 +343,4 @@ def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
     assert (again / "report.html").is_file()
     compare = next(again.glob("compare-*.md")).read_text()
     assert "h1" in compare and "tokens/s" in compare
+

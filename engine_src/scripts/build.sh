@@ -5,6 +5,7 @@
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
+#   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
 #   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
@@ -63,7 +64,11 @@ if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
 started_ns=$(date +%s%N)
 obj="build/obj/$backend"
 mkdir -p "$obj" build/gen
-# A changed key (compiler, flags, arch) invalidates every object of this backend.
+# A changed key (compiler, flags, arch) invalidates every object of this backend; so does KD_REBUILD=1.
+if [[ "${KD_REBUILD:-0}" == 1 ]]; then
+    echo "build.sh: KD_REBUILD=1: full rebuild"
+    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key
+fi
 if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
 
 # The source tree hash goes into the binary; the stamp header changes only when it does.
@@ -74,7 +79,8 @@ stamp="#define KD_TREE_HASH \"$tree\"
 
 # The binaries of the last KD_BUILD_CACHE trees built are kept in build/trees/<tree>-<key hash>/:
 # coming back to one of those trees (a bisect, a revert) restores them instead of compiling.
-# A restored binary carries no link key, so the next compiled build always relinks.
+# A restored binary carries no link key, so the next compiled build always relinks; KD_REBUILD=1
+# never restores.
 cache_keep="${KD_BUILD_CACHE:-4}"
 [[ "$cache_keep" =~ ^[0-9]+$ ]] || { echo "build.sh: KD_BUILD_CACHE must be a number, got '$cache_keep'" >&2; exit 2; }
 cached="build/trees/$tree-$(printf '%s' "$key" | sha256sum | cut -c1-16)"
@@ -87,7 +93,7 @@ binaries=(kdtree test_ops)    # what a build links: all of them are kept and res
 [[ "$backend" == cuda ]] && binaries+=(gpu_load)
 have_all() { local b; for b in "${binaries[@]}"; do [[ -f "$1/$b" ]] || return 1; done; }
 if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
-   (( cache_keep > 0 )) && [[ -d "$cached" ]] && have_all "$cached"; then
+   (( cache_keep > 0 )) && [[ "${KD_REBUILD:-0}" != 1 && -d "$cached" ]] && have_all "$cached"; then
     for b in "${binaries[@]}"; do
         rm -f "build/$b.key"
         cp -p "$cached/$b" "build/$b.restoring" && mv -f "build/$b.restoring" "build/$b"
@@ -119,6 +125,7 @@ pids=(); names=(); rebuilt=()
 compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
     local out="$1" src="$2"
+    echo "build.sh: compiling $src"
     if [[ "$src" == *.cu ]]; then
         "$NVCC" $nvccflags -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" &
     else

@@ -4,10 +4,10 @@ raises a KdError with its evidence when it fails. Steps never print or exit.
 """
 from __future__ import annotations
 
+from ..inventory import STEPS as ORDER
 from . import bench, build, bundles, golden, preflight, sync, test
 from .context import Outcome, StepContext, StepError
 
-ORDER = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
 RUNNERS = {"preflight": preflight.run, "sync": sync.run, "build": build.run, "bundles": bundles.run,
            "golden": golden.run, "test": test.run, "bench": bench.run}
 

@@ -10,8 +10,10 @@ def run(ctx: StepContext) -> Outcome:
     are those of the last successful bench on the host reuses its report (cached; nightly never)."""
     cached = ctx.cached_result("bench")
     if cached is not None:
-        ctx.record.bench = bench_from_engine(cached)
-        return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics of the same tree, build and bundles")
+        data, run_id = cached
+        ctx.record.bench = bench_from_engine(data)
+        return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {run_id} "
+                                 "(the same tree, build and bundles; not a new measurement)", run_id)
     ctx.engine("bench")
     data = ctx.pull_json("bench")
     ctx.record.bench = bench_from_engine(data)

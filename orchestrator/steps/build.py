@@ -11,17 +11,20 @@ STAMP = "build.json"
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Build unless the stamp of the last successful build matches (tree hash + build key)."""
+    """Build unless the stamp of the last successful build matches (tree hash + build key);
+    without the cache (--no-cache) the engine rebuilds from scratch."""
     tree = ctx.tree_hash()
     key = {"tree": tree, "build": _build_key(ctx)}
     ctx.cache_keys["build"] = key["build"]
     ctx.record.build_key = key["build"] if isinstance(key["build"], dict) else None
-    if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key:
+    stamp = state.read_json(ctx.transport, STAMP) or {}
+    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _checked_version(ctx, tree)
-        return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date")
-    ctx.engine("build")
+        return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
+    # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
+    ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
     version = _checked_version(ctx, tree)
-    state.write_json(ctx.transport, STAMP, key)
+    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     return Outcome("passed", _what(version))
 
 

@@ -13,10 +13,11 @@ def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
     ctx.cache_keys["bundles"] = key
-    if ctx.use_cache and state.read_json(ctx.transport, STAMP) == key and _manifest_present(ctx):
-        return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date")
+    stamp = state.read_json(ctx.transport, STAMP) or {}
+    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id") and _manifest_present(ctx):
+        return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
     ctx.engine("bundles")
-    state.write_json(ctx.transport, STAMP, key)
+    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
 

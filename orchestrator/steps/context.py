@@ -13,7 +13,7 @@ from ..errors import CommandError, HostError
 from ..inventory import Host, Project
 from ..record import HostRecord, RunDir
 from ..sync import SourceId
-from ..transport import HeldInput, Result, Transport
+from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 
@@ -24,10 +24,12 @@ class StepError(HostError):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """How a step ended when it did not raise: passed, or cached (nothing needed doing)."""
+    """How a step ended when it did not raise: passed, or cached (the result of run `reused_from`
+    still holds)."""
 
     status: str = "passed"
     message: str = ""
+    reused_from: str | None = None
 
 
 @dataclasses.dataclass
@@ -58,15 +60,16 @@ class StepContext:
             return None
         return {"tree": self.tree_hash(), **self.cache_keys}
 
-    def cached_result(self, result: str) -> dict | None:
+    def cached_result(self, result: str) -> tuple[dict, str] | None:
         """The result file `result` (a key of project.results) left by the last successful run of
-        the current step with the same inputs, pulled into the run directory; None when the step
-        must run: inputs changed, no stamp, or the file is not the one the stamp recorded."""
+        the current step with the same inputs, pulled into the run directory, and that run's id;
+        None when the step must run: inputs changed, no stamp, or the file is not the one the
+        stamp recorded."""
         key = self.results_key()
         if key is None:
             return None
         stamp = state.read_json(self.transport, f"{self.step}.json")
-        if not stamp or stamp.get("key") != key:
+        if not stamp or stamp.get("key") != key or not stamp.get("run_id"):
             return None
         try:
             data = self.pull_json(result)
@@ -74,15 +77,16 @@ class StepContext:
             return None
         if _digest(data) != stamp.get("digest"):
             return None
-        self.log(f"{self.project.results[result]}: from the last successful {self.step} of this tree, build and "
-                 "bundles (not re-run; --no-cache re-runs it)")
-        return data
+        self.log(f"{self.project.results[result]}: reused from run {stamp['run_id']}, the last successful {self.step} "
+                 "of this tree, build and bundles (not re-run; --no-cache re-runs it)")
+        return data, str(stamp["run_id"])
 
     def stamp_result(self, data: dict) -> None:
         """Record that the current step passed with these inputs and this result file."""
         key = self.results_key()
         if key is not None:
-            state.write_json(self.transport, f"{self.step}.json", {"key": key, "digest": _digest(data)})
+            state.write_json(self.transport, f"{self.step}.json",
+                             {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id})
 
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
@@ -93,15 +97,15 @@ class StepContext:
             self.deployed_tree_hash = self.record.deployed_tree_hash = str(deployed["tree_hash"])
         return self.deployed_tree_hash
 
-    def engine(self, name: str) -> Result:
-        """Run the project's command `name` on the host under the current step's timeout;
-        its output goes to the step log. Raises CommandError (with the tail) unless it exits 0."""
+    def engine(self, name: str, env: dict[str, str] | None = None) -> Result:
+        """Run the project's command `name` on the host under the current step's timeout, `env`
+        added to its environment; its output goes to the step log. Raises CommandError (with the
+        tail) unless it exits 0."""
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
-        command = remote.step_command(self.host, snippet, timeout, with_secrets=True)
-        self.log(f"$ {snippet}")
-        stdin = HeldInput(remote.secret_input(self.host)) if self.host.secret_env else None
-        result = self.transport.run(command, timeout=remote.client_timeout(timeout), on_output=self.log, stdin=stdin)
+        command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
+        self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
+        result = self.transport.run(command, on_output=self.log)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
@@ -110,9 +114,8 @@ class StepContext:
 
     def engine_output(self, name: str, max_bytes: int = 1 << 20) -> str:
         """The standard output of a short project command (e.g. build_key, tree_hash)."""
-        command = remote.step_command(self.host, self.project.commands[name], self.host.timeout(self.step))
-        return self.transport.capture(command, timeout=remote.client_timeout(self.host.timeout(self.step)),
-                                      max_bytes=max_bytes, what=name).decode(errors="replace")
+        command = remote.step(self.host, self.project.commands[name], self.host.timeout(self.step), what=name)
+        return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
 
     def pull_json(self, result: str) -> dict:
         """Fetch the project's result file `result` (a key of project.results) into the run

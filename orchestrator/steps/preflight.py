@@ -1,4 +1,5 @@
-"""Preflight: the doctor's checks on the host, and the host's fingerprint for the record."""
+"""Preflight: the doctor's checks on the host, and the host's fingerprint for the record (the
+`doctor` command is this step alone)."""
 from __future__ import annotations
 
 from .. import doctor
@@ -7,9 +8,9 @@ from .context import Outcome, StepContext, StepError
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Probe the host once, log every finding, record its fingerprint; fail on a failed check."""
-    facts = doctor.probe(ctx.transport)
-    findings = [check(ctx.host, facts) for check in doctor.CHECKS]
+    """Probe the host once, log every finding (reachable, host key and auth included), record its
+    fingerprint; fail on a failed check."""
+    findings, facts = doctor.examine(ctx.transport)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)

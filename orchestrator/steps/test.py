@@ -12,11 +12,11 @@ def run(ctx: StepContext) -> Outcome:
     results (cached; nightly never)."""
     cached = ctx.cached_result("tests")
     if cached is not None:
-        tests = TestsRecord.from_engine(cached)
+        tests = TestsRecord.from_engine(cached[0])
         if tests.failed == 0 and tests.cases:
             ctx.record.tests = tests
             return Outcome("cached", f"{tests.passed} passed, {tests.skipped} skipped "
-                                     "(results of the same tree, build and bundles)")
+                                     f"(reused from run {cached[1]}: the same tree, build and bundles)", cached[1])
     failure = None
     data = None
     try:

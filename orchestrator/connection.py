@@ -1,0 +1,293 @@
+"""Connecting: one verified SSH connection to a host, with plain Paramiko (docs/transport.md says why).
+
+    conn = SshConnection.open(host, stopped)   # jump hosts first, every host key verified
+    conn.paramiko                              # the Paramiko Transport commands open sessions on
+    conn.server_key(); conn.lost; conn.close()
+    resolve_address(host)                      # why this machine cannot resolve it (dry run)
+
+The ssh config is honoured as OpenSSH reads it (~/.ssh/config, then /etc/ssh/ssh_config; or
+$KDTREE_SSH_CONFIG alone): HostName, Port, User, IdentityFile, ProxyJump, ProxyCommand. Host keys
+are checked against the project's known_hosts files with RejectPolicy (hostkeys.VerifyPolicy): an
+unknown key stops the connection before authentication, a changed one is refused. A refused or
+reset connection (sshd restarting) is retried with backoff while the connect timeout lasts; a
+timeout, a host key or an authentication failure never is. A keepalive watchdog closes a
+connection whose host stops answering, so every command on it fails at once.
+"""
+from __future__ import annotations
+
+import getpass
+import itertools
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from . import hostkeys
+from .errors import AuthError, ConnectError, HostError
+from .inventory import Host
+
+CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
+KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+
+
+class SshConnection:
+    """An open connection to one host, through its jump hosts, its keys verified."""
+
+    def __init__(self, host: Host, client, hops: list, known_name: str):
+        self.host, self.client, self.hops, self.known_name = host, client, hops, known_name
+        self.lost: str | None = None        # why the keepalive watchdog closed it
+
+    @classmethod
+    def open(cls, host: Host, stopped: threading.Event) -> "SshConnection":
+        """Connect (retrying a refused or reset connection with backoff within the connect
+        timeout); HostError of the right kind when it cannot, or once `stopped` is set."""
+        start, delay = time.monotonic(), CONNECT_BACKOFF
+        for attempt in itertools.count(1):
+            if stopped.is_set():
+                raise HostError("the run was interrupted", host=host.name)
+            try:
+                return _open_once(host)
+            except ConnectError as e:
+                left = start + host.timeout("connect") - time.monotonic()
+                if not e.retry or left <= 0:
+                    if attempt == 1:
+                        raise
+                    raise ConnectError(f"{e.message} ({attempt} attempts in {time.monotonic() - start:.1f} s)",
+                                       host=host.name, retry=False) from None
+                time.sleep(min(delay, left))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    @property
+    def paramiko(self):
+        """The Paramiko Transport of the connection."""
+        return self.client.get_transport()
+
+    @property
+    def is_connected(self) -> bool:
+        transport = self.paramiko
+        return transport is not None and transport.is_active()
+
+    def server_key(self) -> tuple[str, object]:
+        """The verified host key: (known_hosts name, Paramiko key)."""
+        return self.known_name, self.paramiko.get_remote_server_key()
+
+    def close(self) -> None:
+        """Close the connection and its jump hosts' (the last hop first)."""
+        for client in [self.client, *reversed(self.hops)]:
+            client.close()
+
+    def watch(self) -> None:
+        """Start the keepalive watchdog (ssh's ServerAliveCountMax; Paramiko's own keepalive never
+        waits for an answer): every `keepalive` seconds ask the host for a reply; when none comes
+        within KEEPALIVE_COUNT intervals (a hung host, a dead network), close the connection."""
+        transport, interval = self.paramiko, self.host.timeout("keepalive")
+        transport.set_keepalive(int(interval))
+
+        def run() -> None:
+            while transport.is_active():
+                time.sleep(interval)
+                answered = threading.Event()
+
+                def ask(answered: threading.Event) -> None:
+                    try:
+                        transport.global_request("keepalive@openssh.com", wait=True)
+                    except Exception:
+                        pass
+                    answered.set()
+                threading.Thread(target=ask, args=(answered,), daemon=True).start()
+                if not answered.wait(interval * KEEPALIVE_COUNT) and transport.is_active():
+                    self.lost = f"the host answered no keepalive for {interval * KEEPALIVE_COUNT:g} s"
+                    transport.close()
+                    return
+        threading.Thread(target=run, daemon=True).start()
+
+
+def _open_once(host: Host) -> SshConnection:
+    """Open the jump hosts' connections in order, then the host's through them."""
+    import paramiko
+    config = ssh_config()
+    found = config.lookup(host.address)
+    hops = jump_hops(host, found)
+    chain = [_Target.of(config, *_hop_parts(hop), host.identity) for hop in hops]
+    chain.append(_Target.of(config, str(host.address), host.user, host.port, host.identity))
+    proxy = found.get("proxycommand", "none")
+    sock = paramiko.ProxyCommand(proxy) if not hops and proxy.lower() != "none" else None
+    clients: list = []
+    try:
+        for i, target in enumerate(chain):
+            last = i == len(chain) - 1
+            policy = hostkeys.VerifyPolicy(host.name, host.host_key if last else None, hop=not last)
+            clients.append(_connect(host, target, sock, policy))
+            if not last:
+                sock = _channel(host, clients[-1], target, chain[i + 1])
+        target, client = chain[-1], clients.pop()
+        name = hostkeys.known_name(target.hostname, target.port)
+        key = client.get_transport().get_remote_server_key()
+        if host.host_key and hostkeys.fingerprint(key) != host.host_key:
+            client.close()
+            raise hostkeys.changed(host.name, name, key, host.host_key, "host_key: in the inventory")
+    except HostError:
+        for opened in reversed(clients):
+            opened.close()
+        raise
+    connection = SshConnection(host, client, clients, name)
+    connection.watch()
+    return connection
+
+
+class _Target:
+    """Where one connection goes, as the ssh config resolves an alias."""
+
+    def __init__(self, alias: str, hostname: str, port: int, user: str, key_files: list[str]):
+        self.alias, self.hostname, self.port, self.user, self.key_files = alias, hostname, port, user, key_files
+
+    @classmethod
+    def of(cls, config, alias: str, user: str | None, port: int | None, identity: str | None) -> "_Target":
+        """The inventory's values first, then the ssh config's, then ssh's defaults."""
+        found = config.lookup(alias)
+        keys = ([identity] if identity else []) + list(found.get("identityfile", []))
+        return cls(alias, found.get("hostname", alias), int(port or found.get("port", 22)),
+                   user or found.get("user") or getpass.getuser(), keys)
+
+    @property
+    def where(self) -> str:
+        return f"{self.hostname}:{self.port}"
+
+
+def _hop_parts(hop: str) -> tuple[str, str | None, int | None]:
+    """`[user@]host[:port]` -> (host, user, port)."""
+    user, _, rest = hop.rpartition("@")
+    alias, _, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+    return alias, user or None, int(port) if port else None
+
+
+def _connect(host: Host, target: _Target, sock, policy):
+    """One Paramiko client connected and authenticated to `target` (over `sock`: a jump host's
+    channel or a ProxyCommand), its key checked by `policy` against the known_hosts files."""
+    import paramiko
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(policy)
+    for file in hostkeys.known_hosts_files(host.known_hosts):
+        if file.is_file():
+            client.get_host_keys().load(str(file))
+    timeout = host.timeout("connect")
+    start = time.monotonic()
+    try:
+        client.connect(target.hostname, target.port, target.user, key_filename=target.key_files or None,
+                       timeout=timeout, sock=sock, banner_timeout=timeout, auth_timeout=timeout)
+    except HostError:
+        client.close()
+        raise
+    except Exception as e:
+        client.close()
+        raise _connect_error(host, target, e, time.monotonic() - start) from None
+    _no_delay(client.get_transport().sock)
+    return client
+
+
+def _channel(host: Host, client, hop: _Target, target: _Target):
+    """A channel through the jump host `hop` to `target` (ssh -W): the next connection's socket."""
+    start = time.monotonic()
+    try:
+        return client.get_transport().open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
+                                                   timeout=host.timeout("connect"))
+    except Exception as e:
+        error = _connect_error(host, target, e, time.monotonic() - start)
+        raise ConnectError(f"{error.message} (through jump host {hop.where})", host=host.name,
+                           retry=isinstance(error, ConnectError) and error.retry) from None
+
+
+def _connect_error(host: Host, target: _Target, e: Exception, elapsed: float = 0.0) -> HostError:
+    """A connection failure as the HostError of its kind (retry: only a transient one)."""
+    import paramiko
+    where, timeout = target.where, host.timeout("connect")
+    if isinstance(e, paramiko.BadHostKeyException):
+        name = hostkeys.known_name(e.hostname, target.port)
+        return hostkeys.changed(host.name, name, e.key, hostkeys.fingerprint(e.expected_key), "known_hosts")
+    if isinstance(e, paramiko.AuthenticationException):
+        return AuthError(f"authentication to {where} as {target.user} failed: {e}", host=host.name)
+    if isinstance(e, socket.gaierror):
+        return ConnectError(f"cannot reach {where}: {e.strerror or e}", host=host.name, retry=False)
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return ConnectError(f"cannot reach {where}: timed out after {timeout} s", host=host.name, retry=False)
+    if isinstance(e, paramiko.SSHException) and (isinstance(e.__context__, (socket.timeout, TimeoutError))
+                                                  or elapsed >= timeout - 0.5):
+        # the TCP connection opened but the host said nothing in time (a hung sshd): not
+        # transient, and retrying would multiply the wait
+        return ConnectError(f"cannot reach {where}: no SSH answer within {timeout} s "
+                            f"(sshd hung or not an SSH server: {e})", host=host.name, retry=False)
+    if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, EOFError,
+                      paramiko.SSHException, OSError)):
+        return ConnectError(f"cannot reach {where}: {e}", host=host.name, retry=True)
+    return ConnectError(f"cannot connect to {where}: {type(e).__name__}: {e}", host=host.name, retry=False)
+
+
+def jump_hops(host: Host, found: dict | None = None) -> list[str]:
+    """The jump hosts in order (first hop first): `jump:` or the ssh config's ProxyJump."""
+    if host.jump:
+        return host.jump.split(",")
+    found = ssh_config().lookup(host.address) if found is None else found
+    jump = found.get("proxyjump", "none")
+    return [] if jump.lower() == "none" else jump.split(",")
+
+
+def ssh_config_file() -> str | None:
+    """The ssh config used instead of ~/.ssh/config and /etc/ssh/ssh_config ($KDTREE_SSH_CONFIG)."""
+    return os.environ.get("KDTREE_SSH_CONFIG") or None
+
+
+def ssh_config():
+    """The ssh config as OpenSSH reads it: $KDTREE_SSH_CONFIG alone, else ~/.ssh/config then
+    /etc/ssh/ssh_config (the first value found for a key wins)."""
+    import paramiko
+    config = paramiko.SSHConfig()
+    files = [ssh_config_file()] if ssh_config_file() else [str(Path("~/.ssh/config").expanduser()), SYSTEM_SSH_CONFIG]
+    for path in files:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                config.parse(f)
+    return config
+
+
+def resolve_address(host: Host) -> str | None:
+    """Why this machine cannot resolve the address it would connect to for `host` (its ssh
+    config HostName, or its first jump host's), or None when it can (or needs not: `local`, or a
+    ProxyCommand, which finds the host its own way)."""
+    if host.is_local:
+        return None
+    config = ssh_config()
+    found = config.lookup(host.address)
+    hops = jump_hops(host, found)
+    if hops:
+        alias = _hop_parts(hops[0])[0]
+        found, what = config.lookup(alias), f"jump host {alias}"
+    elif found.get("proxycommand", "none").lower() != "none":
+        return None
+    else:
+        alias, what = str(host.address), f"address {host.address}"
+    name = found.get("hostname", alias)
+    try:
+        socket.getaddrinfo(name, None)
+    except UnicodeError:                # an empty or over-long DNS label: no resolver is even asked
+        return f"{what}{_shown(name, alias)} does not resolve here: it is not a valid DNS name"
+    except socket.gaierror as e:
+        return f"{what}{_shown(name, alias)} does not resolve here: {e.strerror or e}"
+    return None
+
+
+def _shown(name: str, alias: str) -> str:
+    return f" (HostName {name})" if name != alias else ""
+
+
+def _no_delay(sock) -> None:
+    """Send small SSH packets at once (TCP_NODELAY, as OpenSSH does): without it every command's
+    last packet waits for the peer's delayed ACK, ~40 ms per round trip. A jump host's channel
+    (the socket of a connection through a bastion) has no such option: its hop's socket has it."""
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass

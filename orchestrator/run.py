@@ -1,0 +1,82 @@
+"""A run: one command (doctor, deploy, validate, nightly) over its hosts, and everything it holds.
+
+    with Run("validate") as run:
+        transport = run.transport(host)          # closed when the run ends
+        lock = run.lock(transport, owner)        # released when the run ends (or run.unlock(lock))
+        ...
+        run.stop()                               # on an interrupt: locks released, connections closed
+
+The Run owns its hosts' connections, the host locks it holds and its stop flag, so two runs in one
+process never touch each other's (no process-wide state). Once stopped, its transports neither
+connect nor start a command again: a retry would resume the interrupted work.
+"""
+from __future__ import annotations
+
+import threading
+
+from . import state
+from .errors import HostError
+from .inventory import Host
+from .transport import Transport, open_transport
+
+STOP_LOCK_WAIT = 2      # seconds each lock gets to be released on an interrupt, before connections close
+
+
+class Run:
+    """The connections, locks and stop flag of one command's run; a context manager."""
+
+    def __init__(self, command: str):
+        self.command = command
+        self.stopped = threading.Event()
+        self._guard = threading.Lock()
+        self._transports: list[Transport] = []
+        self._locks: list[state.HostLock] = []
+
+    def transport(self, host: Host) -> Transport:
+        """A transport to `host` owned by this run (nothing opened until it is used)."""
+        transport = open_transport(host, self.stopped)
+        with self._guard:
+            self._transports.append(transport)
+        return transport
+
+    def lock(self, transport: Transport, owner: state.Owner) -> state.HostLock:
+        """Take the host lock over `transport` (state.acquire) and hold it for this run."""
+        lock = state.acquire(transport, owner)
+        with self._guard:
+            if not self.stopped.is_set():
+                self._locks.append(lock)
+                return lock
+        lock.release(STOP_LOCK_WAIT)        # taken just as the run stopped: let it go at once
+        raise HostError("the run was interrupted", host=transport.host.name)
+
+    def unlock(self, lock: state.HostLock) -> None:
+        """Release a lock this run holds."""
+        with self._guard:
+            if lock in self._locks:
+                self._locks.remove(lock)
+        lock.release()
+
+    def stop(self) -> None:
+        """Stop for good (an interrupt): release the locks (the next run finds them free, not a
+        dead run's), then close every connection, which stops the commands on the hosts."""
+        self.stopped.set()
+        self._release(STOP_LOCK_WAIT)
+
+    def close(self) -> None:
+        """Release what is still held and close every connection (the end of the run)."""
+        self._release(30)
+
+    def _release(self, wait: float) -> None:
+        with self._guard:
+            locks, self._locks = self._locks, []
+            transports, self._transports = self._transports, []
+        for lock in locks:
+            lock.release(wait)
+        for transport in transports:
+            transport.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
