@@ -55,6 +55,7 @@ class ProbeResult:
     samples: tuple[float, ...] = ()
     built: bool = True              # whether the host compiled for it (False: a cached build)
     seconds: float = 0.0
+    better: str = "higher"          # a metric's direction
 
 
 @dataclass

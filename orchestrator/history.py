@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .bisect import command_for
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from .errors import UsageError
-from .record import RunRecordError, finite_number, list_runs, load_run, short_text
+from .record import Regression, RunRecordError, finite_number, list_runs, load_run, short_text
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "history.sqlite"
@@ -350,6 +351,21 @@ def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
         verdicts.append((point, judge(point.point(), [p.point() for p in before], tolerance(point.metric),
                                       point.better, policy)))
     return verdicts
+
+
+def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]:
+    """The regressed verdicts as run.json's regressions, each with its evidence and the exact
+    bisect command (good: the newest commit of the baseline window on the baseline's side, bad:
+    the commit that started the streak); sorted by host then metric."""
+    found = []
+    for point, verdict in verdicts:
+        if not verdict.regressed:
+            continue
+        bad = verdict.since_commit or verdict.bad_commit
+        found.append(Regression(point.key.host, point.metric, verdict.baseline, verdict.value, round(verdict.ratio, 4),
+                                verdict.tolerance, point.unit, point.better, verdict.method, verdict.evidence(),
+                                verdict.since_run, command_for(point.key.host, point.metric, verdict.good_commit, bad)))
+    return sorted(found, key=lambda r: (r.host, r.metric))
 
 
 def default_path(runs_root: Path | str) -> Path:

@@ -31,8 +31,9 @@ from .steps import ORDER, RUNNERS, StepContext
 
 LOCK_FREE_STEPS = ("preflight",)      # read-only: runs before the host lock is taken
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
-# deploy the sync alone, validate and nightly every step.
-COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER}
+# deploy the sync alone, validate and nightly every step, a bisect probe what its question needs.
+COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER,
+                 "bisect": ("sync", "build", "bundles", "golden", "bench")}
 
 
 @dataclasses.dataclass(frozen=True)

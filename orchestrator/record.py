@@ -28,7 +28,9 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
                                      "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...}},
         "build_key": {...} | null, "seconds"}},
-     "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
+     "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
+                      "method", "evidence", "since_run", "bisect"}],
+     "history": null | {"store", "dashboard"}}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
 secret values the pipeline knows.
@@ -55,7 +57,7 @@ RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("doctor", "deploy", "validate", "nightly")
+COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect")
 BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
 HOST_STATUSES = RUN_STATUSES
@@ -322,7 +324,10 @@ class HostRecord:
 
 @dataclass
 class Regression:
-    """A benchmark metric that got worse than its baseline by more than its threshold."""
+    """A benchmark metric that got worse than its baseline by more than its threshold: ``method``
+    says which rule (``baseline``: a fixed ratio against a baseline file; the history detector's
+    ``history``, ``drift`` or ``few-points``), ``evidence`` what it saw (orchestrator.detector's
+    Verdict), ``since_run`` the first run of an unbroken streak, ``bisect`` the command to run."""
 
     host: str
     metric: str
@@ -332,6 +337,10 @@ class Regression:
     threshold: float
     unit: str = ""
     better: str = "higher"
+    method: str = "baseline"
+    evidence: dict | None = None
+    since_run: str | None = None
+    bisect: str | None = None
 
 
 @dataclass
@@ -347,6 +356,7 @@ class RunRecord:
     source: Source = field(default_factory=Source)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     regressions: list[Regression] = field(default_factory=list)
+    history: dict | None = None         # {"store": path of the history file, "dashboard": path from the run dir}
     version: int = RUN_VERSION
 
     def to_dict(self) -> dict:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator import record as rec
 from orchestrator.history import HistoryError, HistoryStore, SeriesKey, build_key_id, host_key, judge_run, run_points
@@ -205,3 +209,37 @@ def test_reported_regressions_are_kept_for_the_dashboard(store):
     run["regressions"] = [{"host": "h", "metric": "m", "value": 1.0, "baseline": 2.0, "ratio": 0.5}, "junk"]
     store.index_run(run)
     assert store.regressions() == {(run["run_id"], "h", "m"): run["regressions"][0]}
+
+
+def test_the_history_task_rebuilds_draws_and_lists(tmp_path):
+    repo = Path(__file__).resolve().parent.parent
+    project = tmp_path / "project"
+    (project / "engine_src").mkdir(parents=True)
+    data = yaml.safe_load((repo / "hosts.yaml").read_text())
+    data["project"]["source"] = str(project / "engine_src")
+    data.pop("groups", None)
+    data["hosts"] = {"local": {"transport": "local", "remote_dir": ".deploy/local"}}
+    inventory = project / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    rng = random.Random(2)
+    for i in range(8):
+        run = a_run(i, {"h": {"bench": bench({"tok_per_s": 1000.0 if i < 7 else 700.0}, rng=rng)}})
+        (project / "runs" / run["run_id"]).mkdir(parents=True)
+        rec.write_run(project / "runs" / run["run_id"], run)
+    (project / "runs" / "20261201-235959-beef").mkdir()
+    (project / "runs" / "20261201-235959-beef" / "run.json").write_text("[]")
+
+    def history(*args):
+        return subprocess.run([sys.executable, "-m", "invoke", "history", "--inventory", str(inventory), *args],
+                              cwd=repo, capture_output=True, text=True, timeout=120)
+    proc = history("--rebuild", "--html")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"indexed 8 run(s), 8 point(s) from {project / 'runs'} into {project / 'runs' / 'history.sqlite'}" in proc.stdout
+    assert "skipped: " in proc.stdout and "20261201-235959-beef" in proc.stdout
+    assert (project / "runs" / "history.html").is_file()
+    listing = history()
+    assert listing.returncode == 0
+    row = next(line for line in listing.stdout.splitlines() if "tok_per_s" in line)
+    assert row.split()[0] == "h" and row.split()[-1] == "regressed"
+    bad = history("--history", str(tmp_path))
+    assert bad.returncode == 2 and "is a directory" in bad.stderr
