@@ -193,8 +193,8 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
 
 def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, report_dir: str | None = None,
              baseline: str | None = None, history: str | None = None) -> int:
-    """Run a plan on the hosts, write the run directory, index it in the benchmark history and
-    redraw the dashboard, print the summary. A nightly's regressions come from the history
+    """Run a plan on the hosts, write the run directory, index a validate or nightly run in the
+    benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
     from . import dashboard, history as history_mod, pipeline, record, regression, remote
@@ -203,16 +203,20 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     reference = _baseline(baseline) if plan.command == "nightly" else None
     tolerances = (reference or {}).get("thresholds") or {}
     tolerance = lambda metric: regression.threshold_for(metric, tolerances)     # noqa: E731
-    with history_mod.HistoryStore.open(_history_path(runs_root, history)) as store:     # a bad file: exit 2 first
+    with contextlib.ExitStack() as stack:
+        store = (stack.enter_context(history_mod.HistoryStore.open(_history_path(runs_root, history)))  # bad: exit 2 now
+                 if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
         run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
         if plan.command == "nightly" and run.status != "interrupted":
             run.regressions = (regression.find_regressions(run.to_dict(), reference) if reference is not None else
                                history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance)))
         board = runs_root / DASHBOARD
-        run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
+        if store is not None:
+            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
         paths = pipeline.finish(run_dir, run, runs_root, secrets)
-        store.index_run(record.load_run(run_dir.path), run_dir.path)
-        dashboard.render_history(store, board, tolerance)
+        if store is not None:
+            store.index_run(record.load_run(run_dir.path), run_dir.path)
+            dashboard.render_history(store, board, tolerance)
     run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
