@@ -1,8 +1,10 @@
 """The CUDA engine compiles and links for the production arch (sm_120) and the H200 (sm_90) on a
 machine with nvcc, whether or not it has a GPU or the cuBLAS headers (CI has neither), so a CUDA
-compile error cannot land. Both builds run once per session in a copy of engine_src/."""
+compile error cannot land; and the sanitized build (KD_SANITIZE=1, host code under ASan + UBSan)
+compiles and links for sm_90. The builds run once per session in copies of engine_src/."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -63,6 +65,33 @@ def test_cuda_objects_hold_machine_code_for_the_arch(cuda_builds, arch):
                              capture_output=True, text=True)
     assert listing.returncode == 0, listing.stderr
     assert f".{arch}." in listing.stdout, listing.stdout
+
+
+@pytest.fixture(scope="session")
+def cuda_sanitized_build(tmp_path_factory):
+    """(completed build.sh, tree) of KD_SANITIZE=1 for sm_90: the CUDA backend's host code (where
+    it reads tokens, positions, parents and keep lists) instrumented with ASan + UBSan."""
+    tree = tmp_path_factory.mktemp("engine_sm_90_san")
+    shutil.copytree(ENGINE, tree, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("build", "__pycache__", "*.kdtr", ".kdtree"))
+    env = dict(os.environ, KD_BACKEND="cuda", KD_ARCH="sm_90", KD_SANITIZE="1", CUDA_HOME=str(CUDA_HOME),
+               PATH=f"{CUDA_HOME / 'bin'}:{os.environ.get('PATH', '')}")
+    build = subprocess.run(["bash", "scripts/build.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    return build, tree
+
+
+@pytest.mark.timeout(1800)  # one more full CUDA build, instrumented
+def test_cuda_sanitized_build_compiles_and_links(cuda_sanitized_build):
+    build, tree = cuda_sanitized_build
+    assert build.returncode == 0, f"sanitized build.sh for sm_90 failed:\n{build.stdout[-4000:]}\n{build.stderr[-8000:]}"
+    info = json.loads((tree / "build" / "build_info.json").read_text())
+    assert info["key"]["sanitize"] is True and "-Xcompiler=-fsanitize=address" in info["key"]["nvccflags"]
+    for binary in ("kdtree", "test_ops", "fuzz"):
+        assert b"__asan_init" in (tree / "build" / binary).read_bytes(), f"build/{binary} is not instrumented"
+    # No GPU here: the instrumented binary still runs its CPU path and names the missing device.
+    version = subprocess.run([str(tree / "build/kdtree"), "--version"], capture_output=True, text=True,
+                             env=dict(os.environ, ASAN_OPTIONS="protect_shadow_gap=0"))
+    assert version.returncode == 0 and "backend=cuda" in version.stdout, version.stdout + version.stderr
 
 
 def test_cuda_backend_reports_itself_when_no_gpu(cuda_builds):

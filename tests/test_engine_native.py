@@ -55,7 +55,8 @@ def test_results_file_lists_every_test(engine_run):
     for bundle in manifest["bundles"]:
         assert f"model.cpu.{bundle['name']}.ar_equals_golden" in names
     for required in ("ops.cpu.matmul_w4a16.M17", "ops.cpu.mla_attention.tree_row_equals_chain",
-                     "negative.altered_golden_token_detected"):
+                     "negative.altered_golden_token_detected", "negative.loader_nan_weight",
+                     "regress.config_groups_zero", "regress.manifest_escapes_folder", "regress.flag_moe_tokens_negative"):
         assert required in names
     assert all(set(t) == {"name", "status", "seconds", "message"} for t in results["tests"])
 

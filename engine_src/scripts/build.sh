@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds build/kdtree and build/test_ops incrementally (per-object dependency files), with g++,
-# plus nvcc for src/cuda/*.cu when the CUDA backend is chosen, and then also build/gpu_load (the
-# GPU load generator of the contention tests, bench/gpu_load.cu). Writes build/build_info.json.
+# Builds build/kdtree, build/test_ops and build/fuzz incrementally (per-object dependency files),
+# with g++, plus nvcc for src/cuda/*.cu when the CUDA backend is chosen, and then also build/gpu_load
+# (the GPU load generator of the contention tests, bench/gpu_load.cu). Writes build/build_info.json.
 #   KD_BACKEND  auto (default: cuda when $CUDA_HOME/bin/nvcc exists and nvidia-smi sees a GPU) | cpu | cuda
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi's compute_cap)
 #   CUDA_HOME   default /usr/local/cuda;  CXX  default g++
+#   KD_SANITIZE 1: AddressSanitizer + UndefinedBehaviorSanitizer (with float-cast-overflow, no
+#               recovery) and libstdc++ assertions, -O1 -g (CUDA: host code only)
 #   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
 #   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
@@ -17,6 +19,7 @@ CXX="${CXX:-g++}"
 NVCC="$CUDA_HOME/bin/nvcc"
 backend="${KD_BACKEND:-auto}"
 arch="${KD_ARCH:-}"
+sanitize="${KD_SANITIZE:-0}"
 
 gpu_visible() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 detected_arch() {  # "9.0" -> sm_90, "12.0" -> sm_120
@@ -31,6 +34,7 @@ case "$backend" in
     cpu|cuda) ;;
     *) echo "build.sh: KD_BACKEND must be auto, cpu or cuda, got '$backend'" >&2; exit 2 ;;
 esac
+[[ "$sanitize" == 0 || "$sanitize" == 1 ]] || { echo "build.sh: KD_SANITIZE must be 0 or 1, got '$sanitize'" >&2; exit 2; }
 if [[ "$backend" == cuda ]]; then
     [[ -x "$NVCC" ]] || { echo "build.sh: KD_BACKEND=cuda but $NVCC does not exist (set CUDA_HOME)" >&2; exit 2; }
     if [[ -z "$arch" ]]; then
@@ -43,6 +47,9 @@ else
 fi
 
 cxxflags="-O2 -std=c++17 -Wall -Wextra"
+san_flags=(-fsanitize=address -fsanitize=undefined -fsanitize=float-cast-overflow -fno-sanitize-recover=all
+           -fno-omit-frame-pointer -D_GLIBCXX_ASSERTIONS -g)
+[[ "$sanitize" == 1 ]] && cxxflags="-O1 -std=c++17 -Wall -Wextra ${san_flags[*]}"
 nvccflags=""
 libs=""
 cublas=false
@@ -50,6 +57,8 @@ if [[ "$backend" == cuda ]]; then
     cxxflags="$cxxflags -DKD_WITH_CUDA"
     cc="${arch#sm_}"
     nvccflags="-O2 -std=c++17 -DKD_WITH_CUDA -gencode arch=compute_${cc},code=sm_${cc}"
+    # Sanitized CUDA builds instrument the host code (kernels are not instrumented).
+    if [[ "$sanitize" == 1 ]]; then for f in "${san_flags[@]}"; do nvccflags+=" -Xcompiler=$f"; done; fi
     # rpath: the binary finds cuBLAS under CUDA_HOME without LD_LIBRARY_PATH (steps run with a clean env).
     if [[ -f "$CUDA_HOME/include/cublas_v2.h" ]]; then cublas=true; libs="-lcublas -Xlinker -rpath -Xlinker $CUDA_HOME/lib64"; fi
 fi
@@ -57,17 +66,17 @@ cxx_version="$("$CXX" --version | head -n1)"
 nvcc_version="none"
 [[ "$backend" == cuda ]] && nvcc_version="$("$NVCC" --version | grep -i release | head -n1)"
 
-key="{\"backend\": \"$backend\", \"arch\": \"$arch\", \"cxx\": $(json_str "$cxx_version"), \"nvcc\": $(json_str "$nvcc_version"), \"cxxflags\": $(json_str "$cxxflags"), \"nvccflags\": $(json_str "$nvccflags"), \"libs\": $(json_str "$libs"), \"cublas\": $cublas}"
+key="{\"backend\": \"$backend\", \"arch\": \"$arch\", \"sanitize\": $([[ "$sanitize" == 1 ]] && echo true || echo false), \"cxx\": $(json_str "$cxx_version"), \"nvcc\": $(json_str "$nvcc_version"), \"cxxflags\": $(json_str "$cxxflags"), \"nvccflags\": $(json_str "$nvccflags"), \"libs\": $(json_str "$libs"), \"cublas\": $cublas}"
 if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
 [[ $# -eq 0 ]] || { echo "usage: build.sh [--key]" >&2; exit 2; }
 
 started_ns=$(date +%s%N)
-obj="build/obj/$backend"
+obj="build/obj/$backend$([[ "$sanitize" == 1 ]] && echo -san || true)"
 mkdir -p "$obj" build/gen
 # A changed key (compiler, flags, arch) invalidates every object of this backend; so does KD_REBUILD=1.
 if [[ "${KD_REBUILD:-0}" == 1 ]]; then
     echo "build.sh: KD_REBUILD=1: full rebuild"
-    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key
+    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key build/fuzz build/fuzz.key
 fi
 if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
 
@@ -89,7 +98,7 @@ evict() {  # keep the newest cache_keep trees (names are <hex>-<hex>: ls -t is s
     ls -1dt build/trees/*/ 2>/dev/null | tail -n +$((cache_keep + 1)) | xargs -r rm -rf --
 }
 current_tree="$(sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' build/build_info.json 2>/dev/null | head -n1 || true)"
-binaries=(kdtree test_ops)    # what a build links: all of them are kept and restored
+binaries=(kdtree test_ops fuzz)    # what a build links: all of them are kept and restored
 [[ "$backend" == cuda ]] && binaries+=(gpu_load)
 have_all() { local b; for b in "${binaries[@]}"; do [[ -f "$1/$b" ]] || return 1; done; }
 if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
@@ -134,7 +143,7 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     pids+=($!); names+=("$src"); rebuilt+=("$src")
 }
 
-sources=(src/*.cpp tests/test_ops.cpp)
+sources=(src/*.cpp tests/test_ops.cpp tests/fuzz.cpp)
 [[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu bench/gpu_load.cu)
 objects=()
 for src in "${sources[@]}"; do
@@ -151,11 +160,12 @@ if (( ${#failed[@]} )); then
     exit 1
 fi
 
-engine_objs=(); main_obj=""; test_obj=""; load_obj=""
+engine_objs=(); main_obj=""; test_obj=""; fuzz_obj=""; load_obj=""
 for o in "${objects[@]}"; do
     case "$o" in
         */src_main.o) main_obj="$o" ;;
         */tests_test_ops.o) test_obj="$o" ;;
+        */tests_fuzz.o) fuzz_obj="$o" ;;
         */bench_gpu_load.o) load_obj="$o" ;;
         *) engine_objs+=("$o") ;;
     esac
@@ -177,6 +187,7 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
 }
 link build/kdtree "$main_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/kdtree" >&2; exit 1; }
 link build/test_ops "$test_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/test_ops" >&2; exit 1; }
+link build/fuzz "$fuzz_obj" "${engine_objs[@]}" || { echo "build.sh: link failed: build/fuzz" >&2; exit 1; }
 if [[ -n "$load_obj" ]]; then
     link build/gpu_load "$load_obj" || { echo "build.sh: link failed: build/gpu_load" >&2; exit 1; }
 fi

@@ -2,7 +2,9 @@
 # The engine's test suite: op tests for every backend in the build (build/test_ops), then model
 # tests on the four bundles: AR == golden, engine == Python reference on prompts outside the
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
-# an altered golden token is caught, bad bundles are rejected. One line per test; ends with
+# an altered golden token is caught, bad bundles are rejected, every reproducer of
+# tests/fuzz/regress ends as it should (and, with KD_FUZZ_SECONDS, a bounded fuzz run finds
+# nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test; ends with
 # "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json (or $KD_TEST_RESULTS).
 # Builds first (incrementally) and regenerates missing bundles with $PYTHON (into $KD_BUNDLE_DIR,
 # default tests/refs, as scripts/bundles.sh does).
@@ -85,6 +87,8 @@ if [[ ! -x "$kdtree" || ! -x build/test_ops ]]; then finish unknown; fi
 build_backend="$(sed -n 's/.* backend=\([a-z]*\) .*/\1/p' <<<"$("$kdtree" --version)")"
 backends=(cpu)
 [[ "$build_backend" == cuda ]] && backends+=(cuda)
+# ASan's shadow gap protection and the CUDA driver's mappings do not mix.
+if [[ "${KD_SANITIZE:-0}" == 1 && "$build_backend" == cuda ]]; then export ASAN_OPTIONS="protect_shadow_gap=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"; fi
 
 bundles_missing=0
 [[ -f "$manifest" ]] || bundles_missing=1
@@ -216,7 +220,7 @@ done
 
 # ---- the checks can fail ----------------------------------------------------------------------
 read -r first_name first_file _ <<<"$bundle_list"
-# rewrite_bundle SRC DST MODE: a copy of a bundle with its header changed (golden | missing | bounds).
+# rewrite_bundle SRC DST MODE: a copy of a bundle with its header or data changed (golden | missing | bounds | nan).
 rewrite_bundle() {
     "$PYTHON" - "$@" <<'PY'
 import json, struct, sys
@@ -234,6 +238,9 @@ elif mode == "bounds":    # the head's bytes point past the end of the data sect
     for t in header["tensors"]:
         if t["name"] == "head":
             t["offset"] = (len(data) + 63) // 64 * 64
+elif mode == "nan":       # one weight of the final norm is NaN
+    t = next(t for t in header["tensors"] if t["name"] == "norm")
+    data = data[:t["offset"]] + struct.pack("<f", float("nan")) + data[t["offset"] + 4:]
 text = json.dumps(header, separators=(",", ":")).encode()
 pad = (16 + len(text) + 63) // 64 * 64 - 16 - len(text)
 open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data)
@@ -246,6 +253,8 @@ rewrite_bundle "$refs/$first_file" "$scratch/missing.kdtr" missing
 expect_failure "negative.loader_missing_tensor" "missing.kdtr: missing tensor norm" "$kdtree" generate --bundle "$scratch/missing.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/bounds.kdtr" bounds
 expect_failure "negative.loader_tensor_out_of_bounds" "bounds.kdtr: tensor head out of bounds" "$kdtree" generate --bundle "$scratch/bounds.kdtr" -n 2
+rewrite_bundle "$refs/$first_file" "$scratch/nan.kdtr" nan
+expect_failure "negative.loader_nan_weight" "nan.kdtr: tensor norm: element 0 is not finite" "$kdtree" generate --bundle "$scratch/nan.kdtr" -n 2
 printf 'KDTR\x02\x00\x00\x00' > "$scratch/version2.kdtr"; tail -c +9 "$refs/$first_file" >> "$scratch/version2.kdtr"
 expect_failure "negative.loader_bad_version" "version2.kdtr: unsupported version 2" "$kdtree" generate --bundle "$scratch/version2.kdtr" -n 2
 head -c 16 "$refs/$first_file" > "$scratch/not_json.kdtr"; printf '{"config": [' >> "$scratch/not_json.kdtr"
@@ -255,5 +264,25 @@ printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$s
 expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
 expect_failure "negative.loader_truncated" "truncated.kdtr: truncated" "$kdtree" generate --bundle "$scratch/truncated.kdtr" -n 2
+
+# ---- input hardening: every reproducer in tests/fuzz/regress ends as its `expect:` line says ------
+t0=$(now_ms)
+replay="$(build/fuzz replay --refs "$refs" tests/fuzz/regress/*.case 2>&1)" || true
+seconds="$(secs "$t0")"
+n_lines=0
+while read -r status file seconds detail; do
+    name="regress.$(basename "$file" .case)"
+    case "$status" in
+        ok) record "$name" passed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+        FAIL) record "$name" failed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+    esac
+done <<<"$replay"
+(( n_lines > 0 )) || record regress.replay failed "$seconds" "build/fuzz replay printed no results: $(tail -n2 <<<"$replay" | tr '\n' ' ')"
+
+# ---- a bounded fuzz run (KD_FUZZ_SECONDS > 0; findings go to build/fuzz_findings) ---------------
+if [[ "${KD_FUZZ_SECONDS:-0}" != 0 ]]; then
+    check fuzz.run build/fuzz run --refs "$refs" --seconds "$KD_FUZZ_SECONDS" --cases 1000000 \
+        --seed "${KD_FUZZ_SEED:-1}" --findings build/fuzz_findings
+fi
 
 finish "$build_backend"

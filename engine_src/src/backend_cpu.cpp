@@ -102,9 +102,10 @@ public:
         return p;
     }
     void release(void* buf) override { std::free(buf); }
-    void upload(void* dst, const void* src_host, size_t nbytes) override { std::memcpy(dst, src_host, nbytes); }
-    void download(void* dst_host, const void* src, size_t nbytes) override { std::memcpy(dst_host, src, nbytes); }
-    void copy(void* dst, const void* src, size_t nbytes) override { std::memcpy(dst, src, nbytes); }
+    // nbytes 0 may come with null pointers, which memcpy must not see.
+    void upload(void* dst, const void* src_host, size_t nbytes) override { if (nbytes) std::memcpy(dst, src_host, nbytes); }
+    void download(void* dst_host, const void* src, size_t nbytes) override { if (nbytes) std::memcpy(dst_host, src, nbytes); }
+    void copy(void* dst, const void* src, size_t nbytes) override { if (nbytes) std::memcpy(dst, src, nbytes); }
     void synchronize() override {}
 
     void embedding(float* out, int out_stride, const float* table, int dim, const int32_t* tokens_host,
@@ -236,6 +237,12 @@ public:
 
     void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
                   const MoeRouting& r) override {
+        // The same routing checks as the CUDA backend's: top_k's partial_sort needs k <= n.
+        if (r.n_experts <= 0 || r.n_groups <= 0 || r.n_experts % r.n_groups != 0 || r.top_k <= 0 || r.top_k > r.n_experts ||
+            r.topk_groups <= 0 || r.topk_groups > r.n_groups)
+            throw std::runtime_error("moe_gate: bad routing (experts " + std::to_string(r.n_experts) + ", groups " +
+                                     std::to_string(r.n_groups) + ", top_k " + std::to_string(r.top_k) + ", kept groups " +
+                                     std::to_string(r.topk_groups) + ")");
         const int E = r.n_experts, group_size = r.n_experts / r.n_groups;
         std::vector<float> s(static_cast<size_t>(E)), sel(static_cast<size_t>(E)), group_score(static_cast<size_t>(r.n_groups));
         for (int m = 0; m < M; ++m) {

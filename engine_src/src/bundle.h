@@ -5,9 +5,13 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kd {
+
+// What a bundle may ask for by default (weights, KV caches, scratch, the file itself): --max-memory.
+constexpr uint64_t kDefaultMaxMemory = uint64_t{4} << 30;
 
 // The `config` object of a bundle header (field meanings: README.md, "The model").
 struct ModelConfig {
@@ -20,8 +24,18 @@ struct ModelConfig {
     float route_scale = 1, rope_theta = 10000, norm_eps = 1e-6f;
     int max_seq_len = 0;
 
-    static ModelConfig from_json(const Json& j);
+    // Reads and checks a header's `config` (README.md, "Input validation"): each field against
+    // its row of the field table in config.cpp (type, range, default), unknown fields refused,
+    // then the relations between fields; with int4, the quantized widths are multiples of 32.
+    // Throws std::runtime_error("config.<field>: <problem>").
+    static ModelConfig from_json(const Json& j, bool int4);
+    bool has_moe() const { return n_layers > n_dense_layers; }
 };
+
+// Bytes a Model of this config needs besides its weights for max_batch rows per forward: the KV
+// caches, the forward's and the drafter's buffers and the decode loops' host vectors (an upper
+// estimate of what Model::Model and the backends allocate). Checked arithmetic throughout.
+uint64_t model_buffer_bytes(const ModelConfig& c, int drafter_block, int max_batch);
 
 struct TensorView {
     std::string name;
@@ -41,9 +55,23 @@ struct Bundle {
     std::vector<int32_t> prompt;
     std::vector<uint8_t> bytes;   // the whole file
     std::vector<TensorView> tensors;
+    std::unordered_map<std::string, size_t> by_name;  // tensor name -> index in tensors
+    uint64_t weight_bytes = 0;    // sum of the tensors' nbytes
+    uint64_t max_memory = kDefaultMaxMemory;  // the limit it was loaded under
 
-    // Reads and validates a bundle; throws std::runtime_error("bundle <path>: <problem>").
-    static Bundle load(const std::string& path);
+    // Reads and validates a bundle before anything is allocated for it: the file size against
+    // max_memory, the preamble, the header (strict JSON), the config, tokens and tensor table
+    // (README.md, "Input validation"), every f32 tensor finite, and the memory a run of the
+    // bundle's own prompt needs against max_memory. Throws std::runtime_error("bundle <path>: <problem>").
+    static Bundle load(const std::string& path, uint64_t max_memory = kDefaultMaxMemory);
+    // The same from bytes already in memory (path only names them in errors).
+    static Bundle from_bytes(const std::string& path, std::vector<uint8_t> bytes, uint64_t max_memory = kDefaultMaxMemory);
+
+    // Bytes a run with max_batch rows per forward needs (the file, the weights, model_buffer_bytes);
+    // throws naming the file when that is over max_memory.
+    uint64_t check_memory(int max_batch) const;
+    // A token list against this bundle's vocabulary; throws "<what>[i] = t is outside the vocabulary".
+    void check_tokens(const std::vector<int32_t>& tokens, const std::string& what) const;
 
     bool has(const std::string& name) const;
     // The tensor, checked against the expected dtype and shape; throws naming file and tensor.

@@ -1,11 +1,28 @@
-// cli.h: the subcommands of the kdtree binary (main.cpp dispatches to them).
+// cli.h: the subcommands of the kdtree binary (cli_main.cpp dispatches to them).
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 namespace kd {
+
+class Args;
+
+constexpr int kMaxTokens = 1 << 24;   // -n, and any token list a flag gives
+constexpr int kMaxBudget = 1 << 16;   // --budget, --budgets
+
+// The whole command line (main's argc/argv): runs the command, returns the exit status. Errors
+// go to stderr as "kdtree <command>: error: <message>" with status 1; usage errors return 2.
+int cli_main(int argc, char** argv);
 
 int cmd_generate(int argc, char** argv);  // kdtree generate --bundle F ...
 int cmd_check(int argc, char** argv);     // kdtree check --bundle F --expect golden|ar|1,2,3 ...
 int cmd_outputs(int argc, char** argv);   // kdtree outputs --manifest M --out F ...
 int cmd_bench(int argc, char** argv);     // kdtree bench --manifest M --out F ...
+
+// --max-memory (README.md, "Input validation"): what a bundle may ask for, default 4 GiB.
+uint64_t max_memory_flag(const Args& a);
+// --backend: "cpu" or "cuda", default the build's backend.
+std::string backend_flag(const Args& a);
 
 }  // namespace kd

@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "decode.h"
 #include "json.h"
+#include "manifest.h"
 #include "version.h"
 
 #include <algorithm>
@@ -26,11 +27,6 @@ Json metric(double value, const std::string& unit, const std::string& better) {
     Json m = Json::object();
     m.set("value", value).set("unit", unit).set("better", better);
     return m;
-}
-
-std::string dir_of(const std::string& path) {
-    const size_t slash = path.rfind('/');
-    return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
 // Best of `repeats` runs (the least disturbed one).
@@ -201,27 +197,52 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
     return out;
 }
 
+// Every flag of `kdtree bench`, checked before any work starts.
+struct BenchOptions {
+    std::string backend, manifest, out;
+    std::vector<int> budgets, moe_tokens;
+    int repeats = 3, n = 0, experts = 0;  // n 0: each bundle's golden length
+    uint64_t max_memory = kDefaultMaxMemory;
+};
+
+BenchOptions read_bench_options(const Args& a) {
+    BenchOptions o;
+    o.backend = backend_flag(a);
+    const bool gpu = o.backend == "cuda";
+    o.manifest = a.str("--manifest", "tests/refs/manifest.json");
+    o.out = a.str("--out", "build/bench.json");
+    o.budgets = a.int_list_or("--budgets", {4, 8, 16, 32, 64}, 1, kMaxBudget);
+    o.repeats = a.integer("--repeats", 3, 1, 1000);
+    o.n = a.integer("-n", 0, 1, kMaxTokens);
+    // Top-8 routing needs 8 experts; the CUDA gate takes up to 1024 (a thread each).
+    o.experts = a.integer("--moe-experts", gpu ? 384 : 16, 8, 1024);
+    o.moe_tokens = a.int_list_or("--moe-tokens", gpu ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 4}, 1, 1024);
+    o.max_memory = max_memory_flag(a);
+    return o;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
     const Args a(argc, argv, 2,
-                 {"--manifest", "--out", "--budgets", "--repeats", "--moe-experts", "--moe-tokens", "--backend", "-n"}, {});
-    auto be = make_backend(a.str("--backend", build_backend()));
+                 {"--manifest", "--out", "--budgets", "--repeats", "--moe-experts", "--moe-tokens", "--backend", "-n", "--max-memory"}, {});
+    const BenchOptions o = read_bench_options(a);
+    const std::vector<ManifestEntry> entries = read_manifest(o.manifest);
+    auto be = make_backend(o.backend);
     const bool gpu = be->name() == "cuda";
-    const std::string manifest_path = a.str("--manifest", "tests/refs/manifest.json");
-    const Json manifest = Json::parse_file(manifest_path, "manifest");
-    const std::vector<int> budgets = a.int_list_or("--budgets", {4, 8, 16, 32, 64});
-    const int repeats = a.integer("--repeats", 3);
-    const int n = a.integer("-n", 0);
 
     Json metrics = Json::object();
     Json bundles = Json::object();
-    for (const Json& entry : manifest.at("bundles").items()) {
-        const std::string name = entry.at("name").as_string();
-        const Bundle b = Bundle::load(dir_of(manifest_path) + "/" + entry.at("file").as_string());
-        const int tokens = n > 0 ? n : static_cast<int>(entry.at("golden").size());
+    for (const ManifestEntry& entry : entries) {
+        const std::string& name = entry.name;
+        const Bundle b = Bundle::load(entry.path, o.max_memory);
+        const int tokens = o.n > 0 ? o.n : static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
+        if (b.prompt.size() + static_cast<size_t>(tokens) > static_cast<size_t>(b.config.max_seq_len))
+            throw std::runtime_error(std::string(o.n > 0 ? "flag -n" : "manifest bundle " + name + " (its golden length)") + ": prompt (" +
+                                     std::to_string(b.prompt.size()) + " tokens) + n (" + std::to_string(tokens) + ") exceeds max_seq_len " +
+                                     std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
         std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
-        bundles.set(name, bench_bundle(*be, b, name, tokens, budgets, repeats, metrics));
+        bundles.set(name, bench_bundle(*be, b, name, tokens, o.budgets, o.repeats, metrics));
     }
     // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times.
     for (const auto& kv : bundles.members()) {
@@ -236,10 +257,8 @@ int cmd_bench(int argc, char** argv) {
             if (l.at("kind").as_string() == "moe") tf += l.at("ffn_ms").as_number();
         if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher"));
     }
-    const int experts = a.integer("--moe-experts", gpu ? 384 : 16);
-    const std::vector<int> moe_tokens = a.int_list_or("--moe-tokens", gpu ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 4});
     std::printf("K2-width MoE layer, random weights\n");
-    const Json moe = bench_moe_layer(*be, experts, moe_tokens, repeats, metrics);
+    const Json moe = bench_moe_layer(*be, o.experts, o.moe_tokens, o.repeats, metrics);
 
     Json host = Json::object();
     host.set("cpu", be->name() == "cpu" ? be->device_description() : make_cpu_backend()->device_description());
@@ -247,10 +266,9 @@ int cmd_bench(int argc, char** argv) {
     Json out = Json::object();
     out.set("version", 1).set("backend", be->name()).set("tree", source_tree_hash()).set("host", host);
     out.set("metrics", metrics).set("bundles", bundles).set("moe_layer", moe);
-    const std::string out_path = a.str("--out", "build/bench.json");
-    std::ofstream f(out_path);
-    if (!f || !(f << out.dump(2) << "\n")) throw std::runtime_error("cannot write " + out_path);
-    std::printf("wrote %s\n", out_path.c_str());
+    std::ofstream f(o.out);
+    if (!f || !(f << out.dump(2) << "\n")) throw std::runtime_error("cannot write " + printable(o.out));
+    std::printf("wrote %s\n", o.out.c_str());
     return 0;
 }
 

@@ -5,8 +5,11 @@
 #include "cli.h"
 #include "decode.h"
 #include "json.h"
+#include "manifest.h"
 #include "version.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -15,7 +18,7 @@
 namespace kd {
 namespace {
 
-const std::set<std::string> kRunFlags = {"--bundle", "--mode", "-n", "--prompt", "--budget", "--block", "--backend"};
+const std::set<std::string> kRunFlags = {"--bundle", "--mode", "-n", "--prompt", "--budget", "--block", "--backend", "--max-memory"};
 
 struct RunRequest {
     std::string mode = "ar";
@@ -25,15 +28,40 @@ struct RunRequest {
     std::vector<int32_t> prompt;
 };
 
+// The tree flags shared by generate, check and outputs, checked against the bundle.
+void read_tree_flags(const Args& a, const Bundle& b, RunRequest& r) {
+    r.budget = a.integer("--budget", 16, 1, kMaxBudget);
+    r.block = a.integer("--block", b.drafter_block, 1, b.drafter_block);
+}
+
 RunRequest read_request(const Args& a, const Bundle& b) {
     RunRequest r;
     r.mode = a.str("--mode", "ar");
-    if (r.mode != "ar" && r.mode != "ddtree") throw std::runtime_error("--mode must be ar or ddtree, got '" + r.mode + "'");
-    r.n = a.integer("-n", 32);
-    r.budget = a.integer("--budget", 16);
-    r.block = a.integer("--block", b.drafter_block);
-    r.prompt = a.has("--prompt") ? Args::int_list(a.str("--prompt", ""), "--prompt") : b.prompt;
+    if (r.mode != "ar" && r.mode != "ddtree") throw std::runtime_error("--mode must be ar or ddtree, got '" + printable(r.mode) + "'");
+    r.n = a.integer("-n", 32, 1, kMaxTokens);
+    read_tree_flags(a, b, r);
+    if (a.has("--prompt")) {
+        r.prompt = Args::int_list(a.str("--prompt", ""), "--prompt", 0, INT32_MAX);
+        b.check_tokens(r.prompt, "flag --prompt");
+    } else {
+        r.prompt = b.prompt;
+    }
     return r;
+}
+
+// What set a request's length, for check_length's message.
+std::string length_source(const Args& a) { return a.has("-n") || !a.has("--prompt") ? "flag -n" : "flag --prompt"; }
+
+// The prompt and n must fit the bundle's KV cache; `what` names what set the length.
+void check_length(const Bundle& b, const RunRequest& r, const std::string& what) {
+    if (r.prompt.size() + static_cast<size_t>(r.n) > static_cast<size_t>(b.config.max_seq_len))
+        throw std::runtime_error(what + ": prompt (" + std::to_string(r.prompt.size()) + " tokens) + n (" + std::to_string(r.n) +
+                                 ") exceeds max_seq_len " + std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
+}
+
+Bundle load_bundle(const Args& a) {
+    if (!a.has("--bundle")) throw std::runtime_error("--bundle is required");
+    return Bundle::load(a.str("--bundle", ""), max_memory_flag(a));
 }
 
 Generation run(Backend& be, const Bundle& b, const RunRequest& r) {
@@ -55,20 +83,15 @@ void write_file(const std::string& path, const std::string& text) {
     if (!out) throw std::runtime_error("failed writing " + path);
 }
 
-std::string dir_of(const std::string& path) {
-    const size_t slash = path.rfind('/');
-    return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
     std::set<std::string> valued = kRunFlags;
     const Args a(argc, argv, 2, valued, {"--json"});
-    if (!a.has("--bundle")) throw std::runtime_error("--bundle is required");
-    const Bundle b = Bundle::load(a.str("--bundle", ""));
+    const Bundle b = load_bundle(a);
     const RunRequest r = read_request(a, b);
-    auto be = make_backend(a.str("--backend", build_backend()));
+    check_length(b, r, length_source(a));
+    auto be = make_backend(backend_flag(a));
     const Generation g = run(*be, b, r);
     if (a.has("--json")) {
         Json j = Json::object();
@@ -98,10 +121,9 @@ int cmd_check(int argc, char** argv) {
     std::set<std::string> valued = kRunFlags;
     valued.insert("--expect");
     const Args a(argc, argv, 2, valued, {});
-    if (!a.has("--bundle")) throw std::runtime_error("--bundle is required");
-    const Bundle b = Bundle::load(a.str("--bundle", ""));
+    const Bundle b = load_bundle(a);
     RunRequest r = read_request(a, b);
-    auto be = make_backend(a.str("--backend", build_backend()));
+    auto be = make_backend(backend_flag(a));
     const std::string expect = a.str("--expect", "golden");
     std::vector<int32_t> expected;
     if (expect == "golden") {
@@ -110,12 +132,14 @@ int cmd_check(int argc, char** argv) {
         r.prompt = b.prompt;
         r.n = static_cast<int>(expected.size());
     } else if (expect == "ar") {
+        check_length(b, r, length_source(a));
         RunRequest ar = r;
         ar.mode = "ar";
         expected = run(*be, b, ar).tokens;
     } else {
-        expected = Args::int_list(expect, "--expect");
-        r.n = static_cast<int>(expected.size());
+        expected = Args::int_list(expect, "--expect", 0, INT32_MAX);
+        r.n = static_cast<int>(std::min<size_t>(expected.size(), kMaxTokens));
+        check_length(b, r, "flag --expect");
     }
     const Generation g = run(*be, b, r);
     std::string detail = "mode=" + r.mode + " n=" + std::to_string(r.n);
@@ -144,19 +168,19 @@ int cmd_check(int argc, char** argv) {
 // Runs every bundle of a manifest in AR and DDTree mode (n = the golden length, never the
 // golden tokens themselves) and writes the README's build/outputs.json.
 int cmd_outputs(int argc, char** argv) {
-    const Args a(argc, argv, 2, {"--manifest", "--out", "--budget", "--block", "--backend"}, {});
-    const std::string manifest_path = a.str("--manifest", "tests/refs/manifest.json");
-    const Json manifest = Json::parse_file(manifest_path, "manifest");
-    auto be = make_backend(a.str("--backend", build_backend()));
+    const Args a(argc, argv, 2, {"--manifest", "--out", "--budget", "--block", "--backend", "--max-memory"}, {});
+    const uint64_t max_memory = max_memory_flag(a);
+    const std::vector<ManifestEntry> entries = read_manifest(a.str("--manifest", "tests/refs/manifest.json"));
+    auto be = make_backend(backend_flag(a));
     Json bundles = Json::object();
-    for (const Json& entry : manifest.at("bundles").items()) {
-        const std::string name = entry.at("name").as_string();
-        const Bundle b = Bundle::load(dir_of(manifest_path) + "/" + entry.at("file").as_string());
+    for (const ManifestEntry& entry : entries) {
+        const std::string& name = entry.name;
+        const Bundle b = Bundle::load(entry.path, max_memory);
         RunRequest r;
         r.prompt = b.prompt;
-        r.n = static_cast<int>(entry.at("golden").size());
-        r.budget = a.integer("--budget", 16);
-        r.block = a.integer("--block", b.drafter_block);
+        r.n = static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
+        check_length(b, r, "manifest bundle " + name + " (its golden length)");
+        read_tree_flags(a, b, r);
         const Generation ar = run(*be, b, r);
         r.mode = "ddtree";
         const Generation tree = run(*be, b, r);

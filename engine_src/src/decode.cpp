@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 
@@ -17,6 +18,10 @@ double now_seconds() {
 void check_request(const Model& model, const std::vector<int32_t>& prompt, int n) {
     if (prompt.empty()) throw std::runtime_error("generate: the prompt is empty");
     if (n < 1) throw std::runtime_error("generate: asked for " + std::to_string(n) + " tokens");
+    for (size_t i = 0; i < prompt.size(); ++i)
+        if (prompt[i] < 0 || prompt[i] >= model.config().vocab_size)
+            throw std::runtime_error("generate: prompt token " + std::to_string(i) + " = " + std::to_string(prompt[i]) +
+                                     " is outside the vocabulary [0, " + std::to_string(model.config().vocab_size) + ")");
     if (prompt.size() + static_cast<size_t>(n) > static_cast<size_t>(model.config().max_seq_len))
         throw std::runtime_error("generate: prompt (" + std::to_string(prompt.size()) + ") + n (" + std::to_string(n) +
                                  ") exceeds max_seq_len " + std::to_string(model.config().max_seq_len));
@@ -50,7 +55,9 @@ double Generation::tokens_per_second() const {
 }
 
 int batch_rows_needed(size_t prompt_len, int budget) {
-    return std::max(static_cast<int>(prompt_len), 1 + std::max(budget, 0));
+    const int64_t rows = std::max<int64_t>(static_cast<int64_t>(std::min<size_t>(prompt_len, INT32_MAX)), 1 + int64_t{std::max(budget, 0)});
+    if (rows > INT32_MAX) throw std::runtime_error("generate: " + std::to_string(rows) + " rows per forward do not fit in an int");
+    return static_cast<int>(rows);
 }
 
 Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) {
@@ -80,7 +87,7 @@ Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) 
 Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int n, int budget, int block) {
     check_request(model, prompt, n);
     if (budget < 1) throw std::runtime_error("ddtree: the budget must be at least 1");
-    if (1 + budget > model.max_batch())
+    if (budget >= model.max_batch())
         throw std::runtime_error("ddtree: budget " + std::to_string(budget) + " needs " + std::to_string(1 + budget) +
                                  " rows per forward; the model was sized for " + std::to_string(model.max_batch()));
     Backend& be = model.backend();

@@ -34,6 +34,9 @@ Linear Model::load_linear(const Bundle& b, const std::string& name, int out, int
     l.out = out;
     l.in = in;
     if (b.has(name + ".qw")) {
+        if (in % 32 != 0)
+            throw std::runtime_error("bundle " + b.path + ": tensor " + name + ".qw: INT4 needs an input width that is a multiple of 32, this one is " +
+                                     std::to_string(in));
         const TensorView& qw = b.get(name + ".qw", "i32", {out, in / 8});
         const TensorView& sc = b.get(name + ".sc", "f32", {out, in / 32});
         auto* q = static_cast<int32_t*>(be_.alloc(sizeof(int32_t) * be_.w4a16_words(out, in)));
@@ -50,6 +53,8 @@ Linear Model::load_linear(const Bundle& b, const std::string& name, int out, int
 
 Model::Model(const Bundle& b, Backend& backend, int max_batch)
     : be_(backend), cfg_(b.config), int4_(b.int4), max_batch_(max_batch) {
+    if (max_batch < 1) throw std::runtime_error("model: max_batch " + std::to_string(max_batch) + " is below 1");
+    b.check_memory(max_batch);  // nothing is allocated for a run over the memory limit
     const ModelConfig& c = cfg_;
     const int D = c.dim, H = c.n_heads, V = c.vocab_size;
     const int qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
