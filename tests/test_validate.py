@@ -406,6 +406,7 @@ def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_co
     full = load_run(full_dir)
     h1 = full["hosts"]["h1"]
     metric, measured = next((m, v) for m, v in h1["bench"]["metrics"].items() if m.endswith("ar_tokens_per_s"))
+    assert measured["noisy"] is True and len(measured["samples"]) == measured["n"] >= 3   # CPU timings, samples
     store_path = workdir / "kept-history" / "nightly.sqlite"
     with HistoryStore.open(store_path) as store:       # ten earlier nightlies at c0, three times faster
         for i in range(10):
