@@ -211,7 +211,7 @@ def detection(args, work: Path) -> dict:
           f"({ratio:.3f}x of the median); nightly exit {after['rc']}; flagged: {', '.join(flags) or 'nothing'}")
     if TARGET in flags:
         evidence = flags[TARGET]
-        print(f"  evidence: {evidence.get('method')} rule, {evidence.get('reason', '')}")
+        print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
