@@ -52,10 +52,10 @@ Json metric(double value, const std::string& unit, const std::string& better,
     return m;
 }
 
-// `repeats` runs: the best (least disturbed) one, and every run's tokens/s.
+// `repeats` runs: the best (least disturbed) one, and every run's tokens/s (whole, decode, prefill).
 struct Repeats {
     Generation best;
-    std::vector<double> tokens_per_s;
+    std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s;
 };
 
 Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
@@ -64,6 +64,8 @@ Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& pr
         Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
         Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
         r.tokens_per_s.push_back(g.tokens_per_second());
+        r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
+        if (g.prefill_seconds > 0) r.prefill_tokens_per_s.push_back(prompt.size() / g.prefill_seconds);
         if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
     }
     return r;
@@ -83,12 +85,19 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
     const Generation& ar = ar_runs.best;
     Json arj = Json::object();
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
-    arj.set("decode_seconds", ar.decode_seconds);
+    arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
+    arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
     out.set("ar", arj);
     metrics.set(name + ".ar_tokens_per_s", metric(ar.tokens_per_second(), "tokens/s", "higher", ar_runs.tokens_per_s, noisy));
+    // Decode alone (after the prompt): at long context the prefill would hide what DDTree saves.
+    metrics.set(name + ".ar_decode_tokens_per_s",
+                metric(ar.decode_tokens_per_second(), "tokens/s", "higher", ar_runs.decode_tokens_per_s, noisy));
+    metrics.set(name + ".prefill_tokens_per_s",
+                metric(ar.prefill_seconds > 0 ? b.prompt.size() / ar.prefill_seconds : 0.0, "tokens/s", "higher",
+                       ar_runs.prefill_tokens_per_s, noisy));
     Json trees = Json::array();
-    double best_speedup = 0, best_accept = 0;
-    std::vector<double> best_speedups;  // every repeat of the best budget, over the best AR run
+    double best_speedup = 0, best_accept = 0, best_decode = 0;
+    std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
     for (int budget : budgets) {
         const Repeats runs = run_repeats(be, b, b.prompt, n, budget, repeats);
         const Generation& g = runs.best;
@@ -96,6 +105,7 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
         t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
         t.set("speedup_over_ar", g.tokens_per_second() / ar.tokens_per_second());
+        t.set("decode_tokens_per_second", g.decode_tokens_per_second());
         t.set("equals_ar", g.tokens == ar.tokens);
         trees.push(t);
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
@@ -103,11 +113,21 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
             best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
         }
         best_accept = std::max(best_accept, g.accept_mean());
-        std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n", name.c_str(), budget,
-                    g.tokens_per_second(), ar.tokens_per_second(), g.accept_mean());
+        if (g.decode_tokens_per_second() > best_decode) {
+            best_decode = g.decode_tokens_per_second();
+            best_decodes = runs.decode_tokens_per_s;
+        }
+        std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
+                    name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
+                    ar.decode_tokens_per_second(), g.accept_mean());
     }
     out.set("ddtree", trees);
     metrics.set(name + ".ddtree_best_speedup", metric(best_speedup, "x", "higher", best_speedups, noisy));
+    metrics.set(name + ".ddtree_best_decode_tokens_per_s", metric(best_decode, "tokens/s", "higher", best_decodes, noisy));
+    metrics.set(name + ".ddtree_best_decode_speedup",
+                metric(ar.decode_tokens_per_second() > 0 ? best_decode / ar.decode_tokens_per_second() : 0.0, "x", "higher",
+                       ar.decode_tokens_per_second() > 0 ? ratios(best_decodes, ar.decode_tokens_per_second())
+                                                         : std::vector<double>{}, noisy));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
 
     // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
