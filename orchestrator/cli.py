@@ -1,7 +1,7 @@
 """The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust`, `deploy`, `validate`,
 `nightly`, `report` and `clean` do in
 terms of the library, and how failures become exit codes (0 ok, 1 a host failed, 2 usage or
-inventory error). `main()` is the `kdtree-orch` console entry: Invoke's Program over tasks.py.
+inventory error). The tasks themselves are orchestrator/tasks.py; `kdtree-orch` is program.py.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from .inventory import Host, Inventory
 if TYPE_CHECKING:
     from . import record
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The checkout this package sits in, when it runs from one (`invoke` in the repo, an editable install).
+CHECKOUT = Path(__file__).resolve().parent.parent
 DASHBOARD = "history.html"     # under runs/
-DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
 INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
@@ -71,9 +71,17 @@ def exit_codes():
             signal.signal(signal.SIGTERM, previous)
 
 
+def default_inventory() -> Path:
+    """The inventory used without --inventory: the checkout's hosts.yaml when the package runs from
+    a checkout, else (an installed package) hosts.yaml in the current directory."""
+    if (CHECKOUT / "tasks.py").is_file() and (CHECKOUT / "hosts.yaml").is_file():
+        return CHECKOUT / "hosts.yaml"
+    return Path("hosts.yaml")
+
+
 def load_inventory(inventory: str | None) -> Inventory:
-    """The inventory file given with --inventory, or hosts.yaml beside tasks.py."""
-    return inventory_mod.load(inventory or DEFAULT_INVENTORY)
+    """The inventory file given with --inventory, or the default_inventory()."""
+    return inventory_mod.load(inventory or default_inventory())
 
 
 def load_selection(inventory: str | None, host=None, group=None, all=False,
@@ -167,6 +175,7 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
             if fingerprints and e.fingerprint not in fingerprints:
                 raise KdError(f"{e.known_name} offered {e.key.get_name()} {e.fingerprint}, which is not the "
                               f"fingerprint given ({', '.join(fingerprints)}); nothing pinned", host=host.name) from None
+            assert host.known_hosts is not None     # the inventory gives every host one
             hostkeys.pin(Path(host.known_hosts), e.known_name, e.key)
             out(f"pinned {e.known_name} {e.key.get_name()} {e.fingerprint} in {host.known_hosts}")
             continue
@@ -245,18 +254,19 @@ def _history_path(runs_root: Path, path: str | None) -> Path:
 
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
-    one as `cached`), golden and tests when the plan has them, seconds, the first failure."""
+    one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from . import record
     console.say()
     steps = list(plan.listed)
-    extra = [c for c, step in (("golden", "golden"), ("tests", "test")) if step in steps]
+    extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
     rows = []
     for name, host in run.hosts.items():
         failed = next((f"{step}: {s.message}" for step, s in host.steps.items()
                        if s.status in record.UNFINISHED_STEP_STATUSES), "")
         golden = sum(g.status == "passed" for g in host.golden.values())
         columns = {"golden": f"{golden}/{len(host.golden)}" if host.golden else "-",
-                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"}
+                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-",
+                   "stress": f"{host.stress.passed}/{len(host.stress.cases)}" if host.stress else "-"}
         rows.append([name, host.status.upper() if host.status != "passed" else "passed", host.backend or "-",
                      *[host.steps[s].status if s in host.steps else "-" for s in steps],
                      *[columns[c] for c in extra], f"{host.seconds:.1f}",
@@ -385,31 +395,3 @@ def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> in
     kept = f" and the newest passing nightly {baseline.name}" if baseline else ""
     console.say(f"removed {len(removed)} run(s), kept the newest {keep}{kept}")
     return 0
-
-
-def main() -> None:
-    """kdtree-orch: the tasks of tasks.py, from anywhere (a flag Invoke cannot parse: exit 2)."""
-    from invoke import Collection, Program
-    from invoke.exceptions import ParseError
-
-    class UsageExit2(Program):
-        def parse_core(self, argv):
-            try:
-                return super().parse_core(argv)
-            except ParseError as e:
-                _usage_exit(e)
-
-        def parse_tasks(self):
-            try:
-                return super().parse_tasks()
-            except ParseError as e:
-                _usage_exit(e)
-
-    sys.path.insert(0, str(REPO_ROOT))
-    import tasks
-    UsageExit2(namespace=Collection.from_module(tasks), version="0.1.0", name="kdtree-orch").run()
-
-
-def _usage_exit(error: Exception) -> None:
-    print(error, file=sys.stderr)
-    sys.exit(2)

@@ -19,12 +19,16 @@ from .record import GoldenRecord, Mismatch
 def matrix_row(expected: dict, local: dict, host: dict, outputs: dict) -> dict[str, GoldenRecord]:
     """Every expected bundle's checks for one host, from the four documents (manifests, outputs)."""
     local_bundles, host_bundles = _by_name(local), _by_name(host)
-    engine = outputs.get("bundles") if isinstance(outputs.get("bundles"), dict) else {}
+    engine = outputs.get("bundles")
+    if not isinstance(engine, dict):
+        engine = {}
     expected_bundles = _by_name(expected)
     row = {}
     for name, want in expected_bundles.items():
         golden, margins = list(want.get("golden", [])), want.get("golden_margins")
-        ran = engine.get(name) if isinstance(engine.get(name), dict) else {}
+        ran = engine.get(name)
+        if not isinstance(ran, dict):
+            ran = {}
         checks = [
             _manifest_check("local_vs_expected", want, local_bundles.get(name), margins),
             _manifest_check("host_vs_expected", want, host_bundles.get(name), margins),

@@ -23,10 +23,10 @@ DEFAULT_HOST = "local"
 # The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
 # a local host's remote_dir): it is relative to the folder of the inventory file that names it.
 RELATIVE_RULE = "relative paths resolve against the inventory file's folder"
-STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")     # the one list of steps, in order
+STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench", "stress")     # the one list of steps, in order
 TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
 DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
-                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900}
+                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900, "stress": 600}
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
 PROJECT_KEYS = ("source", "excludes", "commands", "results")
 REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")

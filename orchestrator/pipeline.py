@@ -30,9 +30,12 @@ from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
 
 LOCK_FREE_STEPS = ("preflight",)      # read-only: runs before the host lock is taken
+OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
-# deploy the sync alone, validate and nightly every step, a bisect probe what its question needs.
-COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER,
+# deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
+# probe what its question needs.
+COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
+                 "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
                  "bisect": ("sync", "build", "bundles", "golden", "bench")}
 
 
@@ -42,14 +45,15 @@ class Plan:
     bench may reuse results when nothing they depend on changed."""
 
     command: str = "validate"
-    steps: tuple[str, ...] = ORDER
+    steps: tuple[str, ...] = COMMAND_STEPS["validate"]
     use_cache: bool = True
     max_parallel: int = parallel.MAX_PARALLEL
 
     @property
     def listed(self) -> tuple[str, ...]:
-        """Every step of the command, selected or not (the columns of its summary)."""
-        return COMMAND_STEPS[self.command]
+        """Every step of the command, selected or not, and any opt-in step selected (the columns
+        of its summary)."""
+        return tuple(s for s in ORDER if s in COMMAND_STEPS[self.command] or s in self.steps)
 
     @classmethod
     def of(cls, command: str, **options) -> "Plan":
@@ -59,9 +63,9 @@ class Plan:
     @classmethod
     def choose(cls, steps: str | None = None, skip: str | None = None, command: str = "validate",
                **options) -> "Plan":
-        """The steps named by --steps (default: all) minus those named by --skip (comma lists);
-        UsageError when that leaves none."""
-        chosen = _step_list(steps, "--steps") if steps is not None else list(ORDER)
+        """The steps named by --steps (default: the command's list, which for validate leaves out
+        the opt-in steps) minus those named by --skip (comma lists); UsageError when that leaves none."""
+        chosen = _step_list(steps, "--steps") if steps is not None else list(COMMAND_STEPS[command])
         skipped = _step_list(skip, "--skip") if skip else []
         selected = tuple(s for s in ORDER if s in chosen and s not in skipped)
         if not selected:

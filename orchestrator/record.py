@@ -25,6 +25,8 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                                                 "window_start", "margin"},
                             "detail": "what failed, when no token position says it"}},
         "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
+        "stress": null | the same as "tests": the CUDA tests run under GPU load (the stress step;
+                  its case "load.gpu_load" says whether the load ran throughout),
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
                                      "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...}},
         "build_key": {...} | null, "seconds"}},
@@ -73,6 +75,7 @@ GOLDEN_CHECKS = (
 )
 CHECK_STATUSES = ("passed", "failed", "skipped")
 TEST_STATUSES = ("passed", "failed", "skipped")
+LOAD_CASE = "load.gpu_load"  # the stress results' case saying whether the GPU load ran throughout
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -318,6 +321,7 @@ class HostRecord:
     golden: dict[str, GoldenRecord] = field(default_factory=dict)
     tests: TestsRecord | None = None
     bench: dict | None = None
+    stress: TestsRecord | None = None
     seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
 

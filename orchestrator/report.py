@@ -23,6 +23,7 @@ import jinja2
 from orchestrator.regression import compare
 from orchestrator.record import (
     HOST_STATUSES,
+    LOAD_CASE,
     UNFINISHED_STEP_STATUSES,
     Fingerprint,
     GOLDEN_CHECKS,
@@ -162,6 +163,7 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
         "seconds": sum(s["seconds"] or 0 for s in steps),
         "golden": {text(b, NAME_LIMIT, secrets): _golden_view(g, secrets) for b, g in _dict(host.get("golden")).items()},
         "tests": _tests_view(host.get("tests"), secrets),
+        "stress": _stress_view(host.get("stress"), secrets),
         "bench": _bench_view(host.get("bench"), secrets),
     }
 
@@ -243,6 +245,15 @@ def _tests_view(tests: Any, secrets: list[str]) -> dict | None:
         "failing": [_case_view(c, secrets) for c in failing[:CASES_LIMIT]],
         "failing_cut": max(0, len(failing) - CASES_LIMIT),
     }
+
+
+def _stress_view(stress: Any, secrets: list[str]) -> dict | None:
+    """The tests view of the stress results, with `load`: their load.gpu_load case (None when
+    the results have none: nothing says the tests ran under load)."""
+    view = _tests_view(stress, secrets)
+    if view is not None:
+        view["load"] = next((c for c in view["cases"] if c["name"] == LOAD_CASE), None)
+    return view
 
 
 def _case_view(case: dict, secrets: list[str]) -> dict:
@@ -337,7 +348,7 @@ def _chart(unit: str, metrics: dict[str, list[tuple[str, float]]], colors: dict[
     y = LEGEND_HEIGHT
     groups = []
     for name, bars in items:
-        group = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
+        group: dict[str, Any] = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
         for host, value in bars:
             group["bars"].append({
                 "host": host, "color": colors[host], "y": y, "value": fmt(value),
@@ -419,8 +430,8 @@ def render_html(run: dict, secrets: Iterable[str] = ()) -> str:
 
 
 def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
-    """junit.xml: a testsuite per host, a testcase per step (``step.<name>``) and per engine
-    test (``test.<name>``), classname the host; failures carry the message and the log tail."""
+    """junit.xml: a testsuite per host, a testcase per step (``step.<name>``), per engine test
+    (``test.<name>``) and per test of the stress step (``stress.<name>``), classname the host; failures carry the message and the log tail."""
     v = view(run, secrets)
     root = ET.Element("testsuites", name=f"kdtree {v['command']} {v['run_id']}")
     for host in v["hosts"]:
@@ -432,8 +443,10 @@ def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
             evidence = "\n".join(filter(None, [_golden_summary(host) if step["name"] == "golden" else "", step["tail"]]))
             _junit_case(suite, host["name"], f"step.{step['name']}", step["status"], step["seconds"],
                         step["message"], evidence, step["reused_from"])
-        for case in (host["tests"] or {}).get("cases", []):
-            _junit_case(suite, host["name"], f"test.{case['name']}", case["status"], case["seconds"], case["message"], "")
+        for kind, results in (("test", host["tests"]), ("stress", host["stress"])):
+            for case in (results or {}).get("cases", []):
+                _junit_case(suite, host["name"], f"{kind}.{case['name']}", case["status"], case["seconds"],
+                            case["message"], "")
         _junit_totals(suite)
     _junit_totals(root)
     ET.indent(root)

@@ -178,6 +178,78 @@ def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_
     assert "golden tokens differ" in (run_dir / "report.md").read_text()
 
 
+# The stress command on a CPU build: the same run_tests.sh with the load switch, but without
+# KD_TEST_BACKENDS=cuda (which a CPU build refuses), so that it runs and writes real results.
+STRESS_ON_CPU = "KD_GPU_LOAD=cycle KD_TEST_RESULTS=build/stress_results.json bash scripts/run_tests.sh"
+NO_GPU = "the host has no GPU (preflight found none): nothing to run under GPU load"
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_stress_without_a_gpu_is_skipped_and_the_run_passes(lab, workdir, full_run):
+    """--steps ...,stress on a CPU host: skipped with preflight's no-GPU reason; --steps stress
+    alone (no preflight, no build in the run): the shipped command runs and run_tests.sh refuses
+    the CPU build (exit 2), which is a skip with its reason, not a failure."""
+    run_dir = workdir / "run-stress-skipped"
+    proc = invoke(lab, workdir / "h1.yaml", "--host", "h1", "--steps", "preflight,build,stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert run["status"] == "passed" and steps(run, "h1")["build"] == "cached"
+    assert list(steps(run, "h1"))[-1] == "stress" and run["hosts"]["h1"]["steps"]["stress"]["status"] == "skipped"
+    assert run["hosts"]["h1"]["steps"]["stress"]["message"] == NO_GPU and run["hosts"]["h1"]["stress"] is None
+    assert f"No stress tests ran: h1 skipped ({NO_GPU})." in (run_dir / "report.md").read_text()
+
+    run_dir = workdir / "run-stress-alone"
+    proc = invoke(lab, workdir / "h1.yaml", "--host", "h1", "--steps", "stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    stress = run["hosts"]["h1"]["steps"]["stress"]
+    assert run["status"] == "passed" and stress["status"] == "skipped", stress
+    assert stress["message"] == ("the stress command refused this setup (exit 2): "
+                                 "run_tests.sh: KD_TEST_BACKENDS names cuda, but this is a cpu build")
+    assert "KD_GPU_LOAD=cycle KD_TEST_BACKENDS=cuda" in (run_dir / "h1" / "stress.log").read_text()
+
+
+def test_stress_results_are_recorded_and_reported_with_the_load_status(lab, workdir, second_run, tmp_path):
+    """The stress step's results, from real run_tests.sh runs on CPU builds (STRESS_ON_CPU): on h1
+    every test passes but load.gpu_load is skipped (no CUDA backend to load), which is no stress
+    test: failed; on h2 (whose regenerated manifest has a flipped golden token) tests fail. Both
+    results are in run.json, the summary, report.md, report.html and junit.xml."""
+    data = yaml.safe_load((workdir / "h1h2.yaml").read_text())
+    data["project"]["commands"]["stress"] = STRESS_ON_CPU
+    inventory = workdir / "h1h2-stress.yaml"
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    run_dir = workdir / "run-stress-cpu"
+    proc = invoke(lab, inventory, "--host", "h1", "--host", "h2", "--steps", "stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    h1, h2 = run["hosts"]["h1"], run["hosts"]["h2"]
+    assert h1["steps"]["stress"]["status"] == h2["steps"]["stress"]["status"] == "failed"
+    assert h1["stress"]["failed"] == 0 and h1["stress"]["passed"] >= 10
+    load = next(c for c in h1["stress"]["cases"] if c["name"] == "load.gpu_load")
+    assert load["status"] == "skipped" and "no CUDA backend is tested here" in load["message"]
+    assert h1["steps"]["stress"]["message"].startswith(
+        "the stress tests passed, but load.gpu_load is skipped: nothing shows they ran under GPU load")
+    failing = [c["name"] for c in h2["stress"]["cases"] if c["status"] == "failed"]
+    assert "model.cpu.tiny_fp32.ar_equals_manifest_golden" in failing and h2["stress"]["failed"] == len(failing)
+    assert h2["steps"]["stress"]["message"].startswith(f"{len(failing)} of {len(h2['stress']['cases'])} stress tests failed")
+    assert (run_dir / "h1" / "stress_results.json").is_file()
+
+    summary = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith(("h1 ", "h2 "))}
+    assert summary["h1"][:3] == ["h1", "FAILED", "-"] and f"{h1['stress']['passed']}/{len(h1['stress']['cases'])}" in summary["h1"]
+    md = (run_dir / "report.md").read_text()
+    assert (f"| h1 | failed | {h1['stress']['passed']} | 0 | {h1['stress']['skipped']} | skipped: KD_GPU_LOAD=cycle: "
+            "no CUDA backend is tested here") in md
+    assert "Failing under load on **h2**:" in md and "`model.cpu.tiny_fp32.ar_equals_manifest_golden` failed" in md
+    html = dom(tmp_path, run_dir / "report.html")
+    assert 'id="stress"' in html and 'data-test="model.cpu.tiny_fp32.ar_equals_manifest_golden"' in html
+    suites = {s.get("name"): s for s in ET.parse(run_dir / "junit.xml").getroot().iter("testsuite")}
+    for name, host in (("h1", h1), ("h2", h2)):
+        cases = {c.get("name"): c for c in suites[name].iter("testcase") if c.get("name").startswith("stress.")}
+        assert len(cases) == len(host["stress"]["cases"])
+    assert suites["h1"].find("testcase[@name='stress.load.gpu_load']/skipped") is not None
+    assert suites["h2"].find("testcase[@name='stress.model.cpu.tiny_fp32.ar_equals_manifest_golden']/failure") is not None
+
+
 def test_a_failing_build_shows_the_compiler_error(lab, workdir, full_run):
     broken = workdir / "broken-engine"
     shutil.copytree(workdir / "engine_src", broken, ignore=COPY_IGNORE)
@@ -336,6 +408,10 @@ def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run
     assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
     run = load_run(run_dir)
     assert run["command"] == "nightly" and run["status"] == "passed"
+    stress = run["hosts"]["h1"]["steps"]["stress"]          # nightly runs the stress step, last
+    assert list(run["hosts"]["h1"]["steps"])[-1] == "stress" and stress["status"] == "skipped"
+    if shutil.which("nvidia-smi") is None:
+        assert stress["message"] == NO_GPU
     assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
     assert f"REGRESSION h1 {metric}" in proc.stdout
     assert metric in (run_dir / "report.md").read_text()

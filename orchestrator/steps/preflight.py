@@ -24,13 +24,13 @@ def run(ctx: StepContext) -> Outcome:
 def fingerprint(facts: dict[str, list[str]]) -> Fingerprint:
     """GPU model, count, compute capability, driver, nvcc, CPU and GPU load from the probe's facts."""
     gpus = [[part.strip() for part in line.split(",")] for line in facts.get("gpu", [])]
-    first = gpus[0] if gpus else [None, None, None]
+    first: list[str | None] = list(gpus[0]) if gpus else [None, None, None]
     cap = first[1] if len(first) > 1 else None
     busy = facts.get("gpu_busy")
     return Fingerprint(
         gpu=first[0], gpu_count=len(gpus), compute_capability=cap,
         driver=first[2] if len(first) > 2 else None,
-        nvcc=(facts.get("nvcc_version") or [None])[0],
+        nvcc=next(iter(facts.get("nvcc_version") or []), None),
         arch=f"sm_{cap.replace('.', '')}" if cap else None,
         gpus_busy=(busy[0] == "yes") if busy else None,
-        cpu=(facts.get("cpu") or [None])[0])
+        cpu=next(iter(facts.get("cpu") or []), None))
