@@ -193,10 +193,12 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
 
 def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
              skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
-             command: str = "validate", baseline: str | None = None, history: str | None = None) -> int:
-    """Run the pipeline's steps (--steps/--skip) on the hosts; see run_plan."""
-    from . import pipeline
-    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache)
+             command: str = "validate", baseline: str | None = None, history: str | None = None,
+             gpus: str | None = None) -> int:
+    """Run the pipeline's steps (--steps/--skip) on the hosts, on the GPUs --gpus asks for (over
+    each host's gpu_policy and gpu_count); see run_plan."""
+    from . import gpus as gpus_mod, pipeline
+    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus))
     return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline, history=history)
 
 

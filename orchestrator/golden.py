@@ -13,6 +13,8 @@ the reference's top-1/top-2 logit margin there (the manifest's golden_margins).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .record import GoldenRecord, Mismatch
 
 
@@ -53,6 +55,18 @@ def failures(row: dict[str, GoldenRecord]) -> list[str]:
         where = f" (first at position {rec.mismatch.position})" if rec.mismatch else f" ({rec.detail})"
         lines.append(f"{name}: {failed}{where}")
     return lines
+
+
+def merge_gpu_rows(rows: dict[int, dict[str, GoldenRecord]]) -> dict[str, GoldenRecord]:
+    """A host's row from its rows per GPU (index -> row): a bundle failed on any GPU is the first
+    such GPU's record, its detail naming the GPU; otherwise the first GPU's."""
+    merged: dict[str, GoldenRecord] = {}
+    for index, row in sorted(rows.items()):
+        for name, rec in row.items():
+            if name not in merged or (rec.status == "failed" and merged[name].status != "failed"):
+                detail = f"GPU {index}: {rec.detail}" if rec.status == "failed" else rec.detail
+                merged[name] = dataclasses.replace(rec, detail=detail)
+    return merged
 
 
 def _by_name(manifest: dict) -> dict[str, dict]:

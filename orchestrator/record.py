@@ -17,9 +17,13 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "backend": "cpu|cuda|null", "deployed_tree_hash", "binary_tree_hash",
         "fingerprint": {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch",
                         "gpus_busy", "cpu"},
+        "gpus": [{"index", "uuid", "name", "memory_used_mib", "memory_total_mib", "utilization_pct",
+                  "compute_cap", "pci_bus_id", "processes": [{"pid", "name", "used_mib"}], "busy"}],
+        "selected_gpus": [INDEX, ...] (the GPUs the run claimed and pinned its engine commands to),
         "steps": {STEP: {"status": "passed|failed|timeout|interrupted|skipped|cached", "seconds",
                          "log": "<host>/<step>.log", "message", "tail",
-                         "reused_from": null | RUN_ID (a cached step: the run whose result it reused)}},
+                         "reused_from": null | RUN_ID (a cached step: the run whose result it reused),
+                         "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
@@ -28,7 +32,13 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "stress": null | the same as "tests": the CUDA tests run under GPU load (the stress step;
                   its case "load.gpu_load" says whether the load ran throughout),
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
-                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...}},
+                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...},
+                  "gpu": null | {"index", "uuid", "co_tenants": [{"pid", "name", "max_used_mib", "samples"}],
+                                 "samples"}},
+        "gpu_runs": [{"gpu": INDEX, "uuid", "results_dir", "golden": {BUNDLE: as "golden"},
+                      "golden_status": "passed|failed|null", "tests": {"passed", "failed", "skipped",
+                      "failed_names"} | null, "tests_status": "passed|failed|null", "message"}]
+                    (golden and test once per selected GPU, each pinned to its GPU),
         "build_key": {...} | null, "seconds"}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
@@ -134,6 +144,7 @@ class StepRecord:
     message: str = ""
     tail: str = ""
     reused_from: str | None = None
+    cuda_visible_devices: list[str] | None = None
 
 
 @dataclass
@@ -307,6 +318,21 @@ def short_text(value: Any, limit: int) -> str:
 
 
 @dataclass
+class GpuRun:
+    """Golden and test on one selected GPU of a host (each GPU's run pinned to it alone, its
+    results in its own folder on the host): a column of the hosts x GPUs x bundles matrix."""
+
+    gpu: int
+    uuid: str
+    results_dir: str
+    golden: dict[str, GoldenRecord] = field(default_factory=dict)
+    golden_status: str | None = None
+    tests: dict | None = None           # passed, failed, skipped, failed_names (the first few)
+    tests_status: str | None = None
+    message: str = ""
+
+
+@dataclass
 class HostRecord:
     """Everything one run learned about one host."""
 
@@ -322,6 +348,9 @@ class HostRecord:
     tests: TestsRecord | None = None
     bench: dict | None = None
     stress: TestsRecord | None = None
+    gpus: list[dict] = field(default_factory=list)
+    selected_gpus: list[int] = field(default_factory=list)
+    gpu_runs: list[GpuRun] = field(default_factory=list)
     seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
 

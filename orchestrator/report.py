@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import jinja2
 
+from orchestrator import gpus as gpus_mod
 from orchestrator.regression import compare
 from orchestrator.record import (
     HOST_STATUSES,
@@ -52,6 +53,7 @@ DETAILS_LIMIT = 4000
 CASES_LIMIT = 200  # failing engine tests listed per host
 METRICS_LIMIT = 200
 CHART_ROWS_LIMIT = 40
+GPUS_LIMIT = 64           # GPUs, and co-tenant processes, listed per host
 
 FINGERPRINT_KEYS = [f.name for f in fields(Fingerprint)]
 
@@ -128,6 +130,8 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in HOST_STATUSES},
         "steps": sorted(_unique(s["name"] for h in hosts for s in h["steps"]), key=step_order),
         "bundles": _unique(b for h in hosts for b in h["golden"]),
+        "golden_rows": [row for h in hosts for row in _golden_rows(h)],
+        "gpu_hosts": [h for h in hosts if h["gpus"]],
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
@@ -165,7 +169,55 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
         "tests": _tests_view(host.get("tests"), secrets),
         "stress": _stress_view(host.get("stress"), secrets),
         "bench": _bench_view(host.get("bench"), secrets),
+        "gpus": _gpus_view(host, secrets),
+        "gpu_runs": [_gpu_run_view(r, secrets) for r in _list(host.get("gpu_runs"))[:GPUS_LIMIT] if isinstance(r, dict)],
     }
+
+
+def _golden_rows(host: dict) -> list[dict]:
+    """The host's rows of the golden matrix: one per GPU it ran on (hosts x GPUs x bundles), or one."""
+    per_gpu = [r for r in host["gpu_runs"] if r["golden"]]
+    if per_gpu:
+        return [{"label": f"{host['name']} GPU {r['gpu']}", "key": f"{host['name']}-gpu{r['gpu']}", "golden": r["golden"]}
+                for r in per_gpu]
+    return [{"label": host["name"], "key": host["name"], "golden": host["golden"]}]
+
+
+def _gpus_view(host: dict, secrets: list[str]) -> dict | None:
+    """The host's GPU table (gpus.table_rows) with what the run selected; None without GPUs."""
+    records = []
+    for g in _list(host.get("gpus"))[:GPUS_LIMIT]:
+        g = _dict(g)
+        records.append({
+            "index": _whole(g.get("index")), "name": text(g.get("name"), NAME_LIMIT, secrets),
+            **{k: _whole(g.get(k)) for k in ("memory_used_mib", "memory_total_mib", "utilization_pct")},
+            "busy": g.get("busy") is True,
+            "processes": [{"pid": _whole(p.get("pid")), "name": text(p.get("name"), NAME_LIMIT, secrets),
+                           "used_mib": _whole(p.get("used_mib"))}
+                          for p in map(_dict, _list(g.get("processes"))[:GPUS_LIMIT])],
+        })
+    if not records:
+        return None
+    selected = [i for i in map(_whole, _list(host.get("selected_gpus"))) if i is not None]
+    return {"header": gpus_mod.TABLE_HEADER, "rows": gpus_mod.table_rows(records, selected), "selected": selected}
+
+
+def _gpu_run_view(run: dict, secrets: list[str]) -> dict:
+    tests = _dict(run.get("tests"))
+    return {
+        "gpu": _whole(run.get("gpu")),
+        "uuid": text(run.get("uuid"), NAME_LIMIT, secrets),
+        "golden": {text(b, NAME_LIMIT, secrets): _golden_view(g, secrets) for b, g in _dict(run.get("golden")).items()},
+        "golden_status": _status(run.get("golden_status"), ("passed", "failed"), "—"),
+        "tests": {k: _whole(tests.get(k)) or 0 for k in ("passed", "failed", "skipped")} if tests else None,
+        "tests_status": _status(run.get("tests_status"), ("passed", "failed"), "—"),
+        "message": text(run.get("message"), MESSAGE_LIMIT, secrets),
+    }
+
+
+def _whole(value: Any) -> int | None:
+    number = finite_number(value)
+    return int(number) if number is not None and number.is_integer() else None
 
 
 def _fingerprint_value(value: Any, secrets: list[str]) -> str:
@@ -277,7 +329,13 @@ def _bench_view(bench: Any, secrets: list[str]) -> dict | None:
             "better": "lower" if m.get("better") == "lower" else "higher",
         }
     details = bench.get("details")
-    return {"metrics": metrics, "details": text(json.dumps(details, indent=1, default=str), DETAILS_LIMIT, secrets) if details else ""}
+    gpu = _dict(bench.get("gpu"))
+    return {"metrics": metrics, "details": text(json.dumps(details, indent=1, default=str), DETAILS_LIMIT, secrets) if details else "",
+            "gpu": {"index": _whole(gpu.get("index")), "uuid": text(gpu.get("uuid"), NAME_LIMIT, secrets),
+                    "samples": _whole(gpu.get("samples")) or 0,
+                    "co_tenants": [{"pid": _whole(p.get("pid")), "name": text(p.get("name"), NAME_LIMIT, secrets),
+                                    "max_used_mib": _whole(p.get("max_used_mib"))}
+                                   for p in map(_dict, _list(gpu.get("co_tenants"))[:GPUS_LIMIT])]} if gpu else None}
 
 
 def _regression_view(reg: dict, secrets: list[str]) -> dict:

@@ -74,28 +74,30 @@ STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build
                        "nightly adds stress; validate runs stress when named here)",
              "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",
              "no_cache": "rebuild and regenerate even when nothing changed",
-             "history": "the benchmark history file (default: runs/history.sqlite)"}
+             "history": "the benchmark history file (default: runs/history.sqlite)",
+             "gpus": "GPUs per host, over gpu_policy/gpu_count: a count (2), all (every GPU the policy allows), "
+                     "or indices (0,3; one index as 3,)"}
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
 def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
-             no_cache=False, history=None):
+             no_cache=False, history=None, gpus=None):
     """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, history=history))
+                                     no_cache=no_cache, history=history, gpus=gpus))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
                                "baseline": "compare with this baseline file by a fixed ratio instead of the history"})
 def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
-            skip=None, no_cache=False, history=None):
+            skip=None, no_cache=False, history=None, gpus=None):
     """Validate every host but `local` (or the selection) and flag benchmark regressions from history (exit 3)."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, command="nightly", baseline=baseline, history=history))
+                                     no_cache=no_cache, command="nightly", baseline=baseline, history=history, gpus=gpus))
 
 
 @task(help={"rebuild": "reindex the history from the run directories under runs/", "html": "write runs/history.html",

@@ -96,6 +96,35 @@ def test_rebuild_is_incremental(engine_run):
     assert info["key"]["backend"] == "cpu"
 
 
+def test_generate_into_a_results_dir_without_building(engine_run):
+    """KD_RESULTS_DIR and KD_NO_BUILD: what one of several runs at once (one per GPU) uses."""
+    copy, _ = engine_run
+    env = {**_env(), "KD_RESULTS_DIR": "build/gpu-3", "KD_NO_BUILD": "1"}
+    before = (copy / "build" / "kdtree").stat().st_mtime_ns
+    subprocess.run(["bash", "scripts/generate.sh"], cwd=copy, env=env, capture_output=True, text=True, check=True,
+                   timeout=300)
+    outputs = json.loads((copy / "build" / "gpu-3" / "outputs.json").read_text())
+    manifest = json.loads((copy / "tests" / "refs" / "manifest.json").read_text())
+    assert {name: o["ar"] for name, o in outputs["bundles"].items()} == {b["name"]: b["golden"] for b in manifest["bundles"]}
+    assert (copy / "build" / "kdtree").stat().st_mtime_ns == before
+
+
+def test_no_build_refuses_a_missing_build(tmp_path):
+    copy = tmp_path / "engine_src"
+    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree"))
+    env = {**_env(), "KD_RESULTS_DIR": "build/gpu-0", "KD_NO_BUILD": "1"}
+    gen = subprocess.run(["bash", "scripts/generate.sh"], cwd=copy, env=env, capture_output=True, text=True, timeout=60)
+    assert gen.returncode == 2
+    assert "generate.sh: build/kdtree is missing and KD_NO_BUILD is set" in gen.stderr
+    tests = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert tests.returncode == 1 and tests.stdout.strip().splitlines()[-1] == "1 TESTS FAILED"
+    results = json.loads((copy / "build" / "gpu-0" / "test_results.json").read_text())
+    assert [(t["name"], t["status"], t["message"]) for t in results["tests"]] == \
+        [("build", "failed", "exit 1: build/kdtree or build/test_ops is missing and KD_NO_BUILD is set ")]
+    assert not (copy / "build" / "kdtree").exists()
+
+
 def _build(copy: Path, **env) -> dict:
     subprocess.run(["bash", "scripts/build.sh"], cwd=copy, env={**_env(), **env}, capture_output=True, text=True,
                    check=True, timeout=600)

@@ -48,9 +48,10 @@ def test_record_serialises_to_the_documented_schema():
     host = data["hosts"]["local"]
     assert list(host["steps"]) == list(rec.STEPS)  # pipeline order whatever the insertion order
     assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
-                                      "reused_from": "20261128-010000-bbbb"}
+                                      "reused_from": "20261128-010000-bbbb", "cuda_visible_devices": None}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
-                         "fingerprint", "steps", "golden", "tests", "bench", "stress", "build_key", "seconds"}
+                         "fingerprint", "steps", "golden", "tests", "bench", "stress", "gpus", "selected_gpus",
+                         "gpu_runs", "build_key", "seconds"}
     assert set(host["fingerprint"]) == {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch", "gpus_busy", "cpu"}
     assert host["golden"]["tiny_fp32"]["mismatch"] is None
     assert host["tests"]["cases"][0] == {"name": "op_rope", "status": "passed", "seconds": 0.1, "message": ""}

@@ -22,9 +22,10 @@ def run(ctx: StepContext) -> Outcome:
         version = _checked_version(ctx, tree)
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
-    result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
-    version = _checked_version(ctx, tree)
-    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+    with ctx.changing():
+        result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
+        version = _checked_version(ctx, tree)
+        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))
