@@ -37,9 +37,11 @@ from .steps import preflight as preflight_step
 
 OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
-# deploy the sync alone, validate every step but the opt-in ones, nightly every step.
+# deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
+# probe what its question needs.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
-                 "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER}
+                 "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
+                 "bisect": ("sync", "build", "bundles", "golden", "bench")}
 
 
 @dataclasses.dataclass(frozen=True)

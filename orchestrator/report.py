@@ -136,6 +136,7 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
         "regressions": regressions,
+        "dashboard": _dashboard_link(run.get("history"), secrets),
         "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in UNFINISHED_STEP_STATUSES],
         "reused": [(h, s) for h in hosts for s in h["steps"] if s["reused_from"]],
         "generated": utc_now(),
@@ -347,7 +348,19 @@ def _regression_view(reg: dict, secrets: list[str]) -> dict:
         "value": finite_number(reg.get("value")),
         "ratio": finite_number(reg.get("ratio")),
         "threshold": finite_number(reg.get("threshold")),
+        "method": text(reg.get("method") or "baseline", 20, secrets),
+        "reason": text(_dict(reg.get("evidence")).get("reason"), 600, secrets),
+        "since_run": text(reg.get("since_run"), NAME_LIMIT, secrets),
+        "bisect": text(reg.get("bisect"), 600, secrets),
     }
+
+
+def _dashboard_link(history: Any, secrets: list[str]) -> str | None:
+    """The trend dashboard's path relative to the run directory (a plain relative path only)."""
+    link = text(_dict(history).get("dashboard"), 400, secrets)
+    if not link or link.startswith(("/", "\\")) or ":" in link or not link.endswith(".html"):
+        return None
+    return link
 
 
 def _metric_rows(hosts: list[dict], regressions: list[dict]) -> list[dict]:

@@ -74,29 +74,49 @@ STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build
                        "nightly adds stress; validate runs stress when named here)",
              "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",
              "no_cache": "rebuild and regenerate even when nothing changed",
+             "history": "the benchmark history file (default: runs/history.sqlite)",
              "gpus": "GPUs per host, over gpu_policy/gpu_count: a count (2), all (every GPU the policy allows), "
                      "or indices (0,3; one index as 3,)"}
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
 def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
-             no_cache=False, gpus=None):
+             no_cache=False, history=None, gpus=None):
     """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, gpus=gpus))
+                                     no_cache=no_cache, history=history, gpus=gpus))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
-                               "baseline": "a baseline file (default: the last good nightly run)"})
+                               "baseline": "compare with this baseline file by a fixed ratio instead of the history"})
 def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
-            skip=None, no_cache=False, gpus=None):
-    """Validate every host but `local` (or the selection) and flag benchmark regressions (exit 3)."""
+            skip=None, no_cache=False, history=None, gpus=None):
+    """Validate every host but `local` (or the selection) and flag benchmark regressions from history (exit 3)."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, command="nightly", baseline=baseline, gpus=gpus))
+                                     no_cache=no_cache, command="nightly", baseline=baseline, history=history, gpus=gpus))
+
+
+@task(help={"rebuild": "reindex the history from the run directories under runs/", "html": "write runs/history.html",
+            "history": STEP_HELP["history"], "inventory": SELECT_HELP["inventory"]})
+def history(c, rebuild=False, html=False, history=None, inventory=None):
+    """The benchmark history: every series' latest verdict; --rebuild reindexes, --html writes the dashboard."""
+    with cli.exit_codes():
+        raise Exit(code=cli.history(cli.load_inventory(_inventory(c, inventory)), Console(), history, rebuild, html))
+
+
+@task(help={"host": "the host that builds and measures each commit", "good": "a revision known good",
+            "bad": "a revision known bad", "metric": "the benchmark metric that regressed",
+            "golden": "find the first commit whose golden check fails", "inventory": SELECT_HELP["inventory"]})
+def bisect(c, host=None, good=None, bad=None, metric=None, golden=False, inventory=None):
+    """Find the first bad commit between --good and --bad (a git worktree; your checkout is never touched)."""
+    with cli.exit_codes():
+        inv = cli.load_inventory(_inventory(c, inventory))
+        raise Exit(code=cli.bisect(inv, cli.load_host(_inventory(c, inventory), host, "bisect"), Console(), good, bad,
+                                   metric, golden))
 
 
 @task(help={"run": "a run id, a run directory or latest (default: the newest validate or nightly run)", "out": "the baseline file to write",

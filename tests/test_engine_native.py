@@ -123,3 +123,34 @@ def test_no_build_refuses_a_missing_build(tmp_path):
     assert [(t["name"], t["status"], t["message"]) for t in results["tests"]] == \
         [("build", "failed", "exit 1: build/kdtree or build/test_ops is missing and KD_NO_BUILD is set ")]
     assert not (copy / "build" / "kdtree").exists()
+
+
+def _build(copy: Path, **env) -> dict:
+    subprocess.run(["bash", "scripts/build.sh"], cwd=copy, env={**_env(), **env}, capture_output=True, text=True,
+                   check=True, timeout=600)
+    return json.loads((copy / "build" / "build_info.json").read_text())
+
+
+def test_returning_to_an_earlier_tree_restores_its_build_without_compiling(engine_run):
+    copy, _ = engine_run
+    source = copy / "src" / "version.cpp"
+    original = source.read_text()
+    first = _build(copy)
+    try:
+        source.write_text(original + "\n// a comment-only change\n")
+        changed = _build(copy)
+        assert changed["tree"] != first["tree"] and "src/version.cpp" in changed["rebuilt"]
+        source.write_text(original)
+        back = _build(copy)
+        assert back["tree"] == first["tree"] and back["rebuilt"] == [] and back["restored"].startswith("build/trees/")
+        version = subprocess.run([str(copy / "build" / "kdtree"), "--version"], capture_output=True, text=True, check=True)
+        assert f"tree={first['tree']}" in version.stdout
+        source.write_text(original + "\n// a comment-only change\n")
+        assert _build(copy)["restored"]                               # both trees are kept
+        source.write_text(original)
+        again = _build(copy, KD_BUILD_CACHE="1")                       # keep one: the other tree is evicted
+        assert again["tree"] == first["tree"]
+        assert [p.name.split("-")[0] for p in (copy / "build" / "trees").iterdir()] == [first["tree"]]
+    finally:
+        source.write_text(original)
+    assert _build(copy)["tree"] == first["tree"]

@@ -8,6 +8,7 @@ import threading
 from .. import gpus
 from ..errors import KdError
 from ..record import bench_from_engine
+from .build import build_key
 from .context import Outcome, StepContext
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
@@ -27,6 +28,7 @@ def run(ctx: StepContext) -> Outcome:
         ctx.engine("bench")
         data = ctx.pull_json("bench")
         ctx.record.bench = bench_from_engine(data)
+        _annotate(ctx, busy=bool(ctx.record.fingerprint.gpus_busy))
         ctx.stamp_result(data)
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
     gpu = ctx.gpus[0]
@@ -36,12 +38,23 @@ def run(ctx: StepContext) -> Outcome:
     others = gpus.co_tenants(sampler.samples, gpu.uuid, ctx.host.remote_dir.rstrip("/") + "/")
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
                                "samples": len(sampler.samples)}
+    _annotate(ctx, busy=bool(others) or bool(ctx.record.fingerprint.gpus_busy))
     metrics = f"{len(ctx.record.bench['metrics'])} metrics on GPU {gpu.index}"
     if not others:
         return Outcome("passed", f"{metrics}, alone on it ({len(sampler.samples)} looks)")
     names = ", ".join(f"pid {p['pid'] if p['pid'] is not None else '?'} {p['name']}" for p in others[:5])
     ctx.log(f"co-tenants on GPU {gpu.index} while the benchmarks ran: {names}")
     return Outcome("passed", f"{metrics}, NOISY: {len(others)} other process(es) on the GPU meanwhile ({names})")
+
+
+def _annotate(ctx: StepContext, busy: bool) -> None:
+    """Mark every metric noisy when another process used the GPUs meanwhile, and record the build
+    key when the build step did not run (the history files points by it)."""
+    if busy:
+        for metric in ctx.record.bench["metrics"].values():
+            metric["noisy"] = True
+    if ctx.record.build_key is None:
+        ctx.record.build_key = build_key(ctx)
 
 
 class _Sampler:

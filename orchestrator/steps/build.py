@@ -8,23 +8,26 @@ from .. import state
 from .context import Outcome, StepContext, StepError
 
 STAMP = "build.json"
+RESTORED = "(restored from build/trees/"      # what build.sh prints when its tree cache had the build
 
 
 def run(ctx: StepContext) -> Outcome:
     """Build unless the stamp of the last successful build matches (tree hash + build key);
     without the cache (--no-cache) the engine rebuilds from scratch."""
     tree = ctx.tree_hash()
-    key = {"tree": tree, "build": _build_key(ctx)}
-    ctx.cache_keys["build"] = key["build"]
+    key = {"tree": tree, "build": build_key(ctx)}
+    ctx.cache_keys["build"] = ctx.record.build_key = key["build"]
     stamp = state.read_json(ctx.transport, STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _checked_version(ctx, tree)
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.changing():
-        ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
+        result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
         state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+    if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
+        return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))
 
 
@@ -43,12 +46,16 @@ def parse_version(line: str) -> dict[str, str]:
     return {"version": words[1], **fields}
 
 
-def _build_key(ctx: StepContext) -> dict:
+def build_key(ctx: StepContext) -> dict:
+    """The engine's build key on the host (compilers, flags, arch: what build.sh --key prints)."""
     text = ctx.engine_output("build_key")
     try:
-        return json.loads(text)
+        key = json.loads(text)
     except ValueError:
         raise StepError("the build key is not JSON", host=ctx.host.name, tail=text) from None
+    if not isinstance(key, dict):
+        raise StepError("the build key is not a JSON object", host=ctx.host.name, tail=text)
+    return key
 
 
 def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:
