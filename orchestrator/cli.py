@@ -61,7 +61,8 @@ def exit_codes():
     try:
         yield
     except KdError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from .safe_text import visible      # the error may quote a host's output
+        print(f"error: {visible(str(e))}", file=sys.stderr)
         raise Exit(code=e.exit_code) from None
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)

@@ -1,5 +1,11 @@
 """Console output: every line prefixed by its host, copied to a per-host log file; summary tables.
 
+What a host sends is data, never terminal control: every line shown or logged goes through
+safe_text.visible (control characters, escape sequences and lone carriage returns written as
+visible escapes such as `\x1b`), so each line starts with its host's prefix; on a terminal, a line
+longer than the terminal is wide is cut into pieces that each get the prefix too (the terminal's
+own wrapping would start a visual line without it).
+
     console = Console(log_dir=run_dir)        # log_dir None: no log files
     out = console.host("ct200")               # a callable: out("building ...")
     console.say("3 hosts")                    # an unprefixed line
@@ -7,48 +13,65 @@
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Sequence, TextIO
+
+from . import ownership
+from .safe_text import visible
 
 
 class Console:
     """Thread-safe, line-buffered output shared by the hosts of a run."""
 
-    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0):
+    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0,
+                 columns: int | None = None):
         self.stream = stream if stream is not None else sys.stdout
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.width = width
+        self.width = width          # host names are padded to this width
+        self.columns = columns      # the terminal's width (None: asked of the terminal, 0: no wrapping)
         self._lock = threading.Lock()
         self._logs: dict[str, TextIO] = {}
 
     def host(self, name: str) -> "HostOutput":
         """The output of one host: prefixed lines on the console and in `<log_dir>/<name>.log`."""
         if self.log_dir is not None and name not in self._logs:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
+            ownership.private_dir(self.log_dir, "log directory")
+            self._logs[name] = ownership.private_open(self.log_dir / f"{name}.log", "a")
         return HostOutput(self, name)
 
     def say(self, text: str = "") -> None:
+        """Unprefixed lines (control characters made visible)."""
         with self._lock:
-            print(text, file=self.stream, flush=True)
+            print(visible(str(text)), file=self.stream, flush=True)
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
         """A plain aligned table (the summary of a run)."""
-        cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+        cells = [list(map(str, header))] + [[" ".join(visible(str(c)).split()) for c in row] for row in rows]
         widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
         lines.insert(1, "  ".join("-" * w for w in widths))
         self.say("\n".join(lines))
 
     def _line(self, name: str, text: str) -> None:
+        text = visible(text)
+        prefix = f"[{name.ljust(self.width)}] "
         with self._lock:
-            print(f"[{name.ljust(self.width)}] {text}", file=self.stream, flush=True)
+            for piece in _pieces(text.expandtabs(), self._columns() - len(prefix)):
+                print(prefix + piece, file=self.stream, flush=True)
             log = self._logs.get(name)
             if log is not None:
                 log.write(text + "\n")
                 log.flush()
+
+    def _columns(self) -> int:
+        if self.columns is not None:
+            return self.columns
+        isatty = getattr(self.stream, "isatty", None)
+        return shutil.get_terminal_size().columns if isatty and isatty() else 0
 
     def close(self) -> None:
         with self._lock:
@@ -64,5 +87,22 @@ class HostOutput:
         self.console, self.name = console, name
 
     def __call__(self, text: str) -> None:
-        for line in str(text).splitlines() or [""]:
+        for line in str(text).split("\n"):      # only newlines: any other line break is escaped
             self.console._line(self.name, line)
+
+
+def _pieces(text: str, room: int) -> list[str]:
+    """`text` cut into pieces no wider than `room` terminal columns (wide characters count 2,
+    combining ones 0); room too small to be useful (or 0: not a terminal): `text` whole."""
+    if room < 20 or len(text) <= room and text.isascii():
+        return [text]
+    if text.isascii():          # one column each: plain slices (a long line needs no per-character loop)
+        return [text[i:i + room] for i in range(0, len(text), room)]
+    pieces, start, used = [], 0, 0
+    for i, ch in enumerate(text):
+        w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        if used + w > room:
+            pieces.append(text[start:i])
+            start, used = i, 0
+        used += w
+    return pieces + [text[start:]]

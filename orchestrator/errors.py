@@ -14,7 +14,12 @@ KNOWN_CAUSES = ("No space left on device", "Disk quota exceeded", "Read-only fil
 
 def cause_of(output: str) -> str | None:
     """The well-known cause of a failure found in a command's output (e.g. `No space left on
-    device`), so that the message says why and not only that it failed; None if there is none."""
+    device`, or the ownership check's refusal), so that the message says why and not only that it
+    failed; None if there is none."""
+    from .ownership import refusal      # here: ownership's errors come from this module
+    refused = refusal(output)
+    if refused:
+        return f"unsafe: {refused}"
     for cause in KNOWN_CAUSES:
         if cause.lower() in output.lower():
             return cause

@@ -70,7 +70,9 @@ def changed(host: str, name: str, key, expected: str, where: str) -> HostKeyErro
 
 
 class VerifyPolicy(RejectPolicy):
-    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted."""
+    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted
+    (and remembered in `accepted` so system ssh can be given the same key); any other key of a
+    host with a pinned fingerprint is a changed key."""
 
     def __init__(self, host: str, pinned: str | None, hop: bool):
         self.host, self.pinned, self.hop = host, pinned, hop
@@ -78,4 +80,6 @@ class VerifyPolicy(RejectPolicy):
     def missing_host_key(self, client, hostname, key):
         if self.pinned and fingerprint(key) == self.pinned:
             return
+        if self.pinned:         # a key that contradicts host_key: is changed, never merely unknown (trust pins no such key)
+            raise changed(self.host, hostname, key, self.pinned, "host_key: in the inventory")
         raise unknown(self.host, hostname, key, self.hop)

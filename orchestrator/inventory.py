@@ -32,6 +32,9 @@ PROJECT_KEYS = ("source", "excludes", "commands", "results")
 REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
 GROUP_KEYS = ("description",)
 
+MAX_NAME = 64           # host and group names (they name files and folders of the run)
+MAX_VALUE = 1024        # any other string value
+MAX_TIMEOUT = 7 * 86400     # seconds; also refuses .nan and .inf (.inf would mean no timeout)
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]+)\Z")
 _JUMP_HOP = re.compile(r"(?:([A-Za-z0-9_][A-Za-z0-9_.-]*)@)?([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::(\d{1,5}))?\Z")
@@ -199,6 +202,9 @@ def parse(data: Any, path: Path) -> Inventory:
         if not isinstance(name, str) or not _NAME.match(name):
             raise InventoryError(path, "a host name may use letters, digits, '_', '.', '-' and may not start with '-'",
                                  host=str(name))
+        if len(name) > MAX_NAME:
+            raise InventoryError(path, f"a host name is at most {MAX_NAME} characters, not {len(name)}",
+                                 host=name[:MAX_NAME] + "...")
         entry = v.mapping(entry if entry is not None else {}, name, None, "a mapping")
         hosts[name] = v.host(name, {**defaults, **entry, "timeouts": {
             **v.mapping(defaults.get("timeouts", {}), "defaults", "timeouts", "a mapping"),
@@ -259,6 +265,8 @@ class _Validator:
             self.fail(host, key, "must not contain a newline")
         if value.startswith("-"):
             self.fail(host, key, "must not start with '-'")
+        if len(value) > MAX_VALUE:
+            self.fail(host, key, f"must be at most {MAX_VALUE} characters, not {len(value)}")
         if pattern is not None and not pattern.match(value):
             self.fail(host, key, f"{value!r} is not {what}")
         return value
@@ -369,6 +377,8 @@ class _Validator:
             if not isinstance(groups, list):
                 self.fail(name, "groups", f"must be a list, not {_type(groups)}")
             values["groups"] = tuple(self.string(g, name, "groups", _NAME, "a group name") for g in groups)
+            if any(len(g) > MAX_NAME for g in values["groups"]):
+                self.fail(name, "groups", f"a group name is at most {MAX_NAME} characters")
         values["timeouts"] = MappingProxyType(self.timeouts(name, entry.get("timeouts", {})))
         values["known_hosts"] = self.path(entry.get("known_hosts", "known_hosts"), name, "known_hosts", root)
         if "secret_env" in entry:
@@ -417,10 +427,16 @@ class _Validator:
         for key, value in data.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 self.fail(name, f"timeouts.{key}", f"must be a positive number of seconds, not {value!r}")
+            if not value <= MAX_TIMEOUT:        # also NaN
+                self.fail(name, f"timeouts.{key}", f"must be finite and at most {MAX_TIMEOUT} seconds, not {value!r}")
             merged[key] = value
         return merged
 
     def groups(self, data, hosts) -> dict:
+        for group in data:
+            if not isinstance(group, str) or not _NAME.match(group) or len(group) > MAX_NAME:
+                self.fail(None, f"groups.{str(group)[:MAX_NAME]}", f"is not a group name (letters, digits, '_', '.', "
+                                                                   f"'-', at most {MAX_NAME} characters)")
         for host in hosts.values():
             for group in host.groups:
                 if group not in data:

@@ -26,11 +26,12 @@ import threading
 import time
 from pathlib import Path
 
-from . import gpus, parallel, record, remote, report, state, sync
+from . import gpus, ownership, parallel, record, remote, report, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
+from .safe_text import visible
 from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
 from .steps import preflight as preflight_step
@@ -275,14 +276,13 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     """One step with its log file, timing and outcome; errors become a failed/timeout record, and
     any error once the run was stopped an `interrupted` one (with the output it had)."""
     log_path = ctx.run_dir.log_path(ctx.host.name, step)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     reused_from = None
-    with open(log_path, "w", encoding="utf-8") as log:
+    with ownership.private_open(log_path) as log:
         def write(text: str) -> None:
             if ctx.secrets:
                 text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
-            log.write(f"{text}\n")
+            log.write(f"{visible(text)}\n")
             log.flush()
             out(f"{step:9} | {text}")
         ctx.step, ctx.log, ctx.devices_used = step, write, []

@@ -57,11 +57,11 @@ import os
 import re
 import secrets as _random
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from orchestrator import ownership
 from orchestrator.errors import UsageError
 from orchestrator.inventory import STEPS
 
@@ -90,6 +90,10 @@ LOAD_CASE = "load.gpu_load"  # the stress results' case saying whether the GPU l
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MESSAGE_LIMIT = 4000  # characters kept of a message parsed from a host's result file
+# What one host's result files may put into the record (run.json stays a few MB per host at most):
+MAX_CASES = 5000  # engine test cases (the engine has a few hundred)
+MESSAGES_BUDGET = 1_000_000  # characters of test messages, all cases together
+MAX_METRICS = 1000  # benchmark metrics
 DETAILS_DEPTH = 16  # bench details nested deeper are dropped
 DETAILS_BYTES = 256_000  # and so are larger ones
 SAMPLES_LIMIT = 1000  # samples kept per benchmark metric
@@ -181,8 +185,14 @@ class Mismatch:
             return None
         start = max(0, position - context)
         end = position + context + 1
-        margin = margins[position] if margins is not None and position < len(margins) else None
-        return cls(check, position, list(expected[start:end]), list(actual[start:end]), start, margin)
+        margin = finite_number(margins[position]) if margins is not None and position < len(margins) else None
+        return cls(check, position, [_token(t) for t in expected[start:end]], [_token(t) for t in actual[start:end]],
+                   start, margin)
+
+
+def _token(value: Any) -> Any:
+    """A token id as the record keeps it: an int, else (a host's garbage) a short text."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else short_text(value, 40)
 
 
 @dataclass
@@ -218,20 +228,30 @@ class TestsRecord:
 
     @classmethod
     def from_engine(cls, data: Any) -> TestsRecord:
-        """Parse the engine's ``build/test_results.json`` (a dict), tolerating odd contents."""
+        """Parse the engine's ``build/test_results.json`` (a dict), tolerating odd contents; at
+        most MAX_CASES cases (ValueError beyond), their messages within MESSAGES_BUDGET characters."""
         raw = data.get("tests") if isinstance(data, dict) else None
-        cases = [_test_case(item) for item in raw if isinstance(item, dict)] if isinstance(raw, list) else []
+        raw = [item for item in raw if isinstance(item, dict)] if isinstance(raw, list) else []
+        if len(raw) > MAX_CASES:
+            raise ValueError(f"{len(raw)} test cases, more than {MAX_CASES}")
+        budget = [MESSAGES_BUDGET]
+        cases = [_test_case(item, budget) for item in raw]
         counts = {s: sum(1 for c in cases if c.status == s) for s in TEST_STATUSES}
         return cls(counts["passed"], counts["failed"], counts["skipped"], cases)
 
 
-def _test_case(item: dict) -> TestCase:
+def _test_case(item: dict, budget: list[int]) -> TestCase:
+    """One case; its message takes from the host's shared `budget` of characters."""
     status = item.get("status")
+    message = short_text(item.get("message") or "", min(MESSAGE_LIMIT, budget[0]))
+    budget[0] -= len(message)
+    if not budget[0] and item.get("message"):
+        message += "[message cut: this host's test messages are over the record's budget]"
     return TestCase(
         name=short_text(item.get("name", "?"), 200),
         status=status if status in TEST_STATUSES else "failed",
         seconds=finite_number(item.get("seconds")) or 0.0,
-        message=short_text(item.get("message") or "", MESSAGE_LIMIT),
+        message=message,
     )
 
 
@@ -240,13 +260,16 @@ def bench_from_engine(data: Any) -> dict:
 
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
     lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
-    SAMPLES_LIMIT), ``n``, ``median``, ``mad`` and ``noisy`` (true only when the engine says so).
-    Every other top-level key but ``version`` and ``metrics`` goes to ``details``, replaced by a
-    note when it is nested too deeply or too large to keep.
+    SAMPLES_LIMIT), ``n``, ``median``, ``mad`` and ``noisy`` (true only when the engine says so),
+    at most MAX_METRICS (ValueError beyond). Every other top-level key but ``version`` and
+    ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
+    to keep.
     """
     data = data if isinstance(data, dict) else {}
     metrics = {}
     raw = data.get("metrics")
+    if isinstance(raw, dict) and len(raw) > MAX_METRICS:
+        raise ValueError(f"{len(raw)} benchmark metrics, more than {MAX_METRICS}")
     for name, metric in (raw.items() if isinstance(raw, dict) else ()):
         value = finite_number(metric.get("value")) if isinstance(metric, dict) else None
         if value is not None:
@@ -526,7 +549,8 @@ class RunDir:
     def host_file(self, host: str, name: str) -> Path:
         """Where a file pulled back from ``host`` goes; always inside the run dir."""
         folder = self.path / check_name(host, "host")
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        ownership.check_local_dir(folder, "host folder of the run")      # not a symlink, not another user's
         target = folder / check_name(name, "file name")
         if target.is_symlink():
             raise ValueError(f"refusing to write through a symlink: {target}")
@@ -553,7 +577,9 @@ def create_run_dir(runs_root: Path | str, report_dir: Path | str | None = None) 
     refused, so a typo cannot scatter reports over an unrelated folder. A relative one is taken
     from the current directory. One named like a run id (``20261129-172233-ab12``) gives the run
     that id, so a report dir directly under runs_root is a run like any other there (the nightly's
-    baseline, ``report --run``, ``clean``).
+    baseline, ``report --run``, ``clean``). Both must pass the ownership rule
+    (ownership.check_local_dir: no other user can redirect what the run writes); new directories
+    are private (0700), and so are the files written in them (0600).
     """
     if report_dir is not None:
         path = Path(report_dir).absolute()  # the steps resolve paths inside it from other folders
@@ -561,14 +587,14 @@ def create_run_dir(runs_root: Path | str, report_dir: Path | str | None = None) 
             raise RunRecordError(path, "report dir is not a plain directory")
         if path.is_dir() and any(path.iterdir()) and not (path / RUN_JSON).is_file():
             raise RunRecordError(path, "report dir is not empty and holds no earlier run")
-        path.mkdir(parents=True, exist_ok=True)
+        ownership.private_dir(path, "report dir")
         return RunDir(path, path.name if RUN_ID_RE.match(path.name) else new_run_id())
     root = Path(runs_root)
-    root.mkdir(parents=True, exist_ok=True)
+    ownership.private_dir(root, "runs directory", link_ok=True)      # runs/ may link to a history elsewhere
     while True:
         run_id = new_run_id()
         try:
-            (root / run_id).mkdir()
+            (root / run_id).mkdir(mode=0o700)
         except FileExistsError:
             continue
         return RunDir(root / run_id, run_id)
@@ -593,21 +619,9 @@ def update_latest(runs_root: Path | str, run_dir: Path | str) -> Path:
 
 
 def atomic_write(path: Path | str, data: str | bytes) -> Path:
-    """Write a file so readers see either the old content or the new, never a partial one."""
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide reports from CI and teammates
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write a file so readers see either the old content or the new, never a partial one
+    (private to this user: 0600; ownership.write_private)."""
+    return ownership.write_private(path, data)
 
 
 def write_run(run_dir: RunDir | Path | str, record: RunRecord | dict, secrets: Iterable[str] = ()) -> Path:

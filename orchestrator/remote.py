@@ -25,6 +25,7 @@ import os
 import shlex
 from typing import BinaryIO, Mapping, Sequence
 
+from . import ownership
 from .errors import UsageError
 from .inventory import Host
 
@@ -133,12 +134,13 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
 
 def step_command(host: Host, snippet: str, timeout: float, with_secrets: bool = False,
                  env: Mapping[str, str] | None = None) -> str:
-    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir, `env`
-    added to the host's step environment; `with_secrets`: it also gets the host's secret_env
-    (send secret_input(host) as its stdin)."""
-    return wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
+    """An engine command (a trusted snippet of hosts.yaml) as run in the host's remote_dir, once
+    remote_dir passes the ownership check (ownership.guarded), `env` added to the host's step
+    environment; `with_secrets`: it also gets the host's secret_env (send secret_input(host) as its stdin)."""
+    line = wrap(["bash", "-c", snippet], timeout=timeout, cwd=host.remote_dir,
                 env={**host_env(host), **(env or {})}, path_prefix=host_path_prefix(host),
                 secrets=host.secret_env if with_secrets else ())
+    return ownership.guarded(host.remote_dir, line)     # nothing runs from a tree another user could change
 
 
 def secret_values(host: Host) -> dict[str, str]:

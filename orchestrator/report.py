@@ -5,8 +5,10 @@ comparisons; this module only renders).
 Everything renders from run.json (a dict, see orchestrator.record) through ``view()``, which turns
 whatever the record holds into clean, bounded, typed data: contents pulled from hosts may be
 hostile (huge strings, control characters, markup, odd types), and rendering never trusts them.
-HTML is escaped by Jinja2's autoescape, XML by ElementTree, Markdown by the filters below, and
-every message and log tail is redacted with the secrets the caller passes.
+Every string is first made visible (orchestrator.safe_text: control characters escaped), then
+HTML is escaped by Jinja2's autoescape, XML by ElementTree, Markdown by safe_text's filters (no
+markup, links, images or mentions), and every message and log tail is redacted with the secrets
+the caller passes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import jinja2
 
 from orchestrator import gpus as gpus_mod
 from orchestrator.regression import compare
+from orchestrator.safe_text import markdown, markdown_block, markdown_code, markdown_fence, visible
 from orchestrator.record import (
     HOST_STATUSES,
     LOAD_CASE,
@@ -57,8 +60,6 @@ GPUS_LIMIT = 64           # GPUs, and co-tenant processes, listed per host
 
 FINGERPRINT_KEYS = [f.name for f in fields(Fingerprint)]
 
-_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _SYMBOLS = {"passed": "✓", "failed": "✗", "timeout": "◷", "skipped": "–", "cached": "↺",
             "interrupted": "■", "none": "·"}
 _PALETTE = ("#0969da", "#8250df", "#1a7f37", "#bc4c00", "#bf3989", "#1b7c83", "#9a6700", "#57606a")
@@ -69,12 +70,13 @@ _PALETTE = ("#0969da", "#8250df", "#1a7f37", "#bc4c00", "#bf3989", "#1b7c83", "#
 
 
 def text(value: Any, limit: int = MESSAGE_LIMIT, secrets: Iterable[str] = (), keep_end: bool = False) -> str:
-    """``value`` as printable text: redacted, terminal escapes and XML-invalid characters gone,
+    """``value`` as printable text: redacted, control characters escaped into visible text
+    (safe_text.visible: terminal escapes, XML-invalid characters, lone surrogates),
     cut to ``limit`` characters (its end kept when ``keep_end``, as for a log tail)."""
     if value is None:
         return ""
     s = value if isinstance(value, str) else short_text(value, 4 * limit)
-    s = _NOT_XML.sub("", _ANSI.sub("", redact(s, secrets)))
+    s = visible(redact(s, secrets))
     if len(s) <= limit:
         return s
     cut = len(s) - limit
@@ -425,27 +427,6 @@ def _chart(unit: str, metrics: dict[str, list[tuple[str, float]]], colors: dict[
 # Templates
 
 
-def _fence(body: str) -> str:
-    """A Markdown code fence longer than any backtick run in ``body``."""
-    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
-    return "`" * max(3, longest + 1)
-
-
-def _md(value: Any) -> str:
-    """Text safe inside a Markdown table cell or line: no pipes, newlines or raw HTML."""
-    s = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    return " ".join(s.split())
-
-
-def _md_code(value: Any) -> str:
-    """Inline Markdown code for a value that may itself hold backticks."""
-    s = " ".join(str(value).replace("|", "\\|").split())
-    if not s:
-        return ""
-    ticks = "`" * (max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
-    return f"{ticks} {s} {ticks}" if "`" in s else f"{ticks}{s}{ticks}"
-
-
 def _seconds(value: float | None) -> str:
     if value is None:
         return "—"
@@ -465,7 +446,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(md=_md, code=_md_code, fence=_fence, fmt=fmt, secs=_seconds, margin=_margin,
+    env.filters.update(md=markdown, code=markdown_code, block=markdown_block, fence=markdown_fence, fmt=fmt, secs=_seconds, margin=_margin,
                        symbol=lambda s: _SYMBOLS.get(s, "?"), short=lambda h: h[:12] if h else "—")
     return env
 

@@ -22,8 +22,9 @@ import json
 import os
 import socket
 import threading
+import time
 
-from . import remote
+from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
 from .transport import Transport
 
@@ -54,7 +55,7 @@ class Owner:
         try:
             data = json.loads(text)
             return cls(str(data["client"]), int(data["pid"]), str(data["started"]), str(data["command"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def to_json(self) -> str:
@@ -180,9 +181,10 @@ def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, l
     before it, the STALE owners recovered)."""
     holders: list[Owner] = []
     stale: list[Owner] = []
+    deadline = time.monotonic() + wait + host.timeout("lock")   # overall: a host that trickles lines is no answer
     try:
         while True:
-            line = process.readline(timeout=wait + host.timeout("lock"))
+            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
             if line is None:
                 result = process.close()
                 raise HostError("the lock command ended without an answer", host=host.name,
@@ -195,6 +197,8 @@ def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, l
                 (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
             elif word == "UNSAFE":
                 raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+            if time.monotonic() > deadline:
+                raise TimeoutError
     except TimeoutError:
         raise HostError(f"no answer from the lock command within {wait + host.timeout('lock'):g} s",
                         host=host.name) from None
@@ -209,7 +213,7 @@ def _busy(host, holders: list[Owner], wait: float, what: str) -> LockError:
 def read_json(transport: Transport, name: str) -> dict | None:
     """A JSON document of the orchestrator's state on the host (`.kdtree/<name>`), or None."""
     try:
-        data = json.loads(transport.read_file(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES))
+        data = bounded.loads(transport.read_file(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES), name)
     except (FetchError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -231,21 +235,17 @@ def _marker_text(owner: Owner) -> str:
            "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
 
 
-_LOCK_SCRIPT = r'''
+_LOCK_SCRIPT = ownership.CHECK + r'''
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
-case $d in /*) ;; *) unsafe "$d is not an absolute path";; esac
-[ -L "$d" ] && unsafe "$d is a symlink"
-real=$(realpath -m -- "$d") || unsafe "cannot resolve $d"
-[ "$real" = "$d" ] || unsafe "$d resolves to $real (a symlink on the way)"
-[ "$real" = "$(cd ~ 2>/dev/null && pwd -P)" ] && unsafe "$d is the home directory"
-[ -e "$d" ] && [ ! -d "$d" ] && unsafe "$d exists and is not a directory"
-[ -L "$d/.kdtree" ] && unsafe "$d/.kdtree is a symlink"
-if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d")" ]; then
+kd_owned "$d" new
+# (only .kdtree in it: a run that is claiming it right now, between its mkdir and its marker)
+if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -vx .kdtree)" ]; then
   unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
 mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
+kd_owned "$d"
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
@@ -303,6 +303,6 @@ done
 exit 0
 '''
 
-_WRITE_JSON_SCRIPT = r'''
+_WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"
-'''
+''')

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import relay, remote, state
+from . import ownership, relay, remote, state
 from .errors import FetchError, KdError, SyncError, cause_of
 from .inventory import Project
 from .transport import Transport
@@ -148,7 +148,7 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
     compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
     shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection)."""
     host = transport.host
-    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args"] + (["--checksum"] if checksum else [])
+    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args", "--chmod=go-w"] + (["--checksum"] if checksum else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
     argv += ["-e", rsh] if rsh else []        # local: no remote shell
@@ -325,37 +325,37 @@ def _git_revision(source: Path) -> tuple[str | None, bool]:
         return None, False
 
 
-_BEGIN_SCRIPT = r'''
+_BEGIN_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" || exit 3
 [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
 printf 'started %s\n' "$2" > sync.partial
 if [ -n "$3" ]; then [ -x "$3" ] && printf 'RSYNC %s\n' "$3"
 else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
 exit 0
-'''
+''')
 
 _SPACE_SCRIPT = r'''
 df -Pk -- "$1" | awk 'NR == 2 {print $4}'
 du -sk -- "$1" | cut -f1
 '''
 
-_FINISH_SCRIPT = r'''
+_FINISH_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial
-'''
+''')
 
-_LIST_SCRIPT = r'''
+_LIST_SCRIPT = ownership.guard(r'''
 cd -- "$1" && find . -mindepth 1 -path ./.kdtree -prune -o \( -type d -printf 'd 0 0 %P\0' \) \
   -o \( -type f -printf 'f %s %T@ %P\0' \) -o \( -type l -printf 'l 0 0 %P\0' \)
-'''
+''')
 
-_DELETE_SCRIPT = r'''
+_DELETE_SCRIPT = ownership.guard(r'''
 cd -- "$1" || exit 3
 while IFS= read -r -d '' p; do
   case $p in /*|..|../*|*/../*|*/..|.kdtree|.kdtree/*) continue;; esac
   if [ -d "$p" ] && [ ! -L "$p" ]; then rm -rf -- "$p"; else rm -f -- "$p"; fi
 done
-'''
+''')
 
-_EXTRACT_SCRIPT = r'''
-cd -- "$1" && tar -xzf - --no-same-owner --no-overwrite-dir
-'''
+_EXTRACT_SCRIPT = ownership.guard(r'''
+cd -- "$1" && tar -xzf - --no-same-owner --no-same-permissions --no-overwrite-dir
+''')

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol
 
-from . import remote
+from . import ownership, remote
 from .connection import SshConnection
 from .errors import CommandError, ConnectError, FetchError, HostError, cause_of
 from .inventory import Host
@@ -174,6 +174,8 @@ class Transport:
             return data
         why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
             else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
+        if code == ownership.UNSAFE_EXIT:
+            why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}"
         raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
                          tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
 
@@ -204,7 +206,7 @@ class Transport:
         data = self.read_file(remote_path, max_bytes)
         resolved.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None
@@ -399,14 +401,14 @@ def open_transport(host: Host, stopped: threading.Event | None = None) -> Transp
     return LocalTransport(host, stopped) if host.is_local else SshTransport(host, stopped)
 
 
-_READ_SCRIPT = r'''
+_READ_SCRIPT = ownership.guard(r'''
 [ -L "$1" ] && exit 3
 real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")"/*) ;; *) exit 7;; esac
 [ -e "$1" ] || exit 4
 [ -f "$1" ] || exit 5
 [ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
 exec head -c "$(($2 + 1))" -- "$1"
-'''
+''', '"$3"')
 _READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}

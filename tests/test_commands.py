@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from orchestrator import console, doctor, inventory, parallel, remote, state, sync
+from orchestrator import console, doctor, inventory, ownership, parallel, remote, state, sync
 from orchestrator.inventory import Host
 from orchestrator.transport import LocalTransport, SshTransport
 
@@ -20,8 +20,9 @@ GUARD = "bash -c " + shlex.quote(remote.GUARD) + " kdtree-step"
 
 
 def test_step_command():
+    owned = "umask 022 && bash -c " + shlex.quote(ownership.CHECK + 'kd_owned "$1"') + " kdtree-owner /root/kdtree-engine"
     assert remote.step_command(CT200, "bash scripts/build.sh", 900) == (
-        f"cd -- /root/kdtree-engine && {ENV} PATH=/usr/local/cuda-13.0/bin:\"$PATH\" "
+        f"{owned} && cd -- /root/kdtree-engine && {ENV} PATH=/usr/local/cuda-13.0/bin:\"$PATH\" "
         "CUDA_HOME=/usr/local/cuda-13.0 PYTHON=/root/venv_sglang211/bin/python KD_BACKEND=auto KD_ARCH=sm_120 "
         f"{GUARD} 10 900 bash -c 'bash scripts/build.sh'")
 
@@ -71,7 +72,7 @@ def test_rsync_argv(monkeypatch, make_inventory):
                                     "rsync_path": "/opt/rsync dir/rsync"}})
     argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project, rsh="python3 rsh_helper.py /tmp/s")
     assert argv == [
-        "rsync", "-az", "--delete", "--stats", "--protect-args", "--exclude=/.kdtree/",
+        "rsync", "-az", "--delete", "--stats", "--protect-args", "--chmod=go-w", "--exclude=/.kdtree/",
         "--exclude=build/", "--exclude=.git/", "--exclude=.kdtree/", "--exclude=__pycache__/", "--exclude=*.pyc",
         "--exclude=tests/refs/model_*.kdtr", "--exclude=tests/refs/manifest.json",
         "-e", "python3 rsh_helper.py /tmp/s",          # the relay over the verified connection: no system ssh

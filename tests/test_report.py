@@ -201,12 +201,12 @@ def test_junit_has_a_case_per_host_step_and_engine_test(run):
     assert int(root.get("skipped")) == 4 * 1 + 3 + 5 + 2 + 1  # engine skips + steps after each failure (golden, build, test, bench)
 
 
-def test_junit_escapes_and_strips_what_xml_cannot_hold(run):
+def test_junit_escapes_what_xml_cannot_hold(run):
     run["hosts"]["ct202"]["steps"]["build"]["tail"] = "<x> & \"q\" ]]> \x1b[31mred\x1b[0m \x00\x07 \ud800 end"
     xml = report.render_junit(run)
     root = ET.fromstring(xml)
     failure = next(c.find("failure") for c in root.iter("testcase") if c.get("name") == "step.build" and c.find("failure") is not None)
-    assert failure.text.endswith('<x> & "q" ]]> red   end')
+    assert failure.text.endswith('<x> & "q" ]]> \\x1b[31mred\\x1b[0m \\x00\\x07 \ufffd end')
 
 
 # --------------------------------------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_pinned_host_key_in_the_inventory(lab, make_inventory, tmp_path):
                           "bad": {**entry, "host_key": "SHA256:" + "B" * 43}})
     with open_transport(inv.hosts["ok"]) as t:
         assert t.run("true", timeout=10).ok
-    with pytest.raises(HostKeyError, match="is not known"):
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
         open_transport(inv.hosts["bad"]).run("true", timeout=10)
 
 

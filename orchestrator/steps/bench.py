@@ -9,7 +9,7 @@ from .. import gpus
 from ..errors import KdError
 from ..record import bench_from_engine
 from .build import build_key
-from .context import Outcome, StepContext
+from .context import Outcome, StepContext, StepError
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
 
@@ -21,20 +21,20 @@ def run(ctx: StepContext) -> Outcome:
     cached = ctx.cached_result("bench")
     if cached is not None:
         data, run_id = cached
-        ctx.record.bench = bench_from_engine(data)
+        ctx.record.bench = _bench(ctx, data)
         return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {run_id} "
                                  "(the same tree, build and bundles; not a new measurement)", run_id)
     if not ctx.gpus:
         ctx.engine("bench")
         data = ctx.pull_json("bench")
-        ctx.record.bench = bench_from_engine(data)
+        ctx.record.bench = _bench(ctx, data)
         _annotate(ctx, busy=bool(ctx.record.fingerprint.gpus_busy))
         ctx.stamp_result(data)
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
     gpu = ctx.gpus[0]
     with _Sampler(ctx) as sampler:
         ctx.engine("bench", ctx.gpu_env(gpu))
-    ctx.record.bench = bench_from_engine(ctx.pull_json("bench", gpu))
+    ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
     others = gpus.co_tenants(sampler.samples, gpu.uuid, ctx.host.remote_dir.rstrip("/") + "/")
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
                                "samples": len(sampler.samples)}
@@ -81,3 +81,11 @@ class _Sampler:
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join(60)
+
+
+def _bench(ctx: StepContext, data: dict) -> dict:
+    """The engine's report as the record keeps it; StepError when it breaks a limit."""
+    try:
+        return bench_from_engine(data)
+    except ValueError as e:
+        raise StepError(f"{ctx.project.results['bench']}: {e}", host=ctx.host.name) from None

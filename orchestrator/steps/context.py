@@ -15,10 +15,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
-from .. import remote, state
-from ..errors import CommandError, HostError, KdError
+from .. import bounded, ownership, remote, state
+from ..errors import CommandError, HostError, KdError, cause_of
 from ..inventory import Host, Project
-from ..record import GpuRun, HostRecord, RunDir
+from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
 from ..transport import Result, Transport
 
@@ -161,6 +161,8 @@ class StepContext:
         result = self.transport.run(command, on_output=self.log)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
+            cause = None if result.timed_out else cause_of(result.tail)
+            why += f": {cause}" if cause else ""
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
                                exit_status=result.exit_code, tail=result.tail)
         return result
@@ -180,19 +182,24 @@ class StepContext:
         return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
 
     def pull_json(self, result: str, gpu=None) -> dict:
-        """Fetch the project's result file `result` (a key of project.results; of `gpu`'s run:
-        from its results folder) into the run directory (<host>/<file name>, <host>/gpu-<index>.<file
-        name>) and parse it; StepError names the file when it is not JSON."""
+        """Read the project's result file `result` (a key of project.results; of `gpu`'s run: from
+        its results folder) from the host, parse it within limits (orchestrator.bounded) and keep
+        it, redacted, in the run directory (<host>/<file name>, <host>/gpu-<index>.<file name>,
+        0600); StepError names the file when it is not JSON or breaks a limit."""
         remote_path = self.project.results[result]
         name = remote_path.rsplit("/", 1)[-1]
         if gpu is not None:
             remote_path, name = f"{results_dir(gpu)}/{name}", f"gpu-{gpu.index}.{name}"
         local = self.run_dir.host_file(self.host.name, name)
-        self.transport.fetch(remote_path, local, within=self.run_dir.path, max_bytes=RESULT_MAX_BYTES)
+        raw = self.transport.read_file(remote_path, max_bytes=RESULT_MAX_BYTES)
+        text = redact(raw.decode("utf-8", errors="replace"), self.secrets)
         try:
-            data = json.loads(local.read_text(encoding="utf-8", errors="replace"))
-        except (ValueError, RecursionError) as e:      # RecursionError: nested absurdly deep
-            raise StepError(f"{remote_path} is not valid JSON: {e}", host=self.host.name) from None
+            data = redact_tree(bounded.loads(text, remote_path, max_bytes=RESULT_MAX_BYTES), self.secrets)
+        except ValueError as e:
+            ownership.write_private(local, text)
+            raise StepError(str(e), host=self.host.name) from None
+        # a secret may also hide in a JSON escape (\u0041...): what is kept is the redacted parse
+        ownership.write_private(local, json.dumps(data, indent=1) if self.secrets else text)
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
         return data

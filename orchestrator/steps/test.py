@@ -16,7 +16,7 @@ def run(ctx: StepContext) -> Outcome:
     results (cached; nightly and GPU runs never)."""
     cached = ctx.cached_result("tests")
     if cached is not None:
-        tests = TestsRecord.from_engine(cached[0])
+        tests = _tests(ctx, cached[0])
         if tests.failed == 0 and tests.cases:
             ctx.record.tests = tests
             return Outcome("cached", f"{tests.passed} passed, {tests.skipped} skipped "
@@ -24,7 +24,7 @@ def run(ctx: StepContext) -> Outcome:
     if ctx.gpus:
         return _on_each_gpu(ctx)
     data, failure = _suite(ctx)
-    tests = ctx.record.tests = TestsRecord.from_engine(data)
+    tests = ctx.record.tests = _tests(ctx, data)
     raise_on_failures(ctx, tests, failure, "engine tests")
     ctx.stamp_result(data)
     return Outcome("passed", f"{tests.passed} passed, {tests.skipped} skipped")
@@ -48,11 +48,12 @@ def pull_results(ctx: StepContext, result: str, failure: CommandError | None,
     read error."""
     try:
         data = ctx.pull_json(result, gpu)
+        tests = _tests(ctx, data, result)
     except KdError:
         if failure:
             raise failure from None
         raise
-    return data, TestsRecord.from_engine(data)
+    return data, tests
 
 
 def raise_on_failures(ctx: StepContext, tests: TestsRecord, failure: CommandError | None, what: str) -> None:
@@ -75,7 +76,7 @@ def _on_each_gpu(ctx: StepContext) -> Outcome:
             problems.append(f"GPU {gpu.index}: {result.message}")
             continue
         data, failure = result
-        tests = TestsRecord.from_engine(data)
+        tests = _tests(ctx, data)
         failed = [c.name for c in tests.cases if c.status == "failed"]
         cell.tests = {"passed": tests.passed, "failed": tests.failed, "skipped": tests.skipped,
                       "failed_names": failed[:SHOWN_FAILURES]}
@@ -98,3 +99,11 @@ def _failed(tests: TestsRecord, what: str) -> str:
     names = ", ".join(failed[:SHOWN_FAILURES]) + (f" and {len(failed) - SHOWN_FAILURES} more"
                                                   if len(failed) > SHOWN_FAILURES else "")
     return f"{tests.failed} of {len(tests.cases)} {what} failed" + (f": {names}" if names else "")
+
+
+def _tests(ctx: StepContext, data: dict, result: str = "tests") -> TestsRecord:
+    """The engine's results as the record keeps them; StepError when they break a limit."""
+    try:
+        return TestsRecord.from_engine(data)
+    except ValueError as e:
+        raise StepError(f"{ctx.project.results[result]}: {e}", host=ctx.host.name) from None
