@@ -1,8 +1,13 @@
 """Shared fixtures: one loopback sshd lab per session (hosts h1, h2, bastion), a small engine-like
-source tree, and an inventory factory. The lab's machinery lives in tests/sshd.py."""
+source tree, an inventory factory, and the engine's reference bundles generated once per session.
+The lab's machinery lives in tests/sshd.py."""
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,42 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The engine's own definition of the tree hash (engine_src/README.md, "Source tree hash").
 TREE_HASH_SH = (REPO / "engine_src" / "scripts" / "tree_hash.sh").read_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceBundles:
+    """The engine's bundles and manifest in `folder`, made by the generator whose input hash
+    (`scripts/tree_hash.sh python`, the orchestrator's bundles key) is `key`."""
+
+    folder: Path
+    key: str
+
+    @staticmethod
+    def key_of(engine: Path) -> str:
+        """The orchestrator's bundles key of an engine tree: the hash of its generator's inputs."""
+        return subprocess.run(["bash", "scripts/tree_hash.sh", "python"], cwd=engine, capture_output=True, text=True,
+                              check=True).stdout.split()[-1]
+
+    def copy_to(self, folder: Path) -> None:
+        """Put the bundles and manifest into `folder` (an engine copy's tests/refs, or a cache entry)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in self.folder.iterdir():
+            shutil.copy2(path, folder / path.name)
+
+
+@pytest.fixture(scope="session")
+def reference_bundles(tmp_path_factory) -> ReferenceBundles:
+    """engine_src's bundles, generated once per session (scripts/bundles.sh with this interpreter),
+    for the tests that would each regenerate them: the long-context bundles cost seconds of NumPy."""
+    engine = REPO / "engine_src"
+    out = tmp_path_factory.mktemp("reference-bundles")
+    key = ReferenceBundles.key_of(engine)
+    env = {**os.environ, "PYTHON": sys.executable, "KD_BUNDLE_DIR": str(out), "OPENBLAS_NUM_THREADS": "1",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", "scripts/bundles.sh"], cwd=engine, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return ReferenceBundles(out, key)
 
 
 @pytest.fixture(scope="session")

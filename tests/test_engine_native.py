@@ -1,8 +1,8 @@
 """The native engine in the project's test run: build the CPU engine with g++ in a temporary copy
 of engine_src/ and run its own suite (scripts/run_tests.sh), once per session.
 
-Bundles already present in engine_src/tests/refs are copied along; missing ones are regenerated
-by run_tests.sh (scripts/bundles.sh with this interpreter).
+The copy gets the session's reference bundles (conftest.py: generated once, shared with the
+validate tests) in tests/refs, so run_tests.sh does not regenerate them.
 """
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="session")
-def engine_run(tmp_path_factory):
+def engine_run(tmp_path_factory, reference_bundles):
     """(engine copy, completed run_tests.sh) for the session."""
     copy = tmp_path_factory.mktemp("engine") / "engine_src"
-    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree"))
+    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree", "*.kdtr",
+                                                                "manifest.json"))
+    reference_bundles.copy_to(copy / "tests" / "refs")
     run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
                          timeout=900)
     return copy, run

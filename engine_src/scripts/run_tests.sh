@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The engine's test suite: op tests for every backend in the build (build/test_ops), then model
-# tests on the four bundles: AR == golden, engine == Python reference on prompts outside the
+# tests on every bundle: AR == golden, engine == Python reference on prompts outside the
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
-# an altered golden token is caught, bad bundles are rejected, every reproducer of
+# an altered golden token is caught, the long-context golden catches an engine without YaRN or
+# the group limit, bad bundles are rejected, every reproducer of
 # tests/fuzz/regress ends as it should (and, with KD_FUZZ_SECONDS, a bounded fuzz run finds
 # nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test; ends with
 # "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json (or $KD_TEST_RESULTS).
@@ -220,7 +221,8 @@ done
 
 # ---- the checks can fail ----------------------------------------------------------------------
 read -r first_name first_file _ <<<"$bundle_list"
-# rewrite_bundle SRC DST MODE: a copy of a bundle with its header or data changed (golden | missing | bounds | nan).
+# rewrite_bundle SRC DST MODE [KEY [VALUE]]: a copy of a bundle with its header or data changed (golden |
+# missing | bounds | nan | config: config KEY (a.b for a nested one) set to the JSON VALUE, or removed without one).
 rewrite_bundle() {
     "$PYTHON" - "$@" <<'PY'
 import json, struct, sys
@@ -241,6 +243,15 @@ elif mode == "bounds":    # the head's bytes point past the end of the data sect
 elif mode == "nan":       # one weight of the final norm is NaN
     t = next(t for t in header["tensors"] if t["name"] == "norm")
     data = data[:t["offset"]] + struct.pack("<f", float("nan")) + data[t["offset"] + 4:]
+elif mode == "config":    # one config field changed or removed
+    *path, last = sys.argv[4].split(".")
+    obj = header["config"]
+    for key in path:
+        obj = obj[key]
+    if len(sys.argv) > 5:
+        obj[last] = json.loads(sys.argv[5])
+    else:
+        del obj[last]
 text = json.dumps(header, separators=(",", ":")).encode()
 pad = (16 + len(text) + 63) // 64 * 64 - 16 - len(text)
 open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data)
@@ -264,6 +275,33 @@ printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$s
 expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
 expect_failure "negative.loader_truncated" "truncated.kdtr: truncated" "$kdtree" generate --bundle "$scratch/truncated.kdtr" -n 2
+
+# A long-context golden (a bundle with YaRN RoPE scaling) catches what it exists for: the same
+# bundle without the scaling, without its softmax-scale correction, with the original context
+# of DeepSeek-V3 (4096: no position of the prompt past it) or without the group limit decodes
+# other tokens.
+yarn_file="$("$PYTHON" - "$manifest" <<'PY'
+import json, sys
+sys.path.insert(0, "python")
+from kdtree_ref import kdtr
+refs = sys.argv[1].rsplit("/", 1)[0]
+for b in json.load(open(sys.argv[1]))["bundles"]:
+    if kdtr.read(f"{refs}/{b['file']}").header["config"].get("rope_scaling"):
+        print(b["file"])
+        break
+PY
+)"
+if [[ -n "$yarn_file" ]]; then
+    groups="$("$PYTHON" -c 'import sys; sys.path.insert(0, "python"); from kdtree_ref import kdtr; print(kdtr.read(sys.argv[1]).header["config"]["n_expert_groups"])' "$refs/$yarn_file")"
+    for change in "no_rope_scaling rope_scaling" "no_softmax_correction rope_scaling.mscale_all_dim 0" \
+                  "original_context_4096 rope_scaling.original_max_position_embeddings 4096" "no_group_limit n_limited_groups $groups"; do
+        read -r what key value <<<"$change"
+        rewrite_bundle "$refs/$yarn_file" "$scratch/$what.kdtr" config "$key" ${value:+"$value"}
+        expect_failure "negative.long_context_$what" "MISMATCH" "$kdtree" check --bundle "$scratch/$what.kdtr" --expect golden
+    done
+else
+    record negative.long_context skipped 0 "no bundle with RoPE scaling in $manifest"
+fi
 
 # ---- input hardening: every reproducer in tests/fuzz/regress ends as its `expect:` line says ------
 t0=$(now_ms)

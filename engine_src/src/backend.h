@@ -54,6 +54,15 @@ struct MlaDims {
     float scale = 0;
 };
 
+// RoPE frequencies of a model (rope.h builds them from the config, plain or YaRN-scaled): pair i
+// of a vector at position p turns by the angle p * inv_freq[i], and cos / sin are multiplied by
+// `magnitude` (YaRN's cos/sin factor; exactly 1 without scaling).
+struct RopeTable {
+    static constexpr int kMaxPairs = 64;  // d_r up to 128 (DeepSeek-V3 and Kimi-K2: 64)
+    double inv_freq[kMaxPairs] = {};
+    double magnitude = 1;
+};
+
 // noaux_tc routing parameters.
 struct MoeRouting {
     int n_experts = 0;     // E
@@ -114,12 +123,13 @@ public:
                          const float* w, int M, int n, float eps) = 0;
 
     // RoPE, in place, on adjacent pairs. For each row m and each of n_vec vectors v, the d_r
-    // values at x + m*row_stride + v*vec_stride + offset are rotated: for i < d_r/2, with
-    // angle = pos_host[m] * theta^(-2i/d_r) (computed in double, cos/sin rounded to float),
+    // values at x + m*row_stride + v*vec_stride + offset are rotated: for i < d_r/2 (<= kMaxPairs),
+    // with angle = pos_host[m] * table.inv_freq[i] in double, cos = cos(angle) * table.magnitude
+    // and sin likewise, each computed in double and rounded to float,
     // (a, b) = (x[2i], x[2i+1]) -> (a cos - b sin, a sin + b cos).
     // q: n_vec = H, vec_stride = d_n + d_r, offset = d_n. kv: n_vec = 1, offset = d_c.
     virtual void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset,
-                      int d_r, const int32_t* pos_host, float theta) = 0;
+                      int d_r, const int32_t* pos_host, const RopeTable& table) = 0;
 
     // out[i] = silu(a[i]) * b[i] for i < n; silu(a) = a / (1 + exp(-a)). In place allowed (out == a).
     virtual void silu_mul(float* out, const float* a, const float* b, size_t n) = 0;

@@ -29,16 +29,19 @@ std::string cpu_model_name() {
     return "unknown CPU";
 }
 
+// Throws unless every batch row's parent is below it (so ancestor walks end).
+void check_parents(const Visibility& vis, int M) {
+    for (int a = 0; a < M; ++a)
+        if (vis.parent_host[a] >= a)
+            throw std::runtime_error("mla_attention: parent of row " + std::to_string(a) + " is not below it");
+}
+
 // Cache rows visible to batch row i, ascending (committed prefix, ancestors, itself).
 void visible_rows(std::vector<int>& rows, const Visibility& vis, int i) {
     rows.clear();
     for (int t = 0; t < vis.committed; ++t) rows.push_back(t);
     const size_t first_batch_row = rows.size();
-    for (int a = i; a >= 0; a = vis.parent_host[a]) {
-        if (vis.parent_host[a] >= a) throw std::runtime_error("mla_attention: parent of row " +
-                                                              std::to_string(a) + " is not below it");
-        rows.push_back(vis.committed + a);
-    }
+    for (int a = i; a >= 0; a = vis.parent_host[a]) rows.push_back(vis.committed + a);
     std::reverse(rows.begin() + static_cast<long>(first_batch_row), rows.end());
 }
 
@@ -128,13 +131,14 @@ public:
     }
 
     void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
-              const int32_t* pos_host, float theta) override {
+              const int32_t* pos_host, const RopeTable& table) override {
+        if (d_r / 2 > RopeTable::kMaxPairs) throw std::runtime_error("rope: d_r = " + std::to_string(d_r) + " exceeds the table");
         std::vector<float> cs(static_cast<size_t>(d_r / 2)), sn(static_cast<size_t>(d_r / 2));
         for (int m = 0; m < M; ++m) {
             for (int i = 0; i < d_r / 2; ++i) {
-                const double angle = pos_host[m] * std::pow(static_cast<double>(theta), -2.0 * i / d_r);
-                cs[i] = static_cast<float>(std::cos(angle));
-                sn[i] = static_cast<float>(std::sin(angle));
+                const double angle = pos_host[m] * table.inv_freq[i];
+                cs[i] = static_cast<float>(std::cos(angle) * table.magnitude);
+                sn[i] = static_cast<float>(std::sin(angle) * table.magnitude);
             }
             for (int v = 0; v < n_vec; ++v) {
                 float* p = x + static_cast<long>(m) * row_stride + static_cast<long>(v) * vec_stride + offset;
@@ -187,41 +191,49 @@ public:
                        int M, const MlaDims& d) override {
         const int q_stride = d.n_heads * (d.d_n + d.d_r);
         const int row_width = d.d_c + d.d_r;
-        std::vector<int> rows;
-        std::vector<float> q_abs(static_cast<size_t>(d.d_c)), u(static_cast<size_t>(d.d_c)), scores;
-        for (int m = 0; m < M; ++m) {
-            visible_rows(rows, vis, m);
-            scores.resize(rows.size());
-            for (int h = 0; h < d.n_heads; ++h) {
-                const float* q_nope = q + static_cast<long>(m) * q_stride + static_cast<long>(h) * (d.d_n + d.d_r);
-                const float* q_rope = q_nope + d.d_n;
-                const float* w_uk = wkv_b + static_cast<long>(h) * (d.d_n + d.d_v) * d.d_c;
-                const float* w_uv = w_uk + static_cast<long>(d.d_n) * d.d_c;
-                // q^ = W_UK^T q_nope, summed over j ascending.
-                std::fill(q_abs.begin(), q_abs.end(), 0.0f);
-                for (int j = 0; j < d.d_n; ++j)
-                    for (int c = 0; c < d.d_c; ++c) q_abs[c] += w_uk[static_cast<long>(j) * d.d_c + c] * q_nope[j];
-                float best = -INFINITY;
-                for (size_t t = 0; t < rows.size(); ++t) {
-                    const float* kv = cache + static_cast<long>(rows[t]) * row_width;
-                    scores[t] = d.scale * (cpu::dot(q_abs.data(), kv, d.d_c) + cpu::dot(q_rope, kv + d.d_c, d.d_r));
-                    best = std::max(best, scores[t]);
+        check_parents(vis, M);
+        // Rows in parallel (a long prefill attends over thousands of rows), each computed by one
+        // thread with the same loops. Index i takes rows from both ends (0, M-1, 1, M-2, ...) so
+        // that contiguous chunks get equal work under a causal mask.
+        const double work = static_cast<double>(M) * d.n_heads * (vis.committed + M) * (2 * d.d_c + d.d_r);
+        parallel_for(M, work, [&](int i0, int i1) {
+            std::vector<int> rows;
+            std::vector<float> q_abs(static_cast<size_t>(d.d_c)), u(static_cast<size_t>(d.d_c)), scores;
+            for (int i = i0; i < i1; ++i) {
+                const int m = i % 2 == 0 ? i / 2 : M - 1 - i / 2;
+                visible_rows(rows, vis, m);
+                scores.resize(rows.size());
+                for (int h = 0; h < d.n_heads; ++h) {
+                    const float* q_nope = q + static_cast<long>(m) * q_stride + static_cast<long>(h) * (d.d_n + d.d_r);
+                    const float* q_rope = q_nope + d.d_n;
+                    const float* w_uk = wkv_b + static_cast<long>(h) * (d.d_n + d.d_v) * d.d_c;
+                    const float* w_uv = w_uk + static_cast<long>(d.d_n) * d.d_c;
+                    // q^ = W_UK^T q_nope, summed over j ascending.
+                    std::fill(q_abs.begin(), q_abs.end(), 0.0f);
+                    for (int j = 0; j < d.d_n; ++j)
+                        for (int c = 0; c < d.d_c; ++c) q_abs[c] += w_uk[static_cast<long>(j) * d.d_c + c] * q_nope[j];
+                    float best = -INFINITY;
+                    for (size_t t = 0; t < rows.size(); ++t) {
+                        const float* kv = cache + static_cast<long>(rows[t]) * row_width;
+                        scores[t] = d.scale * (cpu::dot(q_abs.data(), kv, d.d_c) + cpu::dot(q_rope, kv + d.d_c, d.d_r));
+                        best = std::max(best, scores[t]);
+                    }
+                    float total = 0;
+                    for (float& s : scores) {
+                        s = std::exp(s - best);
+                        total += s;
+                    }
+                    std::fill(u.begin(), u.end(), 0.0f);
+                    for (size_t t = 0; t < rows.size(); ++t) {
+                        const float p = scores[t] / total;
+                        const float* c_t = cache + static_cast<long>(rows[t]) * row_width;
+                        for (int c = 0; c < d.d_c; ++c) u[c] += p * c_t[c];
+                    }
+                    cpu::matvec_f32(out + static_cast<long>(m) * d.n_heads * d.d_v + static_cast<long>(h) * d.d_v,
+                                    u.data(), w_uv, d.d_v, d.d_c);
                 }
-                float total = 0;
-                for (float& s : scores) {
-                    s = std::exp(s - best);
-                    total += s;
-                }
-                std::fill(u.begin(), u.end(), 0.0f);
-                for (size_t t = 0; t < rows.size(); ++t) {
-                    const float p = scores[t] / total;
-                    const float* c_t = cache + static_cast<long>(rows[t]) * row_width;
-                    for (int c = 0; c < d.d_c; ++c) u[c] += p * c_t[c];
-                }
-                cpu::matvec_f32(out + static_cast<long>(m) * d.n_heads * d.d_v + static_cast<long>(h) * d.d_v,
-                                u.data(), w_uv, d.d_v, d.d_c);
             }
-        }
+        });
     }
 
     void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {

@@ -13,6 +13,14 @@ namespace kd {
 // What a bundle may ask for by default (weights, KV caches, scratch, the file itself): --max-memory.
 constexpr uint64_t kDefaultMaxMemory = uint64_t{4} << 30;
 
+// YaRN RoPE scaling: the config's optional `rope_scaling` object (a Hugging Face DeepSeek-V3 /
+// Kimi-K2 config's, same keys and semantics; README.md, "The model"). Absent: plain RoPE.
+struct RopeScaling {
+    bool yarn = false;
+    double factor = 1, beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
+    int original_max_position_embeddings = 0;
+};
+
 // The `config` object of a bundle header (field meanings: README.md, "The model").
 struct ModelConfig {
     std::string name;
@@ -22,6 +30,7 @@ struct ModelConfig {
     int n_routed_experts = 0, n_shared_experts = 0, n_activated_experts = 0;
     int n_expert_groups = 1, n_limited_groups = 1;
     float route_scale = 1, rope_theta = 10000, norm_eps = 1e-6f;
+    RopeScaling rope_scaling;
     int max_seq_len = 0;
 
     // Reads and checks a header's `config` (README.md, "Input validation"): each field against

@@ -57,6 +57,43 @@ const FloatField kFloatFields[] = {
     {"norm_eps", &ModelConfig::norm_eps, 0.0, 1.0, 1e-6f},
 };
 
+// The optional `rope_scaling` object (YaRN): every key known, every value finite and in range.
+RopeScaling rope_scaling_from_json(const Json& j) {
+    const std::string where = "config.rope_scaling";
+    if (!j.is_object()) throw std::runtime_error(where + ": expected an object, got " + j.type_name());
+    static const char* const kKeys[] = {"type", "factor", "original_max_position_embeddings", "beta_fast",
+                                        "beta_slow", "mscale", "mscale_all_dim"};
+    for (const auto& kv : j.members())
+        if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return kv.first == k; }) == std::end(kKeys))
+            throw std::runtime_error(where + "." + printable(kv.first) + ": unknown field (this engine does not implement it)");
+    const Json* type = j.find("type");
+    if (!type || !type->is_string() || type->as_string() != "yarn")
+        throw std::runtime_error(where + ".type: expected \"yarn\" (the only scaling this engine implements)");
+    const auto number = [&](const char* key, double fallback, double lo, double hi) {
+        const Json* v = j.find(key);
+        if (!v) return fallback;
+        if (!v->is_number()) throw std::runtime_error(where + "." + key + ": expected a number, got " + v->type_name());
+        const double x = v->as_number();
+        if (!(x >= lo && x <= hi))  // also false for NaN
+            throw std::runtime_error(where + "." + key + ": " + describe(*v) + " is outside [" + Json(lo).dump() + ", " +
+                                     Json(hi).dump() + "]");
+        return x;
+    };
+    RopeScaling r;
+    r.yarn = true;
+    r.factor = number("factor", 1, 1, 1e6);
+    const Json* original = j.find("original_max_position_embeddings");
+    if (!original || !original->is_integer() || original->as_int() < 1 || original->as_int() > (int64_t{1} << 24))
+        throw std::runtime_error(where + ".original_max_position_embeddings: expected an integer in [1, 16777216]");
+    r.original_max_position_embeddings = static_cast<int>(original->as_int());
+    r.beta_fast = number("beta_fast", 32, 1e-6, 1e6);
+    r.beta_slow = number("beta_slow", 1, 1e-6, 1e6);
+    if (!(r.beta_fast > r.beta_slow)) throw std::runtime_error(where + ": needs beta_fast > beta_slow");
+    r.mscale = number("mscale", 1, 0, 1e3);
+    r.mscale_all_dim = number("mscale_all_dim", 0, 0, 1e3);
+    return r;
+}
+
 // A relation between fields: `holds` is checked once every field has passed its row.
 struct Relation {
     const char* fields;  // the fields it is about, for the message
@@ -117,7 +154,7 @@ ModelConfig ModelConfig::from_json(const Json& j, bool int4) {
     ModelConfig c;
     for (const auto& kv : j.members()) {
         const std::string& key = kv.first;
-        bool known = key == "name";
+        bool known = key == "name" || key == "rope_scaling";
         for (const IntField& f : kIntFields) known = known || key == f.key;
         for (const FloatField& f : kFloatFields) known = known || key == f.key;
         if (!known) throw std::runtime_error("config." + printable(key) + ": unknown field (this engine does not implement it)");
@@ -155,6 +192,8 @@ ModelConfig ModelConfig::from_json(const Json& j, bool int4) {
                                      ", " + Json(f.max).dump() + "]");
         c.*f.member = static_cast<float>(x);
     }
+    if (const Json* scaling = j.find("rope_scaling"); scaling && !scaling->is_null())
+        c.rope_scaling = rope_scaling_from_json(*scaling);
     for (const Relation& r : kRelations)
         if (!r.holds(c)) throw std::runtime_error(std::string("config.") + r.fields + ": needs " + r.rule);
     check_derived_sizes(c);

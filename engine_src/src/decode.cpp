@@ -54,6 +54,10 @@ double Generation::tokens_per_second() const {
     return t > 0 ? static_cast<double>(tokens.size()) / t : 0.0;
 }
 
+double Generation::decode_tokens_per_second() const {
+    return decode_seconds > 0 && tokens.size() > 1 ? static_cast<double>(tokens.size() - 1) / decode_seconds : 0.0;
+}
+
 int batch_rows_needed(size_t prompt_len, int budget) {
     const int64_t rows = std::max<int64_t>(static_cast<int64_t>(std::min<size_t>(prompt_len, INT32_MAX)), 1 + int64_t{std::max(budget, 0)});
     if (rows > INT32_MAX) throw std::runtime_error("generate: " + std::to_string(rows) + " rows per forward do not fit in an int");

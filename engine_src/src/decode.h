@@ -16,7 +16,8 @@ struct Generation {
     int forwards = 0;                // target forwards after the prefill
 
     double accept_mean() const;
-    double tokens_per_second() const;  // generated tokens / (prefill + decode time)
+    double tokens_per_second() const;         // generated tokens / (prefill + decode time)
+    double decode_tokens_per_second() const;  // tokens after the prefill's first / decode time
 };
 
 // Greedy AR: prefill the prompt, then one token per forward. The model's cache starts empty.

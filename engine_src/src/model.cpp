@@ -1,5 +1,6 @@
 // model.cpp: weights upload and the forward pass, expressed only in backend ops.
 #include "model.h"
+#include "rope.h"
 
 #include <algorithm>
 #include <chrono>
@@ -52,7 +53,8 @@ Linear Model::load_linear(const Bundle& b, const std::string& name, int out, int
 }
 
 Model::Model(const Bundle& b, Backend& backend, int max_batch)
-    : be_(backend), cfg_(b.config), int4_(b.int4), max_batch_(max_batch) {
+    : be_(backend), cfg_(b.config), int4_(b.int4), max_batch_(max_batch), rope_(rope_table(b.config)),
+      softmax_scale_(softmax_scale(b.config)) {
     if (max_batch < 1) throw std::runtime_error("model: max_batch " + std::to_string(max_batch) + " is below 1");
     b.check_memory(max_batch);  // nothing is allocated for a run over the memory limit
     const ModelConfig& c = cfg_;
@@ -193,19 +195,19 @@ void Model::attention(LayerWeights& L, const int32_t* pos_host, int M, const Vis
     } else {
         linear(q_, xn_, L.wq, M);
     }
-    be_.rope(q_, M, H * qk, H, qk, c.qk_nope_head_dim, c.qk_rope_head_dim, pos_host, c.rope_theta);
+    be_.rope(q_, M, H * qk, H, qk, c.qk_nope_head_dim, c.qk_rope_head_dim, pos_host, rope_);
     // Append: the latent projection lands straight in this batch's cache rows.
     float* rows = L.cache + static_cast<long>(vis.committed) * row_width;
     linear(rows, xn_, L.wkv_a, M);
     be_.rmsnorm(rows, row_width, rows, row_width, L.kv_norm, M, c.kv_lora_rank, c.norm_eps);
-    be_.rope(rows, M, row_width, 1, row_width, c.kv_lora_rank, c.qk_rope_head_dim, pos_host, c.rope_theta);
+    be_.rope(rows, M, row_width, 1, row_width, c.kv_lora_rank, c.qk_rope_head_dim, pos_host, rope_);
     MlaDims dims;
     dims.n_heads = H;
     dims.d_c = c.kv_lora_rank;
     dims.d_n = c.qk_nope_head_dim;
     dims.d_r = c.qk_rope_head_dim;
     dims.d_v = c.v_head_dim;
-    dims.scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    dims.scale = softmax_scale_;
     be_.mla_attention(attn_, q_, L.wkv_b, L.cache, vis, M, dims);
     linear(tmp_, attn_, L.wo, M);
     be_.add(x_, x_, tmp_, static_cast<size_t>(M) * D);

@@ -81,6 +81,8 @@ private:
     ModelConfig cfg_;
     bool int4_ = false;
     int max_batch_ = 0, cache_rows_ = 0, drafter_block_ = 0;
+    RopeTable rope_;             // the config's RoPE frequencies (plain or YaRN)
+    float softmax_scale_ = 0;    // tau, with YaRN's correction
     std::vector<void*> owned_;  // every buffer this model allocated
     const float *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
     const float *drafter_w_ = nullptr, *drafter_b_ = nullptr;

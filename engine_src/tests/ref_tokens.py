@@ -36,7 +36,7 @@ def load_model(path: str) -> tuple[Transformer, list[int]]:
             weights[base] = dequantize(array, bundle.tensors[base + ".sc"])
         elif not name.endswith(".sc") and not name.startswith("drafter."):
             weights[name] = array
-    return Transformer(ModelArgs(**bundle.header["config"]), weights), bundle.header["prompt"]
+    return Transformer(ModelArgs.from_json(bundle.header["config"]), weights), bundle.header["prompt"]
 
 
 def candidates(seed_text: str, vocab: int, count: int, avoid: list[int]) -> np.ndarray:

@@ -7,6 +7,7 @@
 // Prints one line per test: "ok <name> <detail>", "FAIL <name> <detail>" or "skip <name> <why>";
 // exits 1 when any test failed.
 #include "backend.h"
+#include "rope.h"
 #include "tree.h"
 
 #include <algorithm>
@@ -236,23 +237,69 @@ void test_elementwise(Backend& be, const std::string& p) {
         const double e2 = nmse(packed, ref);
         report(p + "rmsnorm", e1 < 1e-7 && e2 < 1e-7 && tail_kept, "nmse=" + fmt("%.2e", std::max(e1, e2)));
     }
-    {  // rope on per-head segments
-        const int M = 4, H = 3, d_n = 8, d_r = 16, vs = d_n + d_r, rs = H * vs;
-        const std::vector<float> x = rng.vec(static_cast<size_t>(M) * rs);
-        const std::vector<int32_t> pos = {0, 7, 250, 1023};
-        std::vector<double> ref(x.begin(), x.end());
-        for (int m = 0; m < M; ++m)
-            for (int h = 0; h < H; ++h)
+    {  // rope on per-head segments: plain (tiny's frequencies) and YaRN at k2mini's shape
+        struct Case {
+            const char* name;
+            int d_r;
+            double theta;
+            RopeScaling yarn;
+        };
+        RopeScaling k2mini;  // DeepSeek-V3's scaling with a 512-position original context
+        k2mini.yarn = true; k2mini.factor = 40; k2mini.original_max_position_embeddings = 512;
+        k2mini.beta_fast = 32; k2mini.beta_slow = 1; k2mini.mscale = 1; k2mini.mscale_all_dim = 1;
+        RopeScaling v2 = k2mini;  // mscale != mscale_all_dim: cos/sin scaled (DeepSeek-V2 style)
+        v2.mscale = 0.707; v2.mscale_all_dim = 0;
+        const Case cases[] = {{"rope", 16, 10000.0, RopeScaling()}, {"rope.yarn_k2mini", 32, 10000.0, k2mini},
+                              {"rope.yarn_mscale", 32, 10000.0, v2}};
+        for (const Case& cs : cases) {
+            const int M = 7, H = 3, d_n = 8, d_r = cs.d_r, vs = d_n + d_r, rs = H * vs;
+            ModelConfig cfg;
+            cfg.qk_nope_head_dim = d_n; cfg.qk_rope_head_dim = d_r; cfg.rope_theta = static_cast<float>(cs.theta);
+            cfg.rope_scaling = cs.yarn;
+            const RopeTable table = rope_table(cfg);
+            // Hugging Face's DeepseekV3YarnRotaryEmbedding, written out again independently of rope.cpp.
+            std::vector<double> freq(d_r / 2);
+            double mag = 1;
+            for (int i = 0; i < d_r / 2; ++i) freq[i] = 1.0 / std::pow(cs.theta, 2.0 * i / d_r);
+            if (cs.yarn.yarn) {
+                const auto dim_of = [&](double rot) {
+                    return d_r * std::log(cs.yarn.original_max_position_embeddings / (rot * 2 * 3.14159265358979323846)) /
+                           (2 * std::log(cs.theta));
+                };
+                const double lo = std::max(std::floor(dim_of(cs.yarn.beta_fast)), 0.0);
+                double hi = std::min(std::ceil(dim_of(cs.yarn.beta_slow)), d_r - 1.0);
+                if (lo == hi) hi += 0.001;
                 for (int i = 0; i < d_r / 2; ++i) {
-                    const double ang = pos[m] * std::pow(10000.0, -2.0 * i / d_r);
-                    const size_t o = static_cast<size_t>(m) * rs + h * vs + d_n + 2 * i;
-                    ref[o] = x[o] * std::cos(ang) - x[o + 1] * std::sin(ang);
-                    ref[o + 1] = x[o] * std::sin(ang) + x[o + 1] * std::cos(ang);
+                    const double keep = 1.0 - std::min(std::max((i - lo) / (hi - lo), 0.0), 1.0);
+                    freq[i] = freq[i] / cs.yarn.factor * (1 - keep) + freq[i] * keep;
                 }
-        float* xb = buf.put(x);
-        be.rope(xb, M, rs, H, vs, d_n, d_r, pos.data(), 10000.0f);
-        const double e = nmse(buf.get(xb, x.size()), ref);
-        report(p + "rope", e < 1e-7, "nmse=" + fmt("%.2e", e));
+                const auto ms = [&](double m) { return 0.1 * m * std::log(cs.yarn.factor) + 1.0; };
+                mag = ms(cs.yarn.mscale) / ms(cs.yarn.mscale_all_dim);
+            }
+            // softmax scale: tau times yarn_mscale(factor, mscale_all_dim)^2 (1 when mscale_all_dim is 0)
+            const double all_dim = cs.yarn.yarn && cs.yarn.mscale_all_dim != 0 ? 0.1 * cs.yarn.mscale_all_dim * std::log(cs.yarn.factor) + 1 : 1;
+            const bool scale_ok = softmax_scale(cfg) == static_cast<float>(all_dim * all_dim / std::sqrt(d_n + d_r));
+            double table_err = std::abs(table.magnitude - mag) / mag;
+            for (int i = 0; i < d_r / 2; ++i) table_err = std::max(table_err, std::abs(table.inv_freq[i] - freq[i]) / freq[i]);
+            // positions inside and past the original context, up to k2mini's last cache row
+            const std::vector<int32_t> pos = {0, 7, 250, 511, 512, 1087, 4095};
+            const std::vector<float> x = rng.vec(static_cast<size_t>(M) * rs);
+            std::vector<double> ref(x.begin(), x.end());
+            for (int m = 0; m < M; ++m)
+                for (int h = 0; h < H; ++h)
+                    for (int i = 0; i < d_r / 2; ++i) {
+                        const double ang = pos[m] * freq[i];
+                        const size_t o = static_cast<size_t>(m) * rs + h * vs + d_n + 2 * i;
+                        ref[o] = mag * (x[o] * std::cos(ang) - x[o + 1] * std::sin(ang));
+                        ref[o + 1] = mag * (x[o] * std::sin(ang) + x[o + 1] * std::cos(ang));
+                    }
+            float* xb = buf.put(x);
+            be.rope(xb, M, rs, H, vs, d_n, d_r, pos.data(), table);
+            const double e = nmse(buf.get(xb, x.size()), ref);
+            report(p + cs.name, e < 1e-7 && table_err < 1e-14 && scale_ok,
+                   "nmse=" + fmt("%.2e", e) + " table rel err=" + fmt("%.1e", table_err) +
+                       (scale_ok ? " softmax scale ok" : " SOFTMAX SCALE WRONG"));
+        }
     }
     {  // silu_mul and add, in place
         const size_t n = 1000;
@@ -340,13 +387,12 @@ void test_matmuls(Backend& be, const std::string& p) {
     }
 }
 
-void test_attention(Backend& be, const std::string& p) {
-    Rng rng(3);
+// mla_attention on a random tree of M rows after `committed` cache rows: NMSE against the double
+// reference, and each tree row bit-equal to the same row decoded alone after its ancestors were
+// compacted into a chain (the DDTree == AR invariant at op level).
+void attention_case(Backend& be, Rng& rng, const std::string& name, const MlaDims& d, int committed, int M) {
     Buffers buf(be);
-    MlaDims d;
-    d.n_heads = 3; d.d_c = 32; d.d_n = 16; d.d_r = 8; d.d_v = 16;
-    d.scale = 1.0f / std::sqrt(24.0f);
-    const int W = d.d_c + d.d_r, committed = 11, M = 9, qs = d.n_heads * (d.d_n + d.d_r);
+    const int W = d.d_c + d.d_r, qs = d.n_heads * (d.d_n + d.d_r);
     const std::vector<int32_t> parent = random_tree(rng, M);
     const std::vector<float> cache = rng.vec(static_cast<size_t>(committed + M + 4) * W),
                              q = rng.vec(static_cast<size_t>(M) * qs),
@@ -361,10 +407,9 @@ void test_attention(Backend& be, const std::string& p) {
     be.mla_attention(out, qb, wb, cb, vis, M, d);
     const std::vector<float> got = buf.get(out, static_cast<size_t>(M) * d.n_heads * d.d_v);
     const double e = nmse(got, ref_attention(q, wkv_b, cache, committed, parent, d));
-    report(p + "mla_attention.tree", e < 5e-4, "nmse=" + fmt("%.2e", e) + " (ancestor-only mask, " + std::to_string(M) + " rows)");
+    report(name, e < 5e-4, "nmse=" + fmt("%.2e", e) + " (ancestor-only mask, " + std::to_string(M) + " rows after " +
+                               std::to_string(committed) + ")");
 
-    // The DDTree == AR invariant at op level: a tree row equals the same row decoded alone after
-    // its ancestors were compacted into a chain, bit for bit.
     bool exact = true;
     const size_t row = static_cast<size_t>(d.n_heads) * d.d_v;
     for (int m = 0; m < M; ++m) {
@@ -381,8 +426,24 @@ void test_attention(Backend& be, const std::string& p) {
         be.mla_attention(o1, qb + static_cast<size_t>(m) * qs, wb, buf.put(compacted), alone, 1, d);
         exact = exact && std::memcmp(buf.get(o1, row).data(), got.data() + m * row, row * sizeof(float)) == 0;
     }
-    report(p + "mla_attention.tree_row_equals_chain", exact, "tree rows bit-equal to single-row decode over the compacted chain");
+    report(name + "_row_equals_chain", exact, "tree rows bit-equal to single-row decode over the compacted chain");
+}
 
+void test_attention(Backend& be, const std::string& p) {
+    Rng rng(3);
+    Buffers buf(be);
+    MlaDims d;
+    d.n_heads = 3; d.d_c = 32; d.d_n = 16; d.d_r = 8; d.d_v = 16;
+    d.scale = 1.0f / std::sqrt(24.0f);
+    attention_case(be, rng, p + "mla_attention.tree", d, 11, 9);
+    // k2mini's heads at its full context: 4090 committed rows, YaRN's softmax scale (x 1.874)
+    MlaDims k2;
+    k2.n_heads = 4; k2.d_c = 64; k2.d_n = 32; k2.d_r = 32; k2.d_v = 32;
+    k2.scale = static_cast<float>(std::pow(0.1 * std::log(40.0) + 1, 2) / 8.0);
+    attention_case(be, rng, p + "mla_attention.long_context", k2, 4090, 6);
+
+    const int W = d.d_c + d.d_r;
+    const std::vector<float> cache = rng.vec(static_cast<size_t>(24) * W);
     // kv_compact equals a gather of the kept rows.
     const std::vector<int32_t> keep = {0, 2, 3, 7};
     const int start = 5;
@@ -399,10 +460,14 @@ void test_attention(Backend& be, const std::string& p) {
 void test_moe(Backend& be, const std::string& p) {
     Rng rng(4);
     Buffers buf(be);
-    for (const int groups : {1, 4}) {
+    // {experts, top_k, groups, groups kept, rows}: tiny2-like, and k2mini's (DeepSeek-V3's routing
+    // at 64 experts: 8 groups, 4 kept, top-8) over more rows than one warp.
+    const int gate_cases[][5] = {{16, 3, 1, 1, 7}, {16, 3, 4, 2, 7}, {64, 8, 8, 4, 37}};
+    for (const auto& gc : gate_cases) {
+        const int groups = gc[2];
         MoeRouting r;
-        r.n_experts = 16; r.top_k = 3; r.n_groups = groups; r.topk_groups = groups > 1 ? 2 : 1; r.route_scale = 2.5f;
-        const int M = 7, E = r.n_experts, gs = E / groups;
+        r.n_experts = gc[0]; r.top_k = gc[1]; r.n_groups = groups; r.topk_groups = gc[3]; r.route_scale = 2.5f;
+        const int M = gc[4], E = r.n_experts, gs = E / groups;
         const std::vector<float> logits = rng.vec(static_cast<size_t>(M) * E, 3.0f), bias = rng.vec(E, 0.3f);
         int32_t* idx = buf.zeros<int32_t>(static_cast<size_t>(M) * r.top_k);
         float* wt = buf.zeros<float>(static_cast<size_t>(M) * r.top_k);
@@ -444,7 +509,10 @@ void test_moe(Backend& be, const std::string& p) {
             }
         }
         const double e = nmse(gw, ref_w);
-        report(p + "moe_gate.groups" + std::to_string(groups), same_idx && e < 1e-7, std::string(same_idx ? "same experts" : "DIFFERENT EXPERTS") + " weights nmse=" + fmt("%.2e", e));
+        const std::string gate_name = E == 16 ? "moe_gate.groups" + std::to_string(groups)
+                                              : "moe_gate.E" + std::to_string(E) + "_groups" + std::to_string(groups) + "_keep" +
+                                                    std::to_string(r.topk_groups) + "_top" + std::to_string(r.top_k);
+        report(p + gate_name, same_idx && e < 1e-7, std::string(same_idx ? "same experts" : "DIFFERENT EXPERTS") + " weights nmse=" + fmt("%.2e", e));
     }
     // {M, E, skewed}: skewed routes rows 0..9 to expert 0 first (more rows than one pass of the
     // CUDA INT4 kernel at this mean load), and M = 19 takes two passes of the layer on CUDA.

@@ -31,7 +31,7 @@ class Loaded:
 def load(path) -> Loaded:
     """Read a bundle and build its model; a KdtrError names the file if a tensor is missing."""
     b = kdtr.read(path)
-    args = ModelArgs(**b.header["config"])
+    args = ModelArgs.from_json(b.header["config"])
     group = b.header["quant"].get("group_size", 32)
     weights = {}
     for name in b.tensors:

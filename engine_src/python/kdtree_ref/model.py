@@ -10,13 +10,37 @@ instance exists to show that FP32 rounding leaves the golden tokens alone).
 
 `Transformer.forward` is the one general forward: a batch of sequences, N new tokens each at
 given positions, a visibility mask over the cache; prefill, AR decode and tree verification
-all use it. `Transformer.forward_full` is the cacheless, non-absorbed textbook form, kept
-only to check the absorbed path.
+all use it. RoPE may be scaled with YaRN as DeepSeek-V3 and Kimi-K2 do (`RopeScaling`, the
+`rope_scaling` object of their Hugging Face configs, with the same semantics).
+`Transformer.forward_full` is the cacheless, non-absorbed textbook form, kept only to check the
+absorbed path.
 """
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """YaRN RoPE scaling: the `rope_scaling` object of a DeepSeek-V3 / Kimi-K2 Hugging Face config
+    (DeepSeek-V3: factor 40, original context 4096, beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1)."""
+
+    type: str = "yarn"                          # the only scaling this reference knows
+    factor: float = 1.0                         # context extension factor s
+    original_max_position_embeddings: int = 0   # the context the model was pretrained at (required)
+    beta_fast: float = 32.0                     # rotations per original context above which a pair is kept
+    beta_slow: float = 1.0                      # ... below which a pair is interpolated (divided by s)
+    mscale: float = 1.0                         # cos/sin scale yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)
+    mscale_all_dim: float = 0.0                 # softmax scale times yarn_mscale(s, mscale_all_dim)^2 (0: none)
+
+    def __post_init__(self):
+        if self.type != "yarn":
+            raise ValueError(f"rope_scaling: unknown type {self.type!r} (this reference knows 'yarn')")
+        if not self.factor >= 1 or self.original_max_position_embeddings <= 0 or not self.beta_fast > self.beta_slow > 0:
+            raise ValueError(f"rope_scaling: need factor >= 1, original_max_position_embeddings > 0 and "
+                             f"beta_fast > beta_slow > 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -43,12 +67,32 @@ class ModelArgs:
     n_limited_groups: int = 1       # groups kept per token (topk_group)
     route_scale: float = 1.0        # routed_scaling_factor applied to the normalised weights
     rope_theta: float = 10000.0     # RoPE base
+    rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE (and absent from the header)
     norm_eps: float = 1e-6          # RMSNorm epsilon
     max_seq_len: int = 256          # cache capacity in committed tokens
 
     def to_json(self) -> dict:
-        """The config as a header object (field order as declared)."""
-        return asdict(self)
+        """The config as a header object (field order as declared; no rope_scaling key when None,
+        so a config without scaling writes the same header as before the field existed)."""
+        config = asdict(self)
+        if self.rope_scaling is None:
+            del config["rope_scaling"]
+        return config
+
+    @classmethod
+    def from_json(cls, config: dict) -> "ModelArgs":
+        """The config of a header object; a ValueError names an unknown or bad field."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - names)
+        if unknown:
+            raise ValueError(f"config: unknown field {unknown[0]!r}")
+        scaling = config.get("rope_scaling")
+        if scaling is not None:
+            bad = sorted(set(scaling) - {f.name for f in fields(RopeScaling)}) if isinstance(scaling, dict) else [scaling]
+            if bad:
+                raise ValueError(f"config.rope_scaling: unknown field {bad[0]!r}")
+            scaling = RopeScaling(**scaling)
+        return cls(**{**config, "rope_scaling": scaling})
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -56,12 +100,52 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """Rotate adjacent pairs (x_2i, x_2i+1) of x [..., N, d_r] by positions [N] * theta^(-2i/d_r)."""
-    d = x.shape[-1]
-    freqs = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    angle = positions.astype(np.float64)[:, None] * freqs
-    cos, sin = np.cos(angle).astype(x.dtype), np.sin(angle).astype(x.dtype)
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's magnitude term 0.1 mscale ln(factor) + 1 (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_correction_range(args: ModelArgs) -> tuple[int, int]:
+    """The pair indices [low, high] between which YaRN ramps from kept to interpolated frequencies:
+    the pairs that turn beta_fast and beta_slow times over the original context, floored and ceiled."""
+    s, d = args.rope_scaling, args.qk_rope_head_dim
+
+    def pair(rotations):
+        return d * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(args.rope_theta))
+
+    return max(math.floor(pair(s.beta_fast)), 0), min(math.ceil(pair(s.beta_slow)), d - 1)
+
+
+def rope_frequencies(args: ModelArgs) -> tuple[np.ndarray, float]:
+    """(inv_freq [d_r/2], magnitude): pair i at position p turns by p inv_freq[i], and cos/sin are
+    multiplied by magnitude. Plain RoPE: theta^(-2i/d_r) and 1. YaRN: pairs below the ramp keep
+    theta^(-2i/d_r), pairs above it are divided by the factor, linear in between."""
+    d = args.qk_rope_head_dim
+    extra = args.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    s = args.rope_scaling
+    if s is None:
+        return extra, 1.0
+    low, high = yarn_correction_range(args)
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low if high != low else 0.001), 0.0, 1.0)
+    inv_freq = extra / s.factor * ramp + extra * (1.0 - ramp)
+    return inv_freq, yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
+
+
+def softmax_scale(args: ModelArgs) -> float:
+    """tau = (d_n + d_r)^-1/2, times yarn_mscale(factor, mscale_all_dim)^2 with YaRN (DeepSeek-V3's
+    correction for the attention entropy at the extended context; none when mscale_all_dim is 0)."""
+    tau = (args.qk_nope_head_dim + args.qk_rope_head_dim) ** -0.5
+    s = args.rope_scaling
+    if s is not None and s.mscale_all_dim:
+        tau *= yarn_mscale(s.factor, s.mscale_all_dim) ** 2
+    return tau
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, magnitude: float = 1.0) -> np.ndarray:
+    """Rotate adjacent pairs (x_2i, x_2i+1) of x [..., N, d_r] by positions [N] * inv_freq[i],
+    with cos and sin times magnitude (rope_frequencies)."""
+    angle = positions.astype(np.float64)[:, None] * inv_freq
+    cos, sin = (np.cos(angle) * magnitude).astype(x.dtype), (np.sin(angle) * magnitude).astype(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin
@@ -139,6 +223,11 @@ class Transformer:
         self.w = {name: np.asarray(value, dtype=dtype) for name, value in weights.items()}
         # y = W x on rows is x @ W.T; a contiguous copy of W.T makes those products twice as fast
         self.wt = {name: np.ascontiguousarray(value.T) for name, value in self.w.items() if value.ndim == 2}
+        self.rope_freq, self.rope_magnitude = rope_frequencies(args)
+        self.tau = softmax_scale(args)
+
+    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return rope(x, positions, self.rope_freq, self.rope_magnitude)
 
     def _ffn_weights(self, prefix: str):
         return self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"]
@@ -160,7 +249,7 @@ class Transformer:
         a, w = self.args, self.w
         kv = x @ self.wt[prefix + "wkv_a"]
         c = rms_norm(kv[..., :a.kv_lora_rank], w[prefix + "kv_norm"], a.norm_eps)
-        k_rope = rope(kv[..., a.kv_lora_rank:], positions, a.rope_theta)
+        k_rope = self._rope(kv[..., a.kv_lora_rank:], positions)
         return c, k_rope
 
     def _split_wkv_b(self, prefix: str):
@@ -179,14 +268,14 @@ class Transformer:
         # heads-first layout [B][H][N][.] so every product below is a batched matmul
         q = self._query(prefix, x).transpose(0, 2, 1, 3)            # [B][H][N][d_n+d_r]
         q_nope = q[..., :a.qk_nope_head_dim]
-        q_rope = rope(q[..., a.qk_nope_head_dim:], positions, a.rope_theta)
+        q_rope = self._rope(q[..., a.qk_nope_head_dim:], positions)
         c_new, k_new = self._latent(prefix, x, positions)
         cache.c[layer, :, start:start + n] = c_new
         cache.k[layer, :, start:start + n] = k_new
         c_all, k_all = cache.c[layer, :, :start + n], cache.k[layer, :, :start + n]
         w_uk, w_uv = self._split_wkv_b(prefix)
         q_hat = q_nope @ w_uk[None]                                  # W_UK^T q_nope: [B][H][N][d_c]
-        tau = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
+        tau = self.tau
         b, h, t = x.shape[0], a.n_heads, start + n
         # all heads share the cache rows: fold them into the query rows, one matmul per sequence
         scores = tau * (q_hat.reshape(b, h * n, -1) @ c_all.swapaxes(1, 2)
@@ -196,14 +285,18 @@ class Transformer:
         o = (latent @ w_uv.swapaxes(1, 2)[None]).transpose(0, 2, 1, 3)  # W_UV latent: [B][N][H][d_v]
         return o.reshape(*x.shape[:2], -1) @ self.wt[prefix + "wo"]
 
+    def gate_scores(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """Router scores s = sigmoid(gate.weight x) [M][E] of rows x [M][h]."""
+        return 1.0 / (1.0 + np.exp(-(x @ self.wt[f"layers.{layer}.ffn.gate.weight"])))
+
     def route(self, layer: int, x: np.ndarray):
         """MoE routing of rows x [M][h]: (expert ids [M][k], weights [M][k], route and group margins [M])."""
         a, w = self.args, self.w
         prefix = f"layers.{layer}.ffn.gate."
-        scores = 1.0 / (1.0 + np.exp(-(x @ self.wt[prefix + "weight"])))   # s = sigmoid(u . x)
+        scores = self.gate_scores(layer, x)
         select = scores + w[prefix + "bias"]                             # s' = s + b
         group_margin = np.full(len(x), np.inf)
-        if a.n_expert_groups > 1:
+        if a.n_expert_groups > a.n_limited_groups:      # else every group is kept: no group choice
             grouped = select.reshape(len(x), a.n_expert_groups, -1)
             group_scores = np.sum(-np.sort(-grouped, axis=-1)[..., :2], axis=-1)
             order = stable_topk(group_scores, a.n_expert_groups)
@@ -280,7 +373,7 @@ class Transformer:
         t = len(tokens)
         positions = np.arange(t)
         causal = np.tril(np.ones((t, t), dtype=bool))
-        tau = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
+        tau = self.tau
         x = w["embed"][tokens]
         for layer in range(a.n_layers):
             lp = f"layers.{layer}."
@@ -288,7 +381,7 @@ class Transformer:
             h = rms_norm(x, w[lp + "attn_norm"], a.norm_eps)
             q = self._query(prefix, h)                                   # [T][H][d_n+d_r]
             q_nope, q_rope = q[..., :a.qk_nope_head_dim], q[..., a.qk_nope_head_dim:]
-            q_rope = rope(q_rope.swapaxes(0, 1), positions, a.rope_theta).swapaxes(0, 1)
+            q_rope = self._rope(q_rope.swapaxes(0, 1), positions).swapaxes(0, 1)
             c, k_rope = self._latent(prefix, h[None], positions)
             kv = (c[0] @ self.wt[prefix + "wkv_b"]).reshape(t, a.n_heads, -1)
             k_nope, v = kv[..., :a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
@@ -335,6 +428,10 @@ class Trajectory:
     def row(self, i: int) -> "Trajectory":
         """Sequence i alone (as a batch of one)."""
         return Trajectory(*(getattr(self, f.name)[i:i + 1] for f in fields(self)))
+
+    def steps_after_prompt(self) -> "Trajectory":
+        """Steps 1.. alone (step 0's routing margins are those of the whole prompt)."""
+        return Trajectory(*(getattr(self, f.name)[:, 1:] for f in fields(self)))
 
 
 def generate(model: Transformer, prompts, n: int) -> Trajectory:

@@ -1,13 +1,16 @@
 """The reference model: absorbed decode against the textbook forward, routing rules, RoPE."""
 
 import dataclasses
+import json
+import math
 
 import numpy as np
 import pytest
 
 import gen_model
 from kdtree_ref import prng
-from kdtree_ref.model import KVCache, Transformer, decode_step, generate, prefill, rope, top_margin
+from kdtree_ref.model import (KVCache, ModelArgs, RopeScaling, Transformer, decode_step, generate, prefill, rope,
+                              rope_frequencies, softmax_scale, top_margin, yarn_correction_range)
 
 CONFIGS = sorted(gen_model.CONFIGS)
 
@@ -55,11 +58,72 @@ def test_masked_forward_sees_only_visible_rows(model):
 
 def test_rope_rotates_adjacent_pairs():
     x = np.array([[1.0, 0.0, 0.0, 1.0]])
-    out = rope(x, np.array([3]), 10000.0)
+    inv_freq, magnitude = rope_frequencies(ModelArgs(qk_rope_head_dim=4, rope_theta=10000.0))
+    assert magnitude == 1.0
+    out = rope(x, np.array([3]), inv_freq)
     angles = 3 * 10000.0 ** (-np.array([0, 2]) / 4)
     np.testing.assert_allclose(out[0], [np.cos(angles[0]), np.sin(angles[0]),
                                         -np.sin(angles[1]), np.cos(angles[1])])
-    np.testing.assert_array_equal(rope(x, np.array([0]), 10000.0), x)
+    np.testing.assert_array_equal(rope(x, np.array([0]), inv_freq), x)
+    np.testing.assert_allclose(rope(x, np.array([3]), inv_freq, 2.0), 2 * out)
+
+
+def hf_yarn(dim, base, factor, original, beta_fast, beta_slow):
+    """Hugging Face's DeepseekV3YarnRotaryEmbedding inverse frequencies, transcribed line by line
+    (torch -> NumPy, float64): the independent statement rope_frequencies is checked against."""
+    def correction_dim(num_rotations):
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    freq_extra = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    freq_inter = 1.0 / (factor * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    inv_freq_mask = 1.0 - ramp
+    return freq_inter * (1 - inv_freq_mask) + freq_extra * inv_freq_mask, (low, high)
+
+
+@pytest.mark.parametrize("dim,original", [(64, 4096), (32, 512), (16, 512)])
+def test_yarn_frequencies_follow_deepseek_v3(dim, original):
+    """DeepSeek-V3's rope_scaling (factor 40, beta_fast 32, beta_slow 1, mscale = mscale_all_dim = 1):
+    the frequencies of the HF code, unit cos/sin magnitude, softmax scale (0.1 ln 40 + 1)^2 tau."""
+    scaling = RopeScaling(factor=40.0, original_max_position_embeddings=original, beta_fast=32.0, beta_slow=1.0,
+                          mscale=1.0, mscale_all_dim=1.0)
+    args = ModelArgs(qk_nope_head_dim=128, qk_rope_head_dim=dim, rope_theta=10000.0, rope_scaling=scaling)
+    inv_freq, magnitude = rope_frequencies(args)
+    want, (low, high) = hf_yarn(dim, 10000.0, 40.0, original, 32.0, 1.0)
+    np.testing.assert_allclose(inv_freq, want, rtol=1e-14, atol=0)
+    assert yarn_correction_range(args) == (low, high)
+    plain = 10000.0 ** (-np.arange(0, dim, 2) / dim)
+    assert np.all(inv_freq[:low + 1] == plain[:low + 1])          # fast pairs are kept
+    np.testing.assert_allclose(inv_freq[high:], plain[high:] / 40, rtol=1e-15)  # slow pairs interpolated
+    assert magnitude == 1.0
+    assert softmax_scale(args) == pytest.approx((128 + dim) ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-15)
+    if (dim, original) == (64, 4096):
+        assert (low, high) == (10, 23)     # DeepSeek-V3's own rope dims and context
+
+
+def test_yarn_mscale_terms():
+    """mscale != mscale_all_dim scales cos/sin by their ratio; mscale_all_dim 0 leaves the softmax scale."""
+    args = ModelArgs(qk_nope_head_dim=32, qk_rope_head_dim=16,
+                     rope_scaling=RopeScaling(factor=16.0, original_max_position_embeddings=256, mscale=0.707,
+                                              mscale_all_dim=0.0))
+    _, magnitude = rope_frequencies(args)
+    assert magnitude == pytest.approx(0.1 * 0.707 * math.log(16) + 1)
+    assert softmax_scale(args) == 48 ** -0.5
+
+
+def test_rope_scaling_round_trips_through_the_header():
+    args = gen_model.CONFIGS["k2mini"]
+    assert ModelArgs.from_json(json.loads(json.dumps(args.to_json()))) == args
+    assert "rope_scaling" not in gen_model.CONFIGS["tiny"].to_json()
+    with pytest.raises(ValueError, match="unknown field 'rope_factor'"):
+        ModelArgs.from_json({**args.to_json(), "rope_factor": 40})
+    with pytest.raises(ValueError, match="rope_scaling: unknown field 'alpha'"):
+        ModelArgs.from_json({**args.to_json(), "rope_scaling": {"factor": 4.0, "alpha": 1}})
+    with pytest.raises(ValueError, match="unknown type 'linear'"):
+        ModelArgs.from_json({**args.to_json(), "rope_scaling": {"type": "linear", "factor": 4.0}})
 
 
 def gate_model(args, gate_logits, bias):

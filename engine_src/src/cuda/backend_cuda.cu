@@ -97,8 +97,8 @@ public:
         cuda::rmsnorm(ctx_, out, out_stride, x, x_stride, w, M, n, eps);
     }
     void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
-              const int32_t* pos_host, float theta) override {
-        cuda::rope(ctx_, x, M, row_stride, n_vec, vec_stride, offset, d_r, ctx_.upload_ints(pos_host, M), theta);
+              const int32_t* pos_host, const RopeTable& table) override {
+        cuda::rope(ctx_, x, M, row_stride, n_vec, vec_stride, offset, d_r, ctx_.upload_ints(pos_host, M), table);
     }
     void silu_mul(float* out, const float* a, const float* b, size_t n) override { cuda::silu_mul(ctx_, out, a, b, n); }
     void add(float* out, const float* a, const float* b, size_t n) override { cuda::add(ctx_, out, a, b, n); }

@@ -43,7 +43,7 @@ void rmsnorm(Context& ctx, float* out, int out_stride, const float* x, int x_str
 
 // rope.cu (pos: device)
 void rope(Context& ctx, float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
-          const int32_t* pos, float theta);
+          const int32_t* pos, const RopeTable& table);
 
 // elementwise.cu (tokens, keep: device)
 void silu_mul(Context& ctx, float* out, const float* a, const float* b, size_t n);
