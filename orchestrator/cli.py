@@ -1,11 +1,12 @@
 """The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust`, `deploy`, `validate`,
 `nightly`, `report` and `clean` do in
 terms of the library, and how failures become exit codes (0 ok, 1 a host failed, 2 usage or
-inventory error). `main()` is the `kdtree-orch` console entry: Invoke's Program over tasks.py.
+inventory error). The tasks themselves are orchestrator/tasks.py; `kdtree-orch` is program.py.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -22,8 +23,9 @@ from .inventory import Host, Inventory
 if TYPE_CHECKING:
     from . import record
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_INVENTORY = REPO_ROOT / "hosts.yaml"
+# The checkout this package sits in, when it runs from one (`invoke` in the repo, an editable install).
+CHECKOUT = Path(__file__).resolve().parent.parent
+DASHBOARD = "history.html"     # under runs/
 INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
@@ -70,9 +72,17 @@ def exit_codes():
             signal.signal(signal.SIGTERM, previous)
 
 
+def default_inventory() -> Path:
+    """The inventory used without --inventory: the checkout's hosts.yaml when the package runs from
+    a checkout, else (an installed package) hosts.yaml in the current directory."""
+    if (CHECKOUT / "tasks.py").is_file() and (CHECKOUT / "hosts.yaml").is_file():
+        return CHECKOUT / "hosts.yaml"
+    return Path("hosts.yaml")
+
+
 def load_inventory(inventory: str | None) -> Inventory:
-    """The inventory file given with --inventory, or hosts.yaml beside tasks.py."""
-    return inventory_mod.load(inventory or DEFAULT_INVENTORY)
+    """The inventory file given with --inventory, or the default_inventory()."""
+    return inventory_mod.load(inventory or default_inventory())
 
 
 def load_selection(inventory: str | None, host=None, group=None, all=False,
@@ -166,6 +176,7 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
             if fingerprints and e.fingerprint not in fingerprints:
                 raise KdError(f"{e.known_name} offered {e.key.get_name()} {e.fingerprint}, which is not the "
                               f"fingerprint given ({', '.join(fingerprints)}); nothing pinned", host=host.name) from None
+            assert host.known_hosts is not None     # the inventory gives every host one
             hostkeys.pin(Path(host.known_hosts), e.known_name, e.key)
             out(f"pinned {e.known_name} {e.key.get_name()} {e.fingerprint} in {host.known_hosts}")
             continue
@@ -183,25 +194,41 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
 
 def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
              skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
-             command: str = "validate", baseline: str | None = None) -> int:
-    """Run the pipeline's steps (--steps/--skip) on the hosts; see run_plan."""
-    from . import pipeline
-    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache)
-    return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline)
+             command: str = "validate", baseline: str | None = None, history: str | None = None,
+             gpus: str | None = None) -> int:
+    """Run the pipeline's steps (--steps/--skip) on the hosts, on the GPUs --gpus asks for (over
+    each host's gpu_policy and gpu_count); see run_plan."""
+    from . import gpus as gpus_mod, pipeline
+    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus))
+    return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline, history=history)
 
 
 def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, report_dir: str | None = None,
-             baseline: str | None = None) -> int:
-    """Run a plan on the hosts, write the run directory, print the summary. Exit code: 0 passed,
+             baseline: str | None = None, history: str | None = None) -> int:
+    """Run a plan on the hosts, write the run directory, index a validate or nightly run in the
+    benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
+    detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import pipeline, regression, remote
+    from . import dashboard, history as history_mod, pipeline, record, regression, remote
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     runs_root = inv.project.root / "runs"
-    reference = _baseline(runs_root, baseline) if plan.command == "nightly" else None
-    run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
-    if reference is not None and run.status != "interrupted":
-        run.regressions = regression.find_regressions(run.to_dict(), reference)
-    paths = pipeline.finish(run_dir, run, runs_root, secrets)
+    reference = _baseline(baseline) if plan.command == "nightly" else None
+    tolerances = (reference or {}).get("thresholds") or {}
+    tolerance = lambda metric: regression.threshold_for(metric, tolerances)     # noqa: E731
+    with contextlib.ExitStack() as stack:
+        store = (stack.enter_context(history_mod.HistoryStore.open(_history_path(runs_root, history)))  # bad: exit 2 now
+                 if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
+        run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
+        if plan.command == "nightly" and run.status != "interrupted":
+            run.regressions = (regression.find_regressions(run.to_dict(), reference) if reference is not None else
+                               history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance)))
+        board = runs_root / DASHBOARD
+        if store is not None:
+            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
+        paths = pipeline.finish(run_dir, run, runs_root, secrets)
+        if store is not None:
+            store.index_run(record.load_run(run_dir.path), run_dir.path)
+            dashboard.render_history(store, board, tolerance)
     run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
@@ -211,32 +238,38 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     return 3 if run.regressions else 0
 
 
-def _baseline(runs_root: Path, path: str | None) -> dict | None:
-    """The nightly's baseline: a baseline file given with --baseline, else the last good nightly
-    (chosen before this run starts, so never this run)."""
-    from . import record, regression
-    if path:
-        try:
-            return regression.load_baseline(path)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    return record.last_good_run(runs_root, "nightly")
+def _baseline(path: str | None) -> dict | None:
+    """The baseline file given with nightly --baseline (None: the history decides)."""
+    from . import regression
+    if not path:
+        return None
+    try:
+        return regression.load_baseline(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _history_path(runs_root: Path, path: str | None) -> Path:
+    """The history file: --history, else runs/history.sqlite."""
+    from . import history
+    return Path(path) if path else history.default_path(runs_root)
 
 
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
-    one as `cached`), golden and tests when the plan has them, seconds, the first failure."""
+    one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from . import record
     console.say()
     steps = list(plan.listed)
-    extra = [c for c, step in (("golden", "golden"), ("tests", "test")) if step in steps]
+    extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
     rows = []
     for name, host in run.hosts.items():
         failed = next((f"{step}: {s.message}" for step, s in host.steps.items()
                        if s.status in record.UNFINISHED_STEP_STATUSES), "")
         golden = sum(g.status == "passed" for g in host.golden.values())
         columns = {"golden": f"{golden}/{len(host.golden)}" if host.golden else "-",
-                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-"}
+                   "tests": f"{host.tests.passed}/{len(host.tests.cases)}" if host.tests else "-",
+                   "stress": f"{host.stress.passed}/{len(host.stress.cases)}" if host.stress else "-"}
         rows.append([name, host.status.upper() if host.status != "passed" else "passed", host.backend or "-",
                      *[host.steps[s].status if s in host.steps else "-" for s in steps],
                      *[columns[c] for c in extra], f"{host.seconds:.1f}",
@@ -247,8 +280,67 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     if reused:
         console.say("reused results (not re-run): " + "; ".join(reused))
     for reg in run.regressions:
+        why = (reg.evidence or {}).get("reason") or "fixed ratio against the baseline file"
         console.say(f"REGRESSION {reg.host} {reg.metric}: {reg.value:g} vs baseline {reg.baseline:g} "
-                    f"(x{reg.ratio:.2f}, tolerance {reg.threshold:.0%})")
+                    f"(x{reg.ratio:.2f}, tolerance {reg.threshold:.0%}; {reg.method}: {why})")
+        if reg.since_run and reg.since_run != run.run_id:
+            console.say(f"  regressed since run {reg.since_run}")
+        if reg.bisect:
+            console.say(f"  find the commit: {reg.bisect}")
+    if run.history:
+        console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
+
+
+def history(inv: Inventory, console: Console, history: str | None = None, rebuild: bool = False,
+            html: bool = False) -> int:
+    """Reindex the history from the run directories (--rebuild), write the dashboard (--html);
+    without either, print every series' latest value and verdict."""
+    from . import dashboard, detector, history as history_mod, regression
+    runs_root = inv.project.root / "runs"
+    tolerance = lambda metric: regression.threshold_for(metric, {})     # noqa: E731
+    with history_mod.HistoryStore.open(_history_path(runs_root, history)) as store:
+        if rebuild:
+            runs, points, problems = store.rebuild(runs_root)
+            console.say(f"indexed {runs} run(s), {points} point(s) from {runs_root} into {store.path}")
+            for problem in problems:
+                console.say(f"skipped: {problem}")
+        if html:
+            console.say(f"wrote {dashboard.render_history(store, runs_root / DASHBOARD, tolerance)}")
+        if not (rebuild or html):
+            rows = []
+            for key, metric in store.series_keys():
+                points = store.series(key, metric)
+                verdict = detector.judge(points[-1].point(), [p.point() for p in points[:-1]], tolerance(metric),
+                                         points[-1].better)
+                rows.append([key.host, key.gpu, key.backend, metric, len(points), f"{points[-1].value:g}",
+                             "-" if verdict.baseline is None else f"{verdict.baseline:g}", verdict.status])
+            console.table(["host", "gpu", "backend", "metric", "points", "latest", "baseline", "verdict"], rows)
+    return 0
+
+
+def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: str | None,
+           metric: str | None = None, golden: bool = False) -> int:
+    """Find the first bad commit between --good and --bad on one host (see orchestrator.bisect)."""
+    from . import bisect as bisect_mod, probe
+    if bool(metric) == bool(golden):
+        raise UsageError("bisect needs exactly one of --metric NAME and --golden")
+    if not good or not bad:
+        raise UsageError("bisect needs --good REV and --bad REV")
+    repo, source = probe.repository(inv.project)
+    commits = bisect_mod.commit_range(repo, good, bad, source)
+    what = f"metric {metric}" if metric else "the golden check"
+    console.say(f"bisect {what} on {host.name}: {len(commits)} distinct {source} trees from {commits[0].sha[:12]} to "
+                f"{commits[-1].sha[:12]}, at most {bisect_mod.max_probes(len(commits))} probes")
+    with bisect_mod.Worktree(repo) as tree:
+        probing = probe.Prober(inv, host, console, tree, source, metric)
+        classify = (lambda g, b: bisect_mod.MetricJudge(g, b, b.better)) if metric else None
+        result = bisect_mod.search(commits, probing, classify, log=console.say)
+    bad_probe = next(p for c, p in result.probes if c == result.first_bad)
+    good_probe = next(p for c, p in result.probes if c == result.last_good)
+    console.say(f"{result.builds} build(s) in {len(result.probes)} probe(s), {result.seconds:.0f} s; "
+                f"last good {result.last_good.sha[:12]}: {good_probe.evidence}; first bad: {bad_probe.evidence}")
+    console.say(result.last_line())
+    return 0
 
 
 def rerender(inv: Inventory, console: Console, run: str | None = None, compare_to: str | None = None) -> int:
@@ -306,31 +398,3 @@ def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> in
     kept = f" and the newest passing nightly {baseline.name}" if baseline else ""
     console.say(f"removed {len(removed)} run(s), kept the newest {keep}{kept}")
     return 0
-
-
-def main() -> None:
-    """kdtree-orch: the tasks of tasks.py, from anywhere (a flag Invoke cannot parse: exit 2)."""
-    from invoke import Collection, Program
-    from invoke.exceptions import ParseError
-
-    class UsageExit2(Program):
-        def parse_core(self, argv):
-            try:
-                return super().parse_core(argv)
-            except ParseError as e:
-                _usage_exit(e)
-
-        def parse_tasks(self):
-            try:
-                return super().parse_tasks()
-            except ParseError as e:
-                _usage_exit(e)
-
-    sys.path.insert(0, str(REPO_ROOT))
-    import tasks
-    UsageExit2(namespace=Collection.from_module(tasks), version="0.1.0", name="kdtree-orch").run()
-
-
-def _usage_exit(error: Exception) -> None:
-    print(error, file=sys.stderr)
-    sys.exit(2)

@@ -13,18 +13,24 @@ the reference's top-1/top-2 logit margin there (the manifest's golden_margins).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .record import GoldenRecord, Mismatch
 
 
 def matrix_row(expected: dict, local: dict, host: dict, outputs: dict) -> dict[str, GoldenRecord]:
     """Every expected bundle's checks for one host, from the four documents (manifests, outputs)."""
     local_bundles, host_bundles = _by_name(local), _by_name(host)
-    engine = outputs.get("bundles") if isinstance(outputs.get("bundles"), dict) else {}
+    engine = outputs.get("bundles")
+    if not isinstance(engine, dict):
+        engine = {}
     expected_bundles = _by_name(expected)
     row = {}
     for name, want in expected_bundles.items():
         golden, margins = list(want.get("golden", [])), want.get("golden_margins")
-        ran = engine.get(name) if isinstance(engine.get(name), dict) else {}
+        ran = engine.get(name)
+        if not isinstance(ran, dict):
+            ran = {}
         checks = [
             _manifest_check("local_vs_expected", want, local_bundles.get(name), margins),
             _manifest_check("host_vs_expected", want, host_bundles.get(name), margins),
@@ -49,6 +55,18 @@ def failures(row: dict[str, GoldenRecord]) -> list[str]:
         where = f" (first at position {rec.mismatch.position})" if rec.mismatch else f" ({rec.detail})"
         lines.append(f"{name}: {failed}{where}")
     return lines
+
+
+def merge_gpu_rows(rows: dict[int, dict[str, GoldenRecord]]) -> dict[str, GoldenRecord]:
+    """A host's row from its rows per GPU (index -> row): a bundle failed on any GPU is the first
+    such GPU's record, its detail naming the GPU; otherwise the first GPU's."""
+    merged: dict[str, GoldenRecord] = {}
+    for index, row in sorted(rows.items()):
+        for name, rec in row.items():
+            if name not in merged or (rec.status == "failed" and merged[name].status != "failed"):
+                detail = f"GPU {index}: {rec.detail}" if rec.status == "failed" else rec.detail
+                merged[name] = dataclasses.replace(rec, detail=detail)
+    return merged
 
 
 def _by_name(manifest: dict) -> dict[str, dict]:

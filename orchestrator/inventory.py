@@ -23,10 +23,10 @@ DEFAULT_HOST = "local"
 # The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
 # a local host's remote_dir): it is relative to the folder of the inventory file that names it.
 RELATIVE_RULE = "relative paths resolve against the inventory file's folder"
-STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")     # the one list of steps, in order
+STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench", "stress")     # the one list of steps, in order
 TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
 DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
-                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900}
+                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900, "stress": 600}
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
 PROJECT_KEYS = ("source", "excludes", "commands", "results")
 REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
@@ -72,7 +72,11 @@ class Host:
     python: str = "python3"
     arch: str = "auto"                  # sm_120, sm_90, ... or auto
     backend: str = "auto"               # auto | cpu | cuda
-    gpus: int = 0
+    gpus: int = 0                       # the GPU count doctor expects
+    gpu_policy: str | tuple[int, ...] = "idle"   # idle | any | GPU indices (gpus.py)
+    gpu_count: int = 1
+    gpu_max_used_mib: int = 1024
+    gpu_wait: float = 0
     groups: tuple[str, ...] = ()
     timeouts: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: MappingProxyType(dict(DEFAULT_TIMEOUTS)), hash=False)
@@ -367,6 +371,7 @@ class _Validator:
             values["backend"] = self.choice(entry["backend"], name, "backend", ("auto", "cpu", "cuda"))
         if "gpus" in entry:
             values["gpus"] = self.integer(entry["gpus"], name, "gpus", 0, 1024)
+        values.update(self.gpu_selection(name, entry))
         if "groups" in entry:
             groups = entry["groups"]
             if not isinstance(groups, list):
@@ -389,6 +394,32 @@ class _Validator:
             values["host_key"] = self.string(entry["host_key"], name, "host_key", _FINGERPRINT,
                                              "a SHA256 fingerprint (SHA256: and 43 base64 characters)")
         return Host(**values)
+
+    def gpu_selection(self, name, entry) -> dict:
+        """gpu_policy (idle, any or a list of GPU indices), gpu_count, gpu_max_used_mib, gpu_wait."""
+        values: dict[str, Any] = {}
+        if "gpu_policy" in entry:
+            policy = entry["gpu_policy"]
+            if isinstance(policy, list):
+                for index in policy:
+                    self.integer(index, name, "gpu_policy", 0, 1023)
+                if not policy or len(set(policy)) != len(policy):
+                    self.fail(name, "gpu_policy", "a list of GPU indices must name at least one GPU, each once")
+                values["gpu_policy"] = tuple(policy)
+            elif policy in ("idle", "any"):
+                values["gpu_policy"] = policy
+            else:
+                self.fail(name, "gpu_policy", f"must be idle, any or a list of GPU indices (e.g. [0, 3]), not {policy!r}")
+        if "gpu_count" in entry:
+            values["gpu_count"] = self.integer(entry["gpu_count"], name, "gpu_count", 1, 1024)
+        if "gpu_max_used_mib" in entry:
+            values["gpu_max_used_mib"] = self.integer(entry["gpu_max_used_mib"], name, "gpu_max_used_mib", 0, 1 << 30)
+        if "gpu_wait" in entry:
+            wait = entry["gpu_wait"]
+            if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 86400:
+                self.fail(name, "gpu_wait", f"must be a number of seconds from 0 to 86400, not {wait!r}")
+            values["gpu_wait"] = wait
+        return values
 
     def timeouts(self, name, data) -> dict:
         self.known_keys(data, TIMEOUT_KEYS, name, "timeouts")

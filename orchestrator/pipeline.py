@@ -8,7 +8,12 @@ parallel, into one run record and one run directory.
 Data flows one way: Host -> StepContext -> steps fill the HostRecord -> RunRecord -> run.json and
 the reports. Each host runs its steps in order under its host lock and stops at its first failure
 (later steps: skipped); a failing host never stops the others. A run.Run owns the connections,
-locks and stop flag. Nothing here decides exit codes.
+locks, GPU claims and stop flag. Nothing here decides exit codes.
+
+Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
+deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
+bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
+first step that needs it. preflight takes it (after its checks) with the GPUs; doctor takes none.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import ownership, parallel, record, remote, report, state, sync
+from . import gpus, ownership, parallel, record, remote, report, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -29,11 +34,15 @@ from .record import HostRecord, RunDir, RunRecord, StepRecord
 from .safe_text import visible
 from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
+from .steps import preflight as preflight_step
 
-LOCK_FREE_STEPS = ("preflight",)      # read-only: runs before the host lock is taken
+OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
-# deploy the sync alone, validate and nightly every step.
-COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",), "validate": ORDER, "nightly": ORDER}
+# deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
+# probe what its question needs.
+COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
+                 "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
+                 "bisect": ("sync", "build", "bundles", "golden", "bench")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +51,26 @@ class Plan:
     bench may reuse results when nothing they depend on changed."""
 
     command: str = "validate"
-    steps: tuple[str, ...] = ORDER
+    steps: tuple[str, ...] = COMMAND_STEPS["validate"]
     use_cache: bool = True
     max_parallel: int = parallel.MAX_PARALLEL
+    gpus: gpus.Override | None = None       # --gpus
+
+    @property
+    def claims_gpus(self) -> bool:
+        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly)."""
+        return self.command in ("validate", "nightly")
+
+    @property
+    def takes_lock(self) -> bool:
+        """Whether the plan's runs hold the tree lock (all but doctor's)."""
+        return self.command != "doctor"
 
     @property
     def listed(self) -> tuple[str, ...]:
-        """Every step of the command, selected or not (the columns of its summary)."""
-        return COMMAND_STEPS[self.command]
+        """Every step of the command, selected or not, and any opt-in step selected (the columns
+        of its summary)."""
+        return tuple(s for s in ORDER if s in COMMAND_STEPS[self.command] or s in self.steps)
 
     @classmethod
     def of(cls, command: str, **options) -> "Plan":
@@ -59,9 +80,9 @@ class Plan:
     @classmethod
     def choose(cls, steps: str | None = None, skip: str | None = None, command: str = "validate",
                **options) -> "Plan":
-        """The steps named by --steps (default: all) minus those named by --skip (comma lists);
-        UsageError when that leaves none."""
-        chosen = _step_list(steps, "--steps") if steps is not None else list(ORDER)
+        """The steps named by --steps (default: the command's list, which for validate leaves out
+        the opt-in steps) minus those named by --skip (comma lists); UsageError when that leaves none."""
+        chosen = _step_list(steps, "--steps") if steps is not None else list(COMMAND_STEPS[command])
         skipped = _step_list(skip, "--skip") if skip else []
         selected = tuple(s for s in ORDER if s in chosen and s not in skipped)
         if not selected:
@@ -189,8 +210,12 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     start = time.monotonic()
     transport = run.transport(host)
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)))
-    lock, stopped_by = None, None
+                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
+                      gpu_request=gpus.Request.for_host(host, plan.gpus),
+                      take_lock=lambda mode, wait: run.lock(transport, shared.owner, mode, wait),
+                      claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
+                      if plan.claims_gpus else None)
+    stopped_by = None
     try:
         for step in plan.listed:
             if step not in plan.steps:
@@ -200,17 +225,17 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if lock is None and step not in LOCK_FREE_STEPS:
-                    lock = _acquire(ctx, run, step, out)
-                    if lock is None:
-                        stopped_by = step
-                        continue
+                if ctx.lock is None and plan.takes_lock and not (plan.claims_gpus and step == "preflight") \
+                        and not _hold(ctx, run, plan, step, out):
+                    stopped_by = step
+                    continue
                 rec.steps[step] = _run_step(ctx, run, step, out)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
-        if lock:
-            run.unlock(lock)
+        for held in (ctx.claim, ctx.lock):
+            if held is not None:
+                run.release(held)
         transport.close()
         rec.seconds = round(time.monotonic() - start, 3)
     rec.status = record.host_status(rec.steps, run.stopped.is_set())
@@ -229,18 +254,22 @@ def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
     rec.status = record.host_status(rec.steps, stopped)
 
 
-def _acquire(ctx: StepContext, run: Run, step: str, out) -> state.HostLock | None:
-    """Take the host lock for the rest of the run; on failure record it as the step's outcome."""
+def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
+    """Before `step`, the first step that needs them, take the tree lock (and, for validate and
+    nightly, the GPUs: preflight does it otherwise) for the rest of the run; on failure record it
+    as the step's outcome."""
+    ctx.log = lambda text: out(f"{step:9} | {text}")
     try:
-        lock = run.lock(ctx.transport, ctx.owner)
+        if plan.claims_gpus:
+            ctx.log(preflight_step.hold_tree_and_gpus(ctx))
+        else:
+            ctx.hold_tree(state.EXCLUSIVE)
     except KdError as e:
         status = "interrupted" if run.stopped.is_set() else "failed"
         out(f"{step:9} {status.upper()}  {e.message}")
         ctx.record.steps[step] = StepRecord(status, 0.0, None, e.message, e.tail)
-        return None
-    if lock.stale:
-        out(f"recovered the lock left by a run that died: {lock.stale}")
-    return lock
+        return False
+    return True
 
 
 def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
@@ -256,7 +285,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             log.write(f"{visible(text)}\n")
             log.flush()
             out(f"{step:9} | {text}")
-        ctx.step, ctx.log = step, write
+        ctx.step, ctx.log, ctx.devices_used = step, write, []
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
@@ -273,7 +302,8 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){'  ' + message if message else ''}")
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = record.read_tail(log_path)
-    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from)
+    return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
+                      list(ctx.devices_used) or None)
 
 
 def _timed_out(error: KdError) -> bool:

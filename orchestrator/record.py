@@ -17,17 +17,32 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "backend": "cpu|cuda|null", "deployed_tree_hash", "binary_tree_hash",
         "fingerprint": {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch",
                         "gpus_busy", "cpu"},
+        "gpus": [{"index", "uuid", "name", "memory_used_mib", "memory_total_mib", "utilization_pct",
+                  "compute_cap", "pci_bus_id", "processes": [{"pid", "name", "used_mib"}], "busy"}],
+        "selected_gpus": [INDEX, ...] (the GPUs the run claimed and pinned its engine commands to),
         "steps": {STEP: {"status": "passed|failed|timeout|interrupted|skipped|cached", "seconds",
                          "log": "<host>/<step>.log", "message", "tail",
-                         "reused_from": null | RUN_ID (a cached step: the run whose result it reused)}},
+                         "reused_from": null | RUN_ID (a cached step: the run whose result it reused),
+                         "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
                             "detail": "what failed, when no token position says it"}},
         "tests": {"passed", "failed", "skipped", "cases": [{"name", "status", "seconds", "message"}]},
-        "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower"}}, "details": {...}},
-        "seconds"}},
-     "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better"}]}
+        "stress": null | the same as "tests": the CUDA tests run under GPU load (the stress step;
+                  its case "load.gpu_load" says whether the load ran throughout),
+        "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
+                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...},
+                  "gpu": null | {"index", "uuid", "co_tenants": [{"pid", "name", "max_used_mib", "samples"}],
+                                 "samples"}},
+        "gpu_runs": [{"gpu": INDEX, "uuid", "results_dir", "golden": {BUNDLE: as "golden"},
+                      "golden_status": "passed|failed|null", "tests": {"passed", "failed", "skipped",
+                      "failed_names"} | null, "tests_status": "passed|failed|null", "message"}]
+                    (golden and test once per selected GPU, each pinned to its GPU),
+        "build_key": {...} | null, "seconds"}},
+     "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
+                      "method", "evidence", "since_run", "bisect"}],
+     "history": null | {"store", "dashboard"}}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
 secret values the pipeline knows.
@@ -54,7 +69,7 @@ RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("doctor", "deploy", "validate", "nightly")
+COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect")
 BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
 HOST_STATUSES = RUN_STATUSES
@@ -70,6 +85,7 @@ GOLDEN_CHECKS = (
 )
 CHECK_STATUSES = ("passed", "failed", "skipped")
 TEST_STATUSES = ("passed", "failed", "skipped")
+LOAD_CASE = "load.gpu_load"  # the stress results' case saying whether the GPU load ran throughout
 
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -80,6 +96,7 @@ MESSAGES_BUDGET = 1_000_000  # characters of test messages, all cases together
 MAX_METRICS = 1000  # benchmark metrics
 DETAILS_DEPTH = 16  # bench details nested deeper are dropped
 DETAILS_BYTES = 256_000  # and so are larger ones
+SAMPLES_LIMIT = 1000  # samples kept per benchmark metric
 REDACTED = "[REDACTED]"
 MIN_FRAGMENT = 6  # shortest cut-off piece of a secret redacted at the edge of a log tail
 
@@ -131,6 +148,7 @@ class StepRecord:
     message: str = ""
     tail: str = ""
     reused_from: str | None = None
+    cuda_visible_devices: list[str] | None = None
 
 
 @dataclass
@@ -241,9 +259,11 @@ def bench_from_engine(data: Any) -> dict:
     """The ``bench`` part of a host record from the engine's ``build/bench.json``.
 
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
-    lower), at most MAX_METRICS (ValueError beyond); every other top-level key but ``version``
-    and ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too
-    large to keep.
+    lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
+    SAMPLES_LIMIT), ``n``, ``median``, ``mad`` and ``noisy`` (true only when the engine says so),
+    at most MAX_METRICS (ValueError beyond). Every other top-level key but ``version`` and
+    ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
+    to keep.
     """
     data = data if isinstance(data, dict) else {}
     metrics = {}
@@ -258,9 +278,30 @@ def bench_from_engine(data: Any) -> dict:
                 "value": value,
                 "unit": short_text(metric.get("unit") or "", 40),
                 "better": better if better in ("higher", "lower") else "higher",
+                **_noise(metric),
             }
     details = {k: v for k, v in data.items() if k not in ("version", "metrics")}
     return {"metrics": metrics, "details": _bounded(details)}
+
+
+def _noise(metric: dict) -> dict:
+    """A metric's samples and spread as the engine reported them, typed and bounded."""
+    noise: dict[str, Any] = {}
+    samples = metric.get("samples")
+    if isinstance(samples, list):
+        kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]
+        if kept:
+            noise["samples"] = kept
+    n = metric.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 31:
+        noise["n"] = n
+    for key in ("median", "mad"):
+        number = finite_number(metric.get(key))
+        if number is not None and (key != "mad" or number >= 0):
+            noise[key] = number
+    if metric.get("noisy") is True:
+        noise["noisy"] = True
+    return noise
 
 
 def _bounded(details: dict) -> dict:
@@ -300,6 +341,21 @@ def short_text(value: Any, limit: int) -> str:
 
 
 @dataclass
+class GpuRun:
+    """Golden and test on one selected GPU of a host (each GPU's run pinned to it alone, its
+    results in its own folder on the host): a column of the hosts x GPUs x bundles matrix."""
+
+    gpu: int
+    uuid: str
+    results_dir: str
+    golden: dict[str, GoldenRecord] = field(default_factory=dict)
+    golden_status: str | None = None
+    tests: dict | None = None           # passed, failed, skipped, failed_names (the first few)
+    tests_status: str | None = None
+    message: str = ""
+
+
+@dataclass
 class HostRecord:
     """Everything one run learned about one host."""
 
@@ -314,12 +370,20 @@ class HostRecord:
     golden: dict[str, GoldenRecord] = field(default_factory=dict)
     tests: TestsRecord | None = None
     bench: dict | None = None
+    stress: TestsRecord | None = None
+    gpus: list[dict] = field(default_factory=list)
+    selected_gpus: list[int] = field(default_factory=list)
+    gpu_runs: list[GpuRun] = field(default_factory=list)
     seconds: float = 0.0
+    build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
 
 
 @dataclass
 class Regression:
-    """A benchmark metric that got worse than its baseline by more than its threshold."""
+    """A benchmark metric that got worse than its baseline by more than its threshold: ``method``
+    says which rule (``baseline``: a fixed ratio against a baseline file; the history detector's
+    ``history``, ``drift`` or ``few-points``), ``evidence`` what it saw (orchestrator.detector's
+    Verdict), ``since_run`` the first run of an unbroken streak, ``bisect`` the command to run."""
 
     host: str
     metric: str
@@ -329,6 +393,10 @@ class Regression:
     threshold: float
     unit: str = ""
     better: str = "higher"
+    method: str = "baseline"
+    evidence: dict | None = None
+    since_run: str | None = None
+    bisect: str | None = None
 
 
 @dataclass
@@ -344,6 +412,7 @@ class RunRecord:
     source: Source = field(default_factory=Source)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     regressions: list[Regression] = field(default_factory=list)
+    history: dict | None = None         # {"store": path of the history file, "dashboard": path from the run dir}
     version: int = RUN_VERSION
 
     def to_dict(self) -> dict:

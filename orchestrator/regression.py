@@ -121,6 +121,7 @@ def compare(base: dict, current: dict, thresholds: dict[str, float] | None = Non
         for name in _unique([*a.get(host, {}), *b.get(host, {})]):
             ma, mb = a.get(host, {}).get(name), b.get(host, {}).get(name)
             meta = mb or ma
+            assert meta is not None         # the name is one of a's or b's
             va, vb = (ma or {}).get("value"), (mb or {}).get("value")
             ratio = vb / va if va and vb is not None else None
             reused = "; ".join(f"{side} reused from run {r[host]}" for side, r in (("base", reused_a), ("current", reused_b))

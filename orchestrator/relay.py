@@ -144,7 +144,9 @@ class _Relay:
         return data.decode(errors="replace") if data is not None else None
 
     def _run(self, client: socket.socket, command: str) -> None:
-        ssh = self.transport.connection.paramiko        # the verified Paramiko connection
+        connection = self.transport.connection
+        assert connection is not None                   # the relay runs on an open connection
+        ssh = connection.paramiko                       # the verified Paramiko connection
         chan = ssh.open_session(timeout=self.transport.host.timeout("connect"))
         self._channels.append(chan)
         with chan:

@@ -22,10 +22,12 @@ from typing import Any, Iterable
 
 import jinja2
 
+from orchestrator import gpus as gpus_mod
 from orchestrator.regression import compare
 from orchestrator.safe_text import markdown, markdown_block, markdown_code, markdown_fence, visible
 from orchestrator.record import (
     HOST_STATUSES,
+    LOAD_CASE,
     UNFINISHED_STEP_STATUSES,
     Fingerprint,
     GOLDEN_CHECKS,
@@ -54,6 +56,7 @@ DETAILS_LIMIT = 4000
 CASES_LIMIT = 200  # failing engine tests listed per host
 METRICS_LIMIT = 200
 CHART_ROWS_LIMIT = 40
+GPUS_LIMIT = 64           # GPUs, and co-tenant processes, listed per host
 
 FINGERPRINT_KEYS = [f.name for f in fields(Fingerprint)]
 
@@ -129,10 +132,13 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         "counts": {s: sum(1 for h in hosts if h["status"] == s) for s in HOST_STATUSES},
         "steps": sorted(_unique(s["name"] for h in hosts for s in h["steps"]), key=step_order),
         "bundles": _unique(b for h in hosts for b in h["golden"]),
+        "golden_rows": [row for h in hosts for row in _golden_rows(h)],
+        "gpu_hosts": [h for h in hosts if h["gpus"]],
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
         "regressions": regressions,
+        "dashboard": _dashboard_link(run.get("history"), secrets),
         "failures": [(h, s) for h in hosts for s in h["steps"] if s["status"] in UNFINISHED_STEP_STATUSES],
         "reused": [(h, s) for h in hosts for s in h["steps"] if s["reused_from"]],
         "generated": utc_now(),
@@ -163,8 +169,57 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
         "seconds": sum(s["seconds"] or 0 for s in steps),
         "golden": {text(b, NAME_LIMIT, secrets): _golden_view(g, secrets) for b, g in _dict(host.get("golden")).items()},
         "tests": _tests_view(host.get("tests"), secrets),
+        "stress": _stress_view(host.get("stress"), secrets),
         "bench": _bench_view(host.get("bench"), secrets),
+        "gpus": _gpus_view(host, secrets),
+        "gpu_runs": [_gpu_run_view(r, secrets) for r in _list(host.get("gpu_runs"))[:GPUS_LIMIT] if isinstance(r, dict)],
     }
+
+
+def _golden_rows(host: dict) -> list[dict]:
+    """The host's rows of the golden matrix: one per GPU it ran on (hosts x GPUs x bundles), or one."""
+    per_gpu = [r for r in host["gpu_runs"] if r["golden"]]
+    if per_gpu:
+        return [{"label": f"{host['name']} GPU {r['gpu']}", "key": f"{host['name']}-gpu{r['gpu']}", "golden": r["golden"]}
+                for r in per_gpu]
+    return [{"label": host["name"], "key": host["name"], "golden": host["golden"]}]
+
+
+def _gpus_view(host: dict, secrets: list[str]) -> dict | None:
+    """The host's GPU table (gpus.table_rows) with what the run selected; None without GPUs."""
+    records = []
+    for g in _list(host.get("gpus"))[:GPUS_LIMIT]:
+        g = _dict(g)
+        records.append({
+            "index": _whole(g.get("index")), "name": text(g.get("name"), NAME_LIMIT, secrets),
+            **{k: _whole(g.get(k)) for k in ("memory_used_mib", "memory_total_mib", "utilization_pct")},
+            "busy": g.get("busy") is True,
+            "processes": [{"pid": _whole(p.get("pid")), "name": text(p.get("name"), NAME_LIMIT, secrets),
+                           "used_mib": _whole(p.get("used_mib"))}
+                          for p in map(_dict, _list(g.get("processes"))[:GPUS_LIMIT])],
+        })
+    if not records:
+        return None
+    selected = [i for i in map(_whole, _list(host.get("selected_gpus"))) if i is not None]
+    return {"header": gpus_mod.TABLE_HEADER, "rows": gpus_mod.table_rows(records, selected), "selected": selected}
+
+
+def _gpu_run_view(run: dict, secrets: list[str]) -> dict:
+    tests = _dict(run.get("tests"))
+    return {
+        "gpu": _whole(run.get("gpu")),
+        "uuid": text(run.get("uuid"), NAME_LIMIT, secrets),
+        "golden": {text(b, NAME_LIMIT, secrets): _golden_view(g, secrets) for b, g in _dict(run.get("golden")).items()},
+        "golden_status": _status(run.get("golden_status"), ("passed", "failed"), "—"),
+        "tests": {k: _whole(tests.get(k)) or 0 for k in ("passed", "failed", "skipped")} if tests else None,
+        "tests_status": _status(run.get("tests_status"), ("passed", "failed"), "—"),
+        "message": text(run.get("message"), MESSAGE_LIMIT, secrets),
+    }
+
+
+def _whole(value: Any) -> int | None:
+    number = finite_number(value)
+    return int(number) if number is not None and number.is_integer() else None
 
 
 def _fingerprint_value(value: Any, secrets: list[str]) -> str:
@@ -246,6 +301,15 @@ def _tests_view(tests: Any, secrets: list[str]) -> dict | None:
     }
 
 
+def _stress_view(stress: Any, secrets: list[str]) -> dict | None:
+    """The tests view of the stress results, with `load`: their load.gpu_load case (None when
+    the results have none: nothing says the tests ran under load)."""
+    view = _tests_view(stress, secrets)
+    if view is not None:
+        view["load"] = next((c for c in view["cases"] if c["name"] == LOAD_CASE), None)
+    return view
+
+
 def _case_view(case: dict, secrets: list[str]) -> dict:
     return {
         "name": text(case.get("name"), NAME_LIMIT, secrets) or "?",
@@ -267,7 +331,13 @@ def _bench_view(bench: Any, secrets: list[str]) -> dict | None:
             "better": "lower" if m.get("better") == "lower" else "higher",
         }
     details = bench.get("details")
-    return {"metrics": metrics, "details": text(json.dumps(details, indent=1, default=str), DETAILS_LIMIT, secrets) if details else ""}
+    gpu = _dict(bench.get("gpu"))
+    return {"metrics": metrics, "details": text(json.dumps(details, indent=1, default=str), DETAILS_LIMIT, secrets) if details else "",
+            "gpu": {"index": _whole(gpu.get("index")), "uuid": text(gpu.get("uuid"), NAME_LIMIT, secrets),
+                    "samples": _whole(gpu.get("samples")) or 0,
+                    "co_tenants": [{"pid": _whole(p.get("pid")), "name": text(p.get("name"), NAME_LIMIT, secrets),
+                                    "max_used_mib": _whole(p.get("max_used_mib"))}
+                                   for p in map(_dict, _list(gpu.get("co_tenants"))[:GPUS_LIMIT])]} if gpu else None}
 
 
 def _regression_view(reg: dict, secrets: list[str]) -> dict:
@@ -280,7 +350,19 @@ def _regression_view(reg: dict, secrets: list[str]) -> dict:
         "value": finite_number(reg.get("value")),
         "ratio": finite_number(reg.get("ratio")),
         "threshold": finite_number(reg.get("threshold")),
+        "method": text(reg.get("method") or "baseline", 20, secrets),
+        "reason": text(_dict(reg.get("evidence")).get("reason"), 600, secrets),
+        "since_run": text(reg.get("since_run"), NAME_LIMIT, secrets),
+        "bisect": text(reg.get("bisect"), 600, secrets),
     }
+
+
+def _dashboard_link(history: Any, secrets: list[str]) -> str | None:
+    """The trend dashboard's path relative to the run directory (a plain relative path only)."""
+    link = text(_dict(history).get("dashboard"), 400, secrets)
+    if not link or link.startswith(("/", "\\")) or ":" in link or not link.endswith(".html"):
+        return None
+    return link
 
 
 def _metric_rows(hosts: list[dict], regressions: list[dict]) -> list[dict]:
@@ -326,7 +408,7 @@ def _chart(unit: str, metrics: dict[str, list[tuple[str, float]]], colors: dict[
     y = LEGEND_HEIGHT
     groups = []
     for name, bars in items:
-        group = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
+        group: dict[str, Any] = {"label": name, "y": y + len(bars) * (BAR_HEIGHT + BAR_GAP) / 2, "bars": []}
         for host, value in bars:
             group["bars"].append({
                 "host": host, "color": colors[host], "y": y, "value": fmt(value),
@@ -387,8 +469,8 @@ def render_html(run: dict, secrets: Iterable[str] = ()) -> str:
 
 
 def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
-    """junit.xml: a testsuite per host, a testcase per step (``step.<name>``) and per engine
-    test (``test.<name>``), classname the host; failures carry the message and the log tail."""
+    """junit.xml: a testsuite per host, a testcase per step (``step.<name>``), per engine test
+    (``test.<name>``) and per test of the stress step (``stress.<name>``), classname the host; failures carry the message and the log tail."""
     v = view(run, secrets)
     root = ET.Element("testsuites", name=f"kdtree {v['command']} {v['run_id']}")
     for host in v["hosts"]:
@@ -400,8 +482,10 @@ def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
             evidence = "\n".join(filter(None, [_golden_summary(host) if step["name"] == "golden" else "", step["tail"]]))
             _junit_case(suite, host["name"], f"step.{step['name']}", step["status"], step["seconds"],
                         step["message"], evidence, step["reused_from"])
-        for case in (host["tests"] or {}).get("cases", []):
-            _junit_case(suite, host["name"], f"test.{case['name']}", case["status"], case["seconds"], case["message"], "")
+        for kind, results in (("test", host["tests"]), ("stress", host["stress"])):
+            for case in (results or {}).get("cases", []):
+                _junit_case(suite, host["name"], f"{kind}.{case['name']}", case["status"], case["seconds"],
+                            case["message"], "")
         _junit_totals(suite)
     _junit_totals(root)
     ET.indent(root)

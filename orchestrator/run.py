@@ -2,20 +2,22 @@
 
     with Run("validate") as run:
         transport = run.transport(host)          # closed when the run ends
-        lock = run.lock(transport, owner)        # released when the run ends (or run.unlock(lock))
+        lock = run.lock(transport, owner)        # released when the run ends (or run.release(lock))
+        claim = run.claim_gpus(transport, request, owner)   # GPUs, released when the run ends
         ...
         run.stop()                               # on an interrupt: locks released, connections closed
 
-The Run owns its hosts' connections, the host locks it holds and its stop flag, so two runs in one
-process never touch each other's (no process-wide state). Once stopped, its transports neither
+The Run owns its hosts' connections, the host locks and GPU claims it holds and its stop flag, so
+two runs in one process never touch each other's (no process-wide state). Once stopped, its transports neither
 connect nor start a command again: a retry would resume the interrupted work.
 """
 from __future__ import annotations
 
 import threading
 
-from . import state
+from . import gpu_claims, state
 from .errors import HostError
+from .gpus import Request
 from .inventory import Host
 from .transport import Transport, open_transport
 
@@ -31,6 +33,7 @@ class Run:
         self._guard = threading.Lock()
         self._transports: list[Transport] = []
         self._locks: list[state.HostLock] = []
+        self._claims: list[gpu_claims.GpuClaim] = []
 
     def transport(self, host: Host) -> Transport:
         """A transport to `host` owned by this run (nothing opened until it is used)."""
@@ -39,26 +42,37 @@ class Run:
             self._transports.append(transport)
         return transport
 
-    def lock(self, transport: Transport, owner: state.Owner) -> state.HostLock:
-        """Take the host lock over `transport` (state.acquire) and hold it for this run."""
-        lock = state.acquire(transport, owner)
+    def lock(self, transport: Transport, owner: state.Owner, mode: str = state.EXCLUSIVE,
+             wait: float = 0) -> state.HostLock:
+        """Take the host lock over `transport` (state.acquire) in `mode`, waiting up to `wait`
+        seconds for it, and hold it for this run."""
+        return self._hold(self._locks, state.acquire(transport, owner, mode, wait), transport)
+
+    def claim_gpus(self, transport: Transport, request: Request, owner: state.Owner) -> gpu_claims.GpuClaim:
+        """Claim the GPUs `request` asks for on the host (gpu_claims.acquire) for this run."""
+        return self._hold(self._claims, gpu_claims.acquire(transport, request, owner), transport)
+
+    def _hold(self, held: list, thing, transport: Transport):
         with self._guard:
             if not self.stopped.is_set():
-                self._locks.append(lock)
-                return lock
-        lock.release(STOP_LOCK_WAIT)        # taken just as the run stopped: let it go at once
+                held.append(thing)
+                return thing
+        thing.release(STOP_LOCK_WAIT)       # taken just as the run stopped: let it go at once
         raise HostError("the run was interrupted", host=transport.host.name)
 
-    def unlock(self, lock: state.HostLock) -> None:
-        """Release a lock this run holds."""
+    def release(self, held) -> None:
+        """Release a lock or GPU claim this run holds (before its host's transport closes: the
+        holder on the host then says goodbye instead of seeing a dead run)."""
         with self._guard:
-            if lock in self._locks:
-                self._locks.remove(lock)
-        lock.release()
+            for things in (self._locks, self._claims):
+                if held in things:
+                    things.remove(held)
+        held.release()
 
     def stop(self) -> None:
-        """Stop for good (an interrupt): release the locks (the next run finds them free, not a
-        dead run's), then close every connection, which stops the commands on the hosts."""
+        """Stop for good (an interrupt): release the GPU claims and the locks (the next run finds
+        them free, not a dead run's), then close every connection, which stops the commands on
+        the hosts."""
         self.stopped.set()
         self._release(STOP_LOCK_WAIT)
 
@@ -68,10 +82,10 @@ class Run:
 
     def _release(self, wait: float) -> None:
         with self._guard:
-            locks, self._locks = self._locks, []
+            held, self._claims, self._locks = self._claims + self._locks, [], []
             transports, self._transports = self._transports, []
-        for lock in locks:
-            lock.release(wait)
+        for thing in held:
+            thing.release(wait)
         for transport in transports:
             transport.close()
 

@@ -15,6 +15,7 @@ the next run recovers it and says whose it was.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -24,7 +25,7 @@ import threading
 import time
 
 from . import bounded, ownership, remote
-from .errors import DestinationError, FetchError, HostError, LockError
+from .errors import DestinationError, FetchError, HostError, KdError, LockError
 from .transport import Transport
 
 STATE_DIR = ".kdtree"
@@ -32,6 +33,7 @@ MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
+SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +66,13 @@ class Owner:
 
 
 class HostLock:
-    """A held lock; release() (or leaving the with-block) frees it and removes its owner file."""
+    """A held lock; release() (or leaving the with-block) frees it and removes its owner file.
+    A shared lock becomes exclusive for the time of `with lock.exclusive():`."""
 
-    def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None):
+    def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None,
+                 mode: str = EXCLUSIVE, wait: float = 0):
         self.transport, self._process, self.stale = transport, process, stale
+        self.mode, self._wait = mode, wait
         self._guard = threading.Lock()
         if heartbeat:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
@@ -83,6 +88,44 @@ class HostLock:
                     self._process.write(b"alive\n")
                 except (OSError, TypeError):
                     return
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold the lock alone for the with-block (see to_exclusive), then shared again if it was."""
+        if self.mode == EXCLUSIVE:
+            yield self
+            return
+        self.to_exclusive()
+        try:
+            yield self
+        finally:
+            self.to_shared()
+
+    def to_exclusive(self) -> None:
+        """Hold the lock alone from now on, waiting up to the lock's `wait` seconds for the other
+        runs holding it shared; LockError naming them when they stay (the lock stays shared)."""
+        if self.mode == EXCLUSIVE:
+            return
+        answer, holders, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
+        if answer == "BUSY":
+            raise _busy(self.transport.host, holders, self._wait,
+                        "is in use by other runs (the tree cannot change under them)")
+        self.mode = EXCLUSIVE
+
+    def to_shared(self) -> None:
+        """Share the lock again with other runs of the same tree."""
+        if self.mode == SHARED:
+            return
+        self._ask(b"shared\n", ("SHARED",))
+        self.mode = SHARED
+
+    def _ask(self, request: bytes, finals: tuple[str, ...]):
+        with self._guard:
+            if self._process is None:
+                raise HostError("the lock was released", host=self.transport.host.name)
+            self._process.write(request)
+            process = self._process
+        return _answer(process, self.transport.host, self._wait, finals)
 
     def release(self, timeout: float = 30) -> None:
         with self._guard:
@@ -107,21 +150,38 @@ def lock_silence(host) -> float:
     return host.timeout("keepalive") * HEARTBEAT_MISSES
 
 
-def lock_command(remote_dir: str, owner: Owner, silence: float | None = None) -> str:
-    """The command that claims remote_dir (checks, marker) and holds the lock until told;
-    `silence`: it also lets go when the client's heartbeat stops for that many seconds (a client
-    cut off by a network partition, whose closed connection the host may never hear about)."""
-    extra = [remote._seconds(silence)] if silence else []
-    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), *extra, timeout=None)
+def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mode: str = EXCLUSIVE,
+                 wait: float = 0) -> str:
+    """The command that claims remote_dir (checks, marker) and holds its lock in `mode` (shared or
+    exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
+    client's heartbeat stops for that many seconds (a client cut off by a network partition, whose
+    closed connection the host may never hear about)."""
+    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
+                                 remote._seconds(wait), remote._seconds(silence) if silence else "", timeout=None)
 
 
-def acquire(transport: Transport, owner: Owner) -> HostLock:
-    """Claim the host's remote_dir and take its lock, or raise DestinationError / LockError."""
+def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0) -> HostLock:
+    """Claim the host's remote_dir and take its lock in `mode`, waiting up to `wait` seconds for
+    the runs holding it; DestinationError, or LockError naming them."""
     host = transport.host
-    beat = host.timeout("keepalive")
-    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host)))
-    stale = None
-    deadline = time.monotonic() + host.timeout("lock")     # overall: a host that trickles lines is no answer
+    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait))
+    try:
+        answer, holders, stale = _answer(process, host, wait, ("LOCKED", "BUSY"))
+    except KdError:
+        process.close(timeout=1)
+        raise
+    if answer == "BUSY":
+        process.close()
+        raise _busy(host, holders, wait, "is locked by another run")
+    return HostLock(transport, process, stale[-1] if stale else None, host.timeout("keepalive"), mode, wait)
+
+
+def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner]]:
+    """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
+    before it, the STALE owners recovered)."""
+    holders: list[Owner] = []
+    stale: list[Owner] = []
+    deadline = time.monotonic() + wait + host.timeout("lock")   # overall: a host that trickles lines is no answer
     try:
         while True:
             line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
@@ -131,24 +191,23 @@ def acquire(transport: Transport, owner: Owner) -> HostLock:
                                 command=result.command if result else None,
                                 exit_status=result.exit_code if result else None, tail=result.tail if result else "")
             word, _, rest = line.partition(" ")
-            if word == "LOCKED":
-                return HostLock(transport, process, stale, beat)
-            if word == "STALE":
-                stale = Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200])
-            elif word == "BUSY":
-                holder = Owner.parse(rest)
-                process.close()
-                raise LockError(f"{host.remote_dir} is locked by another run: {holder or 'unknown owner'}",
-                                host=host.name, owner=str(holder))
+            if word in finals:
+                return word, holders, stale
+            if word in ("STALE", "HOLDER"):
+                (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
             elif word == "UNSAFE":
-                process.close()
                 raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
             if time.monotonic() > deadline:
                 raise TimeoutError
     except TimeoutError:
-        process.close(timeout=1)
-        raise HostError(f"no answer from the lock command within {host.timeout('lock')} s",
+        raise HostError(f"no answer from the lock command within {wait + host.timeout('lock'):g} s",
                         host=host.name) from None
+
+
+def _busy(host, holders: list[Owner], wait: float, what: str) -> LockError:
+    names = "; ".join(map(str, holders)) or "unknown owner"
+    waited = f" (waited {wait:g} s: timeouts.lock)" if wait else ""
+    return LockError(f"{host.remote_dir} {what}: {names}{waited}", host=host.name, owner=names)
 
 
 def read_json(transport: Transport, name: str) -> dict | None:
@@ -189,14 +248,57 @@ mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
 kd_owned "$d"
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
-exec 9>>lock.flock
-if ! flock -n 9; then printf 'BUSY %s\n' "$(head -c 2000 owner 2>/dev/null)"; exit 75; fi
-[ -s owner ] && printf 'STALE %s\n' "$(head -c 2000 owner)"
-printf '%s\n' "$2" > owner
-echo LOCKED
-wait=(); [ -n "$4" ] && wait=(-t "$4")
-while IFS= read -r "${wait[@]}" reply; do
-  [ "$reply" = release ] && { rm -f owner; exit 0; }
+mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
+exec 9>>lock.flock 7>>gate.flock
+# take -s|-x: the tree lock (fd 9) in that mode, through the gate (fd 7), which a run holds while it
+# waits to change the tree (or to go back to shared), so that no run overtakes it meanwhile. A
+# failed change (shared -> exclusive drops the shared lock first) gets the shared lock back.
+take() {
+  local w=(-w "$wait"); [ "$wait" = 0 ] && w=(-n)
+  flock "${w[@]}" 7 || return 1
+  if ! flock "${w[@]}" "$1" 9; then [ -n "$held" ] && flock -s 9; flock -u 7; return 1; fi
+  flock -u 7
+}
+# alive FILE: the holder file of a live run (it flocks its own file while it lives; `owner` is the
+# single owner file of an earlier version's lock, which had no such flock).
+alive() {
+  local fd rc=0
+  [ -f "$1" ] && [ ! -L "$1" ] && [ "$1" != "$me" ] || return 1
+  [ "$1" = owner ] && return 0
+  exec {fd}<"$1" || return 1
+  flock -n "$fd" && rc=1
+  exec {fd}<&-
+  return "$rc"
+}
+# BUSY, after a HOLDER line with the owner of each live run holding the tree; a run that has just
+# taken the lock writes its file a moment later: wait for it, briefly.
+busy() {
+  local f n=0 tries
+  for tries in 1 2 3 4 5 6 7 8 9 10; do
+    for f in holder-*.json owner; do
+      alive "$f" && n=$((n + 1)) && printf 'HOLDER %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"
+    done
+    [ "$n" -gt 0 ] && break
+    sleep 0.2
+  done
+  echo BUSY
+}
+take "$([ "$mode" = exclusive ] && echo -x || echo -s)" || { busy; exit 75; }
+held=$mode
+printf '%s\n' "$2" > "new-$me" && exec 8<"new-$me" && flock -n 8 && mv -f -- "new-$me" "$me" || unsafe "cannot write $d/.kdtree/$me"
+# Holder files of runs that died (and an earlier version's owner file: we hold the lock now).
+for f in holder-*.json owner; do
+  [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
+  if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
+done
+echo "LOCKED $mode"
+t=(); [ -n "$silence" ] && t=(-t "$silence")
+while IFS= read -r "${t[@]}" reply; do
+  case $reply in
+    release) rm -f -- "$me"; exit 0;;
+    exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
+    shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
+  esac
 done
 exit 0
 '''

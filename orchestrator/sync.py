@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import ownership, relay, remote, state
-from .errors import KdError, SyncError, cause_of
+from .errors import FetchError, KdError, SyncError, cause_of
 from .inventory import Project
 from .transport import Transport
 
@@ -111,6 +111,21 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
                         repaired, None, round(time.monotonic() - start, 3))
+
+
+def deployed_tree(transport: Transport, project: Project) -> str | None:
+    """The tree hash of a complete deploy on the host, verified by hashing the tree there; None
+    when there is none, a sync broke half-way, or the tree is not the one recorded."""
+    record = state.read_deploy_record(transport) or {}
+    if not record.get("tree_hash"):
+        return None
+    try:
+        transport.read_file(PARTIAL, max_bytes=4096)
+        return None                     # a sync broke half-way: the next one repairs the tree
+    except FetchError:
+        pass
+    current = _remote_hash(transport, project)
+    return current if current == record["tree_hash"] else None
 
 
 def deploy_commands(transport: Transport, project: Project, owner: state.Owner) -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Protocol
 
 from . import ownership, remote
 from .connection import SshConnection
@@ -60,6 +60,12 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class Readable(Protocol):
+    """What a command's stdin is read from: a binary stream, HeldInput, _BytesReader."""
+
+    def read(self, n: int, /) -> bytes: ...
 
 
 class HeldInput:
@@ -94,7 +100,7 @@ class Transport:
             raise HostError("the run was interrupted", host=self.host.name)
 
     # -- to implement -------------------------------------------------------------------------
-    def _exec(self, command: str, stdin: BinaryIO | None, sink: Callable[[bytes], None],
+    def _exec(self, command: str, stdin: Readable | None, sink: Callable[[bytes], None],
               deadline: float | None) -> int | None:
         """Run `command`, feeding it `stdin`, passing its output (stdout and stderr merged) to
         `sink`; return its exit code, or None when `deadline` (time.monotonic) passed first."""
@@ -120,17 +126,16 @@ class Transport:
         holds stdin, the command's stdin stays open until it ends: a guarded command
         (remote.GUARD) stops when it closes (the client gives up, closes the transport, or dies)."""
         self._refuse_if_stopped()
-        line, timeout, stdin = _parts(command, timeout, stdin)
+        line, timeout, data = _parts(command, timeout, stdin)
         collector = _Collector(on_output, TAIL_BYTES)
-        if isinstance(stdin, (bytes, bytearray)):
-            stdin = _BytesReader(bytes(stdin))
+        source: Readable | None = _BytesReader(bytes(data)) if isinstance(data, (bytes, bytearray)) else data
         start = time.monotonic()
         deadline = start + timeout if timeout is not None else None
         try:
-            code = self._exec(line, stdin, collector.feed, deadline)
+            code = self._exec(line, source, collector.feed, deadline)
         finally:
-            if isinstance(stdin, HeldInput):
-                stdin.release()
+            if isinstance(source, HeldInput):
+                source.release()
         collector.flush()
         return Result(line, code, round(time.monotonic() - start, 3), collector.tail(),
                       code is None or code in remote.TIMEOUT_EXIT_CODES)
@@ -226,7 +231,8 @@ class Process:
 
     def __init__(self, transport: Transport, command: str):
         self._lines: queue.Queue = queue.Queue()
-        read_end, self._write_end = os.pipe()
+        read_end, write_end = os.pipe()
+        self._write_end: int | None = write_end
         self._stdin = os.fdopen(read_end, "rb", buffering=0)
         self.result: Result | None = None
         self.error: BaseException | None = None
@@ -254,6 +260,8 @@ class Process:
         return line
 
     def write(self, data: bytes) -> None:
+        if self._write_end is None:
+            raise ValueError("the process's stdin is closed")
         os.write(self._write_end, data)
 
     def close(self, timeout: float = 30) -> Result | None:
@@ -335,13 +343,16 @@ class SshTransport(Transport):
                 self.connection.close()
             self.connection = None
 
-    def server_key(self) -> tuple[str, object]:
+    def server_key(self) -> tuple[str, Any]:
         """The verified host key of the connection: (known_hosts name, Paramiko key)."""
         self.connect()
+        assert self.connection is not None         # connect() opened it
         return self.connection.server_key()
 
     def rsync_dest(self, path: str) -> str:
-        address = f"[{self.host.address}]" if ":" in self.host.address else self.host.address
+        address = self.host.address
+        assert address is not None                 # the inventory gives every ssh host one
+        address = f"[{address}]" if ":" in address else address
         return f"{address}:{path}"
 
     def _exec(self, command, stdin, sink, deadline):
@@ -398,7 +409,7 @@ real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")
 [ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
 exec head -c "$(($2 + 1))" -- "$1"
 ''', '"$3"')
-_READ_ERRORS = {3: "is a symlink; refusing to read it", 4: "does not exist",
+_READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", 4: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
 
@@ -410,7 +421,11 @@ def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple
     if timeout is not None or stdin is not None:
         raise TypeError("a remote.Command carries its own timeout and stdin")
     data = command.stdin
-    return command.line, command.deadline, HeldInput(data or b"") if command.holds_stdin else data
+    if not command.holds_stdin:
+        return command.line, command.deadline, data
+    if not isinstance(data, (bytes, type(None))):
+        raise TypeError("a remote.Command that holds its stdin takes its data as bytes")
+    return command.line, command.deadline, HeldInput(data or b"")
 
 
 def _what(command: remote.Command | str, what: str | None) -> str:

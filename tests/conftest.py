@@ -15,6 +15,7 @@ import yaml
 
 from orchestrator import inventory as inventory_mod
 
+from fake_gpus import FakeGpus
 from sshd import SshLab
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +70,16 @@ def lab(tmp_path_factory):
     with lab.environment():
         yield lab
     lab.close()
+
+
+@pytest.fixture(scope="session")
+def gpu_lab(lab, tmp_path_factory):
+    """A loopback sshd host `g1` whose sessions find a fake nvidia-smi first on their PATH, and
+    that fake (FakeGpus: the test sets its GPUs and their load)."""
+    fake = FakeGpus(tmp_path_factory.mktemp("fake-gpus") / "bin")
+    fake.set(1)
+    host = lab.add_host("g1", setenv={"PATH": f"{fake.bin}:/usr/local/bin:/usr/bin:/bin"})
+    return host, fake
 
 
 @pytest.fixture

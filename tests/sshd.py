@@ -4,6 +4,7 @@
     h1 = lab.add_host("h1")                # its own sshd: port, host key, remote root, log
     fleet = lab.add_hosts(16, "node")      # node1 .. node16
     bastion = lab.add_host("bastion", log_level="DEBUG1")
+    g1 = lab.add_host("g1", setenv={"PATH": f"{fake_bin}:/usr/bin:/bin"})   # a fake nvidia-smi first on its PATH
     lab.inventory_entry(h1, jump="bastion")   # a hosts.yaml entry for it
     with lab.environment(): ...            # KDTREE_SSH_CONFIG / KDTREE_USER_KNOWN_HOSTS set
     h1.stop(); h1.start(); h1.new_host_key(); h1.log()
@@ -44,7 +45,7 @@ def keygen(path: Path) -> Path:
 class SshdHost:
     """One sshd process on 127.0.0.1 acting as a host: own port, host key, root dir, log."""
 
-    def __init__(self, lab: "SshLab", name: str, log_level: str = "VERBOSE"):
+    def __init__(self, lab: "SshLab", name: str, log_level: str = "VERBOSE", setenv: dict | None = None):
         self.lab, self.name = lab, name
         self.dir = lab.dir / name
         self.root = self.dir / "root"           # the host's "disk": remote_dir lives under it
@@ -61,7 +62,7 @@ class SshdHost:
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "PermitRootLogin yes", "StrictModes no", "AllowTcpForwarding yes",
             "MaxSessions 64", "MaxStartups 100", f"LogLevel {log_level}", "Subsystem sftp internal-sftp",
-            f"SetEnv HOME={self.home}", ""]))
+            "SetEnv " + " ".join(f'"{k}={v}"' for k, v in {"HOME": self.home, **(setenv or {})}.items()), ""]))
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -130,9 +131,11 @@ class SshLab:
         self.user_known_hosts.write_text("")
         self.hosts: dict[str, SshdHost] = {}
 
-    def add_host(self, name: str, *, trusted: bool = True, log_level: str = "VERBOSE") -> SshdHost:
-        """Start a new sshd host, add its alias to the ssh config and (trusted) its key."""
-        host = SshdHost(self, name, log_level).start()
+    def add_host(self, name: str, *, trusted: bool = True, log_level: str = "VERBOSE",
+                 setenv: dict | None = None) -> SshdHost:
+        """Start a new sshd host, add its alias to the ssh config and (trusted) its key;
+        `setenv`: variables its sessions get (e.g. a PATH with a fake nvidia-smi first)."""
+        host = SshdHost(self, name, log_level, setenv).start()
         self.hosts[name] = host
         with open(self.ssh_config, "a") as f:
             f.write(f"Host {name}\n  HostName {LOOPBACK}\n  Port {host.port}\n  User root\n"

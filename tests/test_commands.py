@@ -90,7 +90,7 @@ def test_deploy_commands_in_order(make_inventory):
         "local: transfer (a tar stream instead when the host has no rsync)", "host: hash the deployed tree",
         "host: write the deploy record, clear the in-progress mark"]
     assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
-                                f"'{state._marker_text(owner)}' 45".replace("orchestrator's", "orchestrator'\"'\"'s"))
+                                f"'{state._marker_text(owner)}' exclusive 0 45".replace("orchestrator's", "orchestrator'\"'\"'s"))
     assert steps[3][1].endswith("kdtree-step 10 300 bash -c 'bash scripts/tree_hash.sh'")
 
 

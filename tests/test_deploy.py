@@ -72,7 +72,7 @@ def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
                                        + ["build/kdtree", "tests/refs/model_tiny_fp32.kdtr"])
     assert (deploy.dir / "build" / "kdtree").read_text() == "built on the host\n"
     assert (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").exists()
-    assert sorted(os.listdir(deploy.dir / ".kdtree")) == ["deploy.json", "lock.flock", "marker"]
+    assert sorted(os.listdir(deploy.dir / ".kdtree")) == ["deploy.json", "gate.flock", "lock.flock", "marker"]
 
 
 def test_local_transport_deploy(make_inventory, tmp_path, source):
@@ -123,7 +123,7 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     dead = state.Owner("ci-runner", 999, "2026-01-02T00:00:00Z", "deploy")
     argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(inv.hosts["h"].remote_dir, dead))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "LOCKED"
+    assert proc.stdout.readline().strip() == "LOCKED exclusive"
     proc.kill()
     proc.wait()
     time.sleep(0.3)

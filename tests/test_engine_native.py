@@ -94,3 +94,63 @@ def test_rebuild_is_incremental(engine_run):
     info = json.loads((copy / "build" / "build_info.json").read_text())
     assert info["rebuilt"] == []
     assert info["key"]["backend"] == "cpu"
+
+
+def test_generate_into_a_results_dir_without_building(engine_run):
+    """KD_RESULTS_DIR and KD_NO_BUILD: what one of several runs at once (one per GPU) uses."""
+    copy, _ = engine_run
+    env = {**_env(), "KD_RESULTS_DIR": "build/gpu-3", "KD_NO_BUILD": "1"}
+    before = (copy / "build" / "kdtree").stat().st_mtime_ns
+    subprocess.run(["bash", "scripts/generate.sh"], cwd=copy, env=env, capture_output=True, text=True, check=True,
+                   timeout=300)
+    outputs = json.loads((copy / "build" / "gpu-3" / "outputs.json").read_text())
+    manifest = json.loads((copy / "tests" / "refs" / "manifest.json").read_text())
+    assert {name: o["ar"] for name, o in outputs["bundles"].items()} == {b["name"]: b["golden"] for b in manifest["bundles"]}
+    assert (copy / "build" / "kdtree").stat().st_mtime_ns == before
+
+
+def test_no_build_refuses_a_missing_build(tmp_path):
+    copy = tmp_path / "engine_src"
+    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree"))
+    env = {**_env(), "KD_RESULTS_DIR": "build/gpu-0", "KD_NO_BUILD": "1"}
+    gen = subprocess.run(["bash", "scripts/generate.sh"], cwd=copy, env=env, capture_output=True, text=True, timeout=60)
+    assert gen.returncode == 2
+    assert "generate.sh: build/kdtree is missing and KD_NO_BUILD is set" in gen.stderr
+    tests = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert tests.returncode == 1 and tests.stdout.strip().splitlines()[-1] == "1 TESTS FAILED"
+    results = json.loads((copy / "build" / "gpu-0" / "test_results.json").read_text())
+    assert [(t["name"], t["status"], t["message"]) for t in results["tests"]] == \
+        [("build", "failed", "exit 1: build/kdtree or build/test_ops is missing and KD_NO_BUILD is set ")]
+    assert not (copy / "build" / "kdtree").exists()
+
+
+def _build(copy: Path, **env) -> dict:
+    subprocess.run(["bash", "scripts/build.sh"], cwd=copy, env={**_env(), **env}, capture_output=True, text=True,
+                   check=True, timeout=600)
+    return json.loads((copy / "build" / "build_info.json").read_text())
+
+
+def test_returning_to_an_earlier_tree_restores_its_build_without_compiling(engine_run):
+    copy, _ = engine_run
+    source = copy / "src" / "version.cpp"
+    original = source.read_text()
+    first = _build(copy)
+    try:
+        source.write_text(original + "\n// a comment-only change\n")
+        changed = _build(copy)
+        assert changed["tree"] != first["tree"] and "src/version.cpp" in changed["rebuilt"]
+        source.write_text(original)
+        back = _build(copy)
+        assert back["tree"] == first["tree"] and back["rebuilt"] == [] and back["restored"].startswith("build/trees/")
+        version = subprocess.run([str(copy / "build" / "kdtree"), "--version"], capture_output=True, text=True, check=True)
+        assert f"tree={first['tree']}" in version.stdout
+        source.write_text(original + "\n// a comment-only change\n")
+        assert _build(copy)["restored"]                               # both trees are kept
+        source.write_text(original)
+        again = _build(copy, KD_BUILD_CACHE="1")                       # keep one: the other tree is evicted
+        assert again["tree"] == first["tree"]
+        assert [p.name.split("-")[0] for p in (copy / "build" / "trees").iterdir()] == [first["tree"]]
+    finally:
+        source.write_text(original)
+    assert _build(copy)["tree"] == first["tree"]

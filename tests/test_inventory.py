@@ -140,6 +140,6 @@ def test_cli_exit_code_2_on_unknown_host():
 
 def test_kdtree_orch_usage_errors_exit_2():
     for argv in (["deploy", "--nope"], ["trust"], ["deploy", "--host", "nope"]):
-        proc = subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *argv],
+        proc = subprocess.run([sys.executable, "-c", "from orchestrator.program import main; main()", *argv],
                               cwd="/", capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 2, (argv, proc.stderr)

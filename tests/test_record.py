@@ -48,9 +48,10 @@ def test_record_serialises_to_the_documented_schema():
     host = data["hosts"]["local"]
     assert list(host["steps"]) == list(rec.STEPS)  # pipeline order whatever the insertion order
     assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
-                                      "reused_from": "20261128-010000-bbbb"}
+                                      "reused_from": "20261128-010000-bbbb", "cuda_visible_devices": None}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
-                         "fingerprint", "steps", "golden", "tests", "bench", "seconds"}
+                         "fingerprint", "steps", "golden", "tests", "bench", "stress", "gpus", "selected_gpus",
+                         "gpu_runs", "build_key", "seconds"}
     assert set(host["fingerprint"]) == {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch", "gpus_busy", "cpu"}
     assert host["golden"]["tiny_fp32"]["mismatch"] is None
     assert host["tests"]["cases"][0] == {"name": "op_rope", "status": "passed", "seconds": 0.1, "message": ""}
@@ -108,6 +109,18 @@ def test_bench_keeps_numeric_metrics_and_the_rest_as_details():
                                 "step_ms": {"value": 2, "unit": "ms", "better": "lower"}}
     assert bench["details"] == {"backend": "cuda", "repeats": 5}
     assert rec.bench_from_engine(None) == {"metrics": {}, "details": {}}
+
+
+def test_bench_metrics_keep_their_samples_and_spread_bounded_and_typed():
+    bench = rec.bench_from_engine({"metrics": {
+        "tok": {"value": 10.0, "unit": "tokens/s", "better": "higher", "samples": [9.5, 10.0, "x", None, float("inf"), 10.5],
+                "n": 3, "median": 10.0, "mad": 0.5, "noisy": True},
+        "odd": {"value": 1.0, "samples": "1,2", "n": True, "mad": -1, "median": "ten", "noisy": "yes"},
+        "many": {"value": 1.0, "samples": [1.0] * 5000, "n": 10**12}}})
+    assert bench["metrics"]["tok"] == {"value": 10.0, "unit": "tokens/s", "better": "higher", "samples": [9.5, 10.0, 10.5],
+                                       "n": 3, "median": 10.0, "mad": 0.5, "noisy": True}
+    assert bench["metrics"]["odd"] == {"value": 1.0, "unit": "", "better": "higher"}
+    assert len(bench["metrics"]["many"]["samples"]) == rec.SAMPLES_LIMIT and "n" not in bench["metrics"]["many"]
 
 
 def test_bench_details_too_deep_or_too_large_are_dropped():

@@ -46,9 +46,18 @@ def test_timeout_kills_the_whole_process_group_on_the_host(h1, lab):
     assert left_on_host(f"sleep [345]{marker}") == ""
 
 
-def left_on_host(pattern: str) -> str:
-    time.sleep(0.3)
+def running_on_host(pattern: str) -> str:
+    """The command lines of the processes matching `pattern` now."""
     return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+
+
+def left_on_host(pattern: str, settle: float = 5.0) -> str:
+    """What still matches `pattern` once the host had `settle` seconds to clean up ('' as soon
+    as nothing does: a loaded machine may take longer than a moment to kill a process group)."""
+    deadline = time.monotonic() + settle
+    while (found := running_on_host(pattern)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
 
 
 def test_client_timeout_stops_the_command_on_the_host(h1):
@@ -66,7 +75,10 @@ def test_a_dead_client_leaves_nothing_running_on_the_host(lab):
     client = subprocess.Popen(lab.ssh_argv(lab.hosts["h1"], command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     assert client.stdout.readline() == "started\n"
-    assert left_on_host(f"sleep 6{marker}") != ""
+    deadline = time.monotonic() + 5         # `sleep` starts just after the echo
+    while not running_on_host(f"sleep 6{marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_on_host(f"sleep 6{marker}") != ""
     client.kill()
     client.wait()
     assert left_on_host(f"sleep 6{marker}") == ""
@@ -244,7 +256,7 @@ def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path
                             text=True, cwd=REPO)
     assert [proc.stdout.readline() for _ in range(3)] == ["started\n"] * 3
     deadline = time.monotonic() + 10
-    while len(left_on_host(f"^sleep {seconds}").splitlines()) < 3 and time.monotonic() < deadline:
+    while len(running_on_host(f"^sleep {seconds}").splitlines()) < 3 and time.monotonic() < deadline:
         pass
     proc.send_signal(signal.SIGINT)
     assert proc.stdout.read() == "interrupted\n" and proc.wait(10) == 0

@@ -101,7 +101,7 @@ def test_full_pipeline_passes_on_a_cpu_host(full_run):
     host = run["hosts"]["h1"]
     assert steps(run, "h1") == dict.fromkeys(["preflight", "sync", "build", "bundles", "golden", "test", "bench"],
                                              "passed")
-    assert host["backend"] == "cpu"
+    assert host["backend"] == "cpu" and host["build_key"]["backend"] == "cpu"
     assert host["deployed_tree_hash"] == host["binary_tree_hash"] == run["source"]["tree_hash"]
     names = {f"{config}_{quant}" for config in ("tiny", "tiny2", "k2mini") for quant in ("fp32", "int4")}
     assert set(host["golden"]) == names     # k2mini: the long-context (YaRN, 1024-token prompt) goldens
@@ -176,6 +176,78 @@ def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_
     assert 'data-host="h2" data-bundle="tiny_fp32" data-status="failed"' in html
     assert 'diverges at position <span class="pos">17</span>' in html
     assert "golden tokens differ" in (run_dir / "report.md").read_text()
+
+
+# The stress command on a CPU build: the same run_tests.sh with the load switch, but without
+# KD_TEST_BACKENDS=cuda (which a CPU build refuses), so that it runs and writes real results.
+STRESS_ON_CPU = "KD_GPU_LOAD=cycle KD_TEST_RESULTS=build/stress_results.json bash scripts/run_tests.sh"
+NO_GPU = "the host has no GPU (preflight found none): nothing to run under GPU load"
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_stress_without_a_gpu_is_skipped_and_the_run_passes(lab, workdir, full_run):
+    """--steps ...,stress on a CPU host: skipped with preflight's no-GPU reason; --steps stress
+    alone (no preflight, no build in the run): the shipped command runs and run_tests.sh refuses
+    the CPU build (exit 2), which is a skip with its reason, not a failure."""
+    run_dir = workdir / "run-stress-skipped"
+    proc = invoke(lab, workdir / "h1.yaml", "--host", "h1", "--steps", "preflight,build,stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert run["status"] == "passed" and steps(run, "h1")["build"] == "cached"
+    assert list(steps(run, "h1"))[-1] == "stress" and run["hosts"]["h1"]["steps"]["stress"]["status"] == "skipped"
+    assert run["hosts"]["h1"]["steps"]["stress"]["message"] == NO_GPU and run["hosts"]["h1"]["stress"] is None
+    assert f"No stress tests ran: h1 skipped ({NO_GPU})." in (run_dir / "report.md").read_text()
+
+    run_dir = workdir / "run-stress-alone"
+    proc = invoke(lab, workdir / "h1.yaml", "--host", "h1", "--steps", "stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    stress = run["hosts"]["h1"]["steps"]["stress"]
+    assert run["status"] == "passed" and stress["status"] == "skipped", stress
+    assert stress["message"] == ("the stress command refused this setup (exit 2): "
+                                 "run_tests.sh: KD_TEST_BACKENDS names cuda, but this is a cpu build")
+    assert "KD_GPU_LOAD=cycle KD_TEST_BACKENDS=cuda" in (run_dir / "h1" / "stress.log").read_text()
+
+
+def test_stress_results_are_recorded_and_reported_with_the_load_status(lab, workdir, second_run, tmp_path):
+    """The stress step's results, from real run_tests.sh runs on CPU builds (STRESS_ON_CPU): on h1
+    every test passes but load.gpu_load is skipped (no CUDA backend to load), which is no stress
+    test: failed; on h2 (whose regenerated manifest has a flipped golden token) tests fail. Both
+    results are in run.json, the summary, report.md, report.html and junit.xml."""
+    data = yaml.safe_load((workdir / "h1h2.yaml").read_text())
+    data["project"]["commands"]["stress"] = STRESS_ON_CPU
+    inventory = workdir / "h1h2-stress.yaml"
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    run_dir = workdir / "run-stress-cpu"
+    proc = invoke(lab, inventory, "--host", "h1", "--host", "h2", "--steps", "stress", "--report-dir", str(run_dir))
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    h1, h2 = run["hosts"]["h1"], run["hosts"]["h2"]
+    assert h1["steps"]["stress"]["status"] == h2["steps"]["stress"]["status"] == "failed"
+    assert h1["stress"]["failed"] == 0 and h1["stress"]["passed"] >= 10
+    load = next(c for c in h1["stress"]["cases"] if c["name"] == "load.gpu_load")
+    assert load["status"] == "skipped" and "no CUDA backend is tested here" in load["message"]
+    assert h1["steps"]["stress"]["message"].startswith(
+        "the stress tests passed, but load.gpu_load is skipped: nothing shows they ran under GPU load")
+    failing = [c["name"] for c in h2["stress"]["cases"] if c["status"] == "failed"]
+    assert "model.cpu.tiny_fp32.ar_equals_manifest_golden" in failing and h2["stress"]["failed"] == len(failing)
+    assert h2["steps"]["stress"]["message"].startswith(f"{len(failing)} of {len(h2['stress']['cases'])} stress tests failed")
+    assert (run_dir / "h1" / "stress_results.json").is_file()
+
+    summary = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith(("h1 ", "h2 "))}
+    assert summary["h1"][:3] == ["h1", "FAILED", "-"] and f"{h1['stress']['passed']}/{len(h1['stress']['cases'])}" in summary["h1"]
+    md = (run_dir / "report.md").read_text()
+    assert (f"| h1 | failed | {h1['stress']['passed']} | 0 | {h1['stress']['skipped']} | skipped: KD_GPU_LOAD=cycle: "
+            "no CUDA backend is tested here") in md
+    assert "Failing under load on **h2**:" in md and "`model.cpu.tiny_fp32.ar_equals_manifest_golden` failed" in md
+    html = dom(tmp_path, run_dir / "report.html")
+    assert 'id="stress"' in html and 'data-test="model.cpu.tiny_fp32.ar_equals_manifest_golden"' in html
+    suites = {s.get("name"): s for s in ET.parse(run_dir / "junit.xml").getroot().iter("testsuite")}
+    for name, host in (("h1", h1), ("h2", h2)):
+        cases = {c.get("name"): c for c in suites[name].iter("testcase") if c.get("name").startswith("stress.")}
+        assert len(cases) == len(host["stress"]["cases"])
+    assert suites["h1"].find("testcase[@name='stress.load.gpu_load']/skipped") is not None
+    assert suites["h2"].find("testcase[@name='stress.model.cpu.tiny_fp32.ar_equals_manifest_golden']/failure") is not None
 
 
 def test_a_failing_build_shows_the_compiler_error(lab, workdir, full_run):
@@ -336,6 +408,10 @@ def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run
     assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
     run = load_run(run_dir)
     assert run["command"] == "nightly" and run["status"] == "passed"
+    stress = run["hosts"]["h1"]["steps"]["stress"]          # nightly runs the stress step, last
+    assert list(run["hosts"]["h1"]["steps"])[-1] == "stress" and stress["status"] == "skipped"
+    if shutil.which("nvidia-smi") is None:
+        assert stress["message"] == NO_GPU
     assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
     assert f"REGRESSION h1 {metric}" in proc.stdout
     assert metric in (run_dir / "report.md").read_text()
@@ -354,3 +430,120 @@ def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
     compare = next(again.glob("compare-*.md")).read_text()
     assert "h1" in compare and "tokens/s" in compare
 
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmark history and bisect (a git repository of the engine snapshot; h2 gets a copy of h1's
+# deployment, its build and build cache included)
+
+GOLDEN_BREAK = ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
+                "        if (g.tokens.size() == 7) token = (token + 1) % model.config().vocab_size;\n"
+                "        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def history_repo(lab, workdir, full_run):
+    """A repository holding the engine snapshot and an inventory for h2 (a copy of h1's built
+    deployment): c0 the snapshot, c1 a change outside engine_src, c2 AR's 8th token moved (golden
+    breaks), c3 an engine README change. Returns (repo, inventory, [c0, c1, c2, c3])."""
+    repo = workdir / "history-repo"
+    shutil.copytree(workdir / "engine_src", repo / "engine_src")
+    h1, h2 = lab.hosts["h1"], lab.hosts["h2"]
+    shutil.copytree(h1.root / "engine", h2.root / "history-engine", symlinks=True)
+    inventory = write_inventory(repo, "hosts", {"h2": lab.inventory_entry(h2, remote_dir=str(h2.root / "history-engine"))},
+                                source=repo / "engine_src")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.invalid")
+    git(repo, "config", "user.name", "t")
+    (repo / ".gitignore").write_text("runs/\nbuild/\nhosts.yaml\n*.pyc\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "c0: the engine")
+    shas = [git(repo, "rev-parse", "HEAD")]
+    (repo / "NOTES.md").write_text("notes\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "c1: notes")
+    shas.append(git(repo, "rev-parse", "HEAD"))
+    decode = repo / "engine_src" / "src" / "decode.cpp"
+    decode.write_text(decode.read_text().replace(*GOLDEN_BREAK))
+    git(repo, "commit", "-qam", "c2: AR's 8th token moves")
+    shas.append(git(repo, "rev-parse", "HEAD"))
+    readme = repo / "engine_src" / "README.md"
+    readme.write_text(readme.read_text() + "\nA line.\n")
+    git(repo, "commit", "-qam", "c3: engine README")
+    shas.append(git(repo, "rev-parse", "HEAD"))
+    return repo, inventory, shas
+
+
+def orch(lab, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **lab.env()})
+
+
+def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_command(lab, workdir, full_run,
+                                                                                      history_repo):
+    from orchestrator.history import HistoryStore, host_key
+    repo, inventory, shas = history_repo
+    git(repo, "checkout", "-q", shas[1])                # the engine of c0, the commit c1
+    _, full_dir = full_run
+    full = load_run(full_dir)
+    h1 = full["hosts"]["h1"]
+    metric, measured = next((m, v) for m, v in h1["bench"]["metrics"].items() if m.endswith("ar_tokens_per_s"))
+    assert measured["noisy"] is True and len(measured["samples"]) == measured["n"] >= 3   # CPU timings, samples
+    store_path = workdir / "kept-history" / "nightly.sqlite"
+    with HistoryStore.open(store_path) as store:       # ten earlier nightlies at c0, three times faster
+        for i in range(10):
+            earlier = json.loads(json.dumps(full))
+            earlier.update(run_id=f"20200101-0000{i:02d}-aaaa", started=f"2020-01-01T00:00:{i:02d}Z", command="nightly",
+                           source={"tree_hash": h1["deployed_tree_hash"], "git_rev": shas[0], "git_dirty": False})
+            host = earlier["hosts"]["h1"]
+            host["bench"]["metrics"] = {metric: {**measured, "value": measured["value"] * 3,
+                                                 "samples": [measured["value"] * 3 * f for f in (0.99, 1, 1.01)]}}
+            earlier["hosts"] = {"h2": host}
+            store.index_run(earlier)
+        assert host_key("h2", host) in [k for k, _ in store.series_keys()]
+    run_dir = repo / "runs" / "nightly-history"
+    proc = orch(lab, "nightly", "--inventory", str(inventory), "--host", "h2", "--steps", "sync,build,bundles,bench",
+                "--history", str(store_path), "--report-dir", str(run_dir))
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = load_run(run_dir)
+    assert run["hosts"]["h2"]["steps"]["build"]["status"] == "cached"
+    (reg,) = [r for r in run["regressions"] if r["metric"] == metric]
+    assert reg["method"] == "history" and reg["ratio"] < 0.5 and len(reg["evidence"]["window"]) == 10
+    assert reg["evidence"]["score"] > 4 and reg["evidence"]["good_commit"] == shas[0]
+    command = f"invoke bisect --host h2 --good {shas[0]} --bad {shas[1]} --metric {metric}"
+    assert reg["bisect"] == command and f"find the commit: {command}" in proc.stdout
+    assert f"REGRESSION h2 {metric}" in proc.stdout and "history: change" in proc.stdout and "robust z" in proc.stdout
+    assert [r["metric"] for r in run["regressions"]] == [metric]      # every other metric is new: no history
+    assert run["history"]["store"] == str(store_path)
+    board = repo / "runs" / "history.html"
+    assert run["history"]["dashboard"] == "../history.html" and board.is_file()
+    html = (run_dir / "report.html").read_text()
+    assert 'id="history-link" href="../history.html"' in html and command in html
+    page = board.read_text()
+    assert '<a href="nightly-history/report.html">' in page and 'data-regressed="true"' in page
+    with HistoryStore.open(store_path) as store:
+        assert len(store.points(run_id=run["run_id"])) == len(run["hosts"]["h2"]["bench"]["metrics"])
+
+
+def test_bisect_finds_the_commit_that_broke_the_golden_tokens_without_touching_the_checkout(lab, history_repo):
+    repo, inventory, shas = history_repo
+    git(repo, "checkout", "-q", shas[1])
+    (repo / "NOTES.md").write_text("an uncommitted edit\n")
+    proc = orch(lab, "bisect", "--inventory", str(inventory), "--host", "h2", "--good", shas[0], "--bad", shas[3],
+                "--golden")
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == f"first bad commit: {shas[2]} c2: AR's 8th token moves"
+    probes = [line for line in lines if line.startswith("probe ")]
+    assert len(probes) == 3 and all("/4:" in p for p in probes)       # 3 distinct engine trees: at most 4 probes
+    assert "BAD" in probes[0] and "golden:" in probes[0] and "good" in probes[1]
+    assert "cached build" in probes[1]                                  # c0's build came from the host's cache
+    assert git(repo, "rev-parse", "HEAD") == shas[1] and (repo / "NOTES.md").read_text() == "an uncommitted edit\n"
+    assert git(repo, "worktree", "list").count("\n") == 0
+    bisect_runs = [json.loads(p.read_text()) for p in (repo / "runs").glob("*/run.json")]
+    assert sum(r["command"] == "bisect" for r in bisect_runs) == 3
+    assert {r["source"]["git_rev"] for r in bisect_runs if r["command"] == "bisect"} == {shas[0], shas[2], shas[3]}

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def run_task(*args: str, env: dict | None = None, timeout: int = 120) -> subproc
 
 def orch(*args: str) -> subprocess.CompletedProcess:
     """`kdtree-orch ...` (the console entry), from another directory."""
-    return subprocess.run([sys.executable, "-c", "from orchestrator.cli import main; main()", *args], cwd="/",
+    return subprocess.run([sys.executable, "-c", "from orchestrator.program import main; main()", *args], cwd="/",
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -90,6 +91,44 @@ def test_an_empty_step_selection_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--steps selects no step"):
         pipeline.Plan.choose(" , ")
     assert not (tmp_path / "runs").exists()
+
+
+# -- the opt-in stress step -----------------------------------------------------------------------
+def test_stress_is_nightly_only_unless_steps_names_it():
+    default = ("preflight", "sync", "build", "bundles", "golden", "test", "bench")
+    validate = pipeline.Plan.choose(None, None, "validate")
+    assert validate.steps == validate.listed == default
+    chosen = pipeline.Plan.choose("build,test,stress", None, "validate")
+    assert chosen.steps == ("build", "test", "stress") and chosen.listed == (*default, "stress")
+    nightly = pipeline.Plan.choose(None, None, "nightly")
+    assert nightly.steps == nightly.listed == (*default, "stress") == pipeline.Plan.of("nightly").steps
+    without = pipeline.Plan.choose(None, "stress", "nightly")
+    assert without.steps == default and without.listed[-1] == "stress"      # shown as `not selected`
+    assert pipeline.Plan.choose(None, "bench", "validate").listed == default
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_stress_on_local_without_a_gpu_is_skipped_and_the_run_passes(make_inventory, tmp_path):
+    """`validate --steps preflight,stress` on `local`: preflight finds no GPU, so stress is
+    `skipped` with that reason in run.json, the summary, report.md and junit.xml; exit 0."""
+    inv = make_inventory({"local": LOCAL})
+    proc = run_task("validate", "--inventory", str(inv.path), "--steps", "preflight,stress", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "latest"
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == run["hosts"]["local"]["status"] == "passed"
+    steps = run["hosts"]["local"]["steps"]
+    reason = "the host has no GPU (preflight found none): nothing to run under GPU load"
+    assert steps["stress"] == {**steps["stress"], "status": "skipped", "message": reason}
+    assert [s for s, v in steps.items() if v["status"] != "skipped" or v["message"] != "not selected"] == \
+        ["preflight", "stress"]
+    assert run["hosts"]["local"]["stress"] is None and run["hosts"]["local"]["fingerprint"]["gpu_count"] == 0
+    summary = next(line for line in proc.stdout.splitlines() if line.startswith("local "))
+    assert summary.split()[:11] == ["local", "passed", "-", "passed", *["skipped"] * 6, "skipped"]
+    assert "stress    skipped" in proc.stdout and reason in proc.stdout
+    assert f"No stress tests ran: local skipped ({reason})." in (run_dir / "report.md").read_text()
+    junit = (run_dir / "junit.xml").read_text()
+    assert 'name="step.stress" time=' in junit and f'<skipped message="{reason}"' in junit
 
 
 # -- the inventory file -----------------------------------------------------------------------------
@@ -250,10 +289,10 @@ def test_two_runs_in_one_process_do_not_interfere(lab, make_inventory, tmp_path)
         with pytest.raises(HostError, match="the run was interrupted"):
             first.transport(inv.hosts["local"]).run("true", timeout=5)
         assert second.transport(inv.hosts["local"]).run("true", timeout=5).ok
-        assert not (Path(inv.hosts["a"].remote_dir) / ".kdtree" / "owner").exists()    # first's lock released
-        assert (Path(inv.hosts["b"].remote_dir) / ".kdtree" / "owner").exists()       # second's still held
+        assert not list((Path(inv.hosts["a"].remote_dir) / ".kdtree").glob("holder-*.json"))    # first's lock released
+        assert list((Path(inv.hosts["b"].remote_dir) / ".kdtree").glob("holder-*.json"))       # second's still held
         assert lock_a is not lock_b
-    assert not (Path(inv.hosts["b"].remote_dir) / ".kdtree" / "owner").exists()        # released at its end
+    assert not list((Path(inv.hosts["b"].remote_dir) / ".kdtree").glob("holder-*.json"))        # released at its end
 
 
 # -- doctor and deploy leave a run record -------------------------------------------------------------

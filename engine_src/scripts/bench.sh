@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Benchmarks the engine and writes build/bench.json (README, "Result files"): tokens/s AR vs
-# DDTree per bundle and budget, mean acceptance length, per-layer timings (FP32 vs INT4 MoE),
-# and a K2-width MoE layer (h 7168, moe_inter 2048, top-8 + 1 shared) in FP32 and INT4.
+# Benchmarks the engine and writes $KD_RESULTS_DIR/bench.json (default build/; README, "Result
+# files"): tokens/s AR vs DDTree per bundle and budget, mean acceptance length, per-layer timings
+# (FP32 vs INT4 MoE), and a K2-width MoE layer (h 7168, moe_inter 2048, top-8 + 1 shared) in FP32
+# and INT4. Builds and regenerates bundles when missing, unless KD_NO_BUILD is set.
 #   KD_BENCH_ARGS: extra flags for `kdtree bench` (e.g. "--moe-experts 384 --moe-tokens 1,4,16").
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
-[[ -x build/kdtree ]] || bash scripts/build.sh
 refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes the bundles
+results="${KD_RESULTS_DIR:-build}"
+if [[ -n "${KD_NO_BUILD:-}" ]]; then
+    for f in build/kdtree "$refs/manifest.json"; do
+        [[ -e "$f" ]] || { echo "bench.sh: $f is missing and KD_NO_BUILD is set (build and regenerate first)" >&2; exit 2; }
+    done
+fi
+[[ -x build/kdtree ]] || bash scripts/build.sh
 [[ -f "$refs/manifest.json" ]] || bash scripts/bundles.sh
+mkdir -p "$results"
 # shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
-build/kdtree bench --manifest "$refs/manifest.json" --out build/bench.json ${KD_BENCH_ARGS:-}
+build/kdtree bench --manifest "$refs/manifest.json" --out "$results/bench.json" ${KD_BENCH_ARGS:-}
 # With the CUDA backend, the GPU kernel benchmarks (ceiling, w4a16 vs cuBLAS, K2 MoE layer) join
 # the report; KD_BENCH_GPU_ARGS defaults to --quick (fewer repeats and token counts).
 if grep -q '"backend": "cuda"' build/build_info.json 2>/dev/null; then
     KD_BENCH_GPU_ARGS="${KD_BENCH_GPU_ARGS:---quick}" bash scripts/bench_gpu.sh
-    "${PYTHON:-python3}" scripts/merge_gpu_bench.py build/bench.json build/bench_gpu.json
+    "${PYTHON:-python3}" scripts/merge_gpu_bench.py "$results/bench.json" "$results/bench_gpu.json"
 fi

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU kernel benchmarks (bench/bench_gpu.cu): the read-bandwidth ceiling, w4a16 GEMM at
 # M = 1..16 against cuBLAS SGEMM and bf16 on K2 shapes, and a K2-shaped MoE layer INT4 vs FP32.
-# Builds build/bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes build/bench_gpu.json.
+# Builds bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes bench_gpu.json, all three
+# in $KD_RESULTS_DIR (default build/: build/bench_gpu, build/bench_gpu.json).
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi)   CUDA_HOME (default /usr/local/cuda)
 #   KD_BENCH_GPU_ARGS  extra flags for bench_gpu (--quick: fewer repeats and token counts)
-#   KD_BENCH_GPU_BUILD_ONLY=1  build build/bench_gpu and stop
+#   KD_BENCH_GPU_BUILD_ONLY=1  build bench_gpu and stop
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -20,7 +21,8 @@ if [[ -z "$arch" ]]; then
 fi
 cc="${arch#sm_}"
 flags=(-O3 -std=c++17 -gencode "arch=compute_${cc},code=sm_${cc}" -Isrc)
-out=build/obj/bench_gpu
+results="${KD_RESULTS_DIR:-build}"   # one folder per GPU when several runs share the tree
+out="$results/obj/bench_gpu"
 mkdir -p "$out"
 sources=(bench/bench_gpu.cu src/cuda/matmul_w4a16.cu src/cuda/matmul_f32.cu src/cuda/moe_ffn.cu src/cuda/moe_gate.cu
          src/cuda/elementwise.cu)
@@ -33,7 +35,7 @@ for src in "${sources[@]}"; do
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2; exit 1; }; done
-"$NVCC" "${flags[@]}" "${objects[@]}" -o build/bench_gpu -lcublas
+"$NVCC" "${flags[@]}" "${objects[@]}" -o "$results/bench_gpu" -lcublas
 [[ "${KD_BENCH_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
 # shellcheck disable=SC2086  # a list of flags
-build/bench_gpu --json build/bench_gpu.json ${KD_BENCH_GPU_ARGS:-}
+"$results/bench_gpu" --json "$results/bench_gpu.json" ${KD_BENCH_GPU_ARGS:-}

@@ -8,6 +8,7 @@
 #   KD_SANITIZE 1: AddressSanitizer + UndefinedBehaviorSanitizer (with float-cast-overflow, no
 #               recovery) and libstdc++ assertions, -O1 -g (CUDA: host code only)
 #   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
+#   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,6 +85,38 @@ tree="$(bash scripts/tree_hash.sh "$engine")"
 stamp="#define KD_TREE_HASH \"$tree\"
 #define KD_ARCH \"$arch\""
 [[ "$(cat build/gen/build_stamp.h 2>/dev/null || true)" == "$stamp" ]] || echo "$stamp" > build/gen/build_stamp.h
+
+# The binaries of the last KD_BUILD_CACHE trees built are kept in build/trees/<tree>-<key hash>/:
+# coming back to one of those trees (a bisect, a revert) restores them instead of compiling.
+# A restored binary carries no link key, so the next compiled build always relinks; KD_REBUILD=1
+# never restores.
+cache_keep="${KD_BUILD_CACHE:-4}"
+[[ "$cache_keep" =~ ^[0-9]+$ ]] || { echo "build.sh: KD_BUILD_CACHE must be a number, got '$cache_keep'" >&2; exit 2; }
+cached="build/trees/$tree-$(printf '%s' "$key" | sha256sum | cut -c1-16)"
+evict() {  # keep the newest cache_keep trees (names are <hex>-<hex>: ls -t is safe)
+    # shellcheck disable=SC2012
+    ls -1dt build/trees/*/ 2>/dev/null | tail -n +$((cache_keep + 1)) | xargs -r rm -rf --
+}
+current_tree="$(sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' build/build_info.json 2>/dev/null | head -n1 || true)"
+binaries=(kdtree test_ops fuzz)    # what a build links: all of them are kept and restored
+[[ "$backend" == cuda ]] && binaries+=(gpu_load)
+have_all() { local b; for b in "${binaries[@]}"; do [[ -f "$1/$b" ]] || return 1; done; }
+if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)" != "$key" ]] &&
+   (( cache_keep > 0 )) && [[ "${KD_REBUILD:-0}" != 1 && -d "$cached" ]] && have_all "$cached"; then
+    for b in "${binaries[@]}"; do
+        rm -f "build/$b.key"
+        cp -p "$cached/$b" "build/$b.restoring" && mv -f "build/$b.restoring" "build/$b"
+    done
+    touch "$cached"
+    evict
+    cat > build/build_info.json <<JSON
+{"version": 1, "tree": "$tree", "binary": "build/kdtree", "test_program": "build/test_ops",
+ "key": $key,
+ "rebuilt": [], "restored": "$cached", "seconds": 0}
+JSON
+    echo "build.sh: $(build/kdtree --version) (restored from $cached, nothing compiled)"
+    exit 0
+fi
 
 # An object is stale when it is missing or older than any file its dependency file names.
 stale() {
@@ -168,4 +201,10 @@ cat > build/build_info.json <<JSON
  "key": $key,
  "rebuilt": [$rebuilt_json], "seconds": $seconds}
 JSON
+if (( cache_keep > 0 )) && { (( ${#rebuilt[@]} )) || ! have_all "$cached"; }; then
+    mkdir -p "$cached"
+    for b in "${binaries[@]}"; do cp -p "build/$b" "$cached/"; done
+    touch "$cached"
+fi
+evict
 echo "build.sh: $(build/kdtree --version) (${#rebuilt[@]} steps, ${seconds}s)"

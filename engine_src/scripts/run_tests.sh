@@ -6,11 +6,13 @@
 # the group limit, bad bundles are rejected, every reproducer of
 # tests/fuzz/regress ends as it should (and, with KD_FUZZ_SECONDS, a bounded fuzz run finds
 # nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test; ends with
-# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes build/test_results.json (or $KD_TEST_RESULTS).
-# Builds first (incrementally) and regenerates missing bundles with $PYTHON (into $KD_BUNDLE_DIR,
-# default tests/refs, as scripts/bundles.sh does).
+# "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes $KD_RESULTS_DIR/test_results.json
+# (default build/; or $KD_TEST_RESULTS). Builds first (incrementally) and regenerates missing
+# bundles with $PYTHON (into $KD_BUNDLE_DIR, default tests/refs, as scripts/bundles.sh does),
+# unless KD_NO_BUILD is set: then the build and the bundles are used as they are (several runs at
+# once, one per GPU, share them).
 #   KD_TEST_BACKENDS  comma-separated backends to test (default: every backend of the build)
-#   KD_TEST_RESULTS   the results file (default build/test_results.json)
+#   KD_TEST_RESULTS   the results file (default $KD_RESULTS_DIR/test_results.json)
 #   KD_GPU_LOAD       SHAPES[@SHARE] (scripts/gpu_load.sh): the op and model tests run with
 #                     build/gpu_load on the GPU, recorded as load.gpu_load (skipped without a GPU)
 set -euo pipefail
@@ -19,6 +21,7 @@ cd "$engine"
 PYTHON="${PYTHON:-python3}"
 refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes them
 manifest="$refs/manifest.json"
+results="${KD_RESULTS_DIR:-build}"
 kdtree=build/kdtree
 scratch="$(mktemp -d)"
 source scripts/gpu_load.sh
@@ -70,10 +73,10 @@ expect_failure() {
 write_results() {
     local backend="$1" body="" r
     for r in "${records[@]+"${records[@]}"}"; do body+="${body:+,$'\n'  }$r"; done
-    local results="${KD_TEST_RESULTS:-build/test_results.json}"
-    mkdir -p "$(dirname "$results")"
+    local file="${KD_TEST_RESULTS:-$results/test_results.json}"
+    mkdir -p "$(dirname "$file")"
     printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
-        "$backend" "$passed" "$failed" "$skipped" "$body" > "$results"
+        "$backend" "$passed" "$failed" "$skipped" "$body" > "$file"
 }
 finish() {
     write_results "$1"
@@ -83,7 +86,11 @@ finish() {
 }
 
 # ---- build and bundles ---------------------------------------------------------------------
-check build bash scripts/build.sh
+built() {  # the build as it is (KD_NO_BUILD): both binaries must be there
+    [[ -x "$kdtree" && -x build/test_ops ]] || { echo "build/kdtree or build/test_ops is missing and KD_NO_BUILD is set"; return 1; }
+    echo "using the existing build (KD_NO_BUILD)"
+}
+if [[ -n "${KD_NO_BUILD:-}" ]]; then check build built; else check build bash scripts/build.sh; fi
 if [[ ! -x "$kdtree" || ! -x build/test_ops ]]; then finish unknown; fi
 build_backend="$(sed -n 's/.* backend=\([a-z]*\) .*/\1/p' <<<"$("$kdtree" --version)")"
 backends=(cpu)
@@ -98,7 +105,10 @@ if (( ! bundles_missing )); then
         [[ -f "$refs/$f" ]] || bundles_missing=1
     done
 fi
-if (( bundles_missing )); then
+if (( bundles_missing )) && [[ -n "${KD_NO_BUILD:-}" ]]; then
+    record bundles.regenerate failed 0 "bundles missing under $refs and KD_NO_BUILD is set"
+    finish "$build_backend"
+elif (( bundles_missing )); then
     check bundles.regenerate bash scripts/bundles.sh
     [[ -f "$manifest" ]] || finish "$build_backend"
 fi

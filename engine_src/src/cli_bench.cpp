@@ -10,6 +10,7 @@
 #include "version.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
@@ -23,41 +24,83 @@ double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-Json metric(double value, const std::string& unit, const std::string& better) {
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double mad_of(const std::vector<double>& v) {
+    const double m = median_of(v);
+    std::vector<double> d;
+    for (double x : v) d.push_back(std::fabs(x - m));
+    return median_of(d);
+}
+
+// A metric with what a reader needs to judge its noise: every repeat's sample, their median and
+// MAD (median absolute deviation); `noisy` marks timings whose noise the machine adds (CPU
+// timings: other processes share the cores).
+Json metric(double value, const std::string& unit, const std::string& better,
+            const std::vector<double>& samples = {}, bool noisy = false) {
     Json m = Json::object();
     m.set("value", value).set("unit", unit).set("better", better);
+    if (!samples.empty()) {
+        m.set("samples", Json::array_of(samples)).set("n", static_cast<int>(samples.size()));
+        m.set("median", median_of(samples)).set("mad", mad_of(samples));
+    }
+    if (noisy) m.set("noisy", true);
     return m;
 }
 
-// Best of `repeats` runs (the least disturbed one).
-Generation best_run(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
+// `repeats` runs: the best (least disturbed) one, and every run's tokens/s (whole, decode, prefill).
+struct Repeats {
     Generation best;
+    std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s;
+};
+
+Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
+    Repeats r;
     for (int i = 0; i < repeats; ++i) {
         Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
         Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
-        if (i == 0 || g.tokens_per_second() > best.tokens_per_second()) best = g;
+        r.tokens_per_s.push_back(g.tokens_per_second());
+        r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
+        if (g.prefill_seconds > 0) r.prefill_tokens_per_s.push_back(prompt.size() / g.prefill_seconds);
+        if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
     }
-    return best;
+    return r;
+}
+
+std::vector<double> ratios(const std::vector<double>& over, double under) {
+    std::vector<double> out;
+    for (double x : over) out.push_back(x / under);
+    return out;
 }
 
 Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, const std::vector<int>& budgets,
                   int repeats, Json& metrics) {
     Json out = Json::object();
-    const Generation ar = best_run(be, b, b.prompt, n, 0, repeats);
+    const bool noisy = be.name() == "cpu";
+    const Repeats ar_runs = run_repeats(be, b, b.prompt, n, 0, repeats);
+    const Generation& ar = ar_runs.best;
     Json arj = Json::object();
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
     arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
     out.set("ar", arj);
-    metrics.set(name + ".ar_tokens_per_s", metric(ar.tokens_per_second(), "tokens/s", "higher"));
+    metrics.set(name + ".ar_tokens_per_s", metric(ar.tokens_per_second(), "tokens/s", "higher", ar_runs.tokens_per_s, noisy));
     // Decode alone (after the prompt): at long context the prefill would hide what DDTree saves.
-    metrics.set(name + ".ar_decode_tokens_per_s", metric(ar.decode_tokens_per_second(), "tokens/s", "higher"));
+    metrics.set(name + ".ar_decode_tokens_per_s",
+                metric(ar.decode_tokens_per_second(), "tokens/s", "higher", ar_runs.decode_tokens_per_s, noisy));
     metrics.set(name + ".prefill_tokens_per_s",
-                metric(ar.prefill_seconds > 0 ? b.prompt.size() / ar.prefill_seconds : 0.0, "tokens/s", "higher"));
+                metric(ar.prefill_seconds > 0 ? b.prompt.size() / ar.prefill_seconds : 0.0, "tokens/s", "higher",
+                       ar_runs.prefill_tokens_per_s, noisy));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
+    std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
     for (int budget : budgets) {
-        const Generation g = best_run(be, b, b.prompt, n, budget, repeats);
+        const Repeats runs = run_repeats(be, b, b.prompt, n, budget, repeats);
+        const Generation& g = runs.best;
         Json t = Json::object();
         t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
         t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
@@ -65,33 +108,52 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         t.set("decode_tokens_per_second", g.decode_tokens_per_second());
         t.set("equals_ar", g.tokens == ar.tokens);
         trees.push(t);
-        best_speedup = std::max(best_speedup, g.tokens_per_second() / ar.tokens_per_second());
+        if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
+            best_speedup = g.tokens_per_second() / ar.tokens_per_second();
+            best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
+        }
         best_accept = std::max(best_accept, g.accept_mean());
-        best_decode = std::max(best_decode, g.decode_tokens_per_second());
+        if (g.decode_tokens_per_second() > best_decode) {
+            best_decode = g.decode_tokens_per_second();
+            best_decodes = runs.decode_tokens_per_s;
+        }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
                     ar.decode_tokens_per_second(), g.accept_mean());
     }
     out.set("ddtree", trees);
-    metrics.set(name + ".ddtree_best_speedup", metric(best_speedup, "x", "higher"));
-    metrics.set(name + ".ddtree_best_decode_tokens_per_s", metric(best_decode, "tokens/s", "higher"));
+    metrics.set(name + ".ddtree_best_speedup", metric(best_speedup, "x", "higher", best_speedups, noisy));
+    metrics.set(name + ".ddtree_best_decode_tokens_per_s", metric(best_decode, "tokens/s", "higher", best_decodes, noisy));
     metrics.set(name + ".ddtree_best_decode_speedup",
-                metric(ar.decode_tokens_per_second() > 0 ? best_decode / ar.decode_tokens_per_second() : 0.0, "x", "higher"));
+                metric(ar.decode_tokens_per_second() > 0 ? best_decode / ar.decode_tokens_per_second() : 0.0, "x", "higher",
+                       ar.decode_tokens_per_second() > 0 ? ratios(best_decodes, ar.decode_tokens_per_second())
+                                                         : std::vector<double>{}, noisy));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
 
-    // Per-layer time of one AR decode, each part synchronised.
-    Model model(b, be, static_cast<int>(b.prompt.size()));
-    model.profile = true;
-    const Generation g = generate_ar(model, b.prompt, n);
+    // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
+    // run with the least MoE FFN time, and every run's MoE FFN total (its samples).
     Json layers = Json::array();
-    for (size_t i = 0; i < model.times.attention.size(); ++i) {
-        Json l = Json::object();
+    std::vector<double> moe_ffn_ms;
+    for (int r = 0; r < repeats; ++r) {
+        Model model(b, be, static_cast<int>(b.prompt.size()));
+        model.profile = true;
+        const Generation g = generate_ar(model, b.prompt, n);
         const double per_forward = 1e3 / (g.forwards + 1);
-        l.set("layer", static_cast<int>(i)).set("kind", static_cast<int>(i) < b.config.n_dense_layers ? "dense" : "moe");
-        l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
-        layers.push(l);
+        Json run = Json::array();
+        double moe = 0;
+        for (size_t i = 0; i < model.times.attention.size(); ++i) {
+            const bool dense = static_cast<int>(i) < b.config.n_dense_layers;
+            Json l = Json::object();
+            l.set("layer", static_cast<int>(i)).set("kind", dense ? "dense" : "moe");
+            l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
+            run.push(l);
+            if (!dense) moe += model.times.ffn[i] * per_forward;
+        }
+        if (moe_ffn_ms.empty() || moe < *std::min_element(moe_ffn_ms.begin(), moe_ffn_ms.end())) layers = run;
+        moe_ffn_ms.push_back(moe);
     }
     out.set("layers_ms_per_forward", layers);
+    out.set("moe_ffn_ms", Json::array_of(moe_ffn_ms));
     out.set("quant", b.int4 ? "int4" : "fp32");
     return out;
 }
@@ -173,30 +235,34 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             be.moe_gate(idx, wts, logits, gate_b, M, r);
             be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
         };
-        const auto time_layer = [&](int M, bool int4) {
+        const auto time_layer = [&](int M, bool int4) {  // every repeat's milliseconds
             layer(M, int4);  // warm-up
             be.synchronize();
-            double best = 1e30;
+            std::vector<double> ms;
             for (int i = 0; i < repeats; ++i) {
                 const double t0 = now_seconds();
                 layer(M, int4);
                 be.synchronize();
-                best = std::min(best, now_seconds() - t0);
+                ms.push_back((now_seconds() - t0) * 1e3);
             }
-            return best;
+            return ms;
         };
+        const bool noisy = be.name() == "cpu";
         Json rows = Json::array();
         for (int M : token_counts) {
-            const double tf = time_layer(M, false), tq = time_layer(M, true);
+            const std::vector<double> sf = time_layer(M, false), sq = time_layer(M, true);
+            const double tf = *std::min_element(sf.begin(), sf.end()) / 1e3, tq = *std::min_element(sq.begin(), sq.end()) / 1e3;
+            std::vector<double> speedups;
+            for (size_t i = 0; i < sf.size(); ++i) speedups.push_back(sf[i] / sq[i]);
             Json row = Json::object();
             row.set("tokens", M).set("fp32_ms", tf * 1e3).set("int4_ms", tq * 1e3).set("int4_speedup", tf / tq);
             rows.push(row);
             std::printf("  moe layer (D %d, I %d, E %d, top-%d + 1 shared) M=%2d: fp32 %9.3f ms  int4 %9.3f ms  speedup %.2fx\n",
                         D, I, n_experts, top_k, M, tf * 1e3, tq * 1e3, tf / tq);
             const std::string m = std::to_string(M);
-            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower"));
-            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower"));
-            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher"));
+            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower", sf, noisy));
+            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower", sq, noisy));
+            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher", speedups, noisy));
         }
         out.set("dim", D).set("moe_inter_dim", I).set("n_experts", n_experts).set("top_k", top_k).set("n_shared", 1);
         out.set("rows", rows);
@@ -255,18 +321,21 @@ int cmd_bench(int argc, char** argv) {
         std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
         bundles.set(name, bench_bundle(*be, b, name, tokens, o.budgets, o.repeats, metrics));
     }
-    // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times.
+    // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times (the
+    // least of each bundle's runs), and run by run for the samples.
     for (const auto& kv : bundles.members()) {
         const std::string& name = kv.first;
         if (name.size() < 5 || name.compare(name.size() - 5, 5, "_int4") != 0) continue;
         const std::string fp32 = name.substr(0, name.size() - 5) + "_fp32";
         if (!bundles.has(fp32)) continue;
-        double tq = 0, tf = 0;
-        for (const Json& l : kv.second.at("layers_ms_per_forward").items())
-            if (l.at("kind").as_string() == "moe") tq += l.at("ffn_ms").as_number();
-        for (const Json& l : bundles.at(fp32).at("layers_ms_per_forward").items())
-            if (l.at("kind").as_string() == "moe") tf += l.at("ffn_ms").as_number();
-        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher"));
+        std::vector<double> sq, sf, speedups;
+        for (const Json& v : kv.second.at("moe_ffn_ms").items()) sq.push_back(v.as_number());
+        for (const Json& v : bundles.at(fp32).at("moe_ffn_ms").items()) sf.push_back(v.as_number());
+        if (sq.empty() || sf.empty()) continue;
+        const double tq = *std::min_element(sq.begin(), sq.end()), tf = *std::min_element(sf.begin(), sf.end());
+        for (size_t i = 0; i < std::min(sq.size(), sf.size()); ++i)
+            if (sq[i] > 0) speedups.push_back(sf[i] / sq[i]);
+        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu));
     }
     std::printf("K2-width MoE layer, random weights\n");
     const Json moe = bench_moe_layer(*be, o.experts, o.moe_tokens, o.repeats, metrics);

@@ -1,6 +1,7 @@
 // cli_main.cpp: the kdtree command line: usage, dispatch to the subcommands, and the one place
 // errors become an exit status.
 #include "args.h"
+#include "backend.h"
 #include "bundle.h"
 #include "cli.h"
 #include "version.h"
@@ -37,6 +38,9 @@ uint64_t max_memory_flag(const Args& a) {
 std::string backend_flag(const Args& a) {
     const std::string name = a.str("--backend", build_backend());
     if (name != "cpu" && name != "cuda") throw std::runtime_error("flag --backend expects cpu or cuda, got '" + printable(name) + "'");
+    const std::string built = available_backends();
+    if (("," + built + ",").find("," + name + ",") == std::string::npos)
+        throw std::runtime_error("flag --backend: " + name + " is not in this build (built with: " + built + ")");
     return name;
 }
 

@@ -5,7 +5,7 @@
 // Built by `KD_SANITIZE=1 scripts/build.sh` as build/fuzz (ASan + UBSan catch what a crash
 // would not show).
 //
-//   build/fuzz run    --refs DIR [--cases N] [--seconds S] [--seed X] [--findings DIR] [--timeout S] [--log F]
+//   build/fuzz run    --refs DIR [--cases N] [--seconds S] [--seed X] [--findings DIR] [--timeout 30] [--log F]
 //   build/fuzz replay --refs DIR CASE...
 //
 // run: mutates the seed cases (built from the bundles and manifest in DIR) until N cases or S
@@ -683,7 +683,7 @@ std::vector<Case> seeds(const Env& env) {
 struct Options {
     std::string refs = "tests/refs", findings = "build/fuzz_findings", log;
     long cases = 1000;
-    double seconds = 0, timeout = 10;
+    double seconds = 0, timeout = 30;
     uint64_t seed = 1;
     std::vector<std::string> files;
 };

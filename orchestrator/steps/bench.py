@@ -1,24 +1,86 @@
-"""Bench: run the engine's benchmarks on the host and pull its JSON report."""
+"""Bench: run the engine's benchmarks on the host and pull its JSON report. With GPUs claimed, the
+benchmarks run on the first of them alone, and the processes of others seen on that GPU while they
+ran (nvidia-smi, sampled) are recorded as its co-tenants: a figure measured beside them is noisy."""
 from __future__ import annotations
 
+import threading
+
+from .. import gpus
+from ..errors import KdError
 from ..record import bench_from_engine
+from .build import build_key
 from .context import Outcome, StepContext, StepError
+
+SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
 
 
 def run(ctx: StepContext) -> Outcome:
     """Run the bench command and record its metrics; a validate run whose tree, build and bundles
-    are those of the last successful bench on the host reuses its report (cached; nightly never)."""
+    are those of the last successful bench on the host reuses its report (cached; nightly and GPU
+    runs never)."""
     cached = ctx.cached_result("bench")
     if cached is not None:
         data, run_id = cached
         ctx.record.bench = _bench(ctx, data)
         return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {run_id} "
                                  "(the same tree, build and bundles; not a new measurement)", run_id)
-    ctx.engine("bench")
-    data = ctx.pull_json("bench")
-    ctx.record.bench = _bench(ctx, data)
-    ctx.stamp_result(data)
-    return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
+    if not ctx.gpus:
+        ctx.engine("bench")
+        data = ctx.pull_json("bench")
+        ctx.record.bench = _bench(ctx, data)
+        _annotate(ctx, busy=bool(ctx.record.fingerprint.gpus_busy))
+        ctx.stamp_result(data)
+        return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
+    gpu = ctx.gpus[0]
+    with _Sampler(ctx) as sampler:
+        ctx.engine("bench", ctx.gpu_env(gpu))
+    ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
+    others = gpus.co_tenants(sampler.samples, gpu.uuid, ctx.host.remote_dir.rstrip("/") + "/")
+    ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
+                               "samples": len(sampler.samples)}
+    _annotate(ctx, busy=bool(others) or bool(ctx.record.fingerprint.gpus_busy))
+    metrics = f"{len(ctx.record.bench['metrics'])} metrics on GPU {gpu.index}"
+    if not others:
+        return Outcome("passed", f"{metrics}, alone on it ({len(sampler.samples)} looks)")
+    names = ", ".join(f"pid {p['pid'] if p['pid'] is not None else '?'} {p['name']}" for p in others[:5])
+    ctx.log(f"co-tenants on GPU {gpu.index} while the benchmarks ran: {names}")
+    return Outcome("passed", f"{metrics}, NOISY: {len(others)} other process(es) on the GPU meanwhile ({names})")
+
+
+def _annotate(ctx: StepContext, busy: bool) -> None:
+    """Mark every metric noisy when another process used the GPUs meanwhile, and record the build
+    key when the build step did not run (the history files points by it)."""
+    if busy:
+        for metric in ctx.record.bench["metrics"].values():
+            metric["noisy"] = True
+    if ctx.record.build_key is None:
+        ctx.record.build_key = build_key(ctx)
+
+
+class _Sampler:
+    """Looks at the host's GPUs (nvidia-smi) now and every SAMPLE_SECONDS until the with-block ends."""
+
+    def __init__(self, ctx: StepContext):
+        self.ctx, self._done = ctx, threading.Event()
+        self.samples: list = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.samples.append(gpus.query(self.ctx.transport))
+            except KdError as e:            # a look that failed is no evidence either way
+                self.ctx.log(f"(a look at the GPUs failed: {e.message})")
+            if self._done.wait(SAMPLE_SECONDS):
+                return
+
+    def __enter__(self) -> "_Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(60)
 
 
 def _bench(ctx: StepContext, data: dict) -> dict:

@@ -15,6 +15,7 @@ from .. import ownership, remote, state
 from .context import Outcome, StepContext, StepError
 
 STAMP = "build.json"
+RESTORED = "(restored from build/trees/"      # what build.sh prints when its tree cache had the build
 LOCAL_RECORDS = "build/host-builds"      # under the project root: what this user's builds produced
 RECORDS_KEPT = 16                       # builds remembered per key (one per host, builds differ)
 HASHES_MAX_BYTES = 1 << 20
@@ -25,8 +26,8 @@ def run(ctx: StepContext) -> Outcome:
     executables are those this machine recorded for that key; without the cache (--no-cache) the
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
-    key = {"tree": tree, "build": _build_key(ctx)}
-    ctx.cache_keys["build"] = key["build"]
+    key = {"tree": tree, "build": build_key(ctx)}
+    ctx.cache_keys["build"] = ctx.record.build_key = key["build"]
     stamp = state.read_json(ctx.transport, STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _recorded(ctx, key):
@@ -38,10 +39,13 @@ def run(ctx: StepContext) -> Outcome:
         ctx.transport.check(remote.script_command(_DROP_SCRIPT, ctx.host.remote_dir, timeout=60),
                             timeout=remote.client_timeout(60), what="removing build/'s executables")
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
-    ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
-    version = _checked_version(ctx, tree)
-    _record(ctx, key)
-    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+    with ctx.changing():
+        result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
+        version = _checked_version(ctx, tree)
+        _record(ctx, key)
+        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+    if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
+        return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))
 
 
@@ -101,12 +105,16 @@ def parse_version(line: str) -> dict[str, str]:
     return {"version": words[1], **fields}
 
 
-def _build_key(ctx: StepContext) -> dict:
+def build_key(ctx: StepContext) -> dict:
+    """The engine's build key on the host (compilers, flags, arch: what build.sh --key prints)."""
     text = ctx.engine_output("build_key")
     try:
-        return json.loads(text)
+        key = json.loads(text)
     except ValueError:
         raise StepError("the build key is not JSON", host=ctx.host.name, tail=text) from None
+    if not isinstance(key, dict):
+        raise StepError("the build key is not a JSON object", host=ctx.host.name, tail=text)
+    return key
 
 
 def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:

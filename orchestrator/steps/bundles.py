@@ -16,8 +16,9 @@ def run(ctx: StepContext) -> Outcome:
     stamp = state.read_json(ctx.transport, STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id") and _manifest_present(ctx):
         return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
-    ctx.engine("bundles")
-    state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+    with ctx.changing():
+        ctx.engine("bundles")
+        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
 

@@ -1,21 +1,29 @@
 """What a step works with: the host and its open transport, the project, the run directory,
-the local reference (shared by every host of the run) and the host's record, which steps fill.
+the local reference (shared by every host of the run) and the host's record, which steps fill;
+the tree lock the run holds and the GPUs it claimed on the host.
+
+Every engine command of a step runs with CUDA_VISIBLE_DEVICES set to the claimed GPUs by uuid
+(one GPU's only, for the runs made once per GPU: on_each_gpu), and the step's record says which.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-from typing import Any, Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, remote, state
-from ..errors import CommandError, HostError, cause_of
+from ..errors import CommandError, HostError, KdError, cause_of
 from ..inventory import Host, Project
-from ..record import HostRecord, RunDir, redact, redact_tree
+from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
 from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
+T = TypeVar("T")
 
 
 class StepError(HostError):
@@ -50,13 +58,57 @@ class StepContext:
     deployed_tree_hash: str | None = None
     cache_keys: dict = dataclasses.field(default_factory=dict)     # build/bundles keys of this run
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
+    lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
+    take_lock: Any = None               # (mode, wait) -> state.HostLock held by the run
+    gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
+    claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
+    claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
+    gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
+    devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
+
+    def hold_tree(self, mode: str, wait: float = 0) -> None:
+        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds)."""
+        self.lock = self.take_lock(mode, wait)
+        if self.lock.stale:
+            self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
+
+    def changing(self):
+        """The with-block in which the current step changes the deployed tree (sync, build,
+        bundles): the run holds the tree lock alone for it (LockError naming the runs using it)."""
+        return self.lock.exclusive() if self.lock is not None else contextlib.nullcontext()
+
+    def gpu_env(self, gpu=None) -> dict[str, str]:
+        """The environment that pins an engine command to the claimed GPUs (or to `gpu` alone,
+        with its own results folder and without building: one of the runs made once per GPU)."""
+        if gpu is not None:
+            return {"CUDA_VISIBLE_DEVICES": gpu.uuid, "KD_RESULTS_DIR": results_dir(gpu), "KD_NO_BUILD": "1"}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus)} if self.gpus else {}
+
+    def on_each_gpu(self, work: Callable[["StepContext", Any], T]) -> dict[int, T | KdError]:
+        """`work(ctx, gpu)` for every claimed GPU at once, each with a context whose log lines
+        say the GPU; the result or the KdError of each, by GPU index."""
+        guard = threading.Lock()
+
+        def one(gpu):
+            def log(text: str) -> None:
+                with guard:
+                    self.log("\n".join(f"[gpu {gpu.index}] {line}" for line in str(text).split("\n")))
+            try:
+                return work(dataclasses.replace(self, log=log, devices_used=self.devices_used), gpu)
+            except KdError as e:
+                log(str(e))
+                return e
+        with ThreadPoolExecutor(max_workers=len(self.gpus)) as pool:
+            return dict(zip((g.index for g in self.gpus), pool.map(one, self.gpus)))
 
     # -- results cache: test and bench are not re-run when nothing they depend on changed ---------
     def results_key(self) -> dict | None:
         """What the current step's results depend on: the deployed tree and this run's build and
-        bundle keys. None (the step runs) without the cache (--no-cache), in a nightly run, or when
-        build or bundles did not run in this run."""
-        if not self.use_cache or self.owner.command == "nightly" or not {"build", "bundles"} <= self.cache_keys.keys():
+        bundle keys. None (the step runs) without the cache (--no-cache), in a nightly run, when
+        build or bundles did not run in this run, or on GPUs (what a GPU gives is never reused:
+        a faulty or busy GPU must show)."""
+        if not self.use_cache or self.owner.command == "nightly" or not {"build", "bundles"} <= self.cache_keys.keys() \
+                or self.gpus:
             return None
         return {"tree": self.tree_hash(), **self.cache_keys}
 
@@ -103,6 +155,7 @@ class StepContext:
         tail) unless it exits 0."""
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
+        env = self._pinned(env)
         command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
         self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
         result = self.transport.run(command, on_output=self.log)
@@ -114,17 +167,30 @@ class StepContext:
                                exit_status=result.exit_code, tail=result.tail)
         return result
 
+    def _pinned(self, env: dict[str, str] | None) -> dict[str, str]:
+        """`env` over the claimed GPUs' CUDA_VISIBLE_DEVICES; the uuids are noted for the record."""
+        env = {**self.gpu_env(), **(env or {})}
+        for uuid in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
+            if uuid and uuid not in self.devices_used:
+                self.devices_used.append(uuid)
+        return env
+
     def engine_output(self, name: str, max_bytes: int = 1 << 20) -> str:
         """The standard output of a short project command (e.g. build_key, tree_hash)."""
-        command = remote.step(self.host, self.project.commands[name], self.host.timeout(self.step), what=name)
+        command = remote.step(self.host, self.project.commands[name], self.host.timeout(self.step), what=name,
+                              env=self._pinned(None))
         return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
 
-    def pull_json(self, result: str) -> dict:
-        """Read the project's result file `result` (a key of project.results) from the host, parse it
-        within limits (orchestrator.bounded) and keep it, redacted, in the run directory (<host>/<file
-        name>, 0600); StepError names the file when it is not JSON or breaks a limit."""
+    def pull_json(self, result: str, gpu=None) -> dict:
+        """Read the project's result file `result` (a key of project.results; of `gpu`'s run: from
+        its results folder) from the host, parse it within limits (orchestrator.bounded) and keep
+        it, redacted, in the run directory (<host>/<file name>, <host>/gpu-<index>.<file name>,
+        0600); StepError names the file when it is not JSON or breaks a limit."""
         remote_path = self.project.results[result]
-        local = self.run_dir.host_file(self.host.name, remote_path.rsplit("/", 1)[-1])
+        name = remote_path.rsplit("/", 1)[-1]
+        if gpu is not None:
+            remote_path, name = f"{results_dir(gpu)}/{name}", f"gpu-{gpu.index}.{name}"
+        local = self.run_dir.host_file(self.host.name, name)
         raw = self.transport.read_file(remote_path, max_bytes=RESULT_MAX_BYTES)
         text = redact(raw.decode("utf-8", errors="replace"), self.secrets)
         try:
@@ -137,6 +203,21 @@ class StepContext:
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
         return data
+
+
+def gpu_run(ctx: StepContext, gpu) -> GpuRun:
+    """The host record's entry for `gpu`'s own runs (golden, test), made on first use."""
+    for entry in ctx.record.gpu_runs:
+        if entry.gpu == gpu.index:
+            return entry
+    entry = GpuRun(gpu.index, gpu.uuid, results_dir(gpu))
+    ctx.record.gpu_runs.append(entry)
+    return entry
+
+
+def results_dir(gpu) -> str:
+    """Where the engine's commands run for one GPU write their result files (KD_RESULTS_DIR)."""
+    return f"build/gpu-{gpu.index}"
 
 
 def _digest(data: dict) -> str:

@@ -1,24 +1,56 @@
 """Golden: run the engine on every bundle on the host and check its tokens against the committed
-expected manifest, this machine's regeneration and the host's regeneration (orchestrator.golden)."""
+expected manifest, this machine's regeneration and the host's regeneration (orchestrator.golden).
+With GPUs claimed, the engine runs once per GPU, all at once, each pinned to its GPU: a column of
+the hosts x GPUs x bundles matrix (run.json's gpu_runs)."""
 from __future__ import annotations
 
 from .. import golden
-from .context import Outcome, StepContext, StepError
+from ..errors import KdError
+from ..record import GoldenRecord
+from .context import Outcome, StepContext, StepError, gpu_run
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Generate the engine's AR and DDTree outputs, pull them and the host's manifest, compare."""
-    ctx.engine("generate")
-    outputs = ctx.pull_json("outputs")
-    host_manifest = ctx.pull_json("manifest")
+    """Generate the engine's AR and DDTree outputs (per GPU), pull them and the host's manifest,
+    compare; one GPU's failure fails its cell and the step, the others are still checked."""
+    if not ctx.gpus:
+        ctx.engine("generate")
+        ctx.record.golden = _checked(ctx, ctx.pull_json("outputs"), ctx.pull_json("manifest"))
+        failed = golden.failures(ctx.record.golden)
+        if failed:
+            raise StepError("golden tokens differ: " + "; ".join(failed), host=ctx.host.name)
+        return Outcome("passed", f"{len(ctx.record.golden)} bundles: AR and DDTree equal the golden tokens")
+    outputs = ctx.on_each_gpu(lambda c, gpu: (c.engine("generate", c.gpu_env(gpu)), c.pull_json("outputs", gpu))[1])
+    manifest = ctx.pull_json("manifest")
+    rows, problems = {}, []
+    for gpu in ctx.gpus:
+        cell = gpu_run(ctx, gpu)
+        try:
+            output = outputs[gpu.index]
+            if isinstance(output, KdError):
+                raise output
+            cell.golden = rows[gpu.index] = _checked(ctx, output, manifest)
+        except KdError as e:
+            cell.golden_status, cell.message = "failed", e.message
+            problems.append(f"GPU {gpu.index}: {e.message}")
+            continue
+        failed = golden.failures(cell.golden)
+        cell.golden_status = "failed" if failed else "passed"
+        if failed:
+            problems.append(f"GPU {gpu.index}: golden tokens differ: " + "; ".join(failed))
+    ctx.record.golden = golden.merge_gpu_rows(rows)
+    if problems:
+        raise StepError("; ".join(problems), host=ctx.host.name)
+    return Outcome("passed", f"{len(ctx.record.golden)} bundles on GPU {', '.join(str(g.index) for g in ctx.gpus)}: "
+                             "AR and DDTree equal the golden tokens on each")
+
+
+def _checked(ctx: StepContext, outputs: dict, host_manifest: dict) -> dict[str, GoldenRecord]:
+    """The golden row of one set of engine outputs; StepError when a binary of another tree made them."""
     tree = ctx.tree_hash()
     if outputs.get("tree") != tree:
         raise StepError(f"the outputs were made by a binary of tree {str(outputs.get('tree'))[:12]}, "
                         f"not the deployed {tree[:12]}", host=ctx.host.name)
     if outputs.get("backend"):
         ctx.record.backend = outputs["backend"]
-    ctx.record.golden = golden.matrix_row(ctx.reference.expected(), ctx.reference.local(), host_manifest, outputs)
-    failed = golden.failures(ctx.record.golden)
-    if failed:
-        raise StepError("golden tokens differ: " + "; ".join(failed), host=ctx.host.name)
-    return Outcome("passed", f"{len(ctx.record.golden)} bundles: AR and DDTree equal the golden tokens")
+    return golden.matrix_row(ctx.reference.expected(), ctx.reference.local(), host_manifest, outputs)

@@ -1,8 +1,9 @@
-"""Preflight: the doctor's checks on the host, and the host's fingerprint for the record (the
-`doctor` command is this step alone)."""
+"""Preflight: the doctor's checks on the host, the host's fingerprint for the record, and its
+GPUs: the table of what nvidia-smi reports, the ones this run claims (validate, nightly) or would
+take (doctor, which is this step alone)."""
 from __future__ import annotations
 
-from .. import doctor
+from .. import doctor, gpu_claims, gpus, state
 from ..record import Fingerprint
 from .context import Outcome, StepContext, StepError
 
@@ -18,19 +19,69 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    return Outcome("passed", "; ".join(warnings))
+    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx)]))
+
+
+def take_gpus(ctx: StepContext) -> str:
+    """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
+    (hold_tree_and_gpus). What happened, in words."""
+    if ctx.claim_gpus is not None:
+        return hold_tree_and_gpus(ctx)
+    found, choice = gpu_claims.preview(ctx.transport, ctx.gpu_request)
+    _record(ctx, found, ())
+    if not found.gpus:
+        return "no GPU"
+    taken = ", ".join(str(g.index) for g in choice.taken())
+    return f"a run would take GPU {taken}" if choice.enough else f"a run would not start: {choice.shortage()}"
+
+
+def hold_tree_and_gpus(ctx: StepContext) -> str:
+    """Take the tree lock and the run's GPUs for the rest of the run: on a host with GPUs the lock
+    shared (waiting up to timeouts.lock for a run changing the tree) and the GPUs claimed (waiting
+    up to gpu_wait for enough: GpuSelectionError naming each GPU not taken and why); on a host
+    without, the lock alone, as one run at a time. Records every GPU and the selection."""
+    found = gpus.query(ctx.transport)
+    if not found.gpus:
+        gpus.choose((), ctx.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
+        ctx.hold_tree(state.EXCLUSIVE)
+        _record(ctx, found, ())
+        return "no GPU: the run holds the deployed tree alone"
+    ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"))
+    claim = ctx.claim = ctx.claim_gpus(ctx.gpu_request)
+    for uuid, owner in claim.stale:
+        ctx.log(f"recovered the claim on {uuid} left by a run that died: {gpus.visible(str(owner), 300)}")
+    ctx.gpus = claim.gpus
+    _record(ctx, claim.inventory, claim.gpus)
+    if not claim.gpus:                  # they went away since the first look
+        ctx.lock.to_exclusive()
+        return "no GPU: the run holds the deployed tree alone"
+    return (f"GPU {', '.join(str(g.index) for g in claim.gpus)} claimed for the run "
+            f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.gpu_request.describe()})")
+
+
+def _record(ctx: StepContext, found: gpus.GpuInventory, taken) -> None:
+    """Every GPU and the selection into the host's record, and the GPU table into the log."""
+    ctx.record.gpus = [g.to_record(ctx.gpu_request.max_used_mib) for g in found.gpus]
+    ctx.record.selected_gpus = sorted(g.index for g in taken)
+    if not found.gpus:
+        ctx.log(f"gpus       {'no nvidia-smi on the host' if found.nvidia_smi is None else 'nvidia-smi lists no GPU'}")
+        return
+    rows = [list(gpus.TABLE_HEADER)] + gpus.table_rows(ctx.record.gpus, ctx.record.selected_gpus)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        ctx.log("gpus       " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def fingerprint(facts: dict[str, list[str]]) -> Fingerprint:
     """GPU model, count, compute capability, driver, nvcc, CPU and GPU load from the probe's facts."""
     gpus = [[part.strip() for part in line.split(",")] for line in facts.get("gpu", [])]
-    first = gpus[0] if gpus else [None, None, None]
+    first: list[str | None] = list(gpus[0]) if gpus else [None, None, None]
     cap = first[1] if len(first) > 1 else None
     busy = facts.get("gpu_busy")
     return Fingerprint(
         gpu=first[0], gpu_count=len(gpus), compute_capability=cap,
         driver=first[2] if len(first) > 2 else None,
-        nvcc=(facts.get("nvcc_version") or [None])[0],
+        nvcc=next(iter(facts.get("nvcc_version") or []), None),
         arch=f"sm_{cap.replace('.', '')}" if cap else None,
         gpus_busy=(busy[0] == "yes") if busy else None,
-        cpu=(facts.get("cpu") or [None])[0])
+        cpu=next(iter(facts.get("cpu") or []), None))

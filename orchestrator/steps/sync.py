@@ -1,13 +1,21 @@
 """Sync: put the engine source on the host (orchestrator.sync) under the run's lock."""
 from __future__ import annotations
 
-from .. import sync
+from .. import state, sync
 from .context import Outcome, StepContext
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Deploy the source tree and remember the verified tree hash for the later steps."""
-    result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log)
+    """Deploy the source tree and remember the verified tree hash for the later steps. Under a
+    shared lock (other runs may use the tree) a tree that is already this run's is left as it is;
+    otherwise the run holds the tree alone while it syncs."""
+    if ctx.lock is not None and ctx.lock.mode == state.SHARED:
+        deployed = sync.deployed_tree(ctx.transport, ctx.project)
+        if deployed == ctx.source.tree_hash:
+            ctx.deployed_tree_hash = ctx.record.deployed_tree_hash = deployed
+            return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
+    with ctx.changing():
+        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log)
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
     repaired = f"; repaired a broken sync ({result.repaired})" if result.repaired else ""

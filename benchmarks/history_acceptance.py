@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Benchmark history acceptance: false alarms under load, detecting a 15 % slowdown, bisect.
+
+    python3 benchmarks/history_acceptance.py [--parts false-alarms,detection,bisect] [--runs 20]
+        [--load-jobs 4] [--quiet-runs 6] [--steps STEPS] [--bench-args ARGS] [--host local]
+        [--work-dir DIR] [--json out.json]
+
+A script, not a test (pytest never collects it). Everything happens in a scratch clone of this
+repository under the work dir (default: a new temporary directory), so the runs, the history
+files and the commits it makes never touch this checkout. Each nightly is a real
+`invoke nightly --host HOST --history FILE` subprocess in the clone; --steps narrows the nightly's
+steps and --bench-args (KD_BENCH_ARGS, e.g. "--budgets 4,16 --moe-tokens 1") lightens the bench
+in the clone's hosts.yaml, to fit the runs into the time there is (the figures say so).
+
+  false-alarms  --runs nightlies of the unchanged tree while --load-jobs processes compile the
+                engine's sources in a loop (a parallel compile): the regressions each run reported
+                (the history detector, from run.json) against what the old fixed-ratio rule (each
+                metric vs the last passing nightly, 10 %) says of the same runs. Passes when the
+                detector raised none and the old rule at least one (else the load was not real).
+  detection     --quiet-runs nightlies of the unchanged tree into a fresh history, then a commit
+                that makes AR decoding spin 0.1765 x each step's time (tokens/s x 0.85), then one
+                nightly: passes when it reports tiny_fp32.ar_tokens_per_s as a regression.
+  bisect        a 16-commit engine history (comment-only commits, one that breaks a golden token
+                at commit 6, the slowing one at commit 11): `invoke bisect --golden` and
+                `invoke bisect --metric tiny_fp32.ar_tokens_per_s` must name those commits with
+                at most ceil(log2 16) + 2 = 6 builds each; the time of each is reported.
+
+Prints a table per part and a summary; --json writes every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "tiny_fp32.ar_tokens_per_s"
+TOLERANCE = 0.10                  # the old rule's default relative tolerance
+
+# A real code change: AR decoding busy-waits 0.1765 x each step's own time (1 / 1.1765 = 0.85).
+SLOWING_PATCH = ("engine_src/src/decode.cpp", [
+    ("        int32_t token = g.tokens.back();\n",
+     "        const double step_start = now_seconds();\n        int32_t token = g.tokens.back();\n"),
+    ("        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n",
+     "        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n"
+     "        for (const double until = now_seconds() + 0.1765 * (now_seconds() - step_start); now_seconds() < until;) {}\n"),
+])
+# A golden-token change: AR's 8th token becomes the next one in the vocabulary.
+GOLDEN_PATCH = ("engine_src/src/decode.cpp", [
+    ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
+     "        if (g.tokens.size() == 7) token = (token + 1) % model.config().vocab_size;\n"
+     "        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n"),
+])
+COMMENT_FILES = ("engine_src/src/tree.cpp", "engine_src/src/bundle.cpp", "engine_src/src/json.cpp",
+                 "engine_src/src/args.cpp", "engine_src/src/model.cpp")
+
+
+def sh(args: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, check=check, capture_output=True, text=True, **kw)
+
+
+def scratch_clone(work: Path, bench_args: str | None) -> Path:
+    """A fresh clone of this repository's HEAD under the work dir, with a committer set and, with
+    bench_args, a bench command in its hosts.yaml that passes them to the engine's bench."""
+    repo = work / "repo"
+    if repo.exists():
+        shutil.rmtree(repo)
+    sh(["git", "clone", "--quiet", str(REPO), str(repo)], work)
+    sh(["git", "config", "user.email", "bench@example.invalid"], repo)
+    sh(["git", "config", "user.name", "history acceptance"], repo)
+    if bench_args:
+        inventory = repo / "hosts.yaml"
+        text = inventory.read_text()
+        line = "    bench: bash scripts/bench.sh\n"
+        if text.count(line) != 1:
+            raise SystemExit(f"{inventory}: no single `bench: bash scripts/bench.sh` line to give --bench-args to")
+        inventory.write_text(text.replace(line, f"    bench: KD_BENCH_ARGS={shlex.quote(bench_args)} bash scripts/bench.sh\n"))
+        commit(repo, "hosts.yaml: a lighter bench for the acceptance runs")
+    return repo
+
+
+def patch_and_commit(repo: Path, patch: tuple[str, list[tuple[str, str]]], message: str) -> str:
+    path, edits = patch
+    text = (repo / path).read_text()
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"{path}: the patch's anchor {old.strip()!r} is not there once; update {Path(__file__).name}")
+        text = text.replace(old, new)
+    (repo / path).write_text(text)
+    return commit(repo, message)
+
+
+def commit(repo: Path, message: str) -> str:
+    sh(["git", "commit", "-qam", message], repo)
+    return sh(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+
+
+class Load:
+    """--load-jobs processes compiling the engine's sources in a loop, in their own sessions."""
+
+    def __init__(self, jobs: int, work: Path):
+        self.jobs, self.work, self.procs = jobs, work, []
+
+    def __enter__(self) -> "Load":
+        sources = " ".join(str(p) for p in sorted((REPO / "engine_src" / "src").glob("*.cpp")))
+        loop = f"while :; do for f in {sources}; do g++ -O2 -std=c++17 -I{REPO / 'engine_src' / 'src'} -c \"$f\" -o /dev/null; done; done"
+        for _ in range(self.jobs):
+            self.procs.append(subprocess.Popen(["bash", "-c", loop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                               start_new_session=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def nightly(repo: Path, history: Path, host: str, steps: str | None) -> dict:
+    """One `invoke nightly` in the clone; its exit code, run record, seconds and load average."""
+    args = [sys.executable, "-m", "invoke", "nightly", "--host", host, "--history", str(history)]
+    if steps:
+        args += ["--steps", steps]
+    load = os.getloadavg()[0]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+                          timeout=3600)
+    seconds = time.monotonic() - start
+    run_dir = (repo / "runs" / "latest").resolve()
+    if proc.returncode not in (0, 3):
+        raise SystemExit(f"nightly exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+    run = json.loads((run_dir / "run.json").read_text())
+    return {"rc": proc.returncode, "run": run, "seconds": round(seconds, 1), "load": round(load, 2),
+            "stdout": proc.stdout}
+
+
+def old_rule(runs: list[dict], host: str) -> list[list[str]]:
+    """Per run, the metrics the fixed-ratio rule flags against the last passing run before it."""
+    flagged, baseline = [], None
+    for run in runs:
+        metrics = run["hosts"][host]["bench"]["metrics"]
+        worse = []
+        if baseline is not None:
+            for name, m in metrics.items():
+                base = baseline.get(name)
+                if base and base > 0:
+                    ratio = m["value"] / base
+                    if (ratio < 1 - TOLERANCE) if m["better"] == "higher" else (ratio > 1 + TOLERANCE):
+                        worse.append(f"{name} {ratio:.2f}x")
+        flagged.append(worse)
+        if run["status"] == "passed":
+            baseline = {name: m["value"] for name, m in metrics.items()}
+    return flagged
+
+
+def reported(run: dict, host: str) -> list[str]:
+    return [f"{r['metric']} {r['ratio']:.2f}x" for r in run.get("regressions", []) if r["host"] == host]
+
+
+def false_alarms(args, work: Path) -> dict:
+    repo = scratch_clone(work, args.bench_args)
+    history = work / "history-load.sqlite"
+    results = []
+    print(f"\n== false alarms: {args.runs} nightlies of an unchanged tree under {args.load_jobs} compile jobs")
+    nightly(repo, work / "history-warmup.sqlite", args.host, args.steps)       # first build and bundles, not counted
+    with Load(args.load_jobs, work):
+        for i in range(args.runs):
+            results.append(nightly(repo, history, args.host, args.steps))
+            print(f"  night {i + 1:2d}: exit {results[-1]['rc']}, {results[-1]['seconds']:.0f} s, load {results[-1]['load']:.1f}, "
+                  f"detector {len(reported(results[-1]['run'], args.host))}", flush=True)
+    old = old_rule([r["run"] for r in results], args.host)
+    rows = []
+    print(f"  {'night':>5}  {'load':>5}  {'exit':>4}  {'detector':>8}  {'old rule':>8}  old rule flagged")
+    for i, (r, o) in enumerate(zip(results, old), 1):
+        new = reported(r["run"], args.host)
+        rows.append({"night": i, "load": r["load"], "rc": r["rc"], "detector": new, "old_rule": o, "seconds": r["seconds"]})
+        print(f"  {i:5d}  {r['load']:5.1f}  {r['rc']:4d}  {len(new):8d}  {len(o):8d}  {', '.join(o)[:90]}")
+    detector_total = sum(len(r["detector"]) for r in rows)
+    old_total = sum(len(r["old_rule"]) for r in rows)
+    ok = detector_total == 0 and old_total >= 1
+    print(f"  detector: {detector_total} regressions in {sum(1 for r in rows if r['detector'])} nights; "
+          f"old rule: {old_total} in {sum(1 for r in rows if r['old_rule'])} nights  -> {'PASS' if ok else 'FAIL'}")
+    return {"runs": rows, "detector_regressions": detector_total, "old_rule_regressions": old_total, "pass": ok}
+
+
+def detection(args, work: Path) -> dict:
+    repo = scratch_clone(work, args.bench_args)
+    history = work / "history-detect.sqlite"
+    print(f"\n== detection: {args.quiet_runs} nightlies, then a commit that slows AR decoding 15 %, then one nightly")
+    quiet = [nightly(repo, history, args.host, args.steps) for _ in range(args.quiet_runs)]
+    sha = patch_and_commit(repo, SLOWING_PATCH, "decode: spin 0.1765 x each AR step (15 % slower)")
+    after = nightly(repo, history, args.host, args.steps)
+    before = [q["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"] for q in quiet]
+    value = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"]
+    flags = {r["metric"]: r for r in after["run"].get("regressions", []) if r["host"] == args.host}
+    ok = after["rc"] == 3 and TARGET in flags
+    ratio = value / sorted(before)[len(before) // 2]
+    print(f"  {TARGET}: quiet runs {', '.join(f'{v:.0f}' for v in before)}; after {sha[:10]}: {value:.0f} "
+          f"({ratio:.3f}x of the median); nightly exit {after['rc']}; flagged: {', '.join(flags) or 'nothing'}")
+    if TARGET in flags:
+        evidence = flags[TARGET]
+        print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
+    bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
+    print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
+    return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
+            "bisect_command": bisect_line, "pass": ok and bisect_line is not None}
+
+
+def bisect(args, work: Path) -> dict:
+    repo = scratch_clone(work, args.bench_args)
+    print("\n== bisect: a 16-commit engine history, golden broken at commit 6, AR 15 % slower at commit 11")
+    shas = [sh(["git", "rev-parse", "HEAD"], repo).stdout.strip()]
+    for i in range(1, 16):
+        if i == 6:
+            shas.append(patch_and_commit(repo, GOLDEN_PATCH, "decode: the 8th AR token moves (golden breaks)"))
+        elif i == 11:
+            shas.append(patch_and_commit(repo, SLOWING_PATCH, "decode: spin 0.1765 x each AR step (15 % slower)"))
+        else:
+            path = repo / COMMENT_FILES[i % len(COMMENT_FILES)]
+            path.write_text(path.read_text() + f"// history acceptance: comment-only commit {i}\n")
+            shas.append(commit(repo, f"comment-only commit {i}"))
+    results = {}
+    for mode, flag, guilty in (("golden", ["--golden"], shas[6]), ("metric", ["--metric", TARGET], shas[11])):
+        args_ = [sys.executable, "-m", "invoke", "bisect", "--host", args.host, "--good", shas[0], "--bad", shas[15], *flag]
+        start = time.monotonic()
+        proc = subprocess.run(args_, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
+                              text=True, timeout=7200)
+        seconds = time.monotonic() - start
+        lines = proc.stdout.strip().splitlines()
+        last = lines[-1] if lines else ""
+        probes = len([line for line in lines if re.match(r"^probe \d+/\d+:", line)])
+        builds = len([line for line in lines if re.match(r"^probe \d+/\d+:", line) and "cached build" not in line])
+        found = last.split()[3] if last.startswith("first bad commit: ") else None
+        ok = proc.returncode == 0 and found == guilty and builds <= math.ceil(math.log2(16)) + 2
+        print(f"  --{mode}: {probes} probes, {builds} builds, {seconds:.0f} s; {last}  (expected {guilty[:10]}) "
+              f"-> {'PASS' if ok else 'FAIL'}")
+        if not ok:
+            print(proc.stdout[-3000:], proc.stderr[-2000:])
+        results[mode] = {"probes": probes, "builds": builds, "seconds": round(seconds, 1), "found": found,
+                         "guilty": guilty, "rc": proc.returncode, "pass": ok}
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="false-alarms,detection,bisect")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--load-jobs", type=int, default=4)
+    parser.add_argument("--quiet-runs", type=int, default=6)
+    parser.add_argument("--steps", default=None, help="nightly --steps (default: every step)")
+    parser.add_argument("--bench-args", default=None, help="KD_BENCH_ARGS for the engine's bench in the clone")
+    parser.add_argument("--host", default="local")
+    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="kdtree-history-"))
+    work.mkdir(parents=True, exist_ok=True)
+    parts = {"false-alarms": false_alarms, "detection": detection, "bisect": bisect}
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in parts]
+    if unknown:
+        parser.error(f"--parts: unknown part {unknown[0]!r} (parts: {', '.join(parts)})")
+    figures = {"host": args.host, "cpus": os.cpu_count(), "steps": args.steps, "bench_args": args.bench_args,
+               "work_dir": str(work)}
+    for part in chosen:
+        (work / part).mkdir(parents=True, exist_ok=True)
+        figures[part] = parts[part](args, work / part)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""GPU claims on a host, so that two runs of one deployed tree (a person's and the nightly) take
+different GPUs instead of refusing each other.
+
+    with acquire(transport, request, owner) as claim:   # query, choose, claim; waits up to request.wait
+        claim.gpus            # the GPUs this run holds, ascending index (empty: the host has none)
+        claim.inventory       # every GPU as nvidia-smi reported it when they were claimed
+        claim.stale           # (uuid, Owner) of claims left by runs that died, now recovered
+        claim.visible_devices()    # CUDA_VISIBLE_DEVICES: the claimed GPUs by uuid
+
+A claim is a flock per GPU in `<remote_dir>/.kdtree/` (`gpu-<uuid>.flock`, its holder in
+`gpu-<uuid>.owner`), beside the tree lock and held as it is (state.py): by one process on the host
+for as long as the run lasts and its heartbeat keeps coming; the kernel releases the flocks of a
+run that died and the next run recovers them and says whose they were. Claims are seen only by
+runs of the same remote_dir: other users, and other trees, are kept off a GPU only by nvidia-smi's
+process list once their work runs. The caller holds the tree lock first (it creates `.kdtree/`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from . import gpus as gpus_mod
+from . import remote, state
+from .errors import DestinationError, HostError
+from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
+from .transport import Transport
+
+POLL_SECONDS = 2.0            # between two looks at the GPUs while waiting for enough (gpu_wait)
+
+
+@dataclasses.dataclass
+class GpuClaim:
+    """GPUs held for a run on one host; release() (or leaving the with-block) lets them go."""
+
+    inventory: GpuInventory
+    gpus: tuple[Gpu, ...]
+    stale: tuple[tuple[str, state.Owner], ...] = ()
+    lock: state.HostLock | None = None
+
+    def visible_devices(self) -> str:
+        """CUDA_VISIBLE_DEVICES for the claimed GPUs: their uuids, comma-separated."""
+        return ",".join(g.uuid for g in self.gpus)
+
+    def release(self, timeout: float = 30) -> None:
+        """Let the GPUs go (waiting up to `timeout` seconds for the holder on the host to end)."""
+        if self.lock is not None:
+            self.lock.release(timeout)
+
+    def __enter__(self) -> "GpuClaim":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    """What one claim command answered: the holder process when it claimed enough, else None;
+    who holds the GPUs it could not take (uuid -> owner), the stale claims it recovered."""
+
+    process: object | None
+    claimed: tuple[str, ...]
+    held: dict
+    stale: tuple[tuple[str, state.Owner], ...]
+
+
+def acquire(transport: Transport, request: Request, owner: state.Owner, *,
+            driver_paths: Sequence[str] = gpus_mod.DRIVER_PATHS, poll: float = POLL_SECONDS,
+            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> GpuClaim:
+    """Claim the GPUs `request` asks for on the host of `transport`, waiting up to request.wait
+    seconds for enough; GpuSelectionError names each GPU that could not be taken and why."""
+    host = transport.host
+    start = clock()
+    held: dict[str, str] = {}
+    while True:
+        found = gpus_mod.query(transport, driver_paths)
+        choice = gpus_mod.choose(found.gpus, request, held, host=host.name)
+        if choice.needed == 0:
+            return GpuClaim(found, ())
+        attempt = _claim(transport, owner, choice) if choice.usable else None
+        if attempt is not None and attempt.process is not None:
+            taken = tuple(sorted((g for g in found.gpus if g.uuid in attempt.claimed), key=lambda g: g.index))
+            lock = state.HostLock(transport, attempt.process, None, host.timeout("keepalive"))
+            return GpuClaim(found, taken, attempt.stale, lock)
+        if attempt is not None and not attempt.held.keys() <= held.keys():
+            held.update(attempt.held)           # learned which GPUs other runs hold: choose again now
+            continue
+        choice = gpus_mod.choose(found.gpus, request, held, host=host.name)
+        waited = clock() - start
+        if waited >= request.wait:
+            raise GpuSelectionError(choice.shortage(waited if request.wait else 0.0), host=host.name)
+        sleep(min(poll, request.wait - waited))
+        held = {}
+
+
+def held_claims(transport: Transport, uuids: Sequence[str]) -> dict[str, str]:
+    """Which of these GPUs other runs of this remote_dir hold now (uuid -> owner), taking none."""
+    host = transport.host
+    process = transport.start(claim_command(host.remote_dir, state.Owner.now("probe"), uuids, 0))
+    return _answer(process, host).held
+
+
+def preview(transport: Transport, request: Request, *,
+            driver_paths: Sequence[str] = gpus_mod.DRIVER_PATHS) -> tuple[GpuInventory, Choice]:
+    """What a run would take now (doctor): the GPUs found and the choice, claims of other runs
+    counted, nothing claimed."""
+    found = gpus_mod.query(transport, driver_paths)
+    held = held_claims(transport, [g.uuid for g in found.gpus]) if found.gpus else {}
+    return found, gpus_mod.choose(found.gpus, request, held, host=transport.host.name)
+
+
+def claim_command(remote_dir: str, owner: state.Owner, uuids: Sequence[str], count: int,
+                  silence: float | None = None) -> str:
+    """The command that takes the first `count` free GPUs of `uuids` (in that order), reports who
+    holds each other one, and holds its claims until told to release them (or until the client's
+    heartbeat stops for `silence` seconds, or its connection ends)."""
+    return remote.script_command(_CLAIM_SCRIPT, remote_dir, owner.to_json(), str(count),
+                                 remote._seconds(silence) if silence else "", *uuids, timeout=None)
+
+
+def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt:
+    host = transport.host
+    command = claim_command(host.remote_dir, owner, [g.uuid for g in choice.usable], choice.needed,
+                            state.lock_silence(host))
+    return _answer(transport.start(command), host)
+
+
+def _answer(process, host) -> _Attempt:
+    """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended)."""
+    held: dict[str, str] = {}
+    stale: list[tuple[str, state.Owner]] = []
+    deadline = time.monotonic() + host.timeout("lock")      # overall: a host that trickles lines is no answer
+    try:
+        while True:
+            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                result = process.close()
+                raise HostError("the GPU claim command ended without an answer", host=host.name,
+                                command=result.command if result else None,
+                                exit_status=result.exit_code if result else None, tail=result.tail if result else "")
+            word, _, rest = line.partition(" ")
+            uuid, _, text = rest.partition(" ")
+            if word == "CLAIMED":
+                return _Attempt(process, tuple(rest.split()), held, tuple(stale))
+            if word == "HELD":
+                held[uuid] = gpus_mod.visible(str(state.Owner.parse(text) or "owner unknown"), 300)
+            elif word == "STALE":
+                stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
+                                                                           gpus_mod.visible(text, 200))))
+            elif word in ("SHORT", "PROBED"):
+                process.close()
+                return _Attempt(None, (), held, ())
+            elif word == "UNSAFE":
+                process.close()
+                raise DestinationError(f"cannot claim GPUs: {gpus_mod.visible(rest, 300)}", host=host.name)
+            if time.monotonic() > deadline:
+                raise TimeoutError
+    except TimeoutError:
+        process.close(timeout=1)
+        raise HostError(f"no answer from the GPU claim command within {host.timeout('lock')} s",
+                        host=host.name) from None
+
+
+# $1 remote_dir, $2 the owner (JSON), $3 how many GPUs to claim (0: only report who holds which),
+# $4 heartbeat silence (seconds or empty), then the candidate GPUs' uuids in preference order.
+# Every candidate is tried: the first $3 free ones are kept, the others only tested (to name who
+# holds them).
+_CLAIM_SCRIPT = r'''
+d=$1 owner=$2 count=$3 silence=$4; shift 4
+unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
+[ "$count" = 0 ] && [ ! -e "$d/.kdtree" ] && { echo PROBED; exit 0; }    # nothing ever claimed there
+[ -d "$d/.kdtree" ] && [ ! -L "$d/.kdtree" ] || unsafe "$d/.kdtree is not the orchestrator's state directory"
+cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
+command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
+taken=()
+for u in "$@"; do
+  case $u in GPU-*) ;; *) unsafe "not a GPU uuid: $u";; esac
+  for f in "gpu-$u.flock" "gpu-$u.owner"; do [ -L "$f" ] && unsafe "$d/.kdtree/$f is a symlink"; done
+  exec {fd}>>"gpu-$u.flock" || unsafe "cannot open $d/.kdtree/gpu-$u.flock"
+  if flock -n "$fd"; then
+    if [ "${#taken[@]}" -lt "$count" ]; then
+      taken+=("$u")
+      [ -s "gpu-$u.owner" ] && printf 'STALE %s %s\n' "$u" "$(head -c 2000 "gpu-$u.owner" | tr -d '\n')"
+      continue
+    fi
+  else
+    printf 'HELD %s %s\n' "$u" "$(head -c 2000 "gpu-$u.owner" 2>/dev/null | tr -d '\n')"
+  fi
+  exec {fd}>&-
+done
+[ "$count" = 0 ] && { echo PROBED; exit 0; }
+[ "${#taken[@]}" -ge "$count" ] || { echo SHORT; exit 75; }
+for u in "${taken[@]}"; do printf '%s\n' "$owner" > "gpu-$u.owner"; done
+echo "CLAIMED ${taken[*]}"
+wait=(); [ -n "$silence" ] && wait=(-t "$silence")
+while IFS= read -r "${wait[@]}" reply; do
+  [ "$reply" = release ] && { for u in "${taken[@]}"; do rm -f -- "gpu-$u.owner"; done; exit 0; }
+done
+exit 0
+'''

@@ -1,0 +1,374 @@
+"""The benchmark history: every run's benchmark metrics, indexed in one SQLite file.
+
+    with HistoryStore.open("runs/history.sqlite") as store:
+        store.index_run(load_run(run_dir), run_dir)          # after every validate or nightly
+        series = store.series(key, "tiny_fp32.ar_tokens_per_s", before="20261201-020000-ab12")
+
+A point is one metric of one host in one run, filed under its comparable key: host, GPU model,
+backend and build key (compiler versions, flags, arch), with the engine tree hash and git commit
+it was measured on. Only runs whose bench step ran give new points; a reused (cached) bench
+result is stored with ``reused`` set and never returned as part of a series, so it cannot count
+twice. The regressions a run reported are stored beside its points for the dashboard.
+
+The file is the standard library's sqlite3 with a rollback journal (one file, no -wal beside
+it); ``rebuild`` recreates the index from the run directories' run.json files. Indexing a run
+again replaces what was stored for it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .bisect import command_for
+from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
+from .errors import UsageError
+from .record import Regression, RunRecordError, finite_number, list_runs, load_run, short_text
+
+SCHEMA_VERSION = 1
+DEFAULT_NAME = "history.sqlite"
+SAMPLES_LIMIT = 1000        # samples kept per point (a host's report is not trusted to be small)
+TEXT_LIMIT = 200
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, command TEXT, started TEXT, status TEXT, run_dir TEXT,
+    tree_hash TEXT, git_rev TEXT, git_dirty INTEGER);
+CREATE TABLE IF NOT EXISTS points (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    started TEXT NOT NULL, host TEXT NOT NULL, gpu TEXT NOT NULL, backend TEXT NOT NULL,
+    build_key TEXT NOT NULL, tree_hash TEXT, git_rev TEXT, metric TEXT NOT NULL, value REAL NOT NULL,
+    unit TEXT NOT NULL, better TEXT NOT NULL, n INTEGER, median REAL, mad REAL, samples TEXT,
+    noisy INTEGER NOT NULL, reused INTEGER NOT NULL, reused_from TEXT,
+    PRIMARY KEY (run_id, host, metric));
+CREATE INDEX IF NOT EXISTS points_series ON points (host, gpu, backend, build_key, metric, started);
+CREATE INDEX IF NOT EXISTS points_gpu ON points (gpu);
+CREATE INDEX IF NOT EXISTS points_tree ON points (tree_hash);
+CREATE INDEX IF NOT EXISTS points_commit ON points (git_rev);
+CREATE TABLE IF NOT EXISTS regressions (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    host TEXT NOT NULL, metric TEXT NOT NULL, evidence TEXT NOT NULL,
+    PRIMARY KEY (run_id, host, metric));
+"""
+
+
+class HistoryError(UsageError):
+    """The history file cannot be opened, is not a history, or is of an unknown version."""
+
+
+@dataclass(frozen=True)
+class SeriesKey:
+    """What makes two measurements comparable: same host, GPU model, backend and build key."""
+
+    host: str
+    gpu: str
+    backend: str
+    build_key: str
+
+    def label(self) -> str:
+        """``ct200 · NVIDIA H200 · cuda · build 3f2a…`` for headings."""
+        return f"{self.host} · {self.gpu} · {self.backend} · build {self.build_key[:8]}"
+
+
+@dataclass(frozen=True)
+class StoredPoint:
+    """A point as stored: the detector's Point plus its key, metric and provenance."""
+
+    key: SeriesKey
+    metric: str
+    run_id: str
+    started: str
+    tree_hash: str | None
+    git_rev: str | None
+    value: float
+    unit: str
+    better: str
+    samples: tuple[float, ...]
+    n: int | None
+    median: float | None
+    mad: float | None
+    noisy: bool
+    reused: bool
+    reused_from: str | None
+
+    def point(self) -> Point:
+        """The detector's view of this point."""
+        return Point(self.value, self.samples, self.mad, self.run_id, self.git_rev, self.noisy)
+
+
+# --------------------------------------------------------------------------------------------
+# Points from a run record
+
+
+def build_key_id(build_key: object) -> str:
+    """A short stable id of a build key (a dict from the engine's `build.sh --key`, or text)."""
+    text = build_key if isinstance(build_key, str) else json.dumps(build_key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def host_key(name: str, host: dict) -> SeriesKey:
+    """The comparable key of a host record of run.json.
+
+    The build key is the host record's ``build_key`` (what build.sh --key printed); a record
+    written before it was kept falls back to what the fingerprint says of the toolchain (arch,
+    nvcc), which is coarser but never mixes GPU and CPU builds.
+    """
+    fp = host.get("fingerprint") if isinstance(host.get("fingerprint"), dict) else {}
+    backend = _text(host.get("backend")) or "unknown"
+    build = host.get("build_key")
+    if build in (None, "", {}):
+        build = {"backend": backend, "arch": fp.get("arch"), "nvcc": fp.get("nvcc")}
+    return SeriesKey(_text(name), _text(fp.get("gpu")) or "no GPU", backend, build_key_id(build))
+
+
+def run_points(run: dict) -> list[StoredPoint]:
+    """Every benchmark metric of a run record as a point (reused ones marked as such).
+
+    A host contributes when its bench step passed (new measurements) or was cached (reused); its
+    metrics are bounded and typed here, since they came from the host.
+    """
+    source = run.get("source") if isinstance(run.get("source"), dict) else {}
+    points = []
+    for name, host in (run.get("hosts") or {}).items():
+        if not isinstance(host, dict):
+            continue
+        step = (host.get("steps") or {}).get("bench")
+        status = step.get("status") if isinstance(step, dict) else None
+        bench = host.get("bench") if isinstance(host.get("bench"), dict) else {}
+        metrics = bench.get("metrics") if isinstance(bench.get("metrics"), dict) else {}
+        if status not in ("passed", "cached") or not metrics:
+            continue
+        key = host_key(name, host)
+        reused_from = _text(step.get("reused_from")) or None
+        reused = status == "cached" or reused_from is not None
+        busy = (host.get("fingerprint") or {}).get("gpus_busy") is True
+        for metric, data in metrics.items():
+            point = _point(key, _text(metric), data, run, source, host, reused, reused_from, busy)
+            if point is not None:
+                points.append(point)
+    return points
+
+
+def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, host: dict,
+           reused: bool, reused_from: str | None, busy: bool) -> StoredPoint | None:
+    if not isinstance(data, dict) or finite_number(data.get("value")) is None or not metric:
+        return None
+    raw = data.get("samples")
+    samples = tuple(v for v in (finite_number(s) for s in (raw if isinstance(raw, list) else [])[:SAMPLES_LIMIT])
+                    if v is not None)
+    n = data.get("n")
+    return StoredPoint(
+        key=key, metric=metric, run_id=_text(run.get("run_id")), started=_text(run.get("started")),
+        tree_hash=_text(host.get("deployed_tree_hash") or source.get("tree_hash")) or None,
+        git_rev=_text(source.get("git_rev")) or None,
+        value=finite_number(data["value"]), unit=_text(data.get("unit")),
+        better="lower" if data.get("better") == "lower" else "higher",
+        samples=samples, n=n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(samples) or None,
+        median=finite_number(data.get("median")), mad=_nonnegative(data.get("mad")),
+        noisy=data.get("noisy") is True or busy, reused=reused, reused_from=reused_from)
+
+
+def _text(value: object) -> str:
+    return short_text(value, TEXT_LIMIT) if value is not None else ""
+
+
+def _nonnegative(value: object) -> float | None:
+    number = finite_number(value)
+    return number if number is not None and number >= 0 else None
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+
+
+class HistoryStore:
+    """The history file, open. Use as a context manager (``HistoryStore.open(path)``)."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path):
+        self.db, self.path = connection, path
+
+    @classmethod
+    def open(cls, path: Path | str) -> HistoryStore:
+        """Open (or create) the history file; HistoryError names the file when it is not one."""
+        path = Path(path)
+        if path.is_dir() or path.is_symlink():
+            raise HistoryError(f"{path}: the history file is a directory or a symlink")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = sqlite3.connect(path, timeout=30)
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA journal_mode = DELETE")
+            db.executescript(_SCHEMA)
+            version = db.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+            if version is None:
+                with db:
+                    db.execute("INSERT INTO meta VALUES ('version', ?)", (str(SCHEMA_VERSION),))
+            elif version[0] != str(SCHEMA_VERSION):
+                db.close()
+                raise HistoryError(f"{path}: history version {version[0]}, this orchestrator reads {SCHEMA_VERSION} "
+                                   "(move it away and run `invoke history --rebuild`)")
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"{path}: not a history file ({e}); move it away and run `invoke history --rebuild`") from None
+        return cls(db, path)
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file."""
+        self.db.close()
+
+    # -- writing ------------------------------------------------------------------------------
+    def index_run(self, run: dict, run_dir: Path | str | None = None) -> int:
+        """Store a run record's points and reported regressions (replacing an earlier indexing of
+        the same run); returns the number of points stored."""
+        with self.db:
+            return self._index(run, run_dir)
+
+    def rebuild(self, runs_root: Path | str) -> tuple[int, int, list[str]]:
+        """Forget everything and index every run directory under ``runs_root`` again.
+
+        Returns (runs indexed, points stored, problems): an unreadable run is skipped and named.
+        """
+        runs = points = 0
+        problems = []
+        with self.db:
+            self.db.execute("DELETE FROM runs")
+            for path in list_runs(runs_root):
+                try:
+                    run = load_run(path)
+                except RunRecordError as e:
+                    problems.append(str(e))
+                    continue
+                points += self._index(run, path)
+                runs += 1
+        return runs, points, problems
+
+    def _index(self, run: dict, run_dir: Path | str | None) -> int:
+        run_id = _text(run.get("run_id"))
+        source = run.get("source") if isinstance(run.get("source"), dict) else {}
+        self.db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+        self.db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
+            run_id, _text(run.get("command")), _text(run.get("started")), _text(run.get("status")),
+            str(Path(run_dir).absolute()) if run_dir is not None else None,
+            _text(source.get("tree_hash")) or None, _text(source.get("git_rev")) or None,
+            None if source.get("git_dirty") is None else int(bool(source.get("git_dirty")))))
+        points = run_points(run)
+        self.db.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            (p.run_id, p.started, p.key.host, p.key.gpu, p.key.backend, p.key.build_key, p.tree_hash, p.git_rev,
+             p.metric, p.value, p.unit, p.better, p.n, p.median, p.mad,
+             json.dumps(list(p.samples)) if p.samples else None, int(p.noisy), int(p.reused), p.reused_from)
+            for p in points])
+        for reg in run.get("regressions") or []:
+            if isinstance(reg, dict) and reg.get("host") is not None and reg.get("metric") is not None:
+                self.db.execute("INSERT OR REPLACE INTO regressions VALUES (?, ?, ?, ?)",
+                                (run_id, _text(reg["host"]), _text(reg["metric"]), json.dumps(reg, default=str)))
+        return len(points)
+
+    # -- reading ------------------------------------------------------------------------------
+    def series(self, key: SeriesKey, metric: str, before: str | None = None, limit: int | None = None,
+               include_reused: bool = False) -> list[StoredPoint]:
+        """A metric's comparable points, oldest first: new measurements only (unless
+        ``include_reused``), those of runs started before run ``before`` when given, the newest
+        ``limit`` when given."""
+        sql = ("SELECT * FROM points WHERE host = ? AND gpu = ? AND backend = ? AND build_key = ? AND metric = ?"
+               + ("" if include_reused else " AND reused = 0"))
+        args: list = [key.host, key.gpu, key.backend, key.build_key, metric]
+        if before is not None:
+            row = self.db.execute("SELECT started FROM runs WHERE run_id = ?", (before,)).fetchone()
+            if row is None:
+                raise ValueError(f"run {before!r} is not in the history {self.path}")
+            sql += " AND (started, run_id) < (?, ?)"
+            args += [row[0], before]
+        sql += " ORDER BY started DESC, run_id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_stored(row) for row in reversed(self.db.execute(sql, args).fetchall())]
+
+    def series_keys(self) -> list[tuple[SeriesKey, str]]:
+        """Every (comparable key, metric) with at least one new measurement, sorted."""
+        rows = self.db.execute("SELECT DISTINCT host, gpu, backend, build_key, metric FROM points WHERE reused = 0 "
+                               "ORDER BY host, gpu, backend, build_key, metric").fetchall()
+        return [(SeriesKey(*row[:4]), row[4]) for row in rows]
+
+    def points(self, **where: str) -> list[StoredPoint]:
+        """Points matching every given column (host, gpu, backend, build_key, tree_hash, git_rev,
+        metric, run_id), oldest first, reused ones included."""
+        unknown = set(where) - {"host", "gpu", "backend", "build_key", "tree_hash", "git_rev", "metric", "run_id"}
+        if unknown:
+            raise ValueError(f"cannot select points by {sorted(unknown)}")
+        clause = " AND ".join(f"{column} = ?" for column in where) or "1"
+        rows = self.db.execute(f"SELECT * FROM points WHERE {clause} ORDER BY started, run_id, host, metric",
+                               list(where.values())).fetchall()
+        return [_stored(row) for row in rows]
+
+    def has_run(self, run_id: str) -> bool:
+        """Whether the run is indexed."""
+        return self.db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
+
+    def runs(self) -> dict[str, dict]:
+        """Every indexed run: run id -> command, started, status, run_dir, tree_hash, git_rev."""
+        rows = self.db.execute("SELECT run_id, command, started, status, run_dir, tree_hash, git_rev FROM runs").fetchall()
+        return {r[0]: dict(zip(("command", "started", "status", "run_dir", "tree_hash", "git_rev"), r[1:])) for r in rows}
+
+    def regressions(self) -> dict[tuple[str, str, str], dict]:
+        """Every reported regression: (run id, host, metric) -> the run's regression entry."""
+        rows = self.db.execute("SELECT run_id, host, metric, evidence FROM regressions").fetchall()
+        return {(r[0], r[1], r[2]): json.loads(r[3]) for r in rows}
+
+
+def _stored(row: tuple) -> StoredPoint:
+    (run_id, started, host, gpu, backend, build_key, tree_hash, git_rev, metric, value, unit, better,
+     n, med, mad, samples, noisy, reused, reused_from) = row
+    return StoredPoint(SeriesKey(host, gpu, backend, build_key), metric, run_id, started, tree_hash, git_rev,
+                       value, unit, better, tuple(json.loads(samples)) if samples else (), n, med, mad,
+                       bool(noisy), bool(reused), reused_from)
+
+
+def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
+              policy: Policy = DEFAULT_POLICY) -> list[tuple[StoredPoint, Verdict]]:
+    """The detector's verdict on every benchmark metric of ``run`` against its comparable history
+    in ``store`` (runs started before it). A reused result is not judged: its verdict says so."""
+    verdicts = []
+    indexed = store.has_run(_text(run.get("run_id")))
+    for point in run_points(run):
+        if point.reused:
+            origin = f" from run {point.reused_from}" if point.reused_from else ""
+            verdicts.append((point, Verdict("unjudged", "none", point.value, point.better, tolerance(point.metric),
+                                            reason=f"reused result{origin}: not a new measurement")))
+            continue
+        # 3 windows: the drift rule looks 2 back, and the start of a streak is judged on its own past
+        before = store.series(point.key, point.metric, before=point.run_id if indexed else None,
+                              limit=3 * policy.window)
+        verdicts.append((point, judge(point.point(), [p.point() for p in before], tolerance(point.metric),
+                                      point.better, policy)))
+    return verdicts
+
+
+def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]:
+    """The regressed verdicts as run.json's regressions, each with its evidence and the exact
+    bisect command (good: the newest commit of the baseline window on the baseline's side, bad:
+    the commit that started the streak); sorted by host then metric."""
+    found = []
+    for point, verdict in verdicts:
+        if not verdict.regressed:
+            continue
+        bad = verdict.since_commit or verdict.bad_commit
+        found.append(Regression(point.key.host, point.metric, verdict.baseline, verdict.value, round(verdict.ratio, 4),
+                                verdict.tolerance, point.unit, point.better, verdict.method, verdict.evidence(),
+                                verdict.since_run, command_for(point.key.host, point.metric, verdict.good_commit, bad)))
+    return sorted(found, key=lambda r: (r.host, r.metric))
+
+
+def default_path(runs_root: Path | str) -> Path:
+    """Where the history lives unless --history names another file: runs/history.sqlite."""
+    return Path(runs_root) / DEFAULT_NAME
+

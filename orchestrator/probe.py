@@ -1,0 +1,90 @@
+"""A bisect probe: one commit's engine deployed, built and measured (or golden-checked) on a host.
+
+    repo, source = repository(inventory.project)
+    with Worktree(repo) as tree:
+        result = search(commits, Prober(inventory, host, console, tree, source, metric))
+
+Each probe is an ordinary run of the pipeline (command ``bisect``, its own run directory under
+runs/, ``runs/latest`` left alone) with only the steps the question needs: sync, build, bundles and
+bench for a metric, sync, build, bundles and golden for the golden check. The engine source is
+the commit's checkout in the bisect worktree, so the golden check compares against that commit's
+own committed expected manifest. The host keeps several builds by tree hash (the engine's build
+cache), so coming back to a tree compiles nothing: such a probe says ``cached build``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+from . import pipeline, record, report
+from .bisect import BisectError, Commit, ProbeResult, Worktree
+from .console import Console
+from .errors import UsageError
+from .inventory import Host, Inventory, Project
+
+METRIC_STEPS = ("sync", "build", "bundles", "bench")
+GOLDEN_STEPS = ("sync", "build", "bundles", "golden")
+
+
+def repository(project: Project) -> tuple[Path, str]:
+    """The git repository holding the project and the engine source's path inside it."""
+    proc = subprocess.run(["git", "-C", str(project.root), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UsageError(f"{project.root} is not in a git repository: bisect needs the engine's history")
+    repo = Path(proc.stdout.strip())
+    try:
+        source = project.source.resolve().relative_to(repo.resolve())
+    except ValueError:
+        raise UsageError(f"the engine source {project.source} is not inside the git repository {repo}") from None
+    return repo, str(source)
+
+
+class Prober:
+    """The probe ``bisect.search`` calls for each commit."""
+
+    def __init__(self, inv: Inventory, host: Host, console: Console, tree: Worktree, source: str,
+                 metric: str | None = None):
+        self.inv, self.host, self.console, self.tree, self.source, self.metric = inv, host, console, tree, source, metric
+
+    def __call__(self, commit: Commit) -> ProbeResult:
+        path = self.tree.checkout(commit.sha)
+        project = dataclasses.replace(self.inv.project, source=path / self.source)
+        plan = pipeline.Plan("bisect", METRIC_STEPS if self.metric else GOLDEN_STEPS)
+        run_dir, run = pipeline.execute(dataclasses.replace(self.inv, project=project), [self.host], plan, self.console)
+        record.write_run(run_dir, run)
+        report.render_run(run_dir.path)
+        if run.status == "interrupted":
+            raise KeyboardInterrupt
+        host = run.hosts[self.host.name]
+        built = host.steps["build"].status == "passed"
+        return self._measured(commit, host, built, run_dir) if self.metric else self._golden(commit, host, built, run_dir)
+
+    def _failed(self, commit: Commit, host: record.HostRecord, run_dir, allowed: str | None = None) -> None:
+        """BisectError when a step the verdict does not rest on failed (the commit cannot be judged)."""
+        for step, s in host.steps.items():
+            if s.status in record.UNFINISHED_STEP_STATUSES and step != allowed:
+                raise BisectError(f"commit {commit.sha[:12]} ({commit.subject}) cannot be judged: its {step} step "
+                                  f"{s.status}: {s.message} (run {run_dir.path})", host=self.host.name, tail=s.tail)
+
+    def _measured(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
+        self._failed(commit, host, run_dir)
+        metrics = (host.bench or {}).get("metrics", {})
+        if self.metric not in metrics:
+            raise BisectError(f"commit {commit.sha[:12]}: the bench has no metric {self.metric!r} "
+                              f"(it has {', '.join(sorted(metrics)[:12]) or 'none'})", host=self.host.name)
+        m = metrics[self.metric]
+        reused = " (a reused result)" if host.steps["bench"].status == "cached" else ""
+        return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{reused}", m["value"],
+                           tuple(m.get("samples") or ()), built, better=m["better"])
+
+    def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
+        self._failed(commit, host, run_dir, allowed="golden")
+        failed = [(name, g) for name, g in host.golden.items() if g.status != "passed"]
+        if host.steps["golden"].status == "passed" and not failed:
+            return ProbeResult(False, f"golden tokens of {len(host.golden)} bundle(s) match", built=built)
+        if not failed:
+            return ProbeResult(True, f"golden step {host.steps['golden'].status}: {host.steps['golden'].message}", built=built)
+        name, g = failed[0]
+        where = f"{g.mismatch.check} @ {g.mismatch.position}" if g.mismatch else g.detail
+        return ProbeResult(True, f"golden: {len(failed)} bundle(s) differ, first {name}: {where}", built=built)

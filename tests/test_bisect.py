@@ -1,0 +1,134 @@
+"""Bisect's range, search and worktree on a real git repository with a synthetic engine history
+(the probe reads the engine's files at each commit, checked out in the bisect worktree)."""
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.bisect import (BisectError, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
+                                 max_probes, search)
+from orchestrator.errors import UsageError
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A repository whose engine_src/speed.txt is 1000 for 16 commits, then 850 from commit 11
+    (0-based) on; engine_src/golden.txt changes at commit 5; docs-only commits between."""
+    repo = tmp_path_factory.mktemp("bisect") / "repo"
+    (repo / "engine_src").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.invalid")
+    git(repo, "config", "user.name", "t")
+    shas = []
+    for i in range(16):
+        (repo / "engine_src" / "speed.txt").write_text("850\n" if i >= 11 else "1000\n")
+        (repo / "engine_src" / "golden.txt").write_text("1,2,4\n" if i >= 5 else "1,2,3\n")
+        (repo / "engine_src" / "version.txt").write_text(f"{i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", f"engine change {i}")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+        if i in (3, 9):
+            (repo / "NOTES.md").write_text(f"notes {i}\n")
+            git(repo, "add", "-A")
+            git(repo, "commit", "-qm", f"docs only {i}")
+    return repo, shas
+
+
+def test_the_range_is_one_commit_per_distinct_engine_tree(history):
+    repo, shas = history
+    commits = commit_range(repo, shas[0], "main")
+    assert [c.sha for c in commits] == shas
+    assert commits[11].subject == "engine change 11" and len({c.tree for c in commits}) == 16
+    assert max_probes(len(commits)) == 6
+
+
+def test_bad_ranges_are_refused_with_the_flag_named(history):
+    repo, shas = history
+    with pytest.raises(UsageError, match="--good 'nope' is no commit"):
+        commit_range(repo, "nope", "main")
+    with pytest.raises(UsageError, match="--bad '--all' is not a revision"):
+        commit_range(repo, shas[0], "--all")
+    with pytest.raises(UsageError, match="is not an ancestor of --bad"):
+        commit_range(repo, shas[5], shas[2])
+    with pytest.raises(UsageError, match="same commit"):
+        commit_range(repo, shas[3], shas[3])
+    docs_only = git(repo, "rev-parse", f"{shas[3]}~0")
+    with pytest.raises(UsageError, match="nothing to bisect"):
+        commit_range(repo, docs_only, git(repo, "log", "--format=%H", "-1", "--grep", "docs only 3"))
+
+
+def read_probe(tree: Worktree, calls: list[str]):
+    """A golden probe: bad when golden.txt is not the original tokens; values from speed.txt."""
+    def probe(commit):
+        path = tree.checkout(commit.sha)
+        calls.append(commit.sha)
+        golden = (path / "engine_src" / "golden.txt").read_text().strip()
+        speed = float((path / "engine_src" / "speed.txt").read_text())
+        rng = random.Random(commit.sha)
+        samples = tuple(speed * rng.gauss(1, 0.01) for _ in range(5))
+        return ProbeResult(golden != "1,2,3", f"golden {golden}", speed, samples)
+    return probe
+
+
+def test_golden_bisect_finds_the_guilty_commit_within_the_budget_and_leaves_the_checkout_alone(history):
+    repo, shas = history
+    (repo / "NOTES.md").write_text("my uncommitted edit\n")
+    before = (git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain"), git(repo, "branch", "--show-current"))
+    calls: list[str] = []
+    lines: list[str] = []
+    with Worktree(repo) as tree:
+        assert tree.path is not None and not str(tree.path).startswith(str(repo))
+        result = search(commit_range(repo, shas[0], shas[-1]), read_probe(tree, calls), log=lines.append)
+    assert result.first_bad.sha == shas[5] and result.last_good.sha == shas[4]
+    assert result.last_line() == f"first bad commit: {shas[5]} engine change 5"
+    assert len(calls) <= 6 and calls[:2] == [shas[-1], shas[0]]
+    assert lines[0].startswith("probe 1/6: ") and "BAD" in lines[0] and "good" in lines[1]
+    assert (git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain"), git(repo, "branch", "--show-current")) == before
+    assert (repo / "NOTES.md").read_text() == "my uncommitted edit\n"
+    assert git(repo, "worktree", "list").count("\n") == 0      # the bisect worktree is gone
+    assert not tree.parent.exists()
+    git(repo, "checkout", "-q", "--", "NOTES.md")
+
+
+def test_metric_bisect_finds_the_slowing_commit(history):
+    repo, shas = history
+    calls: list[str] = []
+    with Worktree(repo) as tree:
+        result = search(commit_range(repo, shas[0], shas[-1]), read_probe(tree, calls),
+                        classify=lambda good, bad: MetricJudge(good, bad, "higher"))
+    assert result.first_bad.sha == shas[11] and len(calls) <= 6
+    assert all(p.value is not None for _, p in result.probes)
+
+
+def test_ends_that_are_not_what_they_were_said_to_be_stop_the_search(history):
+    repo, shas = history
+    with Worktree(repo) as tree:
+        with pytest.raises(BisectError, match="is not bad: golden 1,2,3"):
+            search(commit_range(repo, shas[0], shas[4]), read_probe(tree, []), log=lambda _: None)
+        with pytest.raises(BisectError, match="is not worse than the good end"):
+            search(commit_range(repo, shas[0], shas[9]), read_probe(tree, []),
+                   classify=lambda good, bad: MetricJudge(good, bad, "higher"), log=lambda _: None)
+
+
+def test_metric_judge_needs_a_step_beyond_the_noise():
+    good = ProbeResult(False, "", 1000.0, (990.0, 1000.0, 1010.0))
+    assert MetricJudge(good, ProbeResult(False, "", 850.0, (845.0, 850.0, 855.0)), "higher")(
+        ProbeResult(False, "", 900.0)) is True
+    with pytest.raises(BisectError, match="beyond 3 x"):
+        MetricJudge(good, ProbeResult(False, "", 980.0, (900.0, 980.0, 1060.0)), "higher")
+    slower = MetricJudge(ProbeResult(False, "", 2.0), ProbeResult(False, "", 2.6), "lower")
+    assert slower(ProbeResult(False, "", 2.4)) and not slower(ProbeResult(False, "", 2.1))
+
+
+def test_the_bisect_command_is_exact_and_quoted():
+    assert command_for("ct200", "tiny_fp32.ar_tokens_per_s", "a" * 40, "b" * 40) == \
+        f"invoke bisect --host ct200 --good {'a' * 40} --bad {'b' * 40} --metric tiny_fp32.ar_tokens_per_s"
+    assert command_for("h", "odd metric;rm", "a", "b").endswith("--metric 'odd metric;rm'")
+    assert command_for("h", "m", None, "b") is None and command_for("h", "m", "a", "a") is None

@@ -1,0 +1,219 @@
+"""The regression detector on synthetic series: flat with noise, a step, a drift, outliers, few
+points, both directions; and its statistics against brute force."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from orchestrator.detector import Point, Policy, judge, mad, mann_whitney_less, median
+
+
+def run(rng: random.Random, mean: float, cv: float, repeats: int = 5, load: float = 0.0, commit: str = "c") -> Point:
+    """One run: ``repeats`` samples around ``mean`` (relative noise ``cv``); with probability
+    ``load`` a sample is slowed by 10-50 % (another process took the CPU for a while)."""
+    samples = tuple(mean * (1 - (rng.uniform(0.1, 0.5) if rng.random() < load else 0.0)) * rng.gauss(1, cv)
+                    for _ in range(repeats))
+    return Point(median(samples), samples, run_id=f"run{rng.getrandbits(32):08x}", commit=commit)
+
+
+def series(rng: random.Random, means: list[float], cv: float, **kw) -> list[Point]:
+    return [run(rng, m, cv, commit=f"c{i:03d}", **kw) for i, m in enumerate(means)]
+
+
+def flags(points: list[Point], tolerance: float = 0.10, better: str = "higher") -> list[int]:
+    """Indices of the points judged regressed against the points before them."""
+    return [i for i in range(len(points)) if judge(points[i], points[:i], tolerance, better).regressed]
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+def test_median_and_mad():
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
+    assert mad([1, 2, 3, 4, 100]) == 1
+    with pytest.raises(ValueError):
+        median([])
+
+
+def brute_force_p(xs: list[float], ys: list[float]) -> float:
+    """P(U <= observed U) over every assignment of the pooled values to the two groups."""
+    pooled = xs + ys
+    u = lambda a, b: sum((x > y) + 0.5 * (x == y) for x in a for y in b)  # noqa: E731
+    observed = u(xs, ys)
+    total = hits = 0
+    for chosen in itertools.combinations(range(len(pooled)), len(xs)):
+        a = [pooled[i] for i in chosen]
+        b = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        total += 1
+        hits += u(a, b) <= observed + 1e-9
+    return hits / total
+
+
+@pytest.mark.parametrize("xs, ys", [([1, 5, 7], [2, 3, 4, 6, 8]), ([1, 2, 3], [4, 5, 6]), ([9, 8, 7, 6], [1, 2, 3]),
+                                    ([1.5, 2.5], [1, 2, 3, 4, 5, 6])])
+def test_mann_whitney_exact_equals_brute_force(xs, ys):
+    assert mann_whitney_less(xs, ys) == pytest.approx(brute_force_p(xs, ys))
+
+
+def test_mann_whitney_normal_approximation_with_ties_is_close_to_brute_force():
+    xs, ys = [1, 2, 2, 3, 3, 4], [2, 3, 4, 4, 5, 5, 6]
+    assert mann_whitney_less(xs, ys) == pytest.approx(brute_force_p(xs, ys), abs=0.02)
+    big_x = [float(i) for i in range(60)]
+    big_y = [float(i) + 20 for i in range(60)]       # n x m beyond the exact limit
+    p = mann_whitney_less(big_x, big_y)
+    assert 0 < p < 1e-3 and mann_whitney_less(big_y, big_x) > 0.999
+
+
+# --------------------------------------------------------------------------------------------
+# Series
+
+
+def test_flat_series_with_noise_raises_no_alarm():
+    rng = random.Random(11)
+    points = series(rng, [1000.0] * 60, cv=0.03)
+    assert flags(points) == []
+
+
+def test_flat_series_on_a_loaded_machine_raises_no_alarm_where_the_fixed_ratio_rule_does():
+    rng = random.Random(5)
+    points = series(rng, [1000.0] * 40, cv=0.03, load=0.5)
+    old_rule = [i for i in range(1, len(points)) if points[i].value < 0.9 * points[i - 1].value]
+    assert len(old_rule) >= 3                      # the load is real: the old rule cries wolf
+    assert flags(points) == []
+
+
+def test_a_step_is_flagged_on_the_first_run_after_it_with_its_evidence():
+    rng = random.Random(3)
+    points = series(rng, [1000.0] * 20 + [850.0], cv=0.02)
+    verdict = judge(points[-1], points[:-1], 0.10)
+    assert verdict.status == "regressed" and verdict.method == "history"
+    assert verdict.window == [p.run_id for p in points[10:20]]
+    assert verdict.baseline == pytest.approx(median(p.value for p in points[10:20]))
+    assert verdict.change == pytest.approx(1 - points[-1].value / verdict.baseline)
+    assert verdict.ratio == pytest.approx(points[-1].value / verdict.baseline)
+    assert verdict.score > 4 and verdict.p_value < 0.01 and verdict.spread > 0
+    assert verdict.good_commit == "c019" and verdict.bad_commit == "c020"
+    assert verdict.sample_mad == pytest.approx(points[-1].sample_mad())
+    assert "robust z" in verdict.reason and "Mann-Whitney p" in verdict.reason
+    assert verdict.evidence()["window_commits"] == [f"c{i:03d}" for i in range(10, 20)]
+
+
+def test_a_step_within_the_tolerance_or_within_the_noise_is_not_a_regression():
+    rng = random.Random(4)
+    small = series(rng, [1000.0] * 20 + [930.0], cv=0.01)         # 7 %: clear, but within 10 %
+    assert judge(small[-1], small[:-1], 0.10).status == "same"
+    noisy = series(rng, [1000.0] * 20 + [850.0], cv=0.12)         # 15 % inside 12 % run-to-run noise
+    verdict = judge(noisy[-1], noisy[:-1], 0.10)
+    assert verdict.status == "same" and abs(verdict.score) < 4
+
+
+def test_a_step_in_a_lower_is_better_metric_and_an_improvement():
+    rng = random.Random(6)
+    slower = series(rng, [2.0] * 12 + [2.4], cv=0.02)             # ms: up is worse
+    assert judge(slower[-1], slower[:-1], 0.10, "lower").status == "regressed"
+    assert judge(slower[-1], slower[:-1], 0.10, "higher").status == "improved"
+
+
+def test_after_a_step_the_streak_names_its_first_run_and_the_baseline_follows_the_new_level():
+    rng = random.Random(7)
+    points = series(rng, [1000.0] * 20 + [850.0] * 30, cv=0.02)
+    flagged = flags(points)
+    assert flagged[0] == 20 and flagged == list(range(20, flagged[-1] + 1))
+    assert flagged[-1] < 26        # until the window has moved to the new level; never again as a drift
+    assert judge(points[20], points[:20], 0.10).since_run == points[20].run_id
+    later = judge(points[flagged[-1]], points[:flagged[-1]], 0.10)
+    assert later.since_run == points[20].run_id and later.since_commit == "c020"
+
+
+def test_a_slow_drift_is_caught_by_the_drift_rule():
+    rng = random.Random(8)
+    means = [1000.0 * (1 - 0.01 * i) for i in range(40)]            # -1 % a night: each night within the noise
+    points = series(rng, means, cv=0.02)
+    flagged = flags(points)
+    assert flagged, "a 20 % slide over 20 nights must be caught"
+    first = flagged[0]
+    verdict = judge(points[first], points[:first], 0.10)
+    assert verdict.method == "drift" and verdict.p_value < 0.01 and verdict.change > 0.10
+    assert verdict.window == [p.run_id for p in points[first - 20:first - 10]]
+    assert first <= 25
+    # a night judged by the history rule alone sees no step: each change is small against the last runs
+    assert judge(points[first], points[first - 10:first], 0.10).status == "same"
+
+
+def test_outliers_in_the_history_neither_hide_a_step_nor_raise_alarms():
+    rng = random.Random(9)
+    points = series(rng, [1000.0] * 30, cv=0.02)
+    for i in (5, 12, 17, 24):                       # single wild runs, both ways
+        points[i] = run(rng, 1000.0 * (0.5 if i % 2 else 1.6), 0.02, commit=f"c{i:03d}")
+    judged = [i for i in flags(points) if i not in (5, 12, 17, 24)]
+    assert judged == []
+    step = run(rng, 850.0, 0.02, commit="c030")
+    assert judge(step, points, 0.10).status == "regressed"
+
+
+def test_samples_that_overlap_the_baseline_keep_a_point_from_being_a_regression():
+    rng = random.Random(10)
+    history = series(rng, [1000.0] * 12, cv=0.01)
+    # the median is 15 % down, but the samples straddle the baseline: measured during bursts of load
+    current = Point(850.0, (600.0, 850.0, 1000.0, 1010.0, 700.0), run_id="loaded")
+    verdict = judge(current, history, 0.10)
+    assert verdict.status == "same" and verdict.spread >= 1.4826 * mad(current.samples) - 1e-9
+
+
+def test_few_points_rule_tolerance_and_three_sample_mads():
+    first = Point(1000.0, (990.0, 1000.0, 1010.0), run_id="a", commit="a")
+    clear = Point(850.0, (845.0, 850.0, 855.0), run_id="b", commit="b")
+    verdict = judge(clear, [first], 0.10)
+    assert verdict.status == "regressed" and verdict.method == "few-points"
+    assert verdict.spread == 10.0 and verdict.score == pytest.approx(15.0)
+    assert "fewer than 5" in verdict.reason
+    wide = Point(850.0, (800.0, 850.0, 960.0), run_id="c")        # MAD 50: 150 is not beyond 3 x 50
+    assert judge(wide, [first], 0.10).status == "same"
+    near = Point(920.0, (919.0, 920.0, 921.0), run_id="d")        # 8 %: within the tolerance
+    assert judge(near, [first], 0.10).status == "same"
+
+
+def test_few_points_rule_for_a_noisy_metric_counts_the_spread_between_runs():
+    first = Point(1000.0, (990.0, 1000.0, 1010.0), run_id="a", noisy=True)
+    loaded = Point(860.0, (855.0, 860.0, 866.0), run_id="b", noisy=True)      # a whole run slowed by load
+    assert judge(loaded, [first], 0.10).status == "same"
+    assert judge(Point(860.0, loaded.samples, run_id="b"), [Point(1000.0, first.samples)], 0.10).regressed
+    second = Point(1004.0, (995.0, 1004.0, 1012.0), run_id="c", noisy=True)   # from the third night on
+    step = judge(Point(850.0, (845.0, 850.0, 855.0), run_id="d", noisy=True), [first, second], 0.10)
+    assert step.regressed and step.method == "few-points"
+
+
+def test_few_points_rule_without_samples_falls_back_to_the_tolerance_and_says_so():
+    verdict = judge(Point(850.0), [Point(1000.0)], 0.10)
+    assert verdict.status == "regressed" and "no samples reported" in verdict.reason
+    mad_only = judge(Point(850.0, mad=60.0), [Point(1000.0, mad=5.0)], 0.10)
+    assert mad_only.status == "same" and mad_only.spread == 60.0
+
+
+def test_no_history_is_new_and_a_non_positive_baseline_is_not_judged():
+    assert judge(Point(1.0), [], 0.10).status == "new"
+    verdict = judge(Point(1.0), [Point(0.0)] * 6, 0.10)
+    assert verdict.status == "unjudged" and "not positive" in verdict.reason
+
+
+def test_policy_settings_are_honoured():
+    rng = random.Random(12)
+    points = series(rng, [1000.0] * 8 + [850.0], cv=0.02)
+    assert judge(points[-1], points[:-1], 0.10).method == "history"
+    assert judge(points[-1], points[:-1], 0.10, policy=Policy(min_points=10)).method == "few-points"
+    assert judge(points[-1], points[:-1], 0.20).status == "same"
+    assert judge(points[-1], points[:-1], 0.10, policy=Policy(z=1e6)).status == "same"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_detection_of_a_fifteen_percent_slowdown_on_a_quiet_machine(seed):
+    rng = random.Random(100 + seed)
+    for history_length in (1, 3, 6, 15):
+        points = series(rng, [1000.0] * history_length + [850.0], cv=0.015)
+        verdict = judge(points[-1], points[:-1], 0.10)
+        assert verdict.regressed, (history_length, verdict.reason)
+        assert not math.isnan(verdict.change)

@@ -1,0 +1,116 @@
+"""The tree lock's modes on a loopback sshd host: runs of one deployed tree share it; a run that
+changes the tree holds it alone, waiting up to `wait` seconds for the others and naming them when
+they stay; nobody overtakes a run on its way back from exclusive to shared; dead holders are
+recovered while live ones are not."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+
+from orchestrator import state
+from orchestrator.errors import LockError
+from orchestrator.state import EXCLUSIVE, SHARED, Owner
+from orchestrator.transport import open_transport
+
+WAIT = 2
+
+
+@pytest.fixture
+def host(lab, make_inventory, remote_dir):
+    inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
+    return inv.hosts["h"]
+
+
+def owner(name: str, pid: int) -> Owner:
+    return Owner("laptop", pid, "2026-01-01T00:00:00Z", name)
+
+
+def take(host, name, pid, mode=SHARED, wait=WAIT):
+    transport = open_transport(host)
+    return state.acquire(transport, owner(name, pid), mode, wait), transport
+
+
+def test_runs_share_the_tree_and_one_that_changes_it_waits_for_the_others(host):
+    a, ta = take(host, "validate", 1)
+    b, tb = take(host, "nightly", 2)
+    with ta, tb:
+        assert a.mode == b.mode == SHARED and a.stale is None
+        start = time.monotonic()
+        with pytest.raises(LockError) as e:
+            with a.exclusive():
+                pass
+        assert time.monotonic() - start >= WAIT
+        assert e.value.message == (f"{host.remote_dir} is in use by other runs (the tree cannot change under them): "
+                                   f"nightly by pid 2 on laptop, started 2026-01-01T00:00:00Z (waited {WAIT} s: "
+                                   "timeouts.lock)")
+        assert a.mode == SHARED
+        c, tc = take(host, "baseline", 3)          # a's failed change left it shared, as the others
+        with tc:
+            c.release()
+        b.release()
+        with a.exclusive():
+            assert a.mode == EXCLUSIVE
+            with pytest.raises(LockError, match=r"is locked by another run: validate by pid 1 on laptop"):
+                take(host, "nightly", 4)
+        assert a.mode == SHARED
+        d, td = take(host, "nightly", 5)
+        with td:
+            d.release()
+        a.release()
+
+
+def test_a_change_proceeds_when_the_others_leave_during_the_wait(host):
+    a, ta = take(host, "validate", 1, wait=30)
+    b, tb = take(host, "nightly", 2, wait=30)
+    with ta, tb:
+        threading.Timer(1, b.release).start()
+        with a.exclusive():
+            assert a.mode == EXCLUSIVE
+        a.release()
+
+
+def test_nobody_overtakes_a_run_going_back_to_shared(host):
+    """A changer that arrives while a run holds the tree alone waits, holding the gate; the run's
+    way back to shared waits for it to give up: the changer fails naming the run, and the tree
+    never changed hands."""
+    a, ta = take(host, "validate", 1)
+    with ta:
+        results = []
+        with a.exclusive():
+            def changer():
+                try:
+                    results.append(take(host, "nightly", 2, EXCLUSIVE))
+                except LockError as e:
+                    results.append(e)
+            thread = threading.Thread(target=changer)
+            thread.start()
+            time.sleep(0.5)
+        assert a.mode == SHARED                    # back to shared only once the changer gave up
+        thread.join(30)
+        assert isinstance(results[0], LockError), results
+        assert "is locked by another run: validate by pid 1 on laptop" in results[0].message
+        a.release()
+
+
+def test_a_dead_holder_is_recovered_and_a_live_one_is_not(host, lab):
+    live, tl = take(host, "validate", 1)
+    with tl:
+        dead = owner("nightly", 999)
+        argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(host.remote_dir, dead, mode=SHARED))
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "LOCKED shared"
+        proc.kill()
+        proc.wait()
+        time.sleep(0.3)
+        third, t3 = take(host, "baseline", 3)
+        with t3:
+            assert third.stale == dead
+            third.release()
+        with pytest.raises(LockError) as e:
+            take(host, "deploy", 4, EXCLUSIVE, wait=0)
+        assert e.value.message == f"{host.remote_dir} is locked by another run: validate by pid 1 on laptop, " \
+                                  "started 2026-01-01T00:00:00Z"
+        live.release()
