@@ -276,12 +276,13 @@ def _unique(items: Iterable[str]) -> list[str]:
 def _few_points_mad(current: Point, window: list[Point]) -> float | None:
     """The noise the few-points rule allows for: the largest MAD of the metric's own samples (this
     run's and each earlier run's), and of the earlier runs' values when there are two or more.
-    A noisy metric (CPU timings, a busy GPU) also counts the MAD of all its samples pooled over
-    these runs: a load slows a whole run, which one run's samples cannot show."""
+    A noisy metric (CPU timings, a busy GPU) also counts the MAD of all the earlier runs' samples
+    pooled: a load slows a whole run, which one run's samples cannot show. The run under judgement
+    never widens that pool: its own shift would hide itself."""
     mads = [m for m in (p.sample_mad() for p in [current, *window]) if m is not None]
     if len(window) >= 2:
         mads.append(mad(p.value for p in window))
-    pooled = [s for p in [current, *window] for s in (p.samples or (p.value,))]
+    pooled = [s for p in window for s in (p.samples or (p.value,))]
     if any(p.noisy for p in [current, *window]) and len(pooled) >= 2:
         mads.append(mad(pooled))
     return max(mads) if mads else None

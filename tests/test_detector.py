@@ -179,9 +179,16 @@ def test_few_points_rule_tolerance_and_three_sample_mads():
 
 def test_few_points_rule_for_a_noisy_metric_counts_the_spread_between_runs():
     first = Point(1000.0, (990.0, 1000.0, 1010.0), run_id="a", noisy=True)
-    loaded = Point(860.0, (855.0, 860.0, 866.0), run_id="b", noisy=True)      # a whole run slowed by load
-    assert judge(loaded, [first], 0.10).status == "same"
-    assert judge(Point(860.0, loaded.samples, run_id="b"), [Point(1000.0, first.samples)], 0.10).regressed
+    # the second night: a whole run 14 % slower is judged by its own samples and the first night's;
+    # the run under judgement never widens its own allowance (a 90 % drop would pass otherwise)
+    slower = Point(860.0, (855.0, 860.0, 866.0), run_id="b", noisy=True)
+    assert judge(slower, [first], 0.10).regressed
+    tenth = Point(100.0, run_id="t", noisy=True)                               # one sample, as --repeats 1
+    assert judge(tenth, [Point(1000.0, run_id="a", noisy=True)], 0.10).regressed
+    # earlier runs pooled: samples spread by load across the window widen a noisy metric's allowance
+    spread = [Point(1000.0, (700.0, 1000.0, 1300.0), run_id="w1", noisy=True),
+              Point(1000.0, (650.0, 1000.0, 1350.0), run_id="w2", noisy=True)]
+    assert judge(Point(860.0, (855.0, 860.0, 866.0), run_id="e", noisy=True), spread, 0.10).status == "same"
     second = Point(1004.0, (995.0, 1004.0, 1012.0), run_id="c", noisy=True)   # from the third night on
     step = judge(Point(850.0, (845.0, 850.0, 855.0), run_id="d", noisy=True), [first, second], 0.10)
     assert step.regressed and step.method == "few-points"
