@@ -1,6 +1,6 @@
 """The inventory: hosts.yaml loaded and validated into frozen Host and Project records.
 
-hosts.yaml has four sections (DESIGN.md, "Contracts"): `project` (the engine's source dir,
+hosts.yaml has four sections (README.md, "The inventory: hosts.yaml"): `project` (the engine's source dir,
 sync excludes, commands and result files), `defaults` (merged under every host), `hosts` and
 `groups`. Every problem is an InventoryError naming the file, the host and the key (exit code 2).
 Selection (`--host` repeatable, `--group`, `--all`, or nothing for `local`) is `Inventory.select`.
