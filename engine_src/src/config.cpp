@@ -1,6 +1,7 @@
 // config.cpp: the bundle config's field table, the relations between fields, and the memory a
 // model of a config needs. A new config field is one row in kIntFields or kFloatFields (plus a
 // relation below when it constrains others); nothing reads a field the table has not checked.
+#include "backend.h"
 #include "bundle.h"
 #include "checked.h"
 
@@ -39,7 +40,8 @@ const IntField kIntFields[] = {
     {"q_lora_rank", &ModelConfig::q_lora_rank, 0, kMaxDim, false, 0},
     {"kv_lora_rank", &ModelConfig::kv_lora_rank, 1, kMaxDim, true, 0},
     {"qk_nope_head_dim", &ModelConfig::qk_nope_head_dim, 1, kMaxDim, true, 0},
-    {"qk_rope_head_dim", &ModelConfig::qk_rope_head_dim, 2, kMaxDim, true, 0},
+    // The backends rotate at most RopeTable::kMaxPairs pairs (a fixed table passed by value to kernels).
+    {"qk_rope_head_dim", &ModelConfig::qk_rope_head_dim, 2, 2 * RopeTable::kMaxPairs, true, 0},
     {"v_head_dim", &ModelConfig::v_head_dim, 1, kMaxDim, true, 0},
     {"inter_dim", &ModelConfig::inter_dim, 0, kMaxWide, false, 0},
     {"moe_inter_dim", &ModelConfig::moe_inter_dim, 0, kMaxWide, false, 0},
