@@ -102,7 +102,7 @@ def commit_range(repo: Path | str, good: str, bad: str, source: str = "engine_sr
         raise UsageError(f"--good {good} ({good_sha[:12]}) is not an ancestor of --bad {bad} ({bad_sha[:12]})")
     listed = _git(repo, "rev-list", "--reverse", "--ancestry-path", "--first-parent", f"{good_sha}..{bad_sha}",
                   what="listing the commits").split()
-    commits = []
+    commits: list[Commit] = []
     for sha in [good_sha, *listed]:
         line = _git(repo, "log", "-1", "--format=%H%x00%s", sha, what="reading a commit").strip()
         sha, subject = line.split("\x00", 1)

@@ -220,8 +220,10 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
                  if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
         run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
         if plan.command == "nightly" and run.status != "interrupted":
-            run.regressions = (regression.find_regressions(run.to_dict(), reference) if reference is not None else
-                               history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance)))
+            if reference is not None:
+                run.regressions = regression.find_regressions(run.to_dict(), reference)
+            elif store is not None:
+                run.regressions = history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance))
         board = runs_root / DASHBOARD
         if store is not None:
             run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
@@ -300,8 +302,8 @@ def history(inv: Inventory, console: Console, history: str | None = None, rebuil
     tolerance = lambda metric: regression.threshold_for(metric, {})     # noqa: E731
     with history_mod.HistoryStore.open(_history_path(runs_root, history)) as store:
         if rebuild:
-            runs, points, problems = store.rebuild(runs_root)
-            console.say(f"indexed {runs} run(s), {points} point(s) from {runs_root} into {store.path}")
+            runs, indexed, problems = store.rebuild(runs_root)
+            console.say(f"indexed {runs} run(s), {indexed} point(s) from {runs_root} into {store.path}")
             for problem in problems:
                 console.say(f"skipped: {problem}")
         if html:

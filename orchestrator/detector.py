@@ -263,6 +263,13 @@ def _stepped(history: Sequence[Point], tolerance: float, better: str, policy: Po
     return False
 
 
+def _compared(verdict: Verdict) -> tuple[float, float]:
+    """The baseline and the change of a verdict that the rules judge (judge sets both first)."""
+    if verdict.baseline is None or verdict.change is None:
+        raise ValueError(f"verdict on {verdict.value:g} has no baseline to compare with")
+    return verdict.baseline, verdict.change
+
+
 def _worse(value: float, base: float, better: str) -> float:
     """Relative change from base, positive when worse in the metric's direction."""
     change = (value - base) / abs(base)
@@ -298,15 +305,16 @@ def _good_commit(window: list[Point], base: float, better: str, tolerance: float
 
 def _few_points(verdict: Verdict, current: Point, window: list[Point], policy: Policy) -> Verdict:
     verdict.method = "few-points"
+    base, change = _compared(verdict)
     noise = _few_points_mad(current, window)
-    distance = abs(current.value - verdict.baseline)
+    distance = abs(current.value - base)
     verdict.spread = noise
     verdict.score = distance / noise if noise else None
-    beyond = abs(verdict.change) > verdict.tolerance and distance > policy.sample_mads * (noise or 0.0)
-    verdict.status = ("regressed" if verdict.change > 0 else "improved") if beyond else "same"
+    beyond = abs(change) > verdict.tolerance and distance > policy.sample_mads * (noise or 0.0)
+    verdict.status = ("regressed" if change > 0 else "improved") if beyond else "same"
     allowance = f"{policy.sample_mads:g} x MAD {noise:.4g}" if noise else "no samples reported"
     verdict.reason = (f"{len(window)} comparable earlier run(s), fewer than {policy.min_points}: "
-                      f"change {verdict.change:+.1%} vs tolerance {verdict.tolerance:.0%} and {allowance}")
+                      f"change {change:+.1%} vs tolerance {verdict.tolerance:.0%} and {allowance}")
     return verdict
 
 
@@ -325,15 +333,17 @@ def _history_rule(verdict: Verdict, current: Point, window: list[Point], policy:
     if own is not None:
         spreads.append(MAD_SCALE * own)
     verdict.spread = max(spreads)
-    verdict.score = verdict.change * abs(base) / verdict.spread
+    _, change = _compared(verdict)
+    score = verdict.score = change * abs(base) / verdict.spread
     pooled = [s for p in window for s in p.samples]
-    beyond = abs(verdict.change) > verdict.tolerance and abs(verdict.score) > policy.z
+    beyond = abs(change) > verdict.tolerance and abs(score) > policy.z
+    p_value = None
     if beyond and len(current.samples) >= 3 and len(pooled) >= 3:     # the rank test only where it decides
-        verdict.p_value = _directional_p(current.samples, pooled, verdict.change, verdict.better)
-        beyond = verdict.p_value < policy.alpha
-    verdict.status = ("regressed" if verdict.change > 0 else "improved") if beyond else "same"
-    test = f", Mann-Whitney p {verdict.p_value:.2g} (alpha {policy.alpha:g})" if verdict.p_value is not None else ""
-    verdict.reason = (f"change {verdict.change:+.1%} vs tolerance {verdict.tolerance:.0%}; robust z {verdict.score:+.1f} "
+        p_value = verdict.p_value = _directional_p(current.samples, pooled, change, verdict.better)
+        beyond = p_value < policy.alpha
+    verdict.status = ("regressed" if change > 0 else "improved") if beyond else "same"
+    test = f", Mann-Whitney p {p_value:.2g} (alpha {policy.alpha:g})" if p_value is not None else ""
+    verdict.reason = (f"change {change:+.1%} vs tolerance {verdict.tolerance:.0%}; robust z {score:+.1f} "
                       f"vs {policy.z:g} over the last {len(window)} comparable runs{test}")
 
 

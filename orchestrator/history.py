@@ -26,7 +26,7 @@ from typing import Callable
 from .bisect import command_for
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from .errors import UsageError
-from .record import Regression, RunRecordError, finite_number, list_runs, load_run, short_text
+from .record import Regression, RunRecordError, finite_number, list_runs, load_run, mapping, short_text
 
 SCHEMA_VERSION = 1
 DEFAULT_NAME = "history.sqlite"
@@ -117,7 +117,7 @@ def host_key(name: str, host: dict) -> SeriesKey:
     written before it was kept falls back to what the fingerprint says of the toolchain (arch,
     nvcc), which is coarser but never mixes GPU and CPU builds.
     """
-    fp = host.get("fingerprint") if isinstance(host.get("fingerprint"), dict) else {}
+    fp = mapping(host.get("fingerprint"))
     backend = _text(host.get("backend")) or "unknown"
     build = host.get("build_key")
     if build in (None, "", {}):
@@ -131,21 +131,21 @@ def run_points(run: dict) -> list[StoredPoint]:
     A host contributes when its bench step passed (new measurements) or was cached (reused); its
     metrics are bounded and typed here, since they came from the host.
     """
-    source = run.get("source") if isinstance(run.get("source"), dict) else {}
+    source = mapping(run.get("source"))
     points = []
     for name, host in (run.get("hosts") or {}).items():
         if not isinstance(host, dict):
             continue
-        step = (host.get("steps") or {}).get("bench")
-        status = step.get("status") if isinstance(step, dict) else None
-        bench = host.get("bench") if isinstance(host.get("bench"), dict) else {}
-        metrics = bench.get("metrics") if isinstance(bench.get("metrics"), dict) else {}
+        step = mapping(mapping(host.get("steps")).get("bench"))
+        status = step.get("status")
+        bench = mapping(host.get("bench"))
+        metrics = mapping(bench.get("metrics"))
         if status not in ("passed", "cached") or not metrics:
             continue
         key = host_key(name, host)
         reused_from = _text(step.get("reused_from")) or None
         reused = status == "cached" or reused_from is not None
-        busy = (host.get("fingerprint") or {}).get("gpus_busy") is True
+        busy = mapping(host.get("fingerprint")).get("gpus_busy") is True
         for metric, data in metrics.items():
             point = _point(key, _text(metric), data, run, source, host, reused, reused_from, busy)
             if point is not None:
@@ -155,7 +155,8 @@ def run_points(run: dict) -> list[StoredPoint]:
 
 def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, host: dict,
            reused: bool, reused_from: str | None, busy: bool) -> StoredPoint | None:
-    if not isinstance(data, dict) or finite_number(data.get("value")) is None or not metric:
+    value = finite_number(data.get("value")) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or value is None or not metric:
         return None
     raw = data.get("samples")
     samples = tuple(v for v in (finite_number(s) for s in (raw if isinstance(raw, list) else [])[:SAMPLES_LIMIT])
@@ -165,7 +166,7 @@ def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, h
         key=key, metric=metric, run_id=_text(run.get("run_id")), started=_text(run.get("started")),
         tree_hash=_text(host.get("deployed_tree_hash") or source.get("tree_hash")) or None,
         git_rev=_text(source.get("git_rev")) or None,
-        value=finite_number(data["value"]), unit=_text(data.get("unit")),
+        value=value, unit=_text(data.get("unit")),
         better="lower" if data.get("better") == "lower" else "higher",
         samples=samples, n=n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(samples) or None,
         median=finite_number(data.get("median")), mad=_nonnegative(data.get("mad")),
@@ -253,7 +254,7 @@ class HistoryStore:
 
     def _index(self, run: dict, run_dir: Path | str | None) -> int:
         run_id = _text(run.get("run_id"))
-        source = run.get("source") if isinstance(run.get("source"), dict) else {}
+        source = mapping(run.get("source"))
         self.db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
         self.db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
             run_id, _text(run.get("command")), _text(run.get("started")), _text(run.get("status")),
@@ -362,6 +363,8 @@ def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]
         if not verdict.regressed:
             continue
         bad = verdict.since_commit or verdict.bad_commit
+        if verdict.baseline is None or verdict.ratio is None:
+            raise ValueError(f"{point.key.host} {point.metric}: a regressed verdict without a baseline")
         found.append(Regression(point.key.host, point.metric, verdict.baseline, verdict.value, round(verdict.ratio, 4),
                                 verdict.tolerance, point.unit, point.better, verdict.method, verdict.evidence(),
                                 verdict.since_run, command_for(point.key.host, point.metric, verdict.good_commit, bad)))

@@ -50,7 +50,7 @@ def run(ctx: StepContext) -> Outcome:
 def _annotate(ctx: StepContext, busy: bool) -> None:
     """Mark every metric noisy when another process used the GPUs meanwhile, and record the build
     key when the build step did not run (the history files points by it)."""
-    if busy:
+    if busy and ctx.record.bench is not None:
         for metric in ctx.record.bench["metrics"].values():
             metric["noisy"] = True
     if ctx.record.build_key is None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Any
 
-from .. import ownership, remote, state
+from .. import ownership, record, remote, state
 from .context import Outcome, StepContext, StepError
 
 STAMP = "build.json"
@@ -26,9 +27,9 @@ def run(ctx: StepContext) -> Outcome:
     executables are those this machine recorded for that key; without the cache (--no-cache) the
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
-    key = {"tree": tree, "build": build_key(ctx)}
+    key: dict[str, Any] = {"tree": tree, "build": build_key(ctx)}
     ctx.cache_keys["build"] = ctx.record.build_key = key["build"]
-    stamp = state.read_json(ctx.transport, STAMP) or {}
+    stamp = record.mapping(state.read_json(ctx.transport, STAMP))
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _recorded(ctx, key):
             version = _checked_version(ctx, tree)
