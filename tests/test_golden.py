@@ -75,3 +75,16 @@ def test_a_shorter_output_diverges_where_it_ends():
     out["bundles"]["tiny_fp32"]["ar"] = out["bundles"]["tiny_fp32"]["ar"][:12]
     rec = golden.matrix_row(m, m, m, out)["tiny_fp32"]
     assert rec.mismatch.position == 12 and rec.mismatch.check == "host_ar_vs_golden"
+
+
+def test_a_divergence_at_the_final_token_fails():
+    """The last position is compared too (a comparison that stops one short passes this)."""
+    m = manifest()
+    out = outputs(m)
+    out["bundles"]["tiny_fp32"]["ar"][-1] = 1
+    rec = golden.matrix_row(m, m, m, out)["tiny_fp32"]
+    assert rec.status == "failed" and rec.checks["host_ar_vs_golden"] == "failed"
+    assert (rec.mismatch.position, rec.mismatch.margin) == (19, 19.5) and rec.mismatch.actual[-1] == 1
+    host = copy.deepcopy(m)
+    host["bundles"][0]["golden"][-1] = 1
+    assert golden.matrix_row(m, m, host, outputs(m))["tiny_fp32"].checks["host_vs_expected"] == "failed"

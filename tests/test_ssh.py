@@ -156,6 +156,17 @@ def test_pinned_host_key_in_the_inventory(lab, make_inventory, tmp_path):
         open_transport(inv.hosts["bad"]).run("true", timeout=10)
 
 
+def test_a_pin_in_the_inventory_overrides_a_known_hosts_entry(lab, make_inventory):
+    """A host whose real key is in known_hosts while host_key: pins another fingerprint is a
+    changed key: nothing runs (the pin is checked after Paramiko accepted the known key)."""
+    known = lab.add_host("knownpin")
+    inv = make_inventory({"k": {**lab.inventory_entry(known), "host_key": "SHA256:" + "B" * 43}})
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED") as e:
+        open_transport(inv.hosts["k"]).run("touch ran", timeout=10)
+    assert e.value.changed and "host_key: in the inventory" in str(e.value) and known.fingerprint() in str(e.value)
+    assert not (known.home / "ran").exists()
+
+
 def test_jump_host(lab, make_inventory, remote_dir):
     bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
     inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion", remote_dir=remote_dir)})
@@ -261,3 +272,29 @@ def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path
     proc.send_signal(signal.SIGINT)
     assert proc.stdout.read() == "interrupted\n" and proc.wait(10) == 0
     assert left_on_host(f"^sleep {seconds}") == ""
+
+
+def test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag(h1):
+    """When a guarded command ends, every process left in its group is killed, also a child that
+    cleared its environment (so the KDTREE_STEP tag cannot find it) and never left the group."""
+    m = f"4{os.getpid() % 1000:03d}"
+    result = h1.run(remote.command(["bash", "-c", f"env -i sleep 31{m} & env -i sleep 32{m} & echo started"],
+                                   timeout=30))
+    assert result.ok and result.tail == "started\n"
+    assert left_on_host(f"sleep 3[12]{m}") == ""
+
+
+def test_a_deployed_tree_whose_hash_differs_fails_the_sync(lab, make_inventory, remote_dir):
+    """The tree hash is checked on the host after every sync: a deployed tree that hashes
+    differently from the local one (here the command sees build/, which is never synced) fails
+    the deploy naming both hashes, and no deploy record says it is deployed."""
+    import yaml
+    commands = dict(yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["commands"])
+    commands["tree_hash"] = "if [ -e build/kdtree ]; then bash scripts/tree_hash.sh; else echo 0000; fi"
+    inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)}, commands=commands)
+    source = sync.source_id(inv.project)
+    assert source.tree_hash != "0000"
+    with open_transport(inv.hosts["h1"]) as t:
+        with pytest.raises(Exception, match=f"the deployed tree hash 0000 differs from the local {source.tree_hash}"):
+            sync.deploy(t, inv.project, source, state.Owner.now("deploy"), print)
+        assert sync.deployed_tree(t, inv.project) is None
