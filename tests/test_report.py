@@ -243,6 +243,19 @@ def test_secrets_never_reach_any_report(tmp_path, run):
     assert "[REDACTED]" in paths["md"].read_text()
 
 
+def test_each_renderer_redacts_on_its_own(tmp_path, run):
+    """The renderers redact without relying on write_run: a run.json written without the secrets
+    (an older record, another caller) still gives reports without them, in every format."""
+    run["hosts"]["ct203"]["steps"]["test"]["message"] = f"token {SECRET} rejected"
+    run["hosts"]["ct204"]["steps"]["bench"]["tail"] = SECRET[7:] + "\nlast line"
+    for render in (report.render_markdown, report.render_html, report.render_junit):
+        body = render(run, [SECRET])
+        assert SECRET not in body and SECRET[7:] not in body and "REDACTED" in body, render.__name__
+    rec.write_run(tmp_path, run)
+    for path in report.render_run(tmp_path, secrets=[SECRET]).values():
+        assert SECRET not in path.read_text(), path.name
+
+
 def test_redact_replaces_whole_and_cut_off_secrets():
     assert rec.redact("a hunter2-passphrase b", ["hunter2-passphrase"]) == "a [REDACTED] b"
     assert rec.redact("passphrase-9f8e7d\nok", [SECRET]) == "[REDACTED]\nok"
