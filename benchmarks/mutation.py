@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "orchestrator/hostkeys.py": (["tests/test_ssh.py", "-k", "host_key or trust or pin or unknown or changed"], []),
+    "orchestrator/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
+                                  "hostkeys or host_key or trust or pin or unknown or changed"], []),
     "orchestrator/connection.py": (["tests/test_ssh.py", "-k", "host_key or trust or pin or unknown or changed or jump"],
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
@@ -57,6 +58,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 
 # mutant name -> why it cannot change behaviour (checked by reading its diff in the report)
 EQUIVALENT: dict[str, str] = {
+    "orchestrator.hostkeys.x_fingerprint__mutmut_9":
+        'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
+    "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
