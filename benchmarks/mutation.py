@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
                                   "hostkeys or host_key or trust or pin or unknown or changed"], []),
-    "orchestrator/connection.py": (["tests/test_ssh.py", "-k", "host_key or trust or pin or unknown or changed or jump"],
+    "orchestrator/connection.py": (["tests/test_ssh.py", "tests/test_performance.py::test_paramiko_sockets_get_tcp_nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
                                 "group or timeout or secret or env or quote or wrap or step"], []),
@@ -61,6 +61,9 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
     "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
+    "orchestrator.golden.x_matrix_row__mutmut_96":
+        '`status == "failed" or why`: only a failed check carries a why (the others return "")',
+    "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name

@@ -88,3 +88,53 @@ def test_a_divergence_at_the_final_token_fails():
     host = copy.deepcopy(m)
     host["bundles"][0]["golden"][-1] = 1
     assert golden.matrix_row(m, m, host, outputs(m))["tiny_fp32"].checks["host_vs_expected"] == "failed"
+
+
+def test_hostile_documents_fail_their_checks_with_exact_details():
+    """Garbage where the manifests and outputs should be (no bundles dict, no golden list, margins
+    of the wrong type, bundles without names) fails the checks it touches, never the row."""
+    m = manifest()
+    m["bundles"][0]["golden_margins"] = {"not": "a list"}
+    del m["bundles"][1]["golden"]
+    m["bundles"] += [5, {"config": "tiny"}, {"name": "other_int4", "config": "other", "quant": "int4", "golden": [1]},
+                     {"name": "third_fp32", "config": "third", "quant": "fp32", "golden": [1]}]
+    host = copy.deepcopy(m)
+    host["bundles"][0]["golden"][3] = 1
+    row = golden.matrix_row(m, {"bundles": 7}, host, {"bundles": "garbage"})
+    assert list(row) == ["tiny_fp32", "tiny_int4", "other_int4", "third_fp32"]
+    fp32 = row["tiny_fp32"]
+    assert fp32.checks == {"local_vs_expected": "failed", "host_vs_expected": "failed", "host_ar_vs_golden": "failed",
+                           "host_ddtree_vs_golden": "failed", "int4_differs_from_fp32": "skipped"}
+    assert (fp32.mismatch.check, fp32.mismatch.position, fp32.mismatch.margin) == ("host_vs_expected", 3, None)
+    assert fp32.detail == ("local_vs_expected: the bundle is missing from the manifest; "
+                           "host_ar_vs_golden: no tokens; host_ddtree_vs_golden: no tokens")
+    assert row["tiny_int4"].detail.startswith("local_vs_expected: the bundle is missing from the manifest; "
+                                              "host_vs_expected: no tokens;")
+    assert row["other_int4"].detail.endswith("int4_differs_from_fp32: no FP32 twin to compare with")
+    passed = golden.matrix_row(manifest(), manifest(), manifest(), outputs(manifest()))["tiny_fp32"]
+    assert golden.failures({"ok": passed, **row})[:3:2] == [
+        "tiny_fp32: local_vs_expected, host_vs_expected, host_ar_vs_golden, host_ddtree_vs_golden (first at position 3)",
+        "other_int4: local_vs_expected, host_ar_vs_golden, host_ddtree_vs_golden, int4_differs_from_fp32 "
+        "(local_vs_expected: the bundle is missing from the manifest; host_ar_vs_golden: no tokens; "
+        "host_ddtree_vs_golden: no tokens; int4_differs_from_fp32: no FP32 twin to compare with)"]
+    m = manifest()
+    m["bundles"][1]["golden"] = list(m["bundles"][0]["golden"])
+    assert golden.matrix_row(m, m, m, outputs(m))["tiny_int4"].detail == (
+        "int4_differs_from_fp32: the INT4 golden tokens equal the FP32 ones: the quantization left no trace")
+
+
+def test_the_details_name_the_bytes_and_the_margin_of_a_local_divergence():
+    m = manifest()
+    local, host = copy.deepcopy(m), copy.deepcopy(m)
+    local["bundles"][0]["golden"][2] = 1
+    host["bundles"][0]["sha256"] = "0123456789abcdef"
+    m["bundles"][0]["sha256"] = "fedcba9876543210"
+    rec = golden.matrix_row(m, local, host, outputs(m))["tiny_fp32"]
+    assert (rec.mismatch.check, rec.mismatch.position, rec.mismatch.margin) == ("local_vs_expected", 2, 2.5)
+    assert rec.detail == ("host_vs_expected: same tokens but different bundle bytes (sha256 0123456789ab, "
+                          "expected fedcba987654)")
+    host["bundles"][0]["sha256"] = m["bundles"][0]["sha256"]
+    host["bundles"][0]["golden"][4] = 1
+    rec = golden.matrix_row(m, m, host, outputs(m))["tiny_fp32"]
+    assert (rec.mismatch.check, rec.mismatch.position, rec.mismatch.margin) == ("host_vs_expected", 4, 4.5)
+    assert rec.detail == "" and golden.matrix_row(m, m, m, outputs(m))["tiny_int4"].detail == ""
