@@ -138,3 +138,19 @@ def test_the_details_name_the_bytes_and_the_margin_of_a_local_divergence():
     rec = golden.matrix_row(m, m, host, outputs(m))["tiny_fp32"]
     assert (rec.mismatch.check, rec.mismatch.position, rec.mismatch.margin) == ("host_vs_expected", 4, 4.5)
     assert rec.detail == "" and golden.matrix_row(m, m, m, outputs(m))["tiny_int4"].detail == ""
+
+
+def test_gpu_rows_merge_to_the_first_failing_gpu_of_each_bundle():
+    m = manifest()
+    ok = golden.matrix_row(m, m, m, outputs(m))
+    bad = {}
+    for at in (3, 5):
+        out = outputs(m)
+        out["bundles"]["tiny_fp32"]["ar"][at] = 1
+        out["bundles"]["tiny_int4"]["ar"] = None
+        bad[at] = golden.matrix_row(m, m, m, out)
+    merged = golden.merge_gpu_rows({2: bad[5], 0: ok, 1: bad[3]})
+    assert list(merged) == ["tiny_fp32", "tiny_int4"]
+    assert merged["tiny_fp32"].status == "failed" and merged["tiny_fp32"].mismatch.position == 3
+    assert merged["tiny_fp32"].detail == "GPU 1: " and merged["tiny_int4"].detail == "GPU 1: host_ar_vs_golden: no tokens"
+    assert golden.merge_gpu_rows({0: ok, 1: ok}) == ok
