@@ -21,7 +21,7 @@ import time
 from typing import Callable, Sequence
 
 from . import gpus as gpus_mod
-from . import remote, state
+from . import ownership, remote, state
 from .errors import DestinationError
 from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
 from .transport import Transport
@@ -152,9 +152,10 @@ def _answer(process, host) -> _Attempt:
 # $4 heartbeat silence (seconds or empty), then the candidate GPUs' uuids in preference order.
 # Every candidate is tried: the first $3 free ones are kept, the others only tested (to name who
 # holds them).
-_CLAIM_SCRIPT = r'''
+_CLAIM_SCRIPT = ownership.CHECK + r'''
 d=$1 owner=$2 count=$3 silence=$4; shift 4
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
+kd_owned "$d" new     # the same rule as the lock: remote_dir and the way to it are ours alone
 [ "$count" = 0 ] && [ ! -e "$d/.kdtree" ] && { echo PROBED; exit 0; }    # nothing ever claimed there
 [ -d "$d/.kdtree" ] && [ ! -L "$d/.kdtree" ] || unsafe "$d/.kdtree is not the orchestrator's state directory"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
