@@ -63,6 +63,7 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
     "orchestrator.golden.x_matrix_row__mutmut_96":
         '`status == "failed" or why`: only a failed check carries a why (the others return "")',
+    "orchestrator.record.x_redact__mutmut_2": "str() of a str is that str",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }
 

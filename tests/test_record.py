@@ -394,3 +394,16 @@ def test_baselines_and_comparisons_default_to_the_newest_validate_or_nightly(tmp
     out = io.StringIO()
     assert cli.baseline(inv, Console(out), str(tmp_path / "baseline.json")) == 0
     assert f"from {RUN_IDS[1]}" in out.getvalue()
+
+
+def test_redact_takes_the_longest_secret_first_and_any_value():
+    """A secret inside a longer one is replaced after it (else the longer one's rest would leak);
+    a non-string value is redacted as its text."""
+    assert rec.redact("x abcdefgh1xyz y", ["bcdefgh1", "abcdefgh1xyz"]) == "x [REDACTED] y"
+    assert rec.redact(12345678, ["2345678"]) == "1[REDACTED]"
+    assert rec.redact(None, ["secret-value"]) == "None"
+
+
+def test_a_divergence_past_the_margins_has_no_margin():
+    mismatch = rec.Mismatch.first("host_ar_vs_golden", [1, 2, 3], [1, 2, 3, 4], [0.5, 1.5, 2.5])
+    assert (mismatch.position, mismatch.margin, mismatch.expected, mismatch.actual) == (3, None, [1, 2, 3], [1, 2, 3, 4])
