@@ -298,3 +298,35 @@ def test_a_deployed_tree_whose_hash_differs_fails_the_sync(lab, make_inventory, 
         with pytest.raises(Exception, match=f"the deployed tree hash 0000 differs from the local {source.tree_hash}"):
             sync.deploy(t, inv.project, source, state.Owner.now("deploy"), print)
         assert sync.deployed_tree(t, inv.project) is None
+
+
+def test_a_target_takes_the_inventory_then_the_ssh_config_then_the_defaults():
+    import getpass
+
+    import paramiko
+    from orchestrator.connection import _Target
+    config = paramiko.SSHConfig.from_text("Host full\n  HostName 127.0.0.9\n  Port 2200\n  User cfg\n"
+                                          "  IdentityFile /k/cfg\nHost *\n")
+    t = _Target.of(config, "full", "inv", 2300, "/k/inv")
+    assert (t.alias, t.hostname, t.port, t.user, t.key_files) == ("full", "127.0.0.9", 2300, "inv", ["/k/inv", "/k/cfg"])
+    t = _Target.of(config, "full", None, None, None)
+    assert (t.hostname, t.port, t.user, t.key_files, t.where) == ("127.0.0.9", 2200, "cfg", ["/k/cfg"], "127.0.0.9:2200")
+    t = _Target.of(config, "bare", None, None, "/k/inv")
+    assert (t.alias, t.hostname, t.port, t.user, t.key_files) == ("bare", "bare", 22, getpass.getuser(), ["/k/inv"])
+
+
+def test_a_proxy_command_of_the_ssh_config_carries_the_connection(lab, make_inventory, remote_dir):
+    """An alias whose ssh config entry has a ProxyCommand (here system ssh -W through the bastion)
+    is reached through it, its host key verified as any other's."""
+    bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
+    proxy = " ".join(lab.ssh_argv(bastion, "true")[:-2] + ["-W", "%h:%p", bastion.name])
+    with open(lab.ssh_config, "a") as f:
+        f.write(f"Host viaproxy\n  HostName 127.0.0.1\n  Port {h2.port}\n  User root\n  IdentityFile {lab.client_key}\n"
+                f"  IdentitiesOnly yes\n  ProxyCommand {proxy}\n\n")
+    inv = make_inventory({"p": lab.inventory_entry(h2, address="viaproxy", remote_dir=remote_dir)})
+    target = re.compile(rf"target 127\.0\.0\.1 port {h2.port}$", re.M)
+    before = len(target.findall(bastion.log()))
+    with open_transport(inv.hosts["p"]) as t:
+        assert t.run("echo far", timeout=10).tail == "far\n"
+    time.sleep(0.2)
+    assert len(target.findall(bastion.log())) == before + 1
