@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
                                   "hostkeys or host_key or trust or pin or unknown or changed"], []),
-    "orchestrator/connection.py": (["tests/test_ssh.py", "tests/test_performance.py::test_paramiko_sockets_get_tcp_nodelay"],
+    "orchestrator/connection.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
+                                    "host_key or trust or pin or unknown or changed or jump or proxy or target or nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
                                 "group or timeout or secret or env or quote or wrap or step"], []),
