@@ -62,8 +62,9 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
     "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
-    "orchestrator.golden.x_matrix_row__mutmut_96":
-        '`status == "failed" or why`: only a failed check carries a why (the others return "")',
+    "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
+                                                    "the failed checks' only)",
+    "orchestrator.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
     "orchestrator.record.x_redact__mutmut_2": "str() of a str is that str",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }

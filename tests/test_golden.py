@@ -94,7 +94,7 @@ def test_hostile_documents_fail_their_checks_with_exact_details():
     """Garbage where the manifests and outputs should be (no bundles dict, no golden list, margins
     of the wrong type, bundles without names) fails the checks it touches, never the row."""
     m = manifest()
-    m["bundles"][0]["golden_margins"] = {"not": "a list"}
+    m["bundles"][0]["golden_margins"] = {i: 9.5 for i in range(20)}      # indexable, but not a list
     del m["bundles"][1]["golden"]
     m["bundles"] += [5, {"config": "tiny"}, {"name": "other_int4", "config": "other", "quant": "int4", "golden": [1]},
                      {"name": "third_fp32", "config": "third", "quant": "fp32", "golden": [1]}]
@@ -108,6 +108,8 @@ def test_hostile_documents_fail_their_checks_with_exact_details():
     assert (fp32.mismatch.check, fp32.mismatch.position, fp32.mismatch.margin) == ("host_vs_expected", 3, None)
     assert fp32.detail == ("local_vs_expected: the bundle is missing from the manifest; "
                            "host_ar_vs_golden: no tokens; host_ddtree_vs_golden: no tokens")
+    assert golden.matrix_row(m, ["not", "a", "manifest"], m, {})["tiny_fp32"].checks["local_vs_expected"] \
+        == "failed"
     assert row["tiny_int4"].detail.startswith("local_vs_expected: the bundle is missing from the manifest; "
                                               "host_vs_expected: no tokens;")
     assert row["other_int4"].detail.endswith("int4_differs_from_fp32: no FP32 twin to compare with")
