@@ -66,6 +66,9 @@ EQUIVALENT: dict[str, str] = {
                                                     "the failed checks' only)",
     "orchestrator.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
     "orchestrator.record.x_redact__mutmut_2": "str() of a str is that str",
+    "orchestrator.record.x__redact_edges__mutmut_7": "n = len + 1 or len: secret[-n:] is the whole secret, which redact "
+                                                    "replaced just before",
+    "orchestrator.record.x__redact_edges__mutmut_24": "the same at the end: secret[:n] is the whole secret",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }
 
@@ -125,6 +128,7 @@ def prepare(work: Path, module: str) -> None:
         "pytest_add_cli_args_test_selection": tests,
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:timeout"],
         "use_git_change_detection": False,
+        "process_isolation": "forkserver",   # the sshd fixtures start hosts in the stats run: a fork of that process reaps them as workers
     }
     with open(work / "pyproject.toml", "a") as f:
         f.write("\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))

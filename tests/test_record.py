@@ -407,3 +407,24 @@ def test_redact_takes_the_longest_secret_first_and_any_value():
 def test_a_divergence_past_the_margins_has_no_margin():
     mismatch = rec.Mismatch.first("host_ar_vs_golden", [1, 2, 3], [1, 2, 3, 4], [0.5, 1.5, 2.5])
     assert (mismatch.position, mismatch.margin, mismatch.expected, mismatch.actual) == (3, None, [1, 2, 3], [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("text, want", [
+    ("BCDEFGHIJ rest", "[REDACTED] rest"),            # the longest cut-off start: all but one character
+    ("CDEFGHIJ rest", "[REDACTED] rest"),
+    ("EFGHIJ rest", "[REDACTED] rest"),               # MIN_FRAGMENT characters: still a piece of it
+    ("FGHIJ rest", "FGHIJ rest"),                     # fewer: left alone
+    ("Jolly rest", "Jolly rest"),
+    ("head ABCDEFGHI", "head [REDACTED]"),
+    ("head ABCDEFGH", "head [REDACTED]"),
+    ("head ABCDEF", "head [REDACTED]"),
+    ("head ABCDE", "head ABCDE"),
+    ("CDEFGHIJ mid ABCDEFG", "[REDACTED] mid [REDACTED]"),
+])
+def test_redact_cuts_off_pieces_of_a_secret_at_either_edge(text, want):
+    assert rec.redact(text, ["ABCDEFGHIJ"]) == want
+
+
+def test_redact_tree_leaves_keys_that_are_not_strings():
+    assert rec.redact_tree({("k", 1): "a ABCDEFGHIJ", 2: ["ABCDEFGHIJ"]}, ["ABCDEFGHIJ"]) == \
+        {("k", 1): "a [REDACTED]", 2: ["[REDACTED]"]}
