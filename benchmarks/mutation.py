@@ -69,6 +69,8 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.record.x__redact_edges__mutmut_7": "n = len + 1 or len: secret[-n:] is the whole secret, which redact "
                                                     "replaced just before",
     "orchestrator.record.x__redact_edges__mutmut_24": "the same at the end: secret[:n] is the whole secret",
+    "orchestrator.remote.x_secret_input__mutmut_4": "secret values come from os.environ, which cannot hold a NUL byte",
+    "orchestrator.remote.x_secret_input__mutmut_6": "the same: the NUL check's message cannot be reached",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }
 

@@ -175,3 +175,63 @@ def test_a_command_carries_its_timeout_stdin_and_secrets_and_the_client_deadline
     slow = remote.command(["sleep", "30"], timeout=0.5)        # host-side limit 0.5 s: exit 124, timed out
     result = local.run(slow)
     assert result.timed_out and result.exit_code == 124 and result.seconds < 5
+
+
+def _sh(line: str, stdin: bytes = b"", **env) -> str:
+    """What a command line prints when this machine's POSIX shell runs it (as a host's would),
+    its stdin held open until it ends (as the transport does: a guarded command stops at its end)."""
+    import subprocess
+    proc = subprocess.Popen(["sh", "-c", line], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, **env})
+    proc.stdin.write(stdin)
+    proc.stdin.flush()
+    out = proc.stdout.read()
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    return out.decode()
+
+
+def test_commands_and_scripts_keep_their_argv_timeout_stdin_and_cwd(tmp_path):
+    c = remote.command(["echo", "x"], timeout=7, cwd=str(tmp_path))
+    assert (c.argv, c.timeout, c.stdin, c.what) == (("echo", "x"), 7, None, "command")
+    assert c.line.startswith(f"cd -- {tmp_path} && exec env -i ")
+    s = remote.script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path), stdin=b"in", what="probing")
+    assert (s.argv, s.timeout, s.stdin, s.what) == (("bash", "-c", 'echo "$0|$1|$PWD"', "kdtree", "a b"), 5, b"in",
+                                                    "probing")
+    assert _sh(s.line) == f"kdtree|a b|{tmp_path}\n"
+    line = remote.script_command('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path))
+    assert "kdtree-step" in line and _sh(line) == f"kdtree|a b|{tmp_path}\n"
+    assert "kdtree-step" not in remote.script_command("cat", timeout=5, reads_stdin=True)
+
+
+def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin():
+    line = remote.wrap(["bash", "-c", 'echo "${A-unset},${B-unset},${FOO-unset},$K,$PATH"'], timeout=None,
+                       env={"K": "v w"}, path_prefix=("/opt/a", "/opt/b"), secrets=["A", "B"])
+    assert "x1" not in line
+    out = _sh(line, b"x1\0y\nz\0", FOO="leak")
+    assert out.startswith("x1,y\nz,unset,v w,/opt/a:/opt/b:")
+    with pytest.raises(ValueError, match="not an environment variable name: 'A-B'"):
+        remote.wrap(["true"], timeout=5, secrets=["A-B"])
+    assert remote.wrap(["true"], timeout=1.5).split()[-2:] == ["1.5", "true"]
+    assert remote.wrap(["true"], timeout=2.0).split()[-2:] == ["2", "true"]
+
+
+def test_a_step_gets_the_hosts_secrets_only_when_asked(monkeypatch):
+    host = Host(**{**CT200.__dict__, "secret_env": ("TOKEN_A", "TOKEN_B"), "arch": "auto", "cuda_home": None})
+    monkeypatch.setenv("TOKEN_A", "first-secret\nsecond-line\nshort")
+    monkeypatch.setenv("TOKEN_B", "b-secret")
+    plain = remote.step(host, "make", 60, env={"EXTRA": "1"})
+    assert (plain.stdin, plain.holds_stdin, plain.secrets, plain.what) == (None, False, (), "command")
+    assert "EXTRA=1" in plain.line
+    assert "kdtree-secrets" not in plain.line and "KD_ARCH" not in plain.line and "CUDA_HOME" not in plain.line
+    assert remote.host_path_prefix(host) == ()
+    secret = remote.step(host, "make", 60, with_secrets=True, env={"EXTRA": "1"}, what="building")
+    assert secret.stdin == b"first-secret\nsecond-line\nshort\0b-secret\0" and secret.what == "building"
+    assert secret.holds_stdin and secret.secrets == ("first-secret\nsecond-line\nshort", "b-secret", "first-secret",
+                                                     "second-line")
+    assert "kdtree-secrets" in secret.line and "TOKEN_A,TOKEN_B" in secret.line and "EXTRA=1" in secret.line
+    assert "kdtree-secrets" not in remote.step_command(host, "make", 60)
+    assert remote.host_env(Host(**{**host.__dict__, "arch": "sm_90"}))["KD_ARCH"] == "sm_90"
+    monkeypatch.delenv("TOKEN_B")
+    with pytest.raises(remote.UsageError, match="host 'ct200': secret_env TOKEN_B is not set in the environment"):
+        remote.secret_values(host)
