@@ -48,7 +48,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/golden.py": (["tests/test_golden.py"], []),
     "orchestrator/record.py": (["tests/test_golden.py", "tests/test_record.py"],
                                ["redact*", "_redact_edges", "Mismatch.*"]),
-    "orchestrator/safe_text.py": (["tests/test_hostile.py", "-k", "escaped or terminal or markdown"], []),
+    "orchestrator/safe_text.py": (["tests/test_hostile.py", "tests/test_report.py", "-k",
+                                   "escaped or terminal or markdown or safe_text"], []),
     "orchestrator/inventory.py": (["tests/test_inventory.py"], []),
     "orchestrator/sync.py": (["tests/test_deploy.py", "tests/test_ssh.py", "-k", "deploy or sync or hash or exclude"],
                              ["sync_tree", "deployed_tree", "is_excluded", "_under_excluded", "_remote_hash",
@@ -71,6 +72,8 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.record.x__redact_edges__mutmut_24": "the same at the end: secret[:n] is the whole secret",
     "orchestrator.remote.x_secret_input__mutmut_4": "secret values come from os.environ, which cannot hold a NUL byte",
     "orchestrator.remote.x_secret_input__mutmut_6": "the same: the NUL check's message cannot be reached",
+    "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
+    "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
 }
 

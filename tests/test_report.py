@@ -487,3 +487,16 @@ def test_a_deploy_run_shows_only_its_steps_and_says_what_did_not_run():
     assert [c.get("name") for c in root.iter("testcase")] == ["step.preflight", "step.sync"]
     assert root.get("failures") == "0"
     assert "No benchmarks ran." in report.render_html(deploy)
+
+
+def test_safe_text_each_function_exactly():
+    """orchestrator.safe_text's outputs, exactly (each escape, entity, span and fence)."""
+    from orchestrator import safe_text as st
+    assert st.visible("a\r\nb\rc\x1b\u202e\ud800") == "a\nb\\rc\\x1b\\u202e\ufffd"
+    assert st.markdown("a & <b> `c` @dev | [x] #12 http://h www.e") == (
+        "a &amp; &lt;b&gt; \\`c\\` @\u200bdev \\| \\[x\\] #\u200b12 http:\u200b//h www\u200b.e")
+    assert st.markdown_block("x\n@dev\x07") == "x\n@\u200bdev\\x07"
+    assert st.markdown_code("a | b  @dev") == "`a \\| b @\u200bdev`"
+    assert st.markdown_code("a `` b") == "``` a `` b ```"
+    assert st.markdown_code("  ") == ""
+    assert st.markdown_fence("x ```` y") == "`````" and st.markdown_fence("x") == "```"
