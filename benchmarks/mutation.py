@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,10 +182,14 @@ def collect(mutmut: str, work: Path, module: str) -> dict:
             status = "equivalent"
         counts[status] = counts.get(status, 0) + 1
         if status in ("survived", "equivalent", "no_tests"):
-            diff = subprocess.run([mutmut, "show", name], cwd=work, capture_output=True, text=True).stdout
-            survivors.append({"name": name, "status": status, "diff": _diff_body(diff),
+            survivors.append({"name": name, "status": status,
                               "reason": EQUIVALENT.get(name, "missing test" if status == "survived"
                                                        else "not reached by the module's test subset")})
+    show = lambda s: _diff_body(subprocess.run([mutmut, "show", s["name"]], cwd=work, capture_output=True,
+                                               text=True).stdout)
+    with ThreadPoolExecutor(4) as pool:     # one `mutmut show` takes a second or two
+        for survivor, diff in zip(survivors, pool.map(show, survivors)):
+            survivor["diff"] = diff
     ran = counts["killed"] + counts["timeout"] + counts["survived"] + counts["no_tests"] + counts["suspicious"]
     counts["score"] = round((counts["killed"] + counts["timeout"]) / ran, 4) if ran else 0.0
     counts["seconds"] = int((work / "seconds").read_text()) if (work / "seconds").exists() else None
