@@ -116,6 +116,11 @@ class Transport:
         """`path` on this host as an rsync destination."""
         return path
 
+    def own_rsync_shell(self, connect: bool = True) -> str | None:
+        """rsync's `-e` when rsync can use the transport's connection itself (a warm connection's
+        socket; `connect`: open it first); None otherwise (local, or through relay.py)."""
+        return None
+
     # -- built on _exec ------------------------------------------------------------------------
     def run(self, command: remote.Command | str, *, timeout: float | None = None,
             on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None) -> Result:
@@ -273,8 +278,9 @@ class Process:
         return self.result
 
 
-class LocalTransport(Transport):
-    """Commands run with bash on this machine, in their own session."""
+class ProcessTransport(Transport):
+    """Commands run as local processes (`argv(command)`), each in its own session: bash on this
+    machine (LocalTransport), or an ssh client of a warm connection (warm.WarmTransport)."""
 
     def __init__(self, host: Host, stopped: threading.Event | None = None):
         super().__init__(host, stopped)
@@ -285,8 +291,12 @@ class LocalTransport(Transport):
         for proc in list(self._running):
             _stop(proc)
 
+    def argv(self, command: str) -> list[str]:
+        """The process that runs `command`."""
+        raise NotImplementedError
+
     def _exec(self, command, stdin, sink, deadline):
-        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(self.argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self._running.add(proc)
         feeder = _feed(stdin, lambda data: (proc.stdin.write(data), proc.stdin.flush()), proc.stdin.close) \
@@ -321,6 +331,13 @@ class LocalTransport(Transport):
                 _close(proc.stdin)      # the end of stdin stops a guarded command (remote.GUARD)
 
 
+class LocalTransport(ProcessTransport):
+    """Commands run with bash on this machine, in their own session."""
+
+    def argv(self, command: str) -> list[str]:
+        return ["bash", "-c", command]
+
+
 class SshTransport(Transport):
     """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
     opened on first use and reused by every command (and by rsync, through relay.py)."""
@@ -350,10 +367,7 @@ class SshTransport(Transport):
         return self.connection.server_key()
 
     def rsync_dest(self, path: str) -> str:
-        address = self.host.address
-        assert address is not None                 # the inventory gives every ssh host one
-        address = f"[{address}]" if ":" in address else address
-        return f"{address}:{path}"
+        return ssh_rsync_dest(self.host, path)
 
     def _exec(self, command, stdin, sink, deadline):
         self.connect()
@@ -396,9 +410,21 @@ class SshTransport(Transport):
             return code
 
 
+def ssh_rsync_dest(host: Host, path: str) -> str:
+    """`path` on an ssh host as rsync's destination (an IPv6 address in brackets)."""
+    address = host.address
+    assert address is not None                 # the inventory gives every ssh host one
+    address = f"[{address}]" if ":" in address else address
+    return f"{address}:{path}"
+
+
 def open_transport(host: Host, stopped: threading.Event | None = None) -> Transport:
-    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop flag."""
-    return LocalTransport(host, stopped) if host.is_local else SshTransport(host, stopped)
+    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop
+    flag. An ssh host whose connection is kept warm (warm.uses_warm) gets a WarmTransport."""
+    if host.is_local:
+        return LocalTransport(host, stopped)
+    from . import warm
+    return warm.WarmTransport(host, stopped) if warm.uses_warm(host) else SshTransport(host, stopped)
 
 
 _READ_SCRIPT = ownership.guard(r'''
