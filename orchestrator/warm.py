@@ -35,6 +35,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -94,9 +95,10 @@ def check_private(path: Path) -> None:
 
 def uses_warm(host: Host) -> bool:
     """Whether the host's connection is kept warm: persist on and reached directly (a jump host
-    or a ProxyCommand is verified by another ssh process than ours: those keep Paramiko's)."""
-    if host.is_local or not host.persist:
-        return False
+    or a ProxyCommand is verified by another ssh process than ours: those keep Paramiko's), and
+    this machine has OpenSSH's client."""
+    if host.is_local or not host.persist or not shutil.which("ssh"):
+        return False            # no OpenSSH client on this machine: Paramiko needs none
     found = _ssh_g(host)
     return found.get("proxyjump", "none") == "none" and found.get("proxycommand", "none") == "none" \
         and not host.jump and not _pin_contradicted(host, found)
