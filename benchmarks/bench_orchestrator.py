@@ -355,15 +355,17 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
         runner.run(argv + ([str(work / "runs" / "warm-settle")] if argv[-1] == "--report-dir" else []),
                    what=f"settle {name}")
     times: dict = collections.defaultdict(list)
+    cpu: dict = collections.defaultdict(list)      # client CPU seconds (the command's process tree)
     for r in range(repeats):
         for name, argv in cases.items():
             extra = [str(work / "runs" / f"warm-{r}")] if argv[-1] == "--report-dir" else []
             times[name].append(runner.run(argv + extra, what=name))
+            cpu[name].append(runner.last_cpu)
         print(f"  warm repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()),
               file=sys.stderr)
     base = median(times["bare rsync"])
     return {name: {"median": median(v), "runs": [round(x, 3) for x in v], "ratio_to_bare_rsync":
-                   round(median(v) / base, 2)} for name, v in times.items()}
+                   round(median(v) / base, 2), "client_cpu": median(cpu[name])} for name, v in times.items()}
 
 
 class Sampler:
@@ -652,9 +654,9 @@ def report(results: dict) -> str:
                        "doctor/probe", "ratio"], rows),
                 "target: invoke deploy on 16 hosts <= 1.5x of 1 host", ""]
     if "warm" in results:
-        rows = [[k, v["median"], v["ratio_to_bare_rsync"], v["runs"]] for k, v in results["warm"].items()]
+        rows = [[k, v["median"], v["ratio_to_bare_rsync"], v["client_cpu"], v["runs"]] for k, v in results["warm"].items()]
         out += [f"warm connections, one host, {results['source']['files']} files (seconds, median of {results['repeats']})",
-                table(["command", "median s", "/ bare rsync", "runs"], rows),
+                table(["command", "median s", "/ bare rsync", "client CPU s", "runs"], rows),
                 "targets: warm deploy <= 1.0x bare rsync; no-op validate --skip bench <= 3x bare rsync", ""]
     if "scale" in results:
         rows = []

@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,17 @@ def test_a_warm_connection_is_kept_between_runs_and_reused(lab, warm_inventory):
     assert rows and rows[0]["alive"] and rows[0]["host"] == "w" and rows[0]["persist"] == 30
     warm.stop_master(inv.hosts["w"], sock)
     assert not sock.exists()
+
+
+def test_an_idle_master_ends_after_its_bound(lab, warm_inventory):
+    host = fresh(lab)
+    inv = warm_inventory(host, persist=1)
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    deadline = time.monotonic() + 15
+    while warm.master_alive(None, sock) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not warm.master_alive(None, sock)
 
 
 def test_no_persist_leaves_no_master_behind(lab, warm_inventory):
