@@ -57,8 +57,9 @@ def allowed(command: str, rsync_path: str | None) -> bool:
 
 def dry_run_shell(transport: Transport) -> str | None:
     """rsync_shell's value as --dry-run shows it (the private directory is made when it runs)."""
-    if transport.own_rsync_shell(connect=False) is not None:
-        return transport.own_rsync_shell(connect=False)
+    own = transport.own_rsync_shell(connect=False)
+    if own is not None:
+        return own
     if not isinstance(transport, SshTransport):
         return None
     return remote.quote(helper_argv(os.path.join(tempfile.gettempdir(), "kdtree-rsh-XXXXXXXX", "s")))

@@ -30,6 +30,7 @@ Security model (README.md, "Security model"):
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -327,15 +328,9 @@ def _pin_contradicted(host: Host, found: dict[str, str]) -> bool:
         lines = subprocess.run(["ssh-keygen", "-F", name, "-f", str(file)], capture_output=True, text=True).stdout
         for line in lines.splitlines():
             words = line.split()
-            if len(words) >= 3 and not line.startswith("#") and _fingerprint(words[2]) != host.host_key:
+            if len(words) >= 3 and not line.startswith("#") and hostkeys.blob_fingerprint(base64.b64decode(words[2])) != host.host_key:
                 return True
     return False
-
-
-def _fingerprint(base64_key: str) -> str:
-    import base64
-    digest = hashlib.sha256(base64.b64decode(base64_key)).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 def _content(path: Path) -> str:
