@@ -28,7 +28,7 @@ step() {  # step NAME LIMIT LOG CMD...: CMD with at most LIMIT s (and never past
     return "$rc"
 }
 
-{ nvidia-smi; "$PYTHON" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'; } \
+{ nvidia-smi; timeout 60 "$PYTHON" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'; } \
     >"$out/setup.log" 2>&1
 step "build.sh + bench_gpu build" 170 build.log bash -c '
     bash scripts/build.sh & b1=$!
