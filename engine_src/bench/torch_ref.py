@@ -55,12 +55,35 @@ def _per_call_us(torch, reps: int, copies: int, fn) -> float:
 
 def _pack_int4(torch, nibbles):
     """tinygemm's packed weight from nibbles [N][K] (int32, 0..15): the uint8 [N][K/2] input of
-    torch >= 2.5 (even k in the high half), else the int32 [N][K] one of earlier versions."""
+    torch >= 2.5 (even k in the high half), else the int32 [N][K] one of earlier versions; the
+    first error when neither is taken."""
     try:
         as_bytes = ((nibbles[:, ::2] << 4) | nibbles[:, 1::2]).to(torch.uint8)
         return torch._convert_weight_to_int4pack(as_bytes, INNER_K_TILES)
-    except (RuntimeError, TypeError):
-        return torch._convert_weight_to_int4pack(nibbles.contiguous(), INNER_K_TILES)
+    except (RuntimeError, TypeError) as first:
+        try:
+            return torch._convert_weight_to_int4pack(nibbles.contiguous(), INNER_K_TILES)
+        except (RuntimeError, TypeError):
+            raise first from None
+
+
+def _random_int4(torch, gen, N: int, K: int):
+    """Nibbles [N][K] in 1..15 (int32) and bf16 scales [K/32][N] in [0.002, 0.02]: the engine's
+    quantiser's ranges, w = (nibble - 8) * scale."""
+    q = torch.randint(1, 16, (N, K), device="cuda", dtype=torch.int32, generator=gen)
+    s = (torch.rand((K // GROUP, N), device="cuda", generator=gen) * 0.018 + 0.002).to(torch.bfloat16)
+    return q, s
+
+
+def _tinygemm_set(torch, gen, q0, s0, N: int, K: int, copies: int):
+    """`copies` packed weights and their [K/32][N][scale, zero] tables (zero point 0), the first
+    from q0 and s0."""
+    packed, tables = [], []
+    for c in range(copies):
+        q, s = (q0, s0) if c == 0 else _random_int4(torch, gen, N, K)
+        packed.append(_pack_int4(torch, q))
+        tables.append(torch.stack([s, torch.zeros_like(s)], dim=2).contiguous())
+    return packed, tables
 
 
 def _nmse(got, ref) -> float:
@@ -69,44 +92,44 @@ def _nmse(got, ref) -> float:
 
 
 def _bench_shape(torch, N: int, K: int, ms: list[int], reps: int) -> list[dict]:
-    """Rows for one N x K: tinygemm and cuBLAS bf16 at each M, each with its time or its error."""
+    """Rows for one N x K: tinygemm and cuBLAS bf16 at each M, each with its time or its error
+    (a tinygemm failure leaves cuBLAS's rows timed)."""
     gen = torch.Generator(device="cuda").manual_seed(N * 31 + K)
     copies_q = max(2, ROTATION_BYTES // (N * K // 2) + 1)
     copies_b = max(2, ROTATION_BYTES // (N * K * 2) + 1)
-    x32 = torch.rand((max(ms), K), device="cuda", generator=gen) * 2 - 1
-    x = x32.to(torch.bfloat16)
-    rows = []
     try:
-        packed, scales, dense = [], [], None
-        for c in range(copies_q):
-            q = torch.randint(1, 16, (N, K), device="cuda", dtype=torch.int32, generator=gen)
-            s = torch.rand((K // GROUP, N), device="cuda", generator=gen) * 0.018 + 0.002
-            s = s.to(torch.bfloat16)
-            packed.append(_pack_int4(torch, q))
-            scales.append(torch.stack([s, torch.zeros_like(s)], dim=2).contiguous())   # [K/32][N][scale, zero]
-            if c == 0:   # copy 0 dequantized, for the check and as cuBLAS's weights
-                dense = ((q - 8).float() * s.float().t().repeat_interleave(GROUP, dim=1))
-            del q
+        x = (torch.rand((max(ms), K), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+        q0, s0 = _random_int4(torch, gen, N, K)
+        dense = (q0 - 8).float() * s0.float().t().repeat_interleave(GROUP, dim=1)   # fp32 [N][K]
         wb = [dense.to(torch.bfloat16) for _ in range(copies_b)]
-        ref = x32.to(torch.bfloat16).float() @ dense.t()
-        got = torch._weight_int4pack_mm(x, packed[0], GROUP, scales[0]).float()
-        err = _nmse(got, ref)
-        del dense, ref, got
+        ref = x.float() @ dense.t()
+        del dense
     except Exception as e:   # noqa: BLE001 — any torch failure becomes a row, never a failed bench
         return [{"kernel": k, "N": N, "K": K, "M": m, "error": _one_line(e)} for k in ("tinygemm", "cublas_bf16")
                 for m in ms]
+    tiny_error = err = None
+    try:
+        packed, tables = _tinygemm_set(torch, gen, q0, s0, N, K, copies_q)
+        err = _nmse(torch._weight_int4pack_mm(x, packed[0], GROUP, tables[0]).float(), ref)
+    except Exception as e:   # noqa: BLE001
+        tiny_error = _one_line(e)
+    del q0, ref
+    rows = []
     for m in ms:
         xm = x[:m].contiguous()
         for kernel, copies, call in (
-                ("tinygemm", copies_q, lambda i, xm=xm: torch._weight_int4pack_mm(xm, packed[i], GROUP, scales[i])),
+                ("tinygemm", copies_q, lambda i, xm=xm: torch._weight_int4pack_mm(xm, packed[i], GROUP, tables[i])),
                 ("cublas_bf16", copies_b, lambda i, xm=xm: torch.matmul(xm, wb[i].t()))):
             row = {"kernel": kernel, "N": N, "K": K, "M": m, "copies": copies}
+            if kernel == "tinygemm" and tiny_error is not None:
+                rows.append({**row, "error": tiny_error})
+                continue
             try:
                 us = _per_call_us(torch, reps, copies, call)
                 weight_bytes = N * K * (0.5 + 4.0 / GROUP) if kernel == "tinygemm" else N * K * 2.0
                 row.update(us=us, GBps=(weight_bytes + 2.0 * m * (K + N)) / us / 1e3)
                 if kernel == "tinygemm":
-                    row.update(nmse_vs_fp32=err, valid=err < 1e-4)
+                    row.update(nmse_vs_fp32=err, valid=err is not None and err < 1e-4)
             except Exception as e:   # noqa: BLE001
                 row["error"] = _one_line(e)
             rows.append(row)

@@ -172,6 +172,7 @@ if (( ${#failed[@]} )); then
     exit 1
 fi
 
+rm -f build/cuda_resources.json   # rewritten below for a CUDA build; a CPU build has no kernels
 if [[ "$backend" == cuda ]]; then
     res_logs=()
     for o in "${objects[@]}"; do [[ -f "${o%.o}.res" ]] && res_logs+=("${o%.o}.res"); done
