@@ -69,8 +69,10 @@ def test_a_warm_connection_is_kept_between_runs_and_reused(lab, warm_inventory):
     assert os.stat(lab.control_dir).st_mode & 0o777 == 0o700 and os.stat(sock).st_mode & 0o077 == 0
     rows = [r for r in warm.listing() if r["socket"] == str(sock)]
     assert rows and rows[0]["alive"] and rows[0]["host"] == "w" and rows[0]["persist"] == 30
-    warm.stop_master(inv.hosts["w"], sock)
-    assert not sock.exists()
+    out = io.StringIO()
+    assert cli.connections(Console(out)) == 0 and re.search(rf"\bw\s+{host.name}\s+30.0 s .*Master running", out.getvalue())
+    assert cli.connections(Console(io.StringIO()), close=True) == 0
+    assert not sock.exists() and not any(r["socket"] == str(sock) for r in warm.listing())
 
 
 def test_an_idle_master_ends_after_its_bound(lab, warm_inventory):
