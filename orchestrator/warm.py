@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -300,12 +301,21 @@ def _fresh_error(host: Host, stopped: threading.Event, why: str) -> None:
 
 def _ssh_g(host: Host) -> dict[str, str]:
     """What the ssh config makes of the host (`ssh -G`: OpenSSH's own reading of it)."""
-    argv = ["ssh", "-G"] + (["-F", os.environ["KDTREE_SSH_CONFIG"]] if os.environ.get("KDTREE_SSH_CONFIG") else [])
-    argv += (["-p", str(host.port)] if host.port else []) + (["-l", host.user] if host.user else [])
-    proc = subprocess.run(argv + [str(host.address)], capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    try:
+        return dict(_read_ssh_config(str(host.address), host.port, host.user, os.environ.get("KDTREE_SSH_CONFIG")))
+    except ValueError as e:
+        raise ConnectError(f"ssh -G cannot read the ssh config for {host.address}: {e}", host=host.name,
+                           retry=False) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_ssh_config(address: str, port: int | None, user: str | None, config: str | None) -> tuple:
+    """`ssh -G`'s answer as (key, value) pairs, read once per process (uses_warm and the socket name ask)."""
+    argv = ["ssh", "-G"] + (["-F", config] if config else [])
+    argv += (["-p", str(port)] if port else []) + (["-l", user] if user else [])
+    proc = subprocess.run(argv + [address], capture_output=True, text=True, timeout=CHECK_TIMEOUT)
     if proc.returncode != 0:
-        raise ConnectError(f"ssh -G cannot read the ssh config for {host.address}: {proc.stderr.strip()[-300:]}",
-                           host=host.name, retry=False)
+        raise ValueError(proc.stderr.strip()[-300:])
     found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
@@ -313,7 +323,7 @@ def _ssh_g(host: Host) -> dict[str, str]:
             found[key] += " " + value
         else:
             found.setdefault(key, value)
-    return found
+    return tuple(found.items())
 
 
 def _pin_contradicted(host: Host, found: dict[str, str]) -> bool:
