@@ -384,6 +384,17 @@ def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]
     return sorted(found, key=lambda r: (r.host, r.metric))
 
 
+def contended(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[dict]:
+    """The verdicts left unjudged because the run was measured under contention (slower on the
+    wall clock, not per CPU second): host, metric, wall-clock ratio, change per CPU second and
+    reason, sorted by host then metric."""
+    found = [{"host": point.key.host, "metric": point.metric, "ratio": round(verdict.ratio, 4),
+              "cpu_change": round(verdict.cpu_change, 4), "reason": verdict.reason}
+             for point, verdict in verdicts
+             if verdict.status == "unjudged" and verdict.cpu_change is not None and verdict.ratio is not None]
+    return sorted(found, key=lambda c: (c["host"], c["metric"]))
+
+
 def default_path(runs_root: Path | str) -> Path:
     """Where the history lives unless --history names another file: runs/history.sqlite."""
     return Path(runs_root) / DEFAULT_NAME

@@ -43,7 +43,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "build_key": {...} | null, "seconds"}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
-     "history": null | {"store", "dashboard"}}
+     "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "reason"}]}}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
 secret values the pipeline knows.
@@ -419,7 +419,7 @@ class RunRecord:
     source: Source = field(default_factory=Source)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     regressions: list[Regression] = field(default_factory=list)
-    history: dict | None = None         # {"store": path of the history file, "dashboard": path from the run dir}
+    history: dict | None = None         # {"store": history file, "dashboard": path from the run dir, "contended": [...]}
     version: int = RUN_VERSION
 
     def to_dict(self) -> dict:
