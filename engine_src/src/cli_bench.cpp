@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <stdexcept>
 
@@ -25,13 +24,12 @@ double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The process's CPU seconds, all threads. Over a repeat, CPU time / wall time (its CPU share) is
-// the cores the process kept busy: a share that drops between runs means other processes took
-// the cores, and a figure per CPU second (a rate / share, a time x share: the work per CPU
-// second) leaves their cost out. A single-threaded repeat has a share of at most 1, one that
-// splits its matmuls over threads (backend_cpu.cpp) can exceed it.
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
-
+// Over a repeat, the process's CPU time / wall time (its CPU share) is the cores it kept busy: a
+// share that drops between runs means other processes took the cores, and a figure per CPU
+// second (a rate / share, a time x share: the work per CPU second) leaves their cost out. A
+// single-threaded repeat has a share of at most 1, one that splits its matmuls over threads
+// (backend_cpu.cpp) can exceed it. Decoding counts its own CPU seconds (Generation); a
+// Stopwatch covers what does not.
 struct Stopwatch {
     double wall = now_seconds(), cpu = cpu_seconds();
     double share() const {  // since construction
@@ -59,7 +57,10 @@ double mad_of(const std::vector<double>& v) {
 // CPU second (`cpu_samples`) and its repeats' median CPU share (`cpu_share`).
 Json metric(double value, const std::string& unit, const std::string& better,
             const std::vector<double>& samples = {}, bool noisy = false,
-            const std::vector<double>& cpu_samples = {}, const std::vector<double>& shares = {}) {
+            std::vector<double> cpu_samples = {}, const std::vector<double>& shares = {}) {
+    // a span too short for the CPU clock to see has no figure per CPU second
+    cpu_samples.erase(std::remove_if(cpu_samples.begin(), cpu_samples.end(), [](double v) { return !(std::isfinite(v) && v > 0); }),
+                      cpu_samples.end());
     Json m = Json::object();
     m.set("value", value).set("unit", unit).set("better", better);
     if (!samples.empty()) {
@@ -72,39 +73,31 @@ Json metric(double value, const std::string& unit, const std::string& better,
     return m;
 }
 
-// Rates per CPU second: each repeat's rate over its CPU share.
-std::vector<double> per_cpu(const std::vector<double>& rates, const std::vector<double>& shares) {
-    std::vector<double> out;
-    for (size_t i = 0; i < rates.size() && i < shares.size(); ++i) out.push_back(rates[i] / shares[i]);
-    return out;
-}
 
-// `repeats` runs: the best (least disturbed) one, every run's tokens/s (whole, decode, prefill)
-// and CPU share (the prefill's shares only for runs with a prefill time).
+// `repeats` runs: the best (least disturbed) one, every run's tokens/s (whole, decode, prefill),
+// the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
 struct Repeats {
     Generation best;
-    double best_share = 1;
     std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s, shares, prefill_shares;
+    std::vector<double> cpu_tokens_per_s, cpu_decode_tokens_per_s, cpu_prefill_tokens_per_s;
 };
 
 Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
     Repeats r;
     for (int i = 0; i < repeats; ++i) {
         Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
-        const Stopwatch watch;
         Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
-        const double share = watch.share();
         r.tokens_per_s.push_back(g.tokens_per_second());
         r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
-        r.shares.push_back(share);
+        r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
+        r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
+        r.shares.push_back(g.cpu_share());
         if (g.prefill_seconds > 0) {
-            r.prefill_tokens_per_s.push_back(prompt.size() / g.prefill_seconds);
-            r.prefill_shares.push_back(share);
+            r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
+            r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
+            r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
         }
-        if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) {
-            r.best = g;
-            r.best_share = share;
-        }
+        if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
     }
     return r;
 }
@@ -127,26 +120,25 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
     const Repeats ar_runs = run_repeats(be, b, b.prompt, n, 0, repeats);
     const Generation& ar = ar_runs.best;
     const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares) {
-        return noisy ? CpuView{per_cpu(rates, shares), shares} : CpuView{};
+        return noisy ? CpuView{rates, shares} : CpuView{};
     };
     const auto timed = [&](double value, const std::string& unit, const std::vector<double>& samples, const CpuView& v) {
         return metric(value, unit, "higher", samples, noisy, v.samples, v.shares);
     };
-    const double ar_cpu_rate = ar.tokens_per_second() / ar_runs.best_share;
-    const double ar_cpu_decode = ar.decode_tokens_per_second() / ar_runs.best_share;
+    const double ar_cpu_rate = ar.tokens_per_cpu_second(), ar_cpu_decode = ar.decode_tokens_per_cpu_second();
     Json arj = Json::object();
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
     arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
     out.set("ar", arj);
     metrics.set(name + ".ar_tokens_per_s", timed(ar.tokens_per_second(), "tokens/s", ar_runs.tokens_per_s,
-                                                 cpu(ar_runs.tokens_per_s, ar_runs.shares)));
+                                                 cpu(ar_runs.cpu_tokens_per_s, ar_runs.shares)));
     // Decode alone (after the prompt): at long context the prefill would hide what DDTree saves.
     metrics.set(name + ".ar_decode_tokens_per_s", timed(ar.decode_tokens_per_second(), "tokens/s", ar_runs.decode_tokens_per_s,
-                                                        cpu(ar_runs.decode_tokens_per_s, ar_runs.shares)));
+                                                        cpu(ar_runs.cpu_decode_tokens_per_s, ar_runs.shares)));
     metrics.set(name + ".prefill_tokens_per_s",
-                timed(ar.prefill_seconds > 0 ? b.prompt.size() / ar.prefill_seconds : 0.0, "tokens/s",
-                      ar_runs.prefill_tokens_per_s, cpu(ar_runs.prefill_tokens_per_s, ar_runs.prefill_shares)));
+                timed(ar.prefill_tokens_per_second(b.prompt.size()), "tokens/s", ar_runs.prefill_tokens_per_s,
+                      cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares)));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
     std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
@@ -164,14 +156,14 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
             best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
-            best_speedups_cpu = cpu(ratios(per_cpu(runs.tokens_per_s, runs.shares), ar_cpu_rate), runs.shares);
+            best_speedups_cpu = cpu(ratios(runs.cpu_tokens_per_s, ar_cpu_rate), runs.shares);
         }
         best_accept = std::max(best_accept, g.accept_mean());
         if (g.decode_tokens_per_second() > best_decode) {
             best_decode = g.decode_tokens_per_second();
             best_decodes = runs.decode_tokens_per_s;
-            best_decodes_cpu = cpu(runs.decode_tokens_per_s, runs.shares);
-            best_decode_speedups_cpu = cpu(ratios(per_cpu(runs.decode_tokens_per_s, runs.shares), ar_cpu_decode), runs.shares);
+            best_decodes_cpu = cpu(runs.cpu_decode_tokens_per_s, runs.shares);
+            best_decode_speedups_cpu = cpu(ratios(runs.cpu_decode_tokens_per_s, ar_cpu_decode), runs.shares);
         }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
