@@ -23,13 +23,14 @@ The method (README.md, "Regression detection", says why):
   worse than the tolerance and beyond ``Policy.sample_mads`` (3) x the MAD of the metric's own
   samples (the largest of this run's and each earlier run's, and of the earlier runs' values
   when there are two or more).
-- contention check, for CPU timings that carry their figures per CPU second (``cpu_samples``:
-  each repeat's wall-clock figure over the CPU seconds per wall second the process had): a wall-clock
-  regression is confirmed only when the same rules, applied to the per-CPU-second series of the
-  earlier runs that have one, find it too. A run that other processes slowed on the wall clock
-  but not per CPU second was starved, not slowed by its code: its verdict is ``unjudged`` with
-  the CPU-second change as the reason. Code that does more work costs CPU time and stays a
-  regression however loaded the machine is.
+- per CPU second, for CPU timings that carry their figures per CPU second (``cpu_samples``:
+  each repeat's figure over the CPU seconds per wall second the process had), the same rules
+  also judge the per-CPU-second series of the earlier runs that have one. With a history (the
+  history or drift rule) that series decides: its run-to-run noise is measured, and it does not
+  move when other processes take the cores, while the wall clock's noise on a loaded machine
+  can hide a 50 % step. With fewer points a regression must show on both clocks. A wall-clock
+  regression that the CPU seconds do not confirm was starved, not slowed by its code: its
+  verdict is ``unjudged`` with the CPU-second change as the reason (measured under contention).
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -231,8 +232,8 @@ def judge(current: Point, history: Sequence[Point], tolerance: float, better: st
 def _judge(current: Point, history: Sequence[Point], tolerance: float, better: str, policy: Policy) -> Verdict:
     """The verdict on one point, without looking for the start of a streak."""
     verdict = _judge_wall(current, history, tolerance, better, policy)
-    if verdict.status == "regressed" and current.cpu_samples:
-        _contention_check(verdict, current, history, policy)
+    if current.cpu_samples:
+        _per_cpu_second(verdict, current, history, policy)
     return verdict
 
 
@@ -241,15 +242,21 @@ def _per_cpu(point: Point) -> Point:
     return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
 
 
-def _contention_check(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
-    """Confirm a wall-clock regression per CPU second, or mark it unjudged: the run was starved."""
+def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
+    """Judge the per-CPU-second series too: with a history it decides a regression; with fewer
+    points it must confirm the wall clock's; a wall-clock regression it does not confirm is
+    unjudged (the run was starved)."""
     earlier = [_per_cpu(p) for p in history if p.cpu_samples]
     if not earlier:
         return
     cpu = _judge_wall(_per_cpu(current), earlier, verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
-    if cpu.status == "regressed":
-        verdict.reason += f"; per CPU second too: {cpu.reason}"
+    if cpu.status == "regressed" and (verdict.status == "regressed" or cpu.method != "few-points"):
+        verdict.reason = f"per CPU second: {cpu.reason}; wall clock: {verdict.reason}"
+        verdict.status, verdict.method = "regressed", cpu.method
+        verdict.good_commit = cpu.good_commit or verdict.good_commit
+        return
+    if verdict.status != "regressed":
         return
     verdict.status = "unjudged"
     shown = f"{cpu.change:+.1%}" if cpu.change is not None else "unknown"

@@ -257,8 +257,23 @@ def test_code_that_costs_cpu_time_is_a_regression_however_loaded_the_run(share, 
     history = [cpu_run(rng, 1000.0, 0.95, commit=f"c{i}") for i in range(history_length)]
     slower = cpu_run(rng, 800.0, share, commit="slow")          # 20 % fewer tokens per CPU second
     verdict = judge(slower, history, 0.10)
-    assert verdict.regressed and "per CPU second too" in verdict.reason, verdict.reason
+    assert verdict.regressed and verdict.reason.startswith("per CPU second: "), verdict.reason
     assert verdict.cpu_change == pytest.approx(0.2, abs=0.05)
+
+
+def test_with_a_history_the_cpu_seconds_decide_where_the_wall_clock_noise_hides_a_step():
+    rng = random.Random(11)
+    # nights starved by different loads: the wall clock moves 2x between them, the CPU seconds do not
+    history = [cpu_run(rng, 1000.0, share, commit=f"c{i}") for i, share in enumerate([0.9, 0.45, 0.7, 0.3, 0.8, 0.5])]
+    slower = cpu_run(rng, 600.0, 0.6, commit="slow")            # 40 % more CPU time per token
+    wall_only = judge(Point(slower.value, slower.samples, run_id="w", noisy=True),
+                      [Point(p.value, p.samples, run_id=p.run_id, noisy=True) for p in history], 0.10)
+    assert wall_only.status == "same"                           # within the wall clock's noise
+    verdict = judge(slower, history, 0.10)
+    assert verdict.regressed and verdict.method == "history" and "per CPU second: " in verdict.reason
+    # with fewer points, a change on the CPU seconds alone is not enough: both clocks must show it
+    few = judge(cpu_run(rng, 850.0, 0.95), [cpu_run(rng, 1000.0, 0.5, commit="c")], 0.10)
+    assert not few.regressed and few.cpu_change == pytest.approx(0.15, abs=0.05)
 
 
 def test_the_contention_check_only_looks_at_earlier_runs_with_cpu_seconds():
