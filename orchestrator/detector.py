@@ -107,7 +107,7 @@ class Verdict:
     bad_commit: str | None = None   # the judged run's commit
     since_run: str | None = None    # a regression: the first run of its unbroken streak
     since_commit: str | None = None
-    cpu_change: float | None = None  # the change per CPU second (contention check), > 0 is worse
+    cpu_change: float | None = None  # the change per CPU second (CPU timings), > 0 is worse
     reason: str = ""
 
     @property
