@@ -26,9 +26,10 @@ The method (README.md, "Regression detection", says why):
 - per CPU second, for CPU timings that carry their figures per CPU second (``cpu_samples``:
   each repeat's figure over the CPU seconds per wall second the process had), the same rules
   also judge the per-CPU-second series of the earlier runs that have one. With a history (the
-  history or drift rule) that series decides: its run-to-run noise is measured, and it does not
-  move when other processes take the cores, while the wall clock's noise on a loaded machine
-  can hide a 50 % step. With fewer points a regression must show on both clocks. A wall-clock
+  history or drift rule), a regression of that series is one when the wall clock too is worse
+  than the tolerance, even where the wall clock's own noise on a loaded machine hides it (a
+  50 % step, measured): the CPU seconds' noise is measured and other processes taking the cores
+  barely move it. With fewer points a regression must show on both clocks by their rules. A wall-clock
   regression that the CPU seconds do not confirm was starved, not slowed by its code: its
   verdict is ``unjudged`` with the CPU-second change as the reason (measured under contention).
 
@@ -243,15 +244,16 @@ def _per_cpu(point: Point) -> Point:
 
 
 def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
-    """Judge the per-CPU-second series too: with a history it decides a regression; with fewer
-    points it must confirm the wall clock's; a wall-clock regression it does not confirm is
-    unjudged (the run was starved)."""
+    """Judge the per-CPU-second series too: with a history its regression is one when the wall
+    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's;
+    a wall-clock regression it does not confirm is unjudged (the run was starved)."""
     earlier = [_per_cpu(p) for p in history if p.cpu_samples]
     if not earlier:
         return
     cpu = _judge_wall(_per_cpu(current), earlier, verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
-    if cpu.status == "regressed" and (verdict.status == "regressed" or cpu.method != "few-points"):
+    beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
+    if cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance)):
         verdict.reason = f"per CPU second: {cpu.reason}; wall clock: {verdict.reason}"
         verdict.status, verdict.method = "regressed", cpu.method
         verdict.good_commit = cpu.good_commit or verdict.good_commit
