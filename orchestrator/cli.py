@@ -248,14 +248,17 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         store = (stack.enter_context(history_mod.HistoryStore.open(_history_path(runs_root, history)))  # bad: exit 2 now
                  if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
         run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
+        contended: list[dict] = []
         if plan.command == "nightly" and run.status != "interrupted":
             if reference is not None:
                 run.regressions = regression.find_regressions(run.to_dict(), reference)
             elif store is not None:
-                run.regressions = history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance))
+                verdicts = history_mod.judge_run(store, run.to_dict(), tolerance)
+                run.regressions, contended = history_mod.regressions(verdicts), history_mod.contended(verdicts)
         board = runs_root / DASHBOARD
         if store is not None:
-            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
+            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute()),
+                           "contended": contended}
         paths = pipeline.finish(run_dir, run, runs_root, secrets)
         if store is not None:
             store.index_run(record.load_run(run_dir.path), run_dir.path)
@@ -319,6 +322,9 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
         if reg.bisect:
             console.say(f"  find the commit: {reg.bisect}")
     if run.history:
+        for c in run.history.get("contended") or []:
+            console.say(f"NOT JUDGED {c['host']} {c['metric']}: x{c['ratio']:.2f} on the wall clock, "
+                        f"{c['cpu_change']:+.1%} per CPU second: measured under contention (other processes took the cores)")
         console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
 
 
