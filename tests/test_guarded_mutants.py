@@ -24,7 +24,7 @@ MUTANTS = [
      "if host.host_key and hostkeys.fingerprint(key) != host.host_key:", "if False:",
      ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry"]),
     ("unknown-host-key-accepted", "orchestrator/hostkeys.py",
-     "raise unknown(self.host, hostname, key, self.hop)", "return",
+     "raise unknown(host, hostname, key, hop)", "return",
      ["tests/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs"]),
     ("group-kill-leader-only", "orchestrator/remote.py",
      'kill -KILL -- "-$step" 2>/dev/null', 'kill -KILL "$step" 2>/dev/null',

@@ -1,5 +1,5 @@
 """orchestrator.hostkeys on its own (no sshd): fingerprints as ssh-keygen prints them, the
-known_hosts names and files, pinning, the errors, and VerifyPolicy without the connection's
+known_hosts names and files, pinning, the errors, and verify_policy without the connection's
 second check of a pinned key behind it."""
 from __future__ import annotations
 
@@ -68,11 +68,11 @@ def test_the_errors_name_the_host_the_key_and_what_to_do(key):
 
 def test_verify_policy_on_its_own(key):
     fp = hostkeys.fingerprint(key)
-    assert hostkeys.VerifyPolicy("web", fp, hop=False).missing_host_key(None, "[a]:2", key) is None
+    assert hostkeys.verify_policy("web", fp, hop=False).missing_host_key(None, "[a]:2", key) is None
     with pytest.raises(HostKeyError) as e:
-        hostkeys.VerifyPolicy("web", "SHA256:" + "B" * 43, hop=False).missing_host_key(None, "[a]:2", key)
+        hostkeys.verify_policy("web", "SHA256:" + "B" * 43, hop=False).missing_host_key(None, "[a]:2", key)
     assert e.value.changed and (e.value.host, e.value.known_name) == ("web", "[a]:2")
     assert f"but host_key: in the inventory has SHA256:{'B' * 43}" in str(e.value)
     with pytest.raises(HostKeyError) as e:
-        hostkeys.VerifyPolicy("web", None, hop=True).missing_host_key(None, "[a]:2", key)
+        hostkeys.verify_policy("web", None, hop=True).missing_host_key(None, "[a]:2", key)
     assert not e.value.changed and "the key of jump host [a]:2 is not known" in str(e.value)
