@@ -364,6 +364,45 @@ def test_reused_results_say_so_everywhere(lab, workdir, full_run, tmp_path):
     assert not any("| same" in r for r in rows)
 
 
+def edited_engine(workdir, name: str, path: str, old: str, new: str) -> Path:
+    """A copy of the engine snapshot (file times kept, as a sync sees them) with the first `old`
+    of `path` replaced by `new`."""
+    source = workdir / f"engine_{name}"
+    shutil.copytree(workdir / "engine_src", source, ignore=COPY_IGNORE)
+    text = (source / path).read_text()
+    assert old in text
+    (source / path).write_text(text.replace(old, new, 1))
+    return source
+
+
+def test_a_comment_edit_rebuilds_and_reuses_test_and_bench(lab, workdir, full_run):
+    """A comment added to one .cpp makes a new tree: sync and build run (that file compiled, the
+    binary reports the new tree), but the executables are the full run's but for their tree
+    stamp, and nothing else test and bench read changed: both are `cached`, reused from the full
+    run with the same `inputs`, and say that it ran on another tree."""
+    _, full_dir = full_run
+    full = load_run(full_dir)
+    source = edited_engine(workdir, "comment", "src/tree.cpp", "\n", "  // an edited comment\n")
+    remote, _ = copy_of_h1(lab, workdir, "comment")
+    inventory = write_inventory(workdir, "comment", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(remote))},
+                                source)
+    run_dir = workdir / "run-comment"
+    proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run, old_tree = load_run(run_dir), full["source"]["tree_hash"]
+    host = run["hosts"]["h1"]
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "passed", "bundles": "cached",
+                                "golden": "passed", "test": "cached", "bench": "cached"}
+    assert host["binary_tree_hash"] == run["source"]["tree_hash"] != old_tree
+    assert "build.sh: compiling src/tree.cpp" in (run_dir / "h1" / "build.log").read_text()
+    for step in ("test", "bench"):
+        record = host["steps"][step]
+        assert record["reused_from"] == full["run_id"], record
+        assert record["inputs"] == full["hosts"]["h1"]["steps"][step]["inputs"] and len(record["inputs"]) == 64
+        assert f"it ran on tree {old_tree[:12]}, not this {run['source']['tree_hash'][:12]}" in record["message"]
+    assert f"[h1] test      cached (reused from run {full['run_id']})" in proc.stdout
+
+
 def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_run):
     """The scenario of a Ctrl-C during `test` on an sshd host with the real engine: preflight,
     sync, build, bundles and golden keep their outcome and time, test is `interrupted` with the
