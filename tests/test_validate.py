@@ -403,6 +403,31 @@ def test_a_comment_edit_rebuilds_and_reuses_test_and_bench(lab, workdir, full_ru
     assert f"[h1] test      cached (reused from run {full['run_id']})" in proc.stdout
 
 
+def test_a_code_change_or_a_tampered_binary_or_bundle_runs_test_and_bench_again(lab, workdir, full_run):
+    """A changed string in one .cpp changes the executables: bench is not reused but runs (cut
+    short by a 3 s timeout, which proves it ran without paying for it), its log naming what
+    changed; a binary and a bundle changed on the host since the full run: test runs again."""
+    full_id = load_run(full_run[1])["run_id"]
+    h1 = lab.hosts["h1"]
+    source = edited_engine(workdir, "code", "src/cli_main.cpp", '"usage:\\n"', '"usage (edited):\\n"')
+    for name, steps_, source_ in (("code", "preflight,sync,build,bench", source), ("tampered", "preflight,test", None)):
+        remote, _ = copy_of_h1(lab, workdir, name)
+        for tampered in ("build/test_ops", "tests/refs/model_tiny_fp32.kdtr") if name == "tampered" else ():
+            with (remote / tampered).open("ab") as f:
+                f.write(b"\0")
+        entry = lab.inventory_entry(h1, remote_dir=str(remote), timeouts={"connect": 5, "keepalive": 5, "test": 3, "bench": 3})
+        run_dir = workdir / f"run-{name}"
+        proc = invoke(lab, write_inventory(workdir, name, {"h1": entry}, source_), "--host", "h1", "--steps", steps_,
+                      "--report-dir", str(run_dir))
+        step = steps_.rsplit(",", 1)[-1]
+        run = load_run(run_dir)
+        assert proc.returncode != 0 and steps(run, "h1")[step] == "timeout", proc.stdout[-4000:]
+        assert run["hosts"]["h1"]["steps"][step]["reused_from"] is None
+        log = (run_dir / "h1" / f"{step}.log").read_text()
+        changed = "build/kdtree" if name == "code" else "build/test_ops, tests/refs/model_tiny_fp32.kdtr"
+        assert f"not reused from run {full_id}: " in log and changed in log, log[:2000]
+
+
 def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_run):
     """The scenario of a Ctrl-C during `test` on an sshd host with the real engine: preflight,
     sync, build, bundles and golden keep their outcome and time, test is `interrupted` with the
