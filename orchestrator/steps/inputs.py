@@ -75,7 +75,8 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
         else:
             names.append(part)
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more + " changed" if names else "nothing changed"
+    # an old key comes from the host's stamp: its names are shown bounded (the console escapes them)
+    return ", ".join(str(n)[:200] for n in names[:shown]) + more + " changed" if names else "nothing changed"
 
 
 # sha256sum prints `\<hash>  <escaped name>` for a name with a newline or backslash: such a line
