@@ -1,4 +1,4 @@
-"""Console output: every line prefixed by its host, copied to a per-host log file; summary tables.
+"""Console output: every line prefixed by its host; summary tables.
 
 What a host sends is data, never terminal control: every line shown or logged goes through
 safe_text.visible (control characters, escape sequences and lone carriage returns written as
@@ -6,7 +6,7 @@ visible escapes such as `\x1b`), so each line starts with its host's prefix; on 
 longer than the terminal is wide is cut into pieces that each get the prefix too (the terminal's
 own wrapping would start a visual line without it).
 
-    console = Console(log_dir=run_dir)        # log_dir None: no log files
+    console = Console()
     out = console.host("ct200")               # a callable: out("building ...")
     console.say("3 hosts")                    # an unprefixed line
     console.table(["host", "status"], rows)
@@ -17,30 +17,22 @@ import shutil
 import sys
 import threading
 import unicodedata
-from pathlib import Path
 from typing import Sequence, TextIO
 
-from . import ownership
 from .safe_text import visible
 
 
 class Console:
     """Thread-safe, line-buffered output shared by the hosts of a run."""
 
-    def __init__(self, stream: TextIO | None = None, log_dir: Path | None = None, width: int = 0,
-                 columns: int | None = None):
+    def __init__(self, stream: TextIO | None = None, width: int = 0, columns: int | None = None):
         self.stream = stream if stream is not None else sys.stdout
-        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.width = width          # host names are padded to this width
         self.columns = columns      # the terminal's width (None: asked of the terminal, 0: no wrapping)
         self._lock = threading.Lock()
-        self._logs: dict[str, TextIO] = {}
 
     def host(self, name: str) -> "HostOutput":
-        """The output of one host: prefixed lines on the console and in `<log_dir>/<name>.log`."""
-        if self.log_dir is not None and name not in self._logs:
-            ownership.private_dir(self.log_dir, "log directory")
-            self._logs[name] = ownership.private_open(self.log_dir / f"{name}.log", "a")
+        """The output of one host: lines prefixed by its name."""
         return HostOutput(self, name)
 
     def say(self, text: str = "") -> None:
@@ -62,10 +54,6 @@ class Console:
         with self._lock:
             for piece in _pieces(text.expandtabs(), self._columns() - len(prefix)):
                 print(prefix + piece, file=self.stream, flush=True)
-            log = self._logs.get(name)
-            if log is not None:
-                log.write(text + "\n")
-                log.flush()
 
     def _columns(self) -> int:
         if self.columns is not None:
@@ -73,11 +61,6 @@ class Console:
         isatty = getattr(self.stream, "isatty", None)
         return shutil.get_terminal_size().columns if isatty and isatty() else 0
 
-    def close(self) -> None:
-        with self._lock:
-            for log in self._logs.values():
-                log.close()
-            self._logs.clear()
 
 
 class HostOutput:

@@ -21,8 +21,8 @@ import time
 from typing import Callable, Sequence
 
 from . import gpus as gpus_mod
-from . import remote, state
-from .errors import DestinationError, HostError
+from . import ownership, remote, state
+from .errors import DestinationError
 from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
 from .transport import Transport
 
@@ -130,45 +130,32 @@ def _answer(process, host) -> _Attempt:
     """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended)."""
     held: dict[str, str] = {}
     stale: list[tuple[str, state.Owner]] = []
-    deadline = time.monotonic() + host.timeout("lock")      # overall: a host that trickles lines is no answer
-    try:
-        while True:
-            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
-            if line is None:
-                result = process.close()
-                raise HostError("the GPU claim command ended without an answer", host=host.name,
-                                command=result.command if result else None,
-                                exit_status=result.exit_code if result else None, tail=result.tail if result else "")
-            word, _, rest = line.partition(" ")
-            uuid, _, text = rest.partition(" ")
-            if word == "CLAIMED":
-                return _Attempt(process, tuple(rest.split()), held, tuple(stale))
-            if word == "HELD":
-                held[uuid] = gpus_mod.visible(str(state.Owner.parse(text) or "owner unknown"), 300)
-            elif word == "STALE":
-                stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
-                                                                           gpus_mod.visible(text, 200))))
-            elif word in ("SHORT", "PROBED"):
-                process.close()
-                return _Attempt(None, (), held, ())
-            elif word == "UNSAFE":
-                process.close()
-                raise DestinationError(f"cannot claim GPUs: {gpus_mod.visible(rest, 300)}", host=host.name)
-            if time.monotonic() > deadline:
-                raise TimeoutError
-    except TimeoutError:
-        process.close(timeout=1)
-        raise HostError(f"no answer from the GPU claim command within {host.timeout('lock')} s",
-                        host=host.name) from None
+    for word, rest in state.answers(process, host, "GPU claim command", host.timeout("lock")):
+        uuid, _, text = rest.partition(" ")
+        if word == "CLAIMED":
+            return _Attempt(process, tuple(rest.split()), held, tuple(stale))
+        if word == "HELD":
+            held[uuid] = gpus_mod.visible(str(state.Owner.parse(text) or "owner unknown"), 300)
+        elif word == "STALE":
+            stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
+                                                                       gpus_mod.visible(text, 200))))
+        elif word in ("SHORT", "PROBED"):
+            process.close()
+            return _Attempt(None, (), held, ())
+        elif word == "UNSAFE":
+            process.close()
+            raise DestinationError(f"cannot claim GPUs: {gpus_mod.visible(rest, 300)}", host=host.name)
+    raise AssertionError("answers() ends only by raising")
 
 
 # $1 remote_dir, $2 the owner (JSON), $3 how many GPUs to claim (0: only report who holds which),
 # $4 heartbeat silence (seconds or empty), then the candidate GPUs' uuids in preference order.
 # Every candidate is tried: the first $3 free ones are kept, the others only tested (to name who
 # holds them).
-_CLAIM_SCRIPT = r'''
+_CLAIM_SCRIPT = ownership.CHECK + r'''
 d=$1 owner=$2 count=$3 silence=$4; shift 4
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
+kd_owned "$d" new     # the same rule as the lock: remote_dir and the way to it are ours alone
 [ "$count" = 0 ] && [ ! -e "$d/.kdtree" ] && { echo PROBED; exit 0; }    # nothing ever claimed there
 [ -d "$d/.kdtree" ] && [ ! -L "$d/.kdtree" ] || unsafe "$d/.kdtree is not the orchestrator's state directory"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"

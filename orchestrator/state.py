@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+from typing import Iterator
 
 from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
@@ -176,32 +177,41 @@ def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: flo
     return HostLock(transport, process, stale[-1] if stale else None, host.timeout("keepalive"), mode, wait)
 
 
-def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner]]:
-    """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
-    before it, the STALE owners recovered)."""
-    holders: list[Owner] = []
-    stale: list[Owner] = []
-    deadline = time.monotonic() + wait + host.timeout("lock")   # overall: a host that trickles lines is no answer
+def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]:
+    """The (word, rest of the line) answers a host-side helper prints, for as long as the caller
+    reads; a helper that ends first, or is still answering `limit` seconds from now (a host that
+    trickles lines is no answer), is a HostError naming `what`."""
+    deadline = time.monotonic() + limit
     try:
         while True:
             line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
             if line is None:
                 result = process.close()
-                raise HostError("the lock command ended without an answer", host=host.name,
+                raise HostError(f"the {what} ended without an answer", host=host.name,
                                 command=result.command if result else None,
                                 exit_status=result.exit_code if result else None, tail=result.tail if result else "")
             word, _, rest = line.partition(" ")
-            if word in finals:
-                return word, holders, stale
-            if word in ("STALE", "HOLDER"):
-                (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
-            elif word == "UNSAFE":
-                raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+            yield word, rest
             if time.monotonic() > deadline:
                 raise TimeoutError
     except TimeoutError:
-        raise HostError(f"no answer from the lock command within {wait + host.timeout('lock'):g} s",
-                        host=host.name) from None
+        process.close(timeout=1)
+        raise HostError(f"no answer from the {what} within {limit:g} s", host=host.name) from None
+
+
+def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner]]:
+    """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
+    before it, the STALE owners recovered)."""
+    holders: list[Owner] = []
+    stale: list[Owner] = []
+    for word, rest in answers(process, host, "lock command", wait + host.timeout("lock")):
+        if word in finals:
+            return word, holders, stale
+        if word in ("STALE", "HOLDER"):
+            (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
+        elif word == "UNSAFE":
+            raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+    raise AssertionError("answers() ends only by raising")
 
 
 def _busy(host, holders: list[Owner], wait: float, what: str) -> LockError:

@@ -220,6 +220,18 @@ def test_claims_need_the_state_directory(gpu_lab, lab, make_inventory, tmp_path)
         claim(inv.hosts["g1"], Request())
 
 
+def test_claims_refuse_a_state_directory_others_can_write(g1):
+    host, fake, kdtree = g1
+    fake.set(1)
+    kdtree.chmod(0o777)        # another user could now plant a claim file or swap one for a link
+    try:
+        with pytest.raises(DestinationError, match=r"\.kdtree is writable by group or others \(mode 777\)"):
+            claim(host, Request())
+        assert not list(kdtree.glob("gpu-*"))
+    finally:
+        kdtree.chmod(0o755)
+
+
 def test_a_host_without_gpus_claims_none(g1):
     host, fake, _ = g1
     fake.set(0)

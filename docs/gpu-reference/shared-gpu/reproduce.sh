@@ -2,19 +2,14 @@
 # The shared-GPU reference run: a CUDA process of "another user" holds memory on the GPU; then
 #   gpu_policy: idle   refuses, naming that process's pid (preflight fails, exit 1),
 #   gpu_policy: any    proceeds on the same GPU, and the bench step records the co-tenant (NOISY).
-# Run on the GPU machine from the repo root, after docs/gpu-reference/reproduce.sh (its loopback
-# sshd, trusted host key and inventory stay in /opt/kd-lab):
+# Run on the GPU machine from the repo root (lab.sh makes it an ssh host of itself):
 #   bash docs/gpu-reference/shared-gpu/reproduce.sh OUTDIR
 set -euo pipefail
 out=$(realpath -m "${1:?usage: reproduce.sh OUTDIR}")
-repo=$(cd "$(dirname "$0")/../../.." && pwd)
-cd "$repo"
-lab=/opt/kd-lab R=/opt/kd-openssh
-[ -f "$lab/hosts.yaml" ] || { echo "run docs/gpu-reference/reproduce.sh first (no $lab/hosts.yaml)" >&2; exit 2; }
+cd "$(dirname "$0")/../../.."
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:$R/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="$R/usr/bin:$R/usr/sbin:$PATH" PYTHONPATH="$lab/site:$repo"
-export KDTREE_SSH_CONFIG="$lab/ssh_config" KDTREE_USER_KNOWN_HOSTS="$lab/user_known_hosts"
+# shellcheck source=docs/gpu-reference/lab.sh
+. docs/gpu-reference/lab.sh
 
 # The inventory: h200 (gpu_policy idle, the default) and h200-any, one machine and one tree.
 python3 - "$lab" <<'PY'
@@ -42,14 +37,14 @@ python3 -m invoke doctor --inventory "$inv" --host h200 2>&1 | tee "$out/doctor.
 status=0
 # idle: refused in preflight, the message names the holder's pid
 python3 -m invoke validate --inventory "$inv" --host h200 --report-dir "$lab/shared-idle" 2>&1 \
-  | tee "$out/validate-idle.log" && status=1     # exit 0 here would be wrong
+  | tee "$out/idle.txt" && status=1     # exit 0 here would be wrong
 grep -q "pid $holder " "$lab/shared-idle/run.json" || { echo "the refusal does not name pid $holder" >&2; status=1; }
 # any: the same GPU, every step; bench records the co-tenant
 python3 -m invoke validate --inventory "$inv" --host h200-any --report-dir "$lab/shared-any" 2>&1 \
-  | tee "$out/validate-any.log" || status=$?
+  | tee "$out/any.txt" || status=$?
 set +x
 cp "$lab/shared-idle/run.json" "$out/run-idle.json"
 cp "$lab/shared-any/run.json" "$out/run-any.json"
-cp "$lab/shared-any/report.md" "$lab/shared-any/report.html" "$lab/shared-any/junit.xml" "$out/"
+cp "$lab/shared-any/report.md" "$out/report-any.md"
 tar -czf "$out/logs.tar.gz" -C "$lab" shared-idle/h200 shared-any/h200-any
 exit $status

@@ -1,18 +1,13 @@
-#!/usr/bin/env bash
-# Validates this GPU machine as an ssh host of itself, the way a user validates ct200:
-#   bash docs/gpu-reference/reproduce-shared.sh OUTDIR
-# from the repo root of a checkout that carries .debs/ and .whl/ (fetch-packages.sh).
-# The machine has no sshd, ssh, rsync, fabric, invoke or paramiko and no network: the Debian
-# packages are unpacked into a folder of ours ($R, never into /), sshd listens on 127.0.0.1 only,
-# and the host is reached through an ssh-config alias (`h200`) with a pinned host key.
-set -euo pipefail
-out=$(realpath -m "${1:?usage: reproduce-shared.sh OUTDIR}")
-OUTDIR=${OUT:-$out}
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$repo"
+# Sourced by the reference scripts (reproduce.sh, shared-gpu/reproduce.sh) from the repo root of a
+# checkout that carries .debs/ and .whl/ (fetch-packages.sh): makes this GPU machine an ssh host of
+# itself, the way a user reaches ct200. The machine has no sshd, ssh, rsync, fabric, invoke or
+# paramiko and no network: the Debian packages are unpacked into a folder of ours ($R, never into
+# /), sshd listens on 127.0.0.1 only, and the host is reached through an ssh-config alias (`h200`)
+# whose host key is pinned with `invoke trust`. Leaves $repo, $lab, $R and $inv (the inventory) set.
+repo=$(pwd)
 R=/opt/kd-openssh
 lab=/opt/kd-lab
-mkdir -p "$R" "$lab" "$out"
+mkdir -p "$R" "$lab"
 
 host_path=$PATH          # the machine's own PATH, before ours: what its ssh sessions get
 for deb in .debs/*.deb; do dpkg -x "$deb" "$R"; done
@@ -71,37 +66,14 @@ data["project"]["source"] = f"{repo}/engine_src"
 host = {"address": "h200", "user": "root", "remote_dir": "/opt/kdtree-engine", "cuda_home": "/usr/local/cuda",
         "python": shutil.which("python3"), "arch": "sm_90", "gpus": 1, "groups": ["hopper"],
         "known_hosts": f"{lab}/known_hosts"}
-# h200: rsync where we unpacked it (rsync_path); h200-bare: the machine as it is, without rsync.
-data["hosts"] = {"local": data["hosts"]["local"], "h200": dict(host, rsync_path=f"{root}/usr/bin/rsync"),
-                 "h200-any": dict(host, rsync_path=f"{root}/usr/bin/rsync", gpu_policy="any")}
+# h200: rsync where we unpacked it (rsync_path); h200-bare: the machine as it is, without rsync;
+# h200-any: h200 with gpu_policy any (it shares the GPU with whoever uses it).
+h200 = dict(host, rsync_path=f"{root}/usr/bin/rsync")
+data["hosts"] = {"local": data["hosts"]["local"], "h200": h200,
+                 "h200-bare": dict(host, remote_dir="/opt/kdtree-engine-bare"), "h200-any": dict(h200, gpu_policy="any")}
 data["groups"] = {"hopper": {"description": "the H200 stand-in GPU host (sm_90)"}}
 yaml.safe_dump(data, open(f"{lab}/hosts.yaml", "w"), sort_keys=False)
 PY
 inv="$lab/hosts.yaml"
 fp=$(ssh-keygen -l -E sha256 -f "$lab/host_key.pub" | awk '{print $2}')
-set -x
 python3 -m invoke trust --inventory "$inv" --host h200 --fingerprint "$fp"
-status=0
-set +e
-mkdir -p "$out/contention" "$out/shared-gpu"
-# 2. a shared GPU (issue 18): another CUDA process holds 8 GiB; gpu_policy idle refuses naming its
-#    pid, gpu_policy any proceeds
-python3 -c 'import torch, time; x = torch.empty(2 << 30, dtype=torch.float32, device="cuda"); print("holding", flush=True); time.sleep(60)' &
-holder=$!
-sleep 8
-nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
-python3 -m invoke validate --inventory "$inv" --host h200 --steps preflight --report-dir "$lab/shared-idle" 2>&1 | tee "$out/shared-gpu/idle.txt"
-python3 -m invoke validate --inventory "$inv" --host h200-any --steps preflight --report-dir "$lab/shared-any" 2>&1 | tee "$out/shared-gpu/any.txt"
-echo "holder pid: $holder" >> "$out/shared-gpu/idle.txt"
-kill $holder
-cp "$lab/shared-idle/run.json" "$out/shared-gpu/run-idle.json" || true
-cp "$lab/shared-any/run.json" "$out/shared-gpu/run-any.json" || true
-cp "$lab/shared-any/report.md" "$out/shared-gpu/report-any.md" || true
-tar -czf "$OUTDIR/gpu-results.tgz" -C "$out" .
-# 1. validate with every step and the stress step (issue 16): the GPU under our own load generator
-timeout 380 python3 -m invoke validate --inventory "$inv" --host h200 \
-    --steps preflight,sync,build,bundles,golden,test,stress --report-dir "$lab/run" || status=$?
-cp "$lab/run/run.json" "$lab/run/report.html" "$lab/run/report.md" "$lab/run/junit.xml" "$out/contention/" || true
-tar -czf "$OUTDIR/gpu-results.tgz" -C "$out" .
-set +x
-exit $status
