@@ -18,7 +18,7 @@ def run(ctx: StepContext) -> Outcome:
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
     stamp = state.read_json(ctx.transport, STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
-        if stamp.get("outputs") == _outputs(ctx):
+        if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
             return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")

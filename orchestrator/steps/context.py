@@ -118,12 +118,17 @@ class StepContext:
         """What the current step's results depend on, as the host has it now: the content hashes
         of the executables and of the tree's other files (steps.inputs), the build key, the step's
         command and environment; its digest becomes the step's `inputs`. None (the step runs)
-        without the cache (--no-cache), in a nightly run, or on GPUs (what a GPU gives is never
-        reused: a faulty or busy GPU must show)."""
+        without the cache (--no-cache), in a nightly run, on GPUs (what a GPU gives is never
+        reused: a faulty or busy GPU must show), or when the host cannot hash them or give the
+        build key."""
         if not self.use_cache or self.owner.command == "nightly" or self.gpus:
             return None
-        found = self.current_inputs()
-        key = {"command": self.project.commands.get(self.step), "build": self.build_key(),
+        try:
+            found, build = self.current_inputs(), self.build_key()
+        except KdError as e:            # nothing reused, nothing stamped: the step itself decides
+            self.log(f"not reused: {e.message}")
+            return None
+        key = {"command": self.project.commands.get(self.step), "build": build,
                "env": {**remote.host_env(self.host), **self.gpu_env()},
                "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
                "executables": found.executables, "files": found.files}
