@@ -25,6 +25,13 @@ median of --repeats runs of:
   counts     ssh connections and sessions (remote round trips) per host per run, from the hosts' sshd
              logs (LogLevel VERBOSE: "Accepted publickey", "Starting session"), and per validate
              step (the transport instrumented in-process).
+  warm       one host, side by side, interleaved: bare `rsync` alone (the seed's command), `invoke
+             deploy` with its warm connection (no change), the same with --no-persist, and a no-op
+             `invoke validate --skip bench` (warm); each as a ratio to the bare rsync of that run.
+             Use --files 0 for the real engine tree.
+  scale      `invoke doctor` and a warm `invoke deploy` on every --hosts count: peak open file
+             descriptors and peak memory (RSS) of the invoke process, of its whole process tree,
+             and of the warm masters it leaves (ssh -O check), sampled from /proc every 20 ms.
 
 It prints a table of figures and ratios and writes them as JSON (--json). Loopback only: every
 host is 127.0.0.1; the client never reads ~/.ssh (the lab's ssh config and known_hosts files).
@@ -182,10 +189,14 @@ class Bare:
         return ["ssh", "-F", str(self.lab.ssh_config), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={self.lab.known_hosts}"]
 
+    def rsync_argv(self, host) -> list[str]:
+        """The seed's deploy: rsync alone."""
+        return ["rsync", "-az", "--delete", "--exclude=/.kdtree/", *[f"--exclude={p}" for p in project_excludes()],
+                "-e", shlex.join(self.ssh()), f"{self.source}/", f"{host.name}:{host.root / self.subdir}/"]
+
     def argv(self, host) -> list[str]:
         remote_dir = host.root / self.subdir
-        rsync = ["rsync", "-az", "--delete", "--exclude=/.kdtree/", *[f"--exclude={p}" for p in project_excludes()],
-                 "-e", shlex.join(self.ssh()), f"{self.source}/", f"{host.name}:{remote_dir}/"]
+        rsync = self.rsync_argv(host)
         hash_ = self.ssh() + [host.name, f"cd {shlex.quote(str(remote_dir))} && bash scripts/tree_hash.sh"]
         return ["bash", "-c", f"{shlex.join(rsync)} && {shlex.join(hash_)}"]
 
@@ -324,6 +335,120 @@ def bench_deploy(tools, host, subdir_of, repeats, source) -> dict:
             f"{t.name} {times[t.name]['warm'][-1]:.2f}" for t in tools) + " s warm", file=sys.stderr)
     return {name: {k: {"median": median(v), "runs": [round(x, 3) for x in v]} for k, v in by.items()}
             for name, by in times.items()}
+
+
+def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int) -> dict:
+    """Warm no-change deploy and a no-op `validate --skip bench`, against bare rsync alone, one host."""
+    deploy_inv = write_inventory(work, "warm", lab, [host], source, "warm", persist=600)
+    validate_inv = write_inventory(work, "warmval", lab, [host], source, "warmval", persist=600, backend="cpu")
+    bare = Bare(runner, lab, source, "warm-bare")
+    invoke = [sys.executable, "-m", "invoke"]
+    cases = {
+        "bare rsync": bare.rsync_argv(host),
+        "invoke deploy (warm)": invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name],
+        "invoke deploy --no-persist": invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
+                                                "--no-persist"],
+        "invoke validate --skip bench (no-op, warm)": invoke + ["validate", "--inventory", str(validate_inv), "--host",
+                                                                host.name, "--skip", "bench", "--report-dir"],
+    }
+    for name, argv in cases.items():       # bring every target up to date (not timed): a full validate builds
+        runner.run(argv + ([str(work / "runs" / "warm-settle")] if argv[-1] == "--report-dir" else []),
+                   what=f"settle {name}")
+    times: dict = collections.defaultdict(list)
+    cpu: dict = collections.defaultdict(list)      # client CPU seconds (the command's process tree)
+    for r in range(repeats):
+        for name, argv in cases.items():
+            extra = [str(work / "runs" / f"warm-{r}")] if argv[-1] == "--report-dir" else []
+            times[name].append(runner.run(argv + extra, what=name))
+            cpu[name].append(runner.last_cpu)
+        print(f"  warm repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()),
+              file=sys.stderr)
+    base = median(times["bare rsync"])
+    return {name: {"median": median(v), "runs": [round(x, 3) for x in v], "ratio_to_bare_rsync":
+                   round(median(v) / base, 2), "client_cpu": median(cpu[name])} for name, v in times.items()}
+
+
+class Sampler:
+    """Peak open fds and RSS of a process and of its process tree, from /proc, while it runs."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak = pid, {"fds": 0, "rss_mib": 0.0, "tree_fds": 0, "tree_rss_mib": 0.0, "tree_processes": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _children() -> dict:
+        kids = collections.defaultdict(list)
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                kids[ppid].append(int(proc.name))
+        return kids
+
+    @staticmethod
+    def _one(pid: int) -> tuple[int, float]:
+        try:
+            fds = len(os.listdir(f"/proc/{pid}/fd"))
+            rss = next(int(l.split()[1]) for l in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if l.startswith("VmRSS:")) / 1024
+            return fds, rss
+        except (OSError, StopIteration):
+            return 0, 0.0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            kids, tree, todo = self._children(), [], [self.pid]
+            while todo:
+                pid = todo.pop()
+                tree.append(pid)
+                todo += kids.get(pid, [])
+            fds, rss = self._one(self.pid)
+            sizes = [self._one(p) for p in tree]
+            now = {"fds": fds, "rss_mib": rss, "tree_fds": sum(f for f, _ in sizes),
+                   "tree_rss_mib": sum(r for _, r in sizes), "tree_processes": len(tree)}
+            self.peak = {k: max(v, now[k]) for k, v in self.peak.items()}
+            time.sleep(0.02)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {k: round(v, 1) for k, v in self.peak.items()}
+
+
+def bench_scale(runner: Runner, inventory: Path, lab, counts_list) -> dict:
+    """Peak fds and memory of doctor and of a warm deploy per host count, and the masters left."""
+    hosts_all = list(lab.hosts.values())
+    result = {}
+    for n in counts_list:
+        flags = host_flags(hosts_all[:n])
+        row = {}
+        for what, extra in (("doctor", ["doctor"]), ("deploy (first)", ["deploy"]), ("deploy warm", ["deploy"]),
+                            ("deploy --no-persist", ["deploy", "--no-persist"])):
+            start = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "invoke", *extra, "--inventory", str(inventory), *flags],
+                                    cwd=REPO, env=runner.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sampler = Sampler(proc.pid)
+            out = proc.communicate(timeout=1800)[0]
+            peak = sampler.stop()
+            if proc.returncode != 0:
+                raise SystemExit(f"scale: invoke {what} on {n} hosts failed ({proc.returncode}):\n{out[-3000:]}")
+            row[what] = {"seconds": round(time.perf_counter() - start, 2), **peak}
+        masters = [p for p in Sampler._children().get(1, []) if _is_master(p)]
+        row["masters"] = {"count": len(masters), "rss_mib_total": round(sum(Sampler._one(p)[1] for p in masters), 1)}
+        result[n] = row
+        print(f"  scale x{n}: " + ", ".join(f"{k} {v}" for k, v in row.items()), file=sys.stderr)
+    return result
+
+
+def _is_master(pid: int) -> bool:
+    try:
+        return b"ControlMaster=yes" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def bench_validate(runner: Runner, work: Path, lab, host, source: Path, repeats: int, full_repeats: int) -> dict:
@@ -528,6 +653,21 @@ def report(results: dict) -> str:
                 table(["tool", "hosts", "warm deploy", "ratio", "client CPU", "machine busy", "1 changed", "ratio",
                        "doctor/probe", "ratio"], rows),
                 "target: invoke deploy on 16 hosts <= 1.5x of 1 host", ""]
+    if "warm" in results:
+        rows = [[k, v["median"], v["ratio_to_bare_rsync"], v["client_cpu"], v["runs"]] for k, v in results["warm"].items()]
+        out += [f"warm connections, one host, {results['source']['files']} files (seconds, median of {results['repeats']})",
+                table(["command", "median s", "/ bare rsync", "client CPU s", "runs"], rows),
+                "targets: warm deploy <= 1.0x bare rsync; no-op validate --skip bench <= 3x bare rsync", ""]
+    if "scale" in results:
+        rows = []
+        for n, row in results["scale"].items():
+            for what in ("doctor", "deploy (first)", "deploy warm", "deploy --no-persist"):
+                r = row[what]
+                rows.append([n, what, r["seconds"], r["fds"], r["rss_mib"], r["tree_processes"], r["tree_fds"],
+                             r["tree_rss_mib"]])
+            rows.append([n, "masters left", "-", "-", "-", row["masters"]["count"], "-", row["masters"]["rss_mib_total"]])
+        out += ["scale: peaks while the command ran (invoke process, then its whole process tree)",
+                table(["hosts", "command", "seconds", "fds", "RSS MiB", "processes", "tree fds", "tree RSS MiB"], rows), ""]
     if "counts" in results:
         rows = []
         for tool, by in results["counts"].items():
@@ -584,7 +724,7 @@ def main() -> None:
         lab.add_hosts(max(counts_list), "node")
         hosts = list(lab.hosts.values())
         runner = Runner(lab, work, args.verbose)
-        invoke_inv = write_inventory(work, "deploy", lab, hosts, source, "invoke")
+        invoke_inv = write_inventory(work, "deploy", lab, hosts, source, "invoke", persist=600)
         tools = [Bare(runner, lab, source, "bare"), Invoke(runner, invoke_inv, "invoke")]
         subdirs = {"bare": "bare", "invoke": "invoke", "ansible": "ansible"}
         if not args.no_ansible and sections & {"deploy", "counts"}:
@@ -603,13 +743,17 @@ def main() -> None:
         if "fanout" in sections:
             results["fanout"] = bench_fanout({t.name: t for t in tools if t.name in ("invoke", "bare")}, lab,
                                              counts_list, args.repeats, source)
+        if "warm" in sections:
+            results["warm"] = bench_warm(runner, work, lab, hosts[0], source, args.repeats)
+        if "scale" in sections:
+            results["scale"] = bench_scale(runner, invoke_inv, lab, counts_list)
         if "counts" in sections:
             validate_inv = write_inventory(work, "validate", lab, [hosts[0]], source, "validate", backend="cpu")
             results["counts"] = bench_counts(tools, lab, hosts[0], source, validate_inv)
     finally:
         if ansible is not None:
             ansible.stop_masters()
-        lab.close()
+        lab.close()         # also ends the warm masters under the lab's control directory
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(report(results))
     if args.json:

@@ -14,7 +14,11 @@ halves the commits between them: at most ceil(log2 n) + 2 probes for n distinct 
 
 What makes a commit bad is the caller's probe: its golden step failing, or a metric measured
 worse than the midpoint between the good and the bad measurement (``MetricJudge``), beyond the
-noise that the two ends' samples show.
+noise that the two ends' samples show. A CPU timing is compared per CPU second when the ends
+report it so (other processes on the host's cores then cost nothing), and a probe whose figure
+lands in the middle of the gap between the ends (neither clearly good nor clearly bad: a
+disturbed measurement) is measured again, up to REMEASURE times, its samples pooled; returning to
+a commit costs no build (the host keeps builds by tree).
 """
 from __future__ import annotations
 
@@ -26,10 +30,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
-from .detector import mad
+from .detector import mad, median
 from .errors import KdError, UsageError
+
+
+REMEASURE = 2          # more measurements of a probe whose figure is too close to call
+UNSURE_BAND = 1 / 8     # too close to call: within this fraction of the ends' gap around the midpoint
 
 
 class BisectError(KdError):
@@ -56,6 +64,36 @@ class ProbeResult:
     built: bool = True              # whether the host compiled for it (False: a cached build)
     seconds: float = 0.0
     better: str = "higher"          # a metric's direction
+    cpu_samples: tuple[float, ...] = ()   # a CPU timing's samples per CPU second
+
+    def pooled(self, again: ProbeResult) -> ProbeResult:
+        """This probe and a second measurement of the same commit as one: samples pooled, the
+        value the better of the two (a value is the engine's best repeat), evidence of both."""
+        values = [v for v in (self.value, again.value) if v is not None]
+        value = (max(values) if self.better == "higher" else min(values)) if values else None
+        return ProbeResult(again.bad, f"{self.evidence}; again: {again.evidence}", value, self.samples + again.samples,
+                           self.built or again.built, self.seconds + again.seconds, self.better,
+                           self.cpu_samples + again.cpu_samples)
+
+
+class Judge(Protocol):
+    """Decides a probe: bad or good, and whether its measurement is too close to call."""
+
+    def __call__(self, result: ProbeResult) -> bool: ...
+
+    def unsure(self, result: ProbeResult) -> bool: ...
+
+
+class SelfJudged:
+    """A probe that says itself whether it is bad (the golden check): never unsure."""
+
+    def __call__(self, result: ProbeResult) -> bool:
+        """The probe's own verdict."""
+        return result.bad
+
+    def unsure(self, result: ProbeResult) -> bool:
+        """Never: a golden check is exact."""
+        return False
 
 
 @dataclass
@@ -129,19 +167,29 @@ def max_probes(n: int) -> int:
 
 
 def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
-           classify: Callable[[ProbeResult, ProbeResult], Callable[[ProbeResult], bool]] | None = None,
+           classify: Callable[[ProbeResult, ProbeResult], Judge] | None = None,
            log: Callable[[str], None] = print) -> BisectResult:
     """Find the first bad commit: probe the last commit and the first, confirm that the last is
     bad and the first good, then halve the range. Without ``classify`` a probe says itself
     whether it is bad (the golden check); with it, ``classify(good_end, bad_end)`` returns the
-    rule that decides every probe (a metric: ``MetricJudge``). Each probe is logged and kept."""
+    judge of every probe (a metric: ``MetricJudge``); a probe it finds too close to call is
+    measured again (REMEASURE times at most, pooled). Each probe is logged and kept."""
     start = time.monotonic()
     probes: list[tuple[Commit, ProbeResult]] = []
 
-    def measure(index: int) -> ProbeResult:
+    def once(index: int) -> ProbeResult:
         t0 = time.monotonic()
         result = probe(commits[index])
         result.seconds = result.seconds or round(time.monotonic() - t0, 3)
+        return result
+
+    def measure(index: int, judge: Judge | None = None) -> ProbeResult:
+        result = once(index)
+        tries = 0
+        while judge is not None and tries < REMEASURE and judge.unsure(result):
+            tries += 1
+            log(f"  {commits[index].sha[:12]}: {result.evidence} is too close to call: measuring again")
+            result = result.pooled(once(index))
         probes.append((commits[index], result))
         return result
 
@@ -153,7 +201,7 @@ def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
         return result.bad
 
     last, first = measure(len(commits) - 1), measure(0)
-    decide = classify(first, last) if classify else (lambda r: r.bad)
+    decide = classify(first, last) if classify else SelfJudged()
     for result in (last, first):
         result.bad = decide(result)
     if not report(len(commits) - 1, last):
@@ -163,7 +211,7 @@ def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
     good, bad = 0, len(commits) - 1
     while bad - good > 1:
         middle = (good + bad) // 2
-        result = measure(middle)
+        result = measure(middle, decide)
         result.bad = decide(result)
         if report(middle, result):
             bad = middle
@@ -175,28 +223,47 @@ def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
 class MetricJudge:
     """Bad or good for a metric: closer to the bad end's measurement than to the good end's.
 
-    The threshold is the midpoint of the two ends' values; the ends must differ by more than
-    3 x the larger MAD of their samples, or there is no step to find. Use it as ``search``'s
-    ``classify``: ``search(commits, probe, lambda good, bad: MetricJudge(good, bad, "higher"))``.
+    The threshold is the midpoint of the two ends' figures: per CPU second (the median of the
+    ``cpu_samples``) when both ends report them, else their values. The ends must differ by more
+    than 3 x the larger MAD of their samples, or there is no step to find. A probe within
+    UNSURE_BAND of the gap around the midpoint is too close to call (``unsure``). Use it as
+    ``search``'s ``classify``: ``search(commits, probe, lambda good, bad: MetricJudge(good, bad, "higher"))``.
     """
 
     def __init__(self, good: ProbeResult, bad: ProbeResult, better: str):
         if good.value is None or bad.value is None:
             raise BisectError("a metric probe returned no value")
-        self.good, self.bad, self.better = good.value, bad.value, better
-        noise = max([mad(s) for s in (good.samples, bad.samples) if len(s) >= 2] or [0.0])
-        gap = abs(bad.value - good.value)
-        worse = (bad.value < good.value) if better == "higher" else (bad.value > good.value)
-        if not worse or gap <= 3 * noise:
-            raise BisectError(f"the bad end ({bad.value:g}) is not worse than the good end ({good.value:g}) "
+        self.per_cpu = bool(good.cpu_samples and bad.cpu_samples)
+        (g, good_samples), (b, bad_samples) = self._figure(good), self._figure(bad)
+        self.better = better
+        noise = max([mad(s) for s in (good_samples, bad_samples) if len(s) >= 2] or [0.0])
+        self.gap = abs(b - g)
+        worse = (b < g) if better == "higher" else (b > g)
+        unit = " per CPU second" if self.per_cpu else ""
+        if not worse or self.gap <= 3 * noise:
+            raise BisectError(f"the bad end ({b:g}{unit}) is not worse than the good end ({g:g}{unit}) "
                               f"beyond 3 x the samples' MAD ({noise:g}): nothing to bisect")
-        self.threshold = (good.value + bad.value) / 2
+        self.threshold = (g + b) / 2
+
+    def _figure(self, result: ProbeResult) -> tuple[float, tuple[float, ...]]:
+        """The figure a probe is judged by, and its samples."""
+        if self.per_cpu:
+            if not result.cpu_samples:
+                raise BisectError(f"a probe reported no figures per CPU second, the ends did ({result.evidence})")
+            return median(result.cpu_samples), result.cpu_samples
+        if result.value is None:
+            raise BisectError(f"a metric probe returned no value ({result.evidence})")
+        return result.value, result.samples
 
     def __call__(self, result: ProbeResult) -> bool:
         """Whether a measurement sits on the bad side of the midpoint."""
-        if result.value is None:
-            raise BisectError(f"a metric probe returned no value ({result.evidence})")
-        return result.value < self.threshold if self.better == "higher" else result.value > self.threshold
+        value, _ = self._figure(result)
+        return value < self.threshold if self.better == "higher" else value > self.threshold
+
+    def unsure(self, result: ProbeResult) -> bool:
+        """Whether a measurement is too close to the midpoint to call."""
+        value, _ = self._figure(result)
+        return abs(value - self.threshold) < UNSURE_BAND * self.gap
 
 
 class Worktree:

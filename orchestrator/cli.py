@@ -6,6 +6,7 @@ inventory error). The tasks themselves are orchestrator/tasks.py; `kdtree-orch` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -86,9 +87,15 @@ def load_inventory(inventory: str | None) -> Inventory:
 
 
 def load_selection(inventory: str | None, host=None, group=None, all=False,
-                   nightly: bool = False) -> tuple[Inventory, list[Host]]:
+                   nightly: bool = False, persist: bool = True) -> tuple[Inventory, list[Host]]:
     """The inventory and the hosts the flags select (none selected: `local`; for the nightly,
-    every host but `local`). A selection of no host is a UsageError naming why."""
+    every host but `local`), with no warm connection when not `persist` (--no-persist). A
+    selection of no host is a UsageError naming why."""
+    inv, hosts = _select(inventory, host, group, all, nightly)
+    return inv, hosts if persist else [dataclasses.replace(h, persist=0.0) for h in hosts]
+
+
+def _select(inventory: str | None, host, group, all, nightly: bool) -> tuple[Inventory, list[Host]]:
     if all and (host or group):
         raise UsageError("--all cannot be combined with --host or --group")
     inv = load_inventory(inventory)
@@ -112,19 +119,36 @@ def hosts_table(inv: Inventory, console: Console) -> int:
     return 0
 
 
-def doctor(inv: Inventory, hosts: list[Host], console: Console) -> int:
-    """Check every host (the preflight step alone); a run record; 1 if a check failed."""
+def doctor(inv: Inventory, hosts: list[Host], console: Console, parallel: int | None = None) -> int:
+    """Check every host (the preflight step alone), `parallel` at a time; a run record; 1 if a check failed."""
     from . import pipeline
-    return run_plan(inv, hosts, pipeline.Plan.of("doctor"), console)
+    return run_plan(inv, hosts, pipeline.Plan.of("doctor", max_parallel=parallel), console)
 
 
-def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = False) -> int:
-    """Sync the project source to every host (the sync step alone; a run record), or with
-    `dry_run` print what would run, resolving every host's address, and change nothing."""
+def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = False,
+           parallel: int | None = None) -> int:
+    """Sync the project source to every host, `parallel` at a time (the sync step alone; a run
+    record), or with `dry_run` print what would run, resolving every host's address, and change nothing."""
     from . import pipeline
     if dry_run:
         return dry_run_deploy(inv, hosts, console)
-    return run_plan(inv, hosts, pipeline.Plan.of("deploy"), console)
+    return run_plan(inv, hosts, pipeline.Plan.of("deploy", max_parallel=parallel), console)
+
+
+def connections(console: Console, close: bool = False) -> int:
+    """List this user's warm connections (host, where, idle bound, master alive); with `close`, end them all."""
+    from . import warm
+    if close:
+        ended = warm.close_all()
+        console.say(f"ended {ended} warm connection(s) in {warm.control_dir()}")
+        return 0
+    rows = [(r.get("host", "?"), r.get("where", "?"), f"{r.get('persist', '?')} s", r.get("started", "?"), r["state"])
+            for r in warm.listing()]
+    if not rows:
+        console.say(f"no warm connections in {warm.control_dir()}")
+        return 0
+    console.table(["host", "where", "idle bound", "started", "master"], rows)
+    return 0
 
 
 def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
@@ -195,11 +219,12 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
 def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
              skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
              command: str = "validate", baseline: str | None = None, history: str | None = None,
-             gpus: str | None = None) -> int:
-    """Run the pipeline's steps (--steps/--skip) on the hosts, on the GPUs --gpus asks for (over
-    each host's gpu_policy and gpu_count); see run_plan."""
+             gpus: str | None = None, parallel: int | None = None) -> int:
+    """Run the pipeline's steps (--steps/--skip) on the hosts, `parallel` at a time, on the GPUs
+    --gpus asks for (over each host's gpu_policy and gpu_count); see run_plan."""
     from . import gpus as gpus_mod, pipeline
-    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus))
+    plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus),
+                                max_parallel=parallel)
     return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline, history=history)
 
 
@@ -209,8 +234,12 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import dashboard, history as history_mod, pipeline, record, regression, remote
+    from . import dashboard, history as history_mod, parallel, pipeline, record, regression, remote
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
+    parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
+    if any(h.persist and not h.is_local for h in hosts):
+        from . import warm
+        warm.control_dir()          # a socket directory another user could reach: exit 2 before any host
     runs_root = inv.project.root / "runs"
     reference = _baseline(baseline) if plan.command == "nightly" else None
     tolerances = (reference or {}).get("thresholds") or {}
@@ -219,14 +248,17 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         store = (stack.enter_context(history_mod.HistoryStore.open(_history_path(runs_root, history)))  # bad: exit 2 now
                  if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
         run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
+        contended: list[dict] = []
         if plan.command == "nightly" and run.status != "interrupted":
             if reference is not None:
                 run.regressions = regression.find_regressions(run.to_dict(), reference)
             elif store is not None:
-                run.regressions = history_mod.regressions(history_mod.judge_run(store, run.to_dict(), tolerance))
+                verdicts = history_mod.judge_run(store, run.to_dict(), tolerance)
+                run.regressions, contended = history_mod.regressions(verdicts), history_mod.contended(verdicts)
         board = runs_root / DASHBOARD
         if store is not None:
-            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute())}
+            run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute()),
+                           "contended": contended}
         paths = pipeline.finish(run_dir, run, runs_root, secrets)
         if store is not None:
             store.index_run(record.load_run(run_dir.path), run_dir.path)
@@ -290,6 +322,9 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
         if reg.bisect:
             console.say(f"  find the commit: {reg.bisect}")
     if run.history:
+        for c in run.history.get("contended") or []:
+            console.say(f"NOT JUDGED {c['host']} {c['metric']}: x{c['ratio']:.2f} on the wall clock, "
+                        f"{c['cpu_change']:+.1%} per CPU second: measured under contention (other processes took the cores)")
         console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
 
 

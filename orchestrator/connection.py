@@ -7,7 +7,7 @@
 
 The ssh config is honoured as OpenSSH reads it (~/.ssh/config, then /etc/ssh/ssh_config; or
 $KDTREE_SSH_CONFIG alone): HostName, Port, User, IdentityFile, ProxyJump, ProxyCommand. Host keys
-are checked against the project's known_hosts files with RejectPolicy (hostkeys.VerifyPolicy): an
+are checked against the project's known_hosts files with RejectPolicy (hostkeys.verify_policy): an
 unknown key stops the connection before authentication, a changed one is refused. A refused or
 reset connection (sshd restarting) is retried with backoff while the connect timeout lasts; a
 timeout, a host key or an authentication failure never is. A keepalive watchdog closes a
@@ -119,7 +119,7 @@ def _open_once(host: Host) -> SshConnection:
     try:
         for i, target in enumerate(chain):
             last = i == len(chain) - 1
-            policy = hostkeys.VerifyPolicy(host.name, host.host_key if last else None, hop=not last)
+            policy = hostkeys.verify_policy(host.name, host.host_key if last else None, hop=not last)
             clients.append(_connect(host, target, sock, policy))
             if not last:
                 sock = _channel(host, clients[-1], target, chain[i + 1])

@@ -23,6 +23,15 @@ The method (README.md, "Regression detection", says why):
   worse than the tolerance and beyond ``Policy.sample_mads`` (3) x the MAD of the metric's own
   samples (the largest of this run's and each earlier run's, and of the earlier runs' values
   when there are two or more).
+- per CPU second, for CPU timings that carry their figures per CPU second (``cpu_samples``:
+  each repeat's figure over the CPU seconds per wall second the process had), the same rules
+  also judge the per-CPU-second series of the earlier runs that have one. With a history (the
+  history or drift rule), a regression of that series is one when the wall clock too is worse
+  than the tolerance, even where the wall clock's own noise on a loaded machine hides it (a
+  50 % step, measured): the CPU seconds' noise is measured and other processes taking the cores
+  barely move it. With fewer points a regression must show on both clocks by their rules. A wall-clock
+  regression that the CPU seconds do not confirm was starved, not slowed by its code: its
+  verdict is ``unjudged`` with the CPU-second change as the reason (measured under contention).
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -67,6 +76,7 @@ class Point:
     run_id: str = ""
     commit: str | None = None
     noisy: bool = False
+    cpu_samples: tuple[float, ...] = ()     # the samples per CPU second (CPU timings)
 
     def sample_mad(self) -> float | None:
         """The MAD of the samples (or the MAD reported without them); None when unknown."""
@@ -98,6 +108,7 @@ class Verdict:
     bad_commit: str | None = None   # the judged run's commit
     since_run: str | None = None    # a regression: the first run of its unbroken streak
     since_commit: str | None = None
+    cpu_change: float | None = None  # the change per CPU second (CPU timings), > 0 is worse
     reason: str = ""
 
     @property
@@ -221,6 +232,42 @@ def judge(current: Point, history: Sequence[Point], tolerance: float, better: st
 
 def _judge(current: Point, history: Sequence[Point], tolerance: float, better: str, policy: Policy) -> Verdict:
     """The verdict on one point, without looking for the start of a streak."""
+    verdict = _judge_wall(current, history, tolerance, better, policy)
+    if current.cpu_samples:
+        _per_cpu_second(verdict, current, history, policy)
+    return verdict
+
+
+def _per_cpu(point: Point) -> Point:
+    """A CPU timing's point per CPU second: the median and samples of its ``cpu_samples``."""
+    return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
+
+
+def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
+    """Judge the per-CPU-second series too: with a history its regression is one when the wall
+    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's;
+    a wall-clock regression it does not confirm is unjudged (the run was starved)."""
+    earlier = [_per_cpu(p) for p in history if p.cpu_samples]
+    if not earlier:
+        return
+    cpu = _judge_wall(_per_cpu(current), earlier, verdict.tolerance, verdict.better, policy)
+    verdict.cpu_change = cpu.change
+    beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
+    if cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance)):
+        verdict.reason = f"per CPU second: {cpu.reason}; wall clock: {verdict.reason}"
+        verdict.status, verdict.method = "regressed", cpu.method
+        verdict.good_commit = cpu.good_commit or verdict.good_commit
+        return
+    if verdict.status != "regressed":
+        return
+    verdict.status = "unjudged"
+    shown = f"{cpu.change:+.1%}" if cpu.change is not None else "unknown"
+    verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {shown} "
+                      f"({cpu.reason}): other processes took the cores, not the code")
+
+
+def _judge_wall(current: Point, history: Sequence[Point], tolerance: float, better: str, policy: Policy) -> Verdict:
+    """The verdict on one point by its values (the wall clock for timings)."""
     verdict = Verdict("same", "none", current.value, better, tolerance, noisy=current.noisy,
                       bad_commit=current.commit)
     if not history:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Sequence, cast
+from typing import Collection, Mapping, Sequence, cast
 
 from . import remote
 from .errors import HostError, UsageError
@@ -424,17 +424,39 @@ def table_rows(records: Sequence[Mapping], selected: Sequence[int] = ()) -> list
     return rows
 
 
-def co_tenants(samples: Sequence[GpuInventory], uuid: str, own_prefix: str) -> list[dict]:
+def pids_on(sample: GpuInventory, uuid: str) -> set[int]:
+    """The pids nvidia-smi listed on GPU `uuid` in one query."""
+    return {p.pid for gpu in sample.gpus if gpu.uuid == uuid for p in gpu.processes if p.pid is not None}
+
+
+def executables(transport, pids: Collection[int]) -> dict[int, str]:
+    """The executable of each of `pids` on the host as its kernel names it (/proc/PID/exe: absolute,
+    and not something a process can rename, unlike the name nvidia-smi shows); only processes of
+    the connecting user can be read, so another user's process never resolves."""
+    if not pids:
+        return {}
+    command = remote.script(_EXE_SCRIPT, *map(str, sorted(pids)), timeout=transport.host.timeout("preflight"),
+                            what="reading /proc/PID/exe")
+    out = transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode("utf-8", errors="replace")
+    found = {}
+    for line in out.splitlines():
+        pid, _, exe = line.partition(" ")
+        if _INT.match(pid) and int(pid) in pids:
+            found[int(pid)] = exe
+    return found
+
+
+def co_tenants(samples: Sequence[GpuInventory], uuid: str, own: Collection[int]) -> list[dict]:
     """The other processes seen on GPU `uuid` across `samples` (queries made while a step ran):
-    pid, name, the most MiB seen, in how many samples; processes whose name starts with
-    `own_prefix` (the deployed tree: the engine itself) are not counted."""
+    pid, name, the most MiB seen, in how many samples; the pids in `own` (the step's engine, known
+    by its executable) are not counted."""
     seen: dict[tuple, dict] = {}
     for sample in samples:
         for gpu in sample.gpus:
             if gpu.uuid != uuid:
                 continue
             for p in gpu.processes:
-                if p.name.startswith(own_prefix):
+                if p.pid is not None and p.pid in own:
                     continue
                 entry = seen.setdefault((p.pid, p.name), {"pid": p.pid, "name": p.name, "max_used_mib": p.used_mib,
                                                           "samples": 0})
@@ -447,6 +469,12 @@ def co_tenants(samples: Sequence[GpuInventory], uuid: str, own_prefix: str) -> l
 def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
+
+# The pids as arguments; prints "PID EXE" for each whose /proc/PID/exe this user may read.
+_EXE_SCRIPT = r'''
+for p; do e=$(readlink -- "/proc/$p/exe" 2>/dev/null) && printf '%s %s\n' "$p" "$e"; done
+exit 0
+'''
 
 _QUERY_SCRIPT = r'''
 max=$1 qgpu=$2 qapp=$3 fmt=$4; shift 4

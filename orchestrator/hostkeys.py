@@ -13,14 +13,17 @@ import hashlib
 import os
 from pathlib import Path
 
-from paramiko import RejectPolicy
-
 from .errors import HostKeyError
 
 
 def fingerprint(key) -> str:
     """The SHA256 fingerprint of a Paramiko key, as ssh-keygen -l prints it."""
-    digest = hashlib.sha256(key.asbytes()).digest()
+    return blob_fingerprint(key.asbytes())
+
+
+def blob_fingerprint(blob: bytes) -> str:
+    """The SHA256 fingerprint of a public key blob (a known_hosts line's base64 field, decoded)."""
+    digest = hashlib.sha256(blob).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
@@ -69,17 +72,17 @@ def changed(host: str, name: str, key, expected: str, where: str) -> HostKeyErro
         host=host, known_name=name, key=key, fingerprint=fp, changed=True)
 
 
-class VerifyPolicy(RejectPolicy):
-    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted
-    (and remembered in `accepted` so system ssh can be given the same key); any other key of a
-    host with a pinned fingerprint is a changed key."""
+def verify_policy(host: str, pinned: str | None, hop: bool):
+    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted;
+    any other key of a host with a pinned fingerprint is a changed key. (Paramiko is imported
+    here, not with the module: a warm connection checks keys without it.)"""
+    from paramiko import RejectPolicy
 
-    def __init__(self, host: str, pinned: str | None, hop: bool):
-        self.host, self.pinned, self.hop = host, pinned, hop
-
-    def missing_host_key(self, client, hostname, key):
-        if self.pinned and fingerprint(key) == self.pinned:
-            return
-        if self.pinned:         # a key that contradicts host_key: is changed, never merely unknown (trust pins no such key)
-            raise changed(self.host, hostname, key, self.pinned, "host_key: in the inventory")
-        raise unknown(self.host, hostname, key, self.hop)
+    class VerifyPolicy(RejectPolicy):
+        def missing_host_key(self, client, hostname, key):
+            if pinned and fingerprint(key) == pinned:
+                return
+            if pinned:      # a key that contradicts host_key: is changed, never merely unknown (trust pins no such key)
+                raise changed(host, hostname, key, pinned, "host_key: in the inventory")
+            raise unknown(host, hostname, key, hop)
+    return VerifyPolicy()

@@ -27,6 +27,8 @@ STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench", "st
 TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
 DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
                     "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900, "stress": 600}
+DEFAULT_PERSIST = 600.0     # seconds an idle warm connection is kept (ControlPersist)
+MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
 PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled")
 OPTIONAL_PROJECT_KEYS = ("compiled",)
@@ -84,6 +86,7 @@ class Host:
     known_hosts: str | None = None      # the project known_hosts file (absolute)
     host_key: str | None = None         # a pinned SHA256 fingerprint
     secret_env: tuple[str, ...] = ()    # variables of the orchestrator's environment the steps get (stdin, redacted)
+    persist: float = DEFAULT_PERSIST    # seconds a warm connection may stay idle (warm.py); 0: none kept
 
     def timeout(self, name: str) -> float:
         """The timeout in seconds for a step (or connect/keepalive/lock)."""
@@ -402,10 +405,22 @@ class _Validator:
                 if var in RESERVED_ENV:
                     self.fail(name, "secret_env", f"{var!r} is set by the orchestrator itself")
             values["secret_env"] = tuple(dict.fromkeys(names))
+        if "persist" in entry:
+            values["persist"] = self.persist(entry["persist"], name)
         if "host_key" in entry:
             values["host_key"] = self.string(entry["host_key"], name, "host_key", _FINGERPRINT,
                                              "a SHA256 fingerprint (SHA256: and 43 base64 characters)")
         return Host(**values)
+
+    def persist(self, value, name) -> float:
+        """`persist`: false (no warm connection), true (the default idle bound) or seconds."""
+        if value is False:
+            return 0.0
+        if value is True:
+            return DEFAULT_PERSIST
+        if not isinstance(value, (int, float)) or not 1 <= value <= MAX_PERSIST:
+            self.fail(name, "persist", f"must be false, true or a number of idle seconds from 1 to {MAX_PERSIST}, not {value!r}")
+        return float(value)
 
     def gpu_selection(self, name, entry) -> dict:
         """gpu_policy (idle, any or a list of GPU indices), gpu_count, gpu_max_used_mib, gpu_wait."""

@@ -11,13 +11,59 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
+import resource
 import time
 from typing import Any, Callable, Iterable
 
-from .errors import KdError
+from .errors import KdError, UsageError
 from .inventory import Host
 
-MAX_PARALLEL = 16
+MAX_PARALLEL_FLAG = 4096
+# File descriptors: what the process holds before any host, and at most per host in flight (a
+# warm host: the lock holder's and a command's ssh pipes, rsync's pipes and its ssh; a Paramiko
+# host: its socket and a pipe per open channel). Measured with benchmarks/bench_orchestrator.py
+# --sections scale; the estimate is kept above the measured figures (BENCHMARKS.md).
+FD_BASE = 64
+FD_PER_HOST = 16
+
+
+def default_parallel() -> int:
+    """Hosts in flight without --parallel: 4 per core (the hosts' work is mostly waiting on the
+    network and on system ssh/rsync processes), at most 32."""
+    return min(32, 4 * (os.cpu_count() or 1))
+
+
+def parse_parallel(value) -> int | None:
+    """--parallel N: a whole number of hosts in flight from 1 (None: the default)."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if not 1 <= n <= MAX_PARALLEL_FLAG or str(value).strip() != str(n):
+        raise UsageError(f"--parallel: {value!r} is not a number of hosts from 1 to {MAX_PARALLEL_FLAG}")
+    return n
+
+
+def fit_fd_limit(in_flight: int) -> None:
+    """Make sure `in_flight` hosts at once fit in the process's file descriptor limit, raising the
+    soft limit toward the hard one when needed; UsageError saying how many hosts fit otherwise
+    (rather than a run that fails half-way with "Too many open files")."""
+    need = FD_BASE + FD_PER_HOST * in_flight
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    fit = max(0, (max(soft, hard) - FD_BASE) // FD_PER_HOST)
+    raise UsageError(f"{in_flight} hosts in flight need about {need} file descriptors, but this process may open at "
+                     f"most {hard} (ulimit -n; soft {soft}): {fit} hosts fit. Raise the limit (ulimit -n {need}) "
+                     f"or use --parallel {fit}" if fit else
+                     f"this process may open only {hard} file descriptors (ulimit -n): not even one host fits; "
+                     f"raise the limit (ulimit -n {need})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +106,7 @@ class Outcomes(dict):
         return 0 if not self.failed else 1
 
 
-def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int = MAX_PARALLEL,
+def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int | None = None,
                  on_interrupt: Callable[[], None] | None = None) -> Outcomes:
     """Call fn(host) for every host, at most max_parallel at a time; never raises for a host."""
     hosts = list(hosts)
@@ -75,7 +121,8 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel:
     outcomes = Outcomes()
     if not hosts:
         return outcomes
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
+    in_flight = max(1, min(max_parallel or default_parallel(), len(hosts)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight) as pool:
         futures = [pool.submit(call, host) for host in hosts]
         try:
             for host, future in zip(hosts, futures):

@@ -53,7 +53,7 @@ class Plan:
     command: str = "validate"
     steps: tuple[str, ...] = COMMAND_STEPS["validate"]
     use_cache: bool = True
-    max_parallel: int = parallel.MAX_PARALLEL
+    max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
 
     @property

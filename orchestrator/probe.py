@@ -20,6 +20,7 @@ from pathlib import Path
 from . import pipeline, record, report
 from .bisect import BisectError, Commit, ProbeResult, Worktree
 from .console import Console
+from .detector import median
 from .errors import UsageError
 from .inventory import Host, Inventory, Project
 
@@ -75,8 +76,11 @@ class Prober:
                               f"(it has {', '.join(sorted(metrics)[:12]) or 'none'})", host=self.host.name)
         m = metrics[self.metric]
         reused = " (a reused result)" if host.steps["bench"].status == "cached" else ""
-        return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{reused}", m["value"],
-                           tuple(m.get("samples") or ()), built, better=m["better"])
+        cpu = m.get("cpu_samples")
+        per_cpu = f", {median(cpu):g} per CPU second" if cpu else ""
+        return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{per_cpu}{reused}", m["value"],
+                           tuple(m.get("samples") or ()), built, better=m["better"],
+                           cpu_samples=tuple(m.get("cpu_samples") or ()))
 
     def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
         self._failed(commit, host, run_dir, allowed="golden")

@@ -35,7 +35,8 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "stress": null | the same as "tests": the CUDA tests run under GPU load (the stress step;
                   its case "load.gpu_load" says whether the load ran throughout),
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
-                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?}}, "details": {...},
+                                     "samples"?, "n"?, "median"?, "mad"?, "noisy"?,
+                                     "cpu_samples"?, "cpu_share"?}}, "details": {...},
                   "gpu": null | {"index", "uuid", "co_tenants": [{"pid", "name", "max_used_mib", "samples"}],
                                  "samples"}},
         "gpu_runs": [{"gpu": INDEX, "uuid", "results_dir", "golden": {BUNDLE: as "golden"},
@@ -45,7 +46,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "build_key": {...} | null, "seconds"}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
-     "history": null | {"store", "dashboard"}}
+     "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "reason"}]}}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
 secret values the pipeline knows.
@@ -264,7 +265,9 @@ def bench_from_engine(data: Any) -> dict:
 
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
     lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
-    SAMPLES_LIMIT), ``n``, ``median``, ``mad`` and ``noisy`` (true only when the engine says so),
+    SAMPLES_LIMIT), ``n``, ``median``, ``mad``, ``noisy`` (true only when the engine says so) and,
+    for CPU timings, ``cpu_samples`` (the same figures per CPU second, positive) and ``cpu_share``
+    (CPU seconds per wall second of the repeats, positive),
     at most MAX_METRICS (ValueError beyond). Every other top-level key but ``version`` and
     ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
     to keep.
@@ -291,11 +294,12 @@ def bench_from_engine(data: Any) -> dict:
 def _noise(metric: dict) -> dict:
     """A metric's samples and spread as the engine reported them, typed and bounded."""
     noise: dict[str, Any] = {}
-    samples = metric.get("samples")
-    if isinstance(samples, list):
-        kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]
-        if kept:
-            noise["samples"] = kept
+    for key in ("samples", "cpu_samples"):
+        samples = metric.get(key)
+        if isinstance(samples, list):
+            kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]
+            if kept and (key == "samples" or all(v > 0 for v in kept)):
+                noise[key] = kept
     n = metric.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 31:
         noise["n"] = n
@@ -303,6 +307,9 @@ def _noise(metric: dict) -> dict:
         number = finite_number(metric.get(key))
         if number is not None and (key != "mad" or number >= 0):
             noise[key] = number
+    share = finite_number(metric.get("cpu_share"))
+    if share is not None and share > 0:
+        noise["cpu_share"] = share
     if metric.get("noisy") is True:
         noise["noisy"] = True
     return noise
@@ -416,7 +423,7 @@ class RunRecord:
     source: Source = field(default_factory=Source)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     regressions: list[Regression] = field(default_factory=list)
-    history: dict | None = None         # {"store": path of the history file, "dashboard": path from the run dir}
+    history: dict | None = None         # {"store": history file, "dashboard": path from the run dir, "contended": [...]}
     version: int = RUN_VERSION
 
     def to_dict(self) -> dict:

@@ -57,6 +57,9 @@ def allowed(command: str, rsync_path: str | None) -> bool:
 
 def dry_run_shell(transport: Transport) -> str | None:
     """rsync_shell's value as --dry-run shows it (the private directory is made when it runs)."""
+    own = transport.own_rsync_shell(connect=False)
+    if own is not None:
+        return own
     if not isinstance(transport, SshTransport):
         return None
     return remote.quote(helper_argv(os.path.join(tempfile.gettempdir(), "kdtree-rsh-XXXXXXXX", "s")))
@@ -65,7 +68,12 @@ def dry_run_shell(transport: Transport) -> str | None:
 @contextlib.contextmanager
 def rsync_shell(transport: Transport):
     """rsync's `-e` value (a command line) that runs rsync's remote side over the transport's own
-    connection, while the block lasts; None for a transport without one (local: no remote shell)."""
+    connection, while the block lasts; None for a transport without one (local: no remote shell).
+    A warm connection (warm.py) is used by rsync's ssh directly, with no relay."""
+    own = transport.own_rsync_shell()
+    if own is not None:
+        yield own
+        return
     if not isinstance(transport, SshTransport):
         yield None
         return

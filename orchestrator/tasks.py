@@ -34,8 +34,15 @@ def _inventory(c, inventory: str | None) -> str | None:
     return inventory or c.config.get("kdtree", {}).get("inventory")
 
 
+def _parallel(value) -> int | None:
+    from .parallel import parse_parallel        # a UsageError (exit 2) for anything but a count
+    return parse_parallel(value)
+
+
 SELECT_HELP = {"host": "a host of the inventory (repeatable)", "group": "every host of a group",
-               "all": "every host", "inventory": "the inventory file (default: the checkout's hosts.yaml, else ./hosts.yaml)"}
+               "all": "every host", "inventory": "the inventory file (default: the checkout's hosts.yaml, else ./hosts.yaml)",
+               "parallel": "hosts in flight at once (default: 4 per core, at most 32)",
+               "no_persist": "use a connection of the run's own and keep none warm (as `persist: false`)"}
 
 
 @task(help={"inventory": SELECT_HELP["inventory"]})
@@ -47,11 +54,11 @@ def hosts(c, inventory=None):
 
 
 @task(iterable=["host"], help=SELECT_HELP)
-def doctor(c, host=None, group=None, all=False, inventory=None):
+def doctor(c, host=None, group=None, all=False, inventory=None, parallel=None, no_persist=False):
     """Check the selected hosts: reachable, auth, rsync, nvcc, GPU and arch, disk, python+numpy."""
     with cli.exit_codes():
-        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
-        raise Exit(code=cli.doctor(inv, selected, Console()))
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
+        raise Exit(code=cli.doctor(inv, selected, Console(), _parallel(parallel)))
 
 
 @task(iterable=["fingerprint"], help={"host": "the host whose key to pin", "inventory": SELECT_HELP["inventory"],
@@ -63,11 +70,11 @@ def trust(c, host=None, fingerprint=None, inventory=None):
 
 
 @task(iterable=["host"], help={**SELECT_HELP, "dry_run": "print the commands that would run; change nothing"})
-def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False):
+def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False, parallel=None, no_persist=False):
     """Sync the engine source to the selected hosts (rsync --delete, verified by tree hash)."""
     with cli.exit_codes():
-        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
-        raise Exit(code=cli.deploy(inv, selected, Console(), dry_run))
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
+        raise Exit(code=cli.deploy(inv, selected, Console(), dry_run, _parallel(parallel)))
 
 
 STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build,bundles,golden,test,bench; "
@@ -81,23 +88,32 @@ STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
 def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
-             no_cache=False, history=None, gpus=None):
+             no_cache=False, history=None, gpus=None, parallel=None, no_persist=False):
     """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
     with cli.exit_codes():
-        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all)
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, history=history, gpus=gpus))
+                                     no_cache=no_cache, history=history, gpus=gpus, parallel=_parallel(parallel)))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
                                "baseline": "compare with this baseline file by a fixed ratio instead of the history"})
 def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
-            skip=None, no_cache=False, history=None, gpus=None):
+            skip=None, no_cache=False, history=None, gpus=None, parallel=None, no_persist=False):
     """Validate every host but `local` (or the selection) and flag benchmark regressions from history (exit 3)."""
     with cli.exit_codes():
-        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True)
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True,
+                                           persist=not no_persist)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, command="nightly", baseline=baseline, history=history, gpus=gpus))
+                                     no_cache=no_cache, command="nightly", baseline=baseline, history=history, gpus=gpus,
+                                     parallel=_parallel(parallel)))
+
+
+@task(help={"close": "end every warm connection (and remove stale entries)"})
+def connections(c, close=False):
+    """List your warm SSH connections (kept between runs, closed when idle); --close ends them."""
+    with cli.exit_codes():
+        raise Exit(code=cli.connections(Console(), close))
 
 
 @task(help={"rebuild": "reindex the history from the run directories under runs/", "html": "write runs/history.html",

@@ -1,6 +1,6 @@
-"""Transports: one small interface to run commands on a host and read files back, two kinds.
+"""Transports: one small interface to run commands on a host and read files back, three kinds.
 
-    t = open_transport(host)            # SshTransport or LocalTransport, nothing opened yet
+    t = open_transport(host)            # WarmTransport, SshTransport or LocalTransport, nothing opened yet
     r = t.run(command, on_output=print)   # a remote.Command -> Result(exit_code, seconds, tail, timed_out)
     t.check(command)                    # the same, raises CommandError unless it exited 0
     out = t.capture(command, max_bytes=1 << 20)   # its raw output (bytes)
@@ -16,7 +16,9 @@ timed_out), its stdin. A bare command line with `timeout=` (the client's limit) 
 tests and for commands held open for the run's length (the lock). SshTransport runs each command
 in a session of one verified connection per host (connection.py: host keys, ssh config, jump
 hosts, keepalive), opened on first use and reused by every command of the run and by rsync
-(relay.py). LocalTransport runs the same command lines with bash on this machine.
+(relay.py). LocalTransport runs the same command lines with bash on this machine. WarmTransport
+(warm.py), the default for a host reached directly, runs them as `ssh` clients of an OpenSSH
+master kept between runs; it shares LocalTransport's process handling (ProcessTransport).
 """
 from __future__ import annotations
 
@@ -115,6 +117,11 @@ class Transport:
     def rsync_dest(self, path: str) -> str:
         """`path` on this host as an rsync destination."""
         return path
+
+    def own_rsync_shell(self, connect: bool = True) -> str | None:
+        """rsync's `-e` when rsync can use the transport's connection itself (a warm connection's
+        socket; `connect`: open it first); None otherwise (local, or through relay.py)."""
+        return None
 
     # -- built on _exec ------------------------------------------------------------------------
     def run(self, command: remote.Command | str, *, timeout: float | None = None,
@@ -273,8 +280,9 @@ class Process:
         return self.result
 
 
-class LocalTransport(Transport):
-    """Commands run with bash on this machine, in their own session."""
+class ProcessTransport(Transport):
+    """Commands run as local processes (`argv(command)`), each in its own session: bash on this
+    machine (LocalTransport), or an ssh client of a warm connection (warm.WarmTransport)."""
 
     def __init__(self, host: Host, stopped: threading.Event | None = None):
         super().__init__(host, stopped)
@@ -285,8 +293,12 @@ class LocalTransport(Transport):
         for proc in list(self._running):
             _stop(proc)
 
+    def argv(self, command: str) -> list[str]:
+        """The process that runs `command`."""
+        raise NotImplementedError
+
     def _exec(self, command, stdin, sink, deadline):
-        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(self.argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self._running.add(proc)
         feeder = _feed(stdin, lambda data: (proc.stdin.write(data), proc.stdin.flush()), proc.stdin.close) \
@@ -321,6 +333,13 @@ class LocalTransport(Transport):
                 _close(proc.stdin)      # the end of stdin stops a guarded command (remote.GUARD)
 
 
+class LocalTransport(ProcessTransport):
+    """Commands run with bash on this machine, in their own session."""
+
+    def argv(self, command: str) -> list[str]:
+        return ["bash", "-c", command]
+
+
 class SshTransport(Transport):
     """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
     opened on first use and reused by every command (and by rsync, through relay.py)."""
@@ -350,10 +369,7 @@ class SshTransport(Transport):
         return self.connection.server_key()
 
     def rsync_dest(self, path: str) -> str:
-        address = self.host.address
-        assert address is not None                 # the inventory gives every ssh host one
-        address = f"[{address}]" if ":" in address else address
-        return f"{address}:{path}"
+        return ssh_rsync_dest(self.host, path)
 
     def _exec(self, command, stdin, sink, deadline):
         self.connect()
@@ -396,9 +412,21 @@ class SshTransport(Transport):
             return code
 
 
+def ssh_rsync_dest(host: Host, path: str) -> str:
+    """`path` on an ssh host as rsync's destination (an IPv6 address in brackets)."""
+    address = host.address
+    assert address is not None                 # the inventory gives every ssh host one
+    address = f"[{address}]" if ":" in address else address
+    return f"{address}:{path}"
+
+
 def open_transport(host: Host, stopped: threading.Event | None = None) -> Transport:
-    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop flag."""
-    return LocalTransport(host, stopped) if host.is_local else SshTransport(host, stopped)
+    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop
+    flag. An ssh host whose connection is kept warm (warm.uses_warm) gets a WarmTransport."""
+    if host.is_local:
+        return LocalTransport(host, stopped)
+    from . import warm
+    return warm.WarmTransport(host, stopped) if warm.uses_warm(host) else SshTransport(host, stopped)
 
 
 _READ_SCRIPT = ownership.guard(r'''

@@ -130,6 +130,7 @@ class SshLab:
         self.known_hosts.write_text("")
         self.user_known_hosts.write_text("")
         self.hosts: dict[str, SshdHost] = {}
+        self.control_dir = self.dir / "ctl"       # short: a socket path is at most 107 bytes
 
     def add_host(self, name: str, *, trusted: bool = True, log_level: str = "VERBOSE",
                  setenv: dict | None = None) -> SshdHost:
@@ -157,7 +158,10 @@ class SshLab:
         self.known_hosts.write_text("".join(l for l in lines if not l.startswith(host.known_name + " ")))
 
     def env(self) -> dict[str, str]:
-        return {"KDTREE_SSH_CONFIG": str(self.ssh_config), "KDTREE_USER_KNOWN_HOSTS": str(self.user_known_hosts)}
+        """The orchestrator's environment for the lab: its ssh config, its user known_hosts, and
+        a control socket directory of its own (warm connections; ended by close())."""
+        return {"KDTREE_SSH_CONFIG": str(self.ssh_config), "KDTREE_USER_KNOWN_HOSTS": str(self.user_known_hosts),
+                "KDTREE_CONTROL_DIR": str(self.control_dir)}
 
     @contextlib.contextmanager
     def environment(self):
@@ -182,12 +186,19 @@ class SshLab:
         return subprocess.run(self.ssh_argv(host, command), capture_output=True, text=True, timeout=60, **kwargs)
 
     def inventory_entry(self, host: SshdHost, **overrides) -> dict:
-        """A hosts.yaml entry for `host`: its alias, its remote_dir under its root, the lab's keys."""
+        """A hosts.yaml entry for `host`: its alias, its remote_dir under its root, the lab's keys;
+        no warm connection unless `persist` is given (tests/test_warm.py tests those)."""
         entry = {"address": host.name, "remote_dir": str(host.root / "kdtree-engine"), "python": sys.executable,
-                 "known_hosts": str(self.known_hosts), "timeouts": {"connect": 5, "keepalive": 5}}
+                 "known_hosts": str(self.known_hosts), "timeouts": {"connect": 5, "keepalive": 5}, "persist": False}
         entry.update(overrides)
         return entry
 
+    def end_masters(self) -> None:
+        """End every warm connection (ControlMaster) started under the lab's control directory."""
+        for sock in self.control_dir.glob("*.sock") if self.control_dir.is_dir() else ():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab"], capture_output=True, timeout=10)
+
     def close(self) -> None:
+        self.end_masters()
         for host in self.hosts.values():
             host.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bisect import (BisectError, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
+from orchestrator.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
                                  max_probes, search)
 from orchestrator.errors import UsageError
 
@@ -125,6 +125,38 @@ def test_metric_judge_needs_a_step_beyond_the_noise():
         MetricJudge(good, ProbeResult(False, "", 980.0, (900.0, 980.0, 1060.0)), "higher")
     slower = MetricJudge(ProbeResult(False, "", 2.0), ProbeResult(False, "", 2.6), "lower")
     assert slower(ProbeResult(False, "", 2.4)) and not slower(ProbeResult(False, "", 2.1))
+
+
+def test_metric_judge_compares_per_cpu_second_when_the_ends_report_it():
+    good = ProbeResult(False, "", 1000.0, (990.0, 1000.0, 1010.0), cpu_samples=(1999.0, 2000.0, 2001.0))
+    bad = ProbeResult(False, "", 850.0, (845.0, 850.0, 855.0), cpu_samples=(1699.0, 1700.0, 1701.0))
+    judge = MetricJudge(good, bad, "higher")
+    starved = ProbeResult(False, "", 500.0, (480.0, 500.0, 520.0), cpu_samples=(1990.0, 2000.0, 2010.0))
+    assert judge(starved) is False and not judge.unsure(starved)        # slow on the wall clock only
+    assert judge(ProbeResult(False, "", 990.0, cpu_samples=(1710.0, 1700.0, 1690.0))) is True
+    assert judge.unsure(ProbeResult(False, "", 900.0, cpu_samples=(1860.0, 1850.0, 1840.0)))
+    with pytest.raises(BisectError, match="no figures per CPU second"):
+        judge(ProbeResult(False, "", 1000.0))
+
+
+def test_a_probe_too_close_to_call_is_measured_again_and_pooled():
+    commits = [Commit(f"{i:040x}", f"commit {i}", f"tree{i}") for i in range(16)]
+    disturbed = {7: [920.0]}        # commit 7 is good, but its first measurement was disturbed
+    calls: list[int] = []
+    lines: list[str] = []
+
+    def probe(commit):
+        i = commits.index(commit)
+        calls.append(i)
+        value = disturbed[i].pop() if disturbed.get(i) else (850.0 if i >= 11 else 1000.0)
+        return ProbeResult(False, f"{value:g}", value, (value - 2, value, value + 2), built=calls.count(i) == 1)
+
+    result = search(commits, probe, classify=lambda good, bad: MetricJudge(good, bad, "higher"), log=lines.append)
+    assert result.first_bad == commits[11] and calls.count(7) == 2
+    assert any("too close to call: measuring again" in line for line in lines)
+    assert result.builds <= max_probes(16)                            # measuring again built nothing
+    pooled = next(p for c, p in result.probes if c == commits[7])
+    assert pooled.value == 1000.0 and len(pooled.samples) == 6 and "again: 1000" in pooled.evidence
 
 
 def test_the_bisect_command_is_exact_and_quoted():

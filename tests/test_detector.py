@@ -224,3 +224,63 @@ def test_detection_of_a_fifteen_percent_slowdown_on_a_quiet_machine(seed):
         verdict = judge(points[-1], points[:-1], 0.10)
         assert verdict.regressed, (history_length, verdict.reason)
         assert not math.isnan(verdict.change)
+
+
+def cpu_run(rng: random.Random, cpu_rate: float, share: float, cv: float = 0.02, repeats: int = 3,
+            commit: str = "c") -> Point:
+    """One run of a CPU timing (higher is better) whose process had ``share`` of a core: its wall-clock
+    samples are the per-CPU-second rate (``cpu_rate``, relative noise ``cv``) times the share."""
+    cpu = tuple(cpu_rate * rng.gauss(1, cv) for _ in range(repeats))
+    shares = tuple(min(1.0, share * rng.gauss(1, 0.02)) for _ in range(repeats))
+    wall = tuple(c * s for c, s in zip(cpu, shares))
+    return Point(median(wall), wall, run_id=f"run{rng.getrandbits(32):08x}", commit=commit, noisy=True, cpu_samples=cpu)
+
+
+@pytest.mark.parametrize("history_length", [1, 3, 8])
+def test_a_run_starved_of_cpu_is_unjudged_with_its_reason_not_a_regression(history_length):
+    rng = random.Random(7 + history_length)
+    history = [cpu_run(rng, 1000.0, 0.95, commit=f"c{i}") for i in range(history_length)]
+    starved = cpu_run(rng, 1000.0, 0.45, commit="loaded")      # the wall clock says 0.47x
+    verdict = judge(starved, history, 0.10)
+    assert verdict.status == "unjudged" and not verdict.regressed, verdict.reason
+    assert "measured under contention" in verdict.reason and abs(verdict.cpu_change) < 0.10
+    assert verdict.ratio < 0.6                                  # the wall-clock evidence stays on record
+    # the same starved run without its CPU seconds: nothing tells load from code, it is a regression
+    blind = Point(starved.value, starved.samples, run_id="blind", noisy=True)
+    assert judge(blind, [Point(p.value, p.samples, run_id=p.run_id, noisy=True) for p in history], 0.10).regressed
+
+
+@pytest.mark.parametrize("share", [0.95, 0.45])
+@pytest.mark.parametrize("history_length", [1, 3, 8])
+def test_code_that_costs_cpu_time_is_a_regression_however_loaded_the_run(share, history_length):
+    rng = random.Random(31 + history_length)
+    history = [cpu_run(rng, 1000.0, 0.95, commit=f"c{i}") for i in range(history_length)]
+    slower = cpu_run(rng, 800.0, share, commit="slow")          # 20 % fewer tokens per CPU second
+    verdict = judge(slower, history, 0.10)
+    assert verdict.regressed and verdict.reason.startswith("per CPU second: "), verdict.reason
+    assert verdict.cpu_change == pytest.approx(0.2, abs=0.05)
+
+
+def test_with_a_history_the_cpu_seconds_decide_where_the_wall_clock_noise_hides_a_step():
+    rng = random.Random(11)
+    # nights starved by different loads: the wall clock moves 2x between them, the CPU seconds do not
+    history = [cpu_run(rng, 1000.0, share, commit=f"c{i}") for i, share in enumerate([0.9, 0.45, 0.7, 0.3, 0.8, 0.5])]
+    slower = cpu_run(rng, 600.0, 0.6, commit="slow")            # 40 % more CPU time per token
+    wall_only = judge(Point(slower.value, slower.samples, run_id="w", noisy=True),
+                      [Point(p.value, p.samples, run_id=p.run_id, noisy=True) for p in history], 0.10)
+    assert wall_only.status == "same"                           # within the wall clock's noise
+    verdict = judge(slower, history, 0.10)
+    assert verdict.regressed and verdict.method == "history" and "per CPU second: " in verdict.reason
+    # with fewer points, a change on the CPU seconds alone is not enough: both clocks must show it
+    few = judge(cpu_run(rng, 850.0, 0.95), [cpu_run(rng, 1000.0, 0.5, commit="c")], 0.10)
+    assert not few.regressed and few.cpu_change == pytest.approx(0.15, abs=0.05)
+
+
+def test_the_contention_check_only_looks_at_earlier_runs_with_cpu_seconds():
+    rng = random.Random(5)
+    old = [Point(1000.0, (990.0, 1000.0, 1010.0), run_id=f"old{i}", noisy=True) for i in range(3)]
+    starved = cpu_run(rng, 1000.0, 0.45)
+    assert judge(starved, old, 0.10).regressed                  # no earlier CPU seconds: no check
+    with_cpu = [*old, cpu_run(rng, 1000.0, 0.95, commit="new")]
+    verdict = judge(starved, with_cpu, 0.10)
+    assert verdict.status == "unjudged" and "measured under contention" in verdict.reason

@@ -1,11 +1,13 @@
 """The CUDA engine compiles and links for the production arch (sm_120) and the H200 (sm_90) on a
 machine with nvcc, whether or not it has a GPU or the cuBLAS headers (CI has neither), so a CUDA
-compile error cannot land; and the sanitized build (KD_SANITIZE=1, host code under ASan + UBSan)
-compiles and links for sm_90. The builds run once per session in copies of engine_src/."""
+compile error cannot land; every kernel's ptxas resource usage is recorded for both arches with no
+register spill; and the sanitized build (KD_SANITIZE=1, host code under ASan + UBSan) compiles and
+links for sm_90. The builds run once per session in copies of engine_src/."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -65,6 +67,48 @@ def test_cuda_objects_hold_machine_code_for_the_arch(cuda_builds, arch):
                              capture_output=True, text=True)
     assert listing.returncode == 0, listing.stderr
     assert f".{arch}." in listing.stdout, listing.stdout
+
+
+KERNEL = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(?:void\s+)?(\w+)\s*\(")
+
+
+def _kernels_in_sources(cublas: bool) -> set[str]:
+    """The __global__ functions build.sh compiles (src/cuda/ and the load generator); those under
+    KD_HAVE_CUBLAS only when the build has cuBLAS."""
+    names = set()
+    for src in [*(ENGINE / "src" / "cuda").glob("*.cu*"), ENGINE / "bench" / "gpu_load.cu"]:
+        text = src.read_text()
+        if not cublas:
+            text = re.sub(r"#ifdef KD_HAVE_CUBLAS.*?#endif", "", text, flags=re.S)
+        names.update(KERNEL.findall(text))
+    return names
+
+
+def _short_name(function: str) -> str:
+    """'void kd::cuda::(anonymous namespace)::w4_kernel<4, false>(kd::cuda::W4Params)' -> 'w4_kernel'."""
+    head = re.split(r"[<(]", function.replace("(anonymous namespace)::", ""), maxsplit=1)[0]
+    return head.split("::")[-1].split()[-1]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_cuda_kernel_has_its_resource_usage_recorded_without_spills(cuda_builds, arch):
+    """build/cuda_resources.json names every kernel with its registers and shared memory, and no
+    device function spills (a spill also fails build.sh, which the compile test reports)."""
+    build, tree = cuda_builds[arch]
+    if build.returncode != 0:
+        pytest.skip("the build failed (reported by the compile test)")
+    report = json.loads((tree / "build" / "cuda_resources.json").read_text())
+    assert report["arch"] == arch and report["spilling"] == 0
+    spilling = [f"{f['function']}: {f['spill_stores']} B stores, {f['spill_loads']} B loads"
+                for f in report["functions"] if f["spill_stores"] or f["spill_loads"]]
+    assert not spilling, f"{arch}: {spilling}"
+    kernels = [f for f in report["functions"] if f["kernel"]]
+    for f in kernels:
+        assert isinstance(f["registers"], int) and 0 < f["registers"] <= 255, f
+        assert isinstance(f["smem_bytes"], int) and f["smem_bytes"] >= 0, f
+    cublas = json.loads((tree / "build" / "build_info.json").read_text())["key"]["cublas"]
+    missing = sorted(_kernels_in_sources(cublas) - {_short_name(f["function"]) for f in kernels})
+    assert not missing, f"{arch}: kernels without a resource record: {missing}"
 
 
 @pytest.fixture(scope="session")

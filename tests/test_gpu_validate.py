@@ -80,7 +80,9 @@ def load(run_dir: Path) -> dict:
 def full_run(lab, workdir, g1):
     """Every step on GPUs 0 and 1 of four (`--gpus 0,1`), GPU 0 busy with a co-tenant's server."""
     host, fake = g1
-    fake.set(4, busy={0: [BUSY]})
+    # GPU 0 also lists the run's own engine processes, by the relative name they were started as
+    fake.set(4, busy={0: [BUSY]}, own_under={"dir": str(host.root / "engine"), "gpu_uuid": fake.uuid(0),
+                                             "log": str(workdir / "own-processes.log")})
     inventory = write_inventory(workdir, lab, host, "full")
     run_dir = workdir / "run-full"
     proc = invoke(lab, "validate", inventory, "--gpus", "0,1", "--report-dir", str(run_dir))
@@ -128,7 +130,7 @@ def test_golden_and_test_ran_once_per_gpu(full_run, workdir):
     assert (run_dir / "g1" / "gpu-0.outputs.json").is_file() and (run_dir / "g1" / "gpu-1.test_results.json").is_file()
 
 
-def test_bench_runs_on_one_gpu_and_names_its_co_tenants(full_run):
+def test_bench_runs_on_one_gpu_and_names_its_co_tenants(full_run, workdir):
     proc, run_dir, fake, _ = full_run
     rec = load(run_dir)
     assert rec["steps"]["bench"]["cuda_visible_devices"] == [fake.uuid(0)]
@@ -136,6 +138,9 @@ def test_bench_runs_on_one_gpu_and_names_its_co_tenants(full_run):
     assert (gpu["index"], gpu["uuid"]) == (0, fake.uuid(0)) and gpu["samples"] >= 1
     assert gpu["co_tenants"] == [{"pid": 4242, "name": "python3 -m sglang.launch_server", "max_used_mib": 30000,
                                   "samples": gpu["samples"]}]
+    # nvidia-smi listed the bench's own engine beside it (named as started, e.g. build/kdtree): not a co-tenant
+    own = {int(line.split()[0]) for line in (workdir / "own-processes.log").read_text().splitlines()}
+    assert own and not own & {p["pid"] for p in gpu["co_tenants"]}
     assert "NOISY: 1 other process(es) on the GPU meanwhile (pid 4242 python3 -m sglang.launch_server)" in \
         rec["steps"]["bench"]["message"]
     assert rec["bench"]["metrics"]

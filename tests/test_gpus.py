@@ -331,10 +331,11 @@ def test_co_tenants_are_the_other_processes_seen_during_a_step():
     engine = GpuProcess(500, "/srv/kdtree/build/kdtree", 900)
     samples = [sample(engine), sample(engine, GpuProcess(77, "python3", 2000)),
                sample(GpuProcess(77, "python3", 3000), GpuProcess(None, "[Not Found]", None))]
-    assert gpus.co_tenants(samples, U(0), "/srv/kdtree/") == [
+    assert gpus.co_tenants(samples, U(0), own={500}) == [
         {"pid": 77, "name": "python3", "max_used_mib": 3000, "samples": 2},
         {"pid": None, "name": "[Not Found]", "max_used_mib": None, "samples": 1}]
-    assert gpus.co_tenants(samples[:1], U(0), "/srv/kdtree/") == []
+    assert gpus.co_tenants(samples[:1], U(0), own={500}) == []
+    assert [p["pid"] for p in gpus.co_tenants(samples[:1], U(0), own=())] == [500]     # the name alone proves nothing
 
 
 def test_the_query_command_as_data():

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from orchestrator import record as rec
-from orchestrator.history import HistoryError, HistoryStore, SeriesKey, build_key_id, host_key, judge_run, run_points
+from orchestrator.history import (HistoryError, HistoryStore, SeriesKey, build_key_id, contended, host_key, judge_run,
+                                  regressions, run_points)
 
 H200 = rec.Fingerprint(gpu="NVIDIA H200", gpu_count=1, compute_capability="9.0", arch="sm_90", nvcc="13.0")
 BUILD = {"backend": "cuda", "arch": "sm_90", "cxx": "g++ 13.2", "nvcc": "13.0", "cxxflags": "-O2"}
@@ -188,6 +189,27 @@ def test_a_file_that_is_not_a_history_is_refused_with_its_name(tmp_path):
         HistoryStore.open(tmp_path)
 
 
+def test_cpu_seconds_are_kept_and_a_version_1_history_gains_them_in_place(tmp_path):
+    path = tmp_path / "old.sqlite"
+    HistoryStore.open(path).close()
+    db = sqlite3.connect(path)          # the version 1 schema: points without cpu_samples
+    with db:
+        db.execute("ALTER TABLE points DROP COLUMN cpu_samples")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'version'")
+    db.close()
+    data = bench({"tok_per_s": 1000.0})
+    data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5)
+    cpu = rec.bench_from_engine({"metrics": {**data["metrics"], "odd": {"value": 1.0, "cpu_samples": [1.0, -2.0],
+                                                                     "cpu_share": 0.0}}})
+    assert cpu["metrics"]["tok_per_s"]["cpu_share"] == 0.5
+    assert "cpu_samples" not in cpu["metrics"]["odd"] and "cpu_share" not in cpu["metrics"]["odd"]
+    with HistoryStore.open(path) as store:
+        store.index_run(a_run(1, {"h": {"bench": cpu}}))
+        (point,) = store.points(metric="tok_per_s")
+        assert point.cpu_samples == (2000.0, 2010.0, 1990.0) and point.point().cpu_samples == point.cpu_samples
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("2",)
+
+
 def test_judge_run_finds_a_step_in_the_history_and_does_not_judge_reused_results(store):
     rng = random.Random(1)
     for i in range(12):
@@ -202,6 +224,24 @@ def test_judge_run_finds_a_step_in_the_history_and_does_not_judge_reused_results
     assert verdicts[("h", "layer_ms")].status == "same"
     reused = verdicts[("c", "tok_per_s")]
     assert reused.status == "unjudged" and "reused result" in reused.reason
+
+
+def test_a_night_starved_of_cpu_is_listed_as_contended_not_as_a_regression(store):
+    rng = random.Random(3)
+
+    def night(i: int, share: float, cpu_rate: float = 2000.0) -> dict:
+        data = bench({"tok_per_s": cpu_rate * share}, rng=rng)
+        data["metrics"]["tok_per_s"].update(cpu_samples=[cpu_rate * rng.gauss(1, 0.01) for _ in range(5)], noisy=True)
+        return a_run(i, {"h": {"backend": "cpu", "bench": data}})
+
+    for i in range(6):
+        store.index_run(night(i, 0.95))
+    starved, slower = night(6, 0.4), night(7, 0.95, cpu_rate=1500.0)
+    found = judge_run(store, starved, lambda metric: 0.10)
+    assert regressions(found) == [] and [c["metric"] for c in contended(found)] == ["tok_per_s"]
+    assert contended(found)[0]["ratio"] < 0.5 and abs(contended(found)[0]["cpu_change"]) < 0.05
+    found = judge_run(store, slower, lambda metric: 0.10)
+    assert [r.metric for r in regressions(found)] == ["tok_per_s"] and contended(found) == []
 
 
 def test_reported_regressions_are_kept_for_the_dashboard(store):

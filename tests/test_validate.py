@@ -557,6 +557,7 @@ def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_co
     h1 = full["hosts"]["h1"]
     metric, measured = next((m, v) for m, v in h1["bench"]["metrics"].items() if m.endswith("ar_tokens_per_s"))
     assert measured["noisy"] is True and len(measured["samples"]) == measured["n"] >= 3   # CPU timings, samples
+    assert len(measured["cpu_samples"]) == measured["n"] and measured["cpu_share"] > 0    # and per CPU second
     store_path = workdir / "kept-history" / "nightly.sqlite"
     # Ten earlier nightlies at c0, ten times faster: far beyond what load on a shared CI machine moves a CPU
     # timing between two runs (at three times, a run measured 1.5x faster than full_run read as ratio 0.504).
@@ -567,7 +568,8 @@ def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_co
                            source={"tree_hash": h1["deployed_tree_hash"], "git_rev": shas[0], "git_dirty": False})
             host = earlier["hosts"]["h1"]
             host["bench"]["metrics"] = {metric: {**measured, "value": measured["value"] * 10,
-                                                 "samples": [measured["value"] * 10 * f for f in (0.99, 1, 1.01)]}}
+                                                 "samples": [measured["value"] * 10 * f for f in (0.99, 1, 1.01)],
+                                                 "cpu_samples": [v * 10 for v in measured["cpu_samples"]]}}
             earlier["hosts"] = {"h2": host}
             store.index_run(earlier)
         assert host_key("h2", host) in [k for k, _ in store.series_keys()]

@@ -19,9 +19,12 @@ fi
 mkdir -p "$results"
 # shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
 build/kdtree bench --manifest "$refs/manifest.json" --out "$results/bench.json" ${KD_BENCH_ARGS:-}
-# With the CUDA backend, the GPU kernel benchmarks (ceiling, w4a16 vs cuBLAS, K2 MoE layer) join
-# the report; KD_BENCH_GPU_ARGS defaults to --quick (fewer repeats and token counts).
+# With the CUDA backend, the GPU kernel benchmarks (ceiling, w4a16 vs cuBLAS, K2 MoE layer, and
+# PyTorch's kernels on the same shapes when its Python has torch) join the report;
+# KD_BENCH_GPU_ARGS defaults to --quick (fewer repeats and token counts).
 if grep -q '"backend": "cuda"' build/build_info.json 2>/dev/null; then
     KD_BENCH_GPU_ARGS="${KD_BENCH_GPU_ARGS:---quick}" bash scripts/bench_gpu.sh
-    "${PYTHON:-python3}" scripts/merge_gpu_bench.py "$results/bench.json" "$results/bench_gpu.json"
+    torch_ref=()
+    [[ -f "$results/bench_torch.json" ]] && torch_ref=("$results/bench_torch.json")
+    "${PYTHON:-python3}" scripts/merge_gpu_bench.py "$results/bench.json" "$results/bench_gpu.json" ${torch_ref[@]+"${torch_ref[@]}"}
 fi

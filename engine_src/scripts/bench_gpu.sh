@@ -2,10 +2,13 @@
 # GPU kernel benchmarks (bench/bench_gpu.cu): the read-bandwidth ceiling, w4a16 GEMM at
 # M = 1..16 against cuBLAS SGEMM and bf16 on K2 shapes, and a K2-shaped MoE layer INT4 vs FP32.
 # Builds bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes bench_gpu.json, all three
-# in $KD_RESULTS_DIR (default build/: build/bench_gpu, build/bench_gpu.json).
+# in $KD_RESULTS_DIR (default build/: build/bench_gpu, build/bench_gpu.json). Then PyTorch's tinygemm
+# and cuBLAS bf16 on the same shapes (bench/torch_ref.py) into bench_torch.json there: skipped, said
+# so in that file, when the Python has no torch or no GPU; it never fails this script.
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi)   CUDA_HOME (default /usr/local/cuda)
 #   KD_BENCH_GPU_ARGS  extra flags for bench_gpu (--quick: fewer repeats and token counts)
 #   KD_BENCH_GPU_BUILD_ONLY=1  build bench_gpu and stop
+#   KD_TORCH_PYTHON  the Python for bench/torch_ref.py (default $PYTHON, else python3); KD_BENCH_TORCH=0: skip it
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -39,3 +42,11 @@ for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2
 [[ "${KD_BENCH_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
 # shellcheck disable=SC2086  # a list of flags
 "$results/bench_gpu" --json "$results/bench_gpu.json" ${KD_BENCH_GPU_ARGS:-}
+rm -f "$results/bench_torch.json"
+if [[ "${KD_BENCH_TORCH:-1}" != 0 ]]; then
+    quick=()
+    [[ " ${KD_BENCH_GPU_ARGS:-} " == *" --quick "* ]] && quick=(--quick)
+    timeout -k 5 "${KD_BENCH_TORCH_TIMEOUT:-180}" "${KD_TORCH_PYTHON:-${PYTHON:-python3}}" bench/torch_ref.py \
+        --json "$results/bench_torch.json" ${quick[@]+"${quick[@]}"} ||
+        echo "bench_gpu.sh: bench/torch_ref.py exited $? (its figures are missing from this run)" >&2
+fi

@@ -9,6 +9,8 @@
 #               recovery) and libstdc++ assertions, -O1 -g (CUDA: host code only)
 #   KD_REBUILD  1: discard this backend's objects and binaries first (a full rebuild)
 #   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
+#   KD_ALLOW_SPILLS 1: link even when a kernel spills registers (CUDA builds record ptxas resource
+#               usage per device function in build/cuda_resources.json and fail on a spill)
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -80,9 +82,9 @@ mkdir -p "$obj" build/gen
 # A changed key (compiler, flags, arch) invalidates every object of this backend; so does KD_REBUILD=1.
 if [[ "${KD_REBUILD:-0}" == 1 ]]; then
     echo "build.sh: KD_REBUILD=1: full rebuild"
-    rm -f "$obj"/*.o "$obj"/*.d "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key build/fuzz build/fuzz.key
+    rm -f "$obj"/*.o "$obj"/*.d "$obj"/*.res "$obj/key" build/kdtree build/kdtree.key build/test_ops build/test_ops.key build/fuzz build/fuzz.key
 fi
-if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d; echo "$key" > "$obj/key"; fi
+if [[ "$(cat "$obj/key" 2>/dev/null || true)" != "$key" ]]; then rm -f "$obj"/*.o "$obj"/*.d "$obj"/*.res; echo "$key" > "$obj/key"; fi
 
 # The source tree hash goes into the binary; the stamp header changes only when it does.
 tree="$(bash scripts/tree_hash.sh "$engine")"
@@ -111,6 +113,8 @@ if [[ "$current_tree" != "$tree" || "$(cat build/kdtree.key 2>/dev/null || true)
         rm -f "build/$b.key"
         cp -p "$cached/$b" "build/$b.restoring" && mv -f "build/$b.restoring" "build/$b"
     done
+    rm -f build/cuda_resources.json
+    [[ -f "$cached/cuda_resources.json" ]] && cp -p "$cached/cuda_resources.json" build/
     touch "$cached"
     evict
     cat > build/build_info.json <<JSON
@@ -140,7 +144,15 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     local out="$1" src="$2"
     echo "build.sh: compiling $src"
     if [[ "$src" == *.cu ]]; then
-        "$NVCC" $nvccflags -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" &
+        # ptxas's resource usage (registers, spills, smem per function) goes to OUT.res, the
+        # compiler's other messages to stderr as usual.
+        (
+            res="${out%.o}.res" rc=0
+            echo "source $src" >"$res"
+            "$NVCC" $nvccflags --resource-usage -Isrc -Ibuild/gen -MMD -MF "${out%.o}.d" -c "$src" -o "$out" 2>>"$res" || rc=$?
+            tail -n +2 "$res" | grep -vE '^(ptxas info|    [0-9]+ bytes stack frame)' >&2 || true
+            exit "$rc"
+        ) &
     else
         "$CXX" $cxxflags -Isrc -Ibuild/gen -MMD -MP -c "$src" -o "$out" &
     fi
@@ -154,7 +166,7 @@ for src in "${sources[@]}"; do
     [[ -e "$src" ]] || continue
     base="${src//\//_}"; o="$obj/${base%.*}.o"
     objects+=("$o")
-    if stale "$o"; then compile "$o" "$src"; fi
+    if stale "$o" || [[ "$src" == *.cu && ! -f "${o%.o}.res" ]]; then compile "$o" "$src"; fi
 done
 failed=()
 for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${names[$i]}"); done
@@ -162,6 +174,20 @@ if (( ${#failed[@]} )); then
     for f in "${failed[@]}"; do rm -f "$obj/$(echo "${f//\//_}" | sed 's/\.[^.]*$//').o"; done
     echo "build.sh: compile failed: ${failed[*]}" >&2
     exit 1
+fi
+
+rm -f build/cuda_resources.json   # rewritten below for a CUDA build; a CPU build has no kernels
+if [[ "$backend" == cuda ]]; then
+    res_logs=()
+    for o in "${objects[@]}"; do [[ -f "${o%.o}.res" ]] && res_logs+=("${o%.o}.res"); done
+    rc=0
+    bash scripts/cuda_resources.sh "$arch" build/cuda_resources.json "${res_logs[@]}" || rc=$?
+    if (( rc == 1 )) && [[ "${KD_ALLOW_SPILLS:-0}" == 1 ]]; then
+        echo "build.sh: KD_ALLOW_SPILLS=1: linking although a kernel spills"
+    elif (( rc != 0 )); then
+        echo "build.sh: ptxas resource check failed for $arch (build/cuda_resources.json; KD_ALLOW_SPILLS=1 links anyway)" >&2
+        exit 1
+    fi
 fi
 
 engine_objs=(); main_obj=""; test_obj=""; fuzz_obj=""; load_obj=""
@@ -208,6 +234,7 @@ JSON
 if (( cache_keep > 0 )) && { (( ${#rebuilt[@]} )) || ! have_all "$cached"; }; then
     mkdir -p "$cached"
     for b in "${binaries[@]}"; do cp -p "build/$b" "$cached/"; done
+    [[ "$backend" != cuda ]] || cp -p build/cuda_resources.json "$cached/"
     touch "$cached"
 fi
 evict

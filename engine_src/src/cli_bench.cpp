@@ -24,6 +24,20 @@ double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Over a repeat, the process's CPU time / wall time (its CPU share) is the cores it kept busy: a
+// share that drops between runs means other processes took the cores, and a figure per CPU
+// second (a rate / share, a time x share: the work per CPU second) leaves their cost out. A
+// single-threaded repeat has a share of at most 1, one that splits its matmuls over threads
+// (backend_cpu.cpp) can exceed it. Decoding counts its own CPU seconds (Generation); a
+// Stopwatch covers what does not.
+struct Stopwatch {
+    double wall = now_seconds(), cpu = cpu_seconds();
+    double share() const {  // since construction
+        const double w = now_seconds() - wall, c = cpu_seconds() - cpu;
+        return w > 0 && c > 0 ? c / w : 1.0;
+    }
+};
+
 double median_of(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -39,9 +53,14 @@ double mad_of(const std::vector<double>& v) {
 
 // A metric with what a reader needs to judge its noise: every repeat's sample, their median and
 // MAD (median absolute deviation); `noisy` marks timings whose noise the machine adds (CPU
-// timings: other processes share the cores).
+// timings: other processes share the cores). A CPU timing also carries each repeat's figure per
+// CPU second (`cpu_samples`) and its repeats' median CPU share (`cpu_share`).
 Json metric(double value, const std::string& unit, const std::string& better,
-            const std::vector<double>& samples = {}, bool noisy = false) {
+            const std::vector<double>& samples = {}, bool noisy = false,
+            std::vector<double> cpu_samples = {}, const std::vector<double>& shares = {}) {
+    // a span too short for the CPU clock to see has no figure per CPU second
+    cpu_samples.erase(std::remove_if(cpu_samples.begin(), cpu_samples.end(), [](double v) { return !(std::isfinite(v) && v > 0); }),
+                      cpu_samples.end());
     Json m = Json::object();
     m.set("value", value).set("unit", unit).set("better", better);
     if (!samples.empty()) {
@@ -49,13 +68,18 @@ Json metric(double value, const std::string& unit, const std::string& better,
         m.set("median", median_of(samples)).set("mad", mad_of(samples));
     }
     if (noisy) m.set("noisy", true);
+    if (!cpu_samples.empty()) m.set("cpu_samples", Json::array_of(cpu_samples));
+    if (!shares.empty()) m.set("cpu_share", median_of(shares));
     return m;
 }
 
-// `repeats` runs: the best (least disturbed) one, and every run's tokens/s (whole, decode, prefill).
+
+// `repeats` runs: the best (least disturbed) one, every run's tokens/s (whole, decode, prefill),
+// the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
 struct Repeats {
     Generation best;
-    std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s;
+    std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s, shares, prefill_shares;
+    std::vector<double> cpu_tokens_per_s, cpu_decode_tokens_per_s, cpu_prefill_tokens_per_s;
 };
 
 Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
@@ -65,7 +89,14 @@ Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& pr
         Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
         r.tokens_per_s.push_back(g.tokens_per_second());
         r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
-        if (g.prefill_seconds > 0) r.prefill_tokens_per_s.push_back(prompt.size() / g.prefill_seconds);
+        r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
+        r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
+        r.shares.push_back(g.cpu_share());
+        if (g.prefill_seconds > 0) {
+            r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
+            r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
+            r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
+        }
         if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
     }
     return r;
@@ -77,27 +108,44 @@ std::vector<double> ratios(const std::vector<double>& over, double under) {
     return out;
 }
 
+// What a CPU timing adds to its metric: its figures per CPU second and the shares (nothing on a GPU).
+struct CpuView {
+    std::vector<double> samples, shares;
+};
+
 Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, const std::vector<int>& budgets,
                   int repeats, Json& metrics) {
     Json out = Json::object();
     const bool noisy = be.name() == "cpu";
     const Repeats ar_runs = run_repeats(be, b, b.prompt, n, 0, repeats);
     const Generation& ar = ar_runs.best;
+    const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares) {
+        return noisy ? CpuView{rates, shares} : CpuView{};
+    };
+    const auto timed = [&](double value, const std::string& unit, const std::vector<double>& samples, const CpuView& v) {
+        return metric(value, unit, "higher", samples, noisy, v.samples, v.shares);
+    };
+    // Per CPU second, a speed-up is over the best AR run per CPU second (the wall clock's best run
+    // can be one whose CPU seconds a cold cache inflated).
+    const auto best_of = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+    const double ar_cpu_rate = best_of(ar_runs.cpu_tokens_per_s), ar_cpu_decode = best_of(ar_runs.cpu_decode_tokens_per_s);
     Json arj = Json::object();
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
     arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
     out.set("ar", arj);
-    metrics.set(name + ".ar_tokens_per_s", metric(ar.tokens_per_second(), "tokens/s", "higher", ar_runs.tokens_per_s, noisy));
+    metrics.set(name + ".ar_tokens_per_s", timed(ar.tokens_per_second(), "tokens/s", ar_runs.tokens_per_s,
+                                                 cpu(ar_runs.cpu_tokens_per_s, ar_runs.shares)));
     // Decode alone (after the prompt): at long context the prefill would hide what DDTree saves.
-    metrics.set(name + ".ar_decode_tokens_per_s",
-                metric(ar.decode_tokens_per_second(), "tokens/s", "higher", ar_runs.decode_tokens_per_s, noisy));
+    metrics.set(name + ".ar_decode_tokens_per_s", timed(ar.decode_tokens_per_second(), "tokens/s", ar_runs.decode_tokens_per_s,
+                                                        cpu(ar_runs.cpu_decode_tokens_per_s, ar_runs.shares)));
     metrics.set(name + ".prefill_tokens_per_s",
-                metric(ar.prefill_seconds > 0 ? b.prompt.size() / ar.prefill_seconds : 0.0, "tokens/s", "higher",
-                       ar_runs.prefill_tokens_per_s, noisy));
+                timed(ar.prefill_tokens_per_second(b.prompt.size()), "tokens/s", ar_runs.prefill_tokens_per_s,
+                      cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares)));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
     std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
+    CpuView best_speedups_cpu, best_decodes_cpu, best_decode_speedups_cpu;
     for (int budget : budgets) {
         const Repeats runs = run_repeats(be, b, b.prompt, n, budget, repeats);
         const Generation& g = runs.best;
@@ -111,33 +159,39 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
             best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
+            best_speedups_cpu = cpu(ratios(runs.cpu_tokens_per_s, ar_cpu_rate), runs.shares);
         }
         best_accept = std::max(best_accept, g.accept_mean());
         if (g.decode_tokens_per_second() > best_decode) {
             best_decode = g.decode_tokens_per_second();
             best_decodes = runs.decode_tokens_per_s;
+            best_decodes_cpu = cpu(runs.cpu_decode_tokens_per_s, runs.shares);
+            best_decode_speedups_cpu = cpu(ratios(runs.cpu_decode_tokens_per_s, ar_cpu_decode), runs.shares);
         }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
                     ar.decode_tokens_per_second(), g.accept_mean());
     }
     out.set("ddtree", trees);
-    metrics.set(name + ".ddtree_best_speedup", metric(best_speedup, "x", "higher", best_speedups, noisy));
-    metrics.set(name + ".ddtree_best_decode_tokens_per_s", metric(best_decode, "tokens/s", "higher", best_decodes, noisy));
+    metrics.set(name + ".ddtree_best_speedup", timed(best_speedup, "x", best_speedups, best_speedups_cpu));
+    metrics.set(name + ".ddtree_best_decode_tokens_per_s", timed(best_decode, "tokens/s", best_decodes, best_decodes_cpu));
+    const bool decoded = ar.decode_tokens_per_second() > 0;
     metrics.set(name + ".ddtree_best_decode_speedup",
-                metric(ar.decode_tokens_per_second() > 0 ? best_decode / ar.decode_tokens_per_second() : 0.0, "x", "higher",
-                       ar.decode_tokens_per_second() > 0 ? ratios(best_decodes, ar.decode_tokens_per_second())
-                                                         : std::vector<double>{}, noisy));
+                timed(decoded ? best_decode / ar.decode_tokens_per_second() : 0.0, "x",
+                      decoded ? ratios(best_decodes, ar.decode_tokens_per_second()) : std::vector<double>{},
+                      decoded ? best_decode_speedups_cpu : CpuView{}));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
 
     // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
     // run with the least MoE FFN time, and every run's MoE FFN total (its samples).
     Json layers = Json::array();
-    std::vector<double> moe_ffn_ms;
+    std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms;  // the latter: x the run's CPU share
     for (int r = 0; r < repeats; ++r) {
         Model model(b, be, static_cast<int>(b.prompt.size()));
         model.profile = true;
+        const Stopwatch watch;
         const Generation g = generate_ar(model, b.prompt, n);
+        const double share = watch.share();
         const double per_forward = 1e3 / (g.forwards + 1);
         Json run = Json::array();
         double moe = 0;
@@ -151,9 +205,11 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         }
         if (moe_ffn_ms.empty() || moe < *std::min_element(moe_ffn_ms.begin(), moe_ffn_ms.end())) layers = run;
         moe_ffn_ms.push_back(moe);
+        moe_ffn_cpu_ms.push_back(moe * share);
     }
     out.set("layers_ms_per_forward", layers);
     out.set("moe_ffn_ms", Json::array_of(moe_ffn_ms));
+    if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(moe_ffn_cpu_ms));
     out.set("quant", b.int4 ? "int4" : "fp32");
     return out;
 }
@@ -235,34 +291,46 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             be.moe_gate(idx, wts, logits, gate_b, M, r);
             be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
         };
-        const auto time_layer = [&](int M, bool int4) {  // every repeat's milliseconds
+        struct Timed {
+            std::vector<double> ms, cpu_ms, shares;  // every repeat's milliseconds, CPU ms, CPU share
+        };
+        const auto time_layer = [&](int M, bool int4) {
             layer(M, int4);  // warm-up
             be.synchronize();
-            std::vector<double> ms;
+            Timed t;
             for (int i = 0; i < repeats; ++i) {
-                const double t0 = now_seconds();
+                const Stopwatch watch;
                 layer(M, int4);
                 be.synchronize();
-                ms.push_back((now_seconds() - t0) * 1e3);
+                t.ms.push_back((now_seconds() - watch.wall) * 1e3);
+                t.shares.push_back(watch.share());
+                t.cpu_ms.push_back(t.ms.back() * t.shares.back());
             }
-            return ms;
+            return t;
         };
         const bool noisy = be.name() == "cpu";
         Json rows = Json::array();
         for (int M : token_counts) {
-            const std::vector<double> sf = time_layer(M, false), sq = time_layer(M, true);
+            const Timed f = time_layer(M, false), q = time_layer(M, true);
+            const std::vector<double>& sf = f.ms;
+            const std::vector<double>& sq = q.ms;
             const double tf = *std::min_element(sf.begin(), sf.end()) / 1e3, tq = *std::min_element(sq.begin(), sq.end()) / 1e3;
-            std::vector<double> speedups;
-            for (size_t i = 0; i < sf.size(); ++i) speedups.push_back(sf[i] / sq[i]);
+            std::vector<double> speedups, cpu_speedups, shares;
+            for (size_t i = 0; i < sf.size(); ++i) {
+                speedups.push_back(sf[i] / sq[i]);
+                cpu_speedups.push_back(f.cpu_ms[i] / q.cpu_ms[i]);
+                shares.push_back(std::min(f.shares[i], q.shares[i]));
+            }
+            const auto cpu = [&](const std::vector<double>& v) { return noisy ? v : std::vector<double>{}; };
             Json row = Json::object();
             row.set("tokens", M).set("fp32_ms", tf * 1e3).set("int4_ms", tq * 1e3).set("int4_speedup", tf / tq);
             rows.push(row);
             std::printf("  moe layer (D %d, I %d, E %d, top-%d + 1 shared) M=%2d: fp32 %9.3f ms  int4 %9.3f ms  speedup %.2fx\n",
                         D, I, n_experts, top_k, M, tf * 1e3, tq * 1e3, tf / tq);
             const std::string m = std::to_string(M);
-            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower", sf, noisy));
-            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower", sq, noisy));
-            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher", speedups, noisy));
+            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower", sf, noisy, cpu(f.cpu_ms), cpu(f.shares)));
+            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower", sq, noisy, cpu(q.cpu_ms), cpu(q.shares)));
+            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher", speedups, noisy, cpu(cpu_speedups), cpu(shares)));
         }
         out.set("dim", D).set("moe_inter_dim", I).set("n_experts", n_experts).set("top_k", top_k).set("n_shared", 1);
         out.set("rows", rows);
@@ -328,14 +396,22 @@ int cmd_bench(int argc, char** argv) {
         if (name.size() < 5 || name.compare(name.size() - 5, 5, "_int4") != 0) continue;
         const std::string fp32 = name.substr(0, name.size() - 5) + "_fp32";
         if (!bundles.has(fp32)) continue;
-        std::vector<double> sq, sf, speedups;
-        for (const Json& v : kv.second.at("moe_ffn_ms").items()) sq.push_back(v.as_number());
-        for (const Json& v : bundles.at(fp32).at("moe_ffn_ms").items()) sf.push_back(v.as_number());
+        const auto numbers = [](const Json& j, const char* key) {
+            std::vector<double> v;
+            if (j.has(key))
+                for (const Json& x : j.at(key).items()) v.push_back(x.as_number());
+            return v;
+        };
+        const std::vector<double> sq = numbers(kv.second, "moe_ffn_ms"), sf = numbers(bundles.at(fp32), "moe_ffn_ms");
+        const std::vector<double> cq = numbers(kv.second, "moe_ffn_cpu_ms"), cf = numbers(bundles.at(fp32), "moe_ffn_cpu_ms");
         if (sq.empty() || sf.empty()) continue;
         const double tq = *std::min_element(sq.begin(), sq.end()), tf = *std::min_element(sf.begin(), sf.end());
+        std::vector<double> speedups, cpu_speedups;
         for (size_t i = 0; i < std::min(sq.size(), sf.size()); ++i)
             if (sq[i] > 0) speedups.push_back(sf[i] / sq[i]);
-        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu));
+        for (size_t i = 0; i < std::min(cq.size(), cf.size()); ++i)
+            if (cq[i] > 0) cpu_speedups.push_back(cf[i] / cq[i]);
+        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu, cpu_speedups));
     }
     std::printf("K2-width MoE layer, random weights\n");
     const Json moe = bench_moe_layer(*be, o.experts, o.moe_tokens, o.repeats, metrics);

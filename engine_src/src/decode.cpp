@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <numeric>
 #include <stdexcept>
 
@@ -58,6 +59,30 @@ double Generation::decode_tokens_per_second() const {
     return decode_seconds > 0 && tokens.size() > 1 ? static_cast<double>(tokens.size() - 1) / decode_seconds : 0.0;
 }
 
+double Generation::prefill_tokens_per_second(size_t prompt_tokens) const {
+    return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
+}
+
+double Generation::tokens_per_cpu_second() const {
+    const double t = prefill_cpu_seconds + decode_cpu_seconds;
+    return t > 0 ? static_cast<double>(tokens.size()) / t : 0.0;
+}
+
+double Generation::decode_tokens_per_cpu_second() const {
+    return decode_cpu_seconds > 0 && tokens.size() > 1 ? static_cast<double>(tokens.size() - 1) / decode_cpu_seconds : 0.0;
+}
+
+double Generation::prefill_tokens_per_cpu_second(size_t prompt_tokens) const {
+    return prefill_cpu_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_cpu_seconds : 0.0;
+}
+
+double Generation::cpu_share() const {
+    const double wall = prefill_seconds + decode_seconds;
+    return wall > 0 ? (prefill_cpu_seconds + decode_cpu_seconds) / wall : 0.0;
+}
+
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
 int batch_rows_needed(size_t prompt_len, int budget) {
     const int64_t rows = std::max<int64_t>(static_cast<int64_t>(std::min<size_t>(prompt_len, INT32_MAX)), 1 + int64_t{std::max(budget, 0)});
     if (rows > INT32_MAX) throw std::runtime_error("generate: " + std::to_string(rows) + " rows per forward do not fit in an int");
@@ -67,10 +92,10 @@ int batch_rows_needed(size_t prompt_len, int budget) {
 Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) {
     check_request(model, prompt, n);
     Generation g;
-    const double t0 = now_seconds();
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     g.tokens.push_back(prefill(model, prompt));
     model.backend().synchronize();
-    const double t1 = now_seconds();
+    const double t1 = now_seconds(), c1 = cpu_seconds();
     const int32_t no_parent = -1;
     while (static_cast<int>(g.tokens.size()) < n) {
         int32_t token = g.tokens.back();
@@ -85,6 +110,8 @@ Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) 
     }
     g.prefill_seconds = t1 - t0;
     g.decode_seconds = now_seconds() - t1;
+    g.prefill_cpu_seconds = c1 - c0;
+    g.decode_cpu_seconds = cpu_seconds() - c1;
     return g;
 }
 
@@ -98,14 +125,14 @@ Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int
     const int D = model.config().dim, V = model.config().vocab_size;
     const int K = std::min(budget, V);
     Generation g;
-    const double t0 = now_seconds();
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     int32_t bonus = prefill(model, prompt);
     g.tokens.push_back(bonus);
     // h_T of the bonus lives in the model's hidden buffer, overwritten by the next forward: keep a copy.
     void* h_T = be.alloc(sizeof(float) * D);
     be.copy(h_T, model.hidden() + static_cast<long>(prompt.size() - 1) * D, sizeof(float) * D);
     be.synchronize();
-    const double t1 = now_seconds();
+    const double t1 = now_seconds(), c1 = cpu_seconds();
     try {
         std::vector<int32_t> draft_tokens, pos, post;
         std::vector<float> draft_logprobs;
@@ -141,6 +168,8 @@ Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int
     g.tokens.resize(static_cast<size_t>(n));
     g.prefill_seconds = t1 - t0;
     g.decode_seconds = now_seconds() - t1;
+    g.prefill_cpu_seconds = c1 - c0;
+    g.decode_cpu_seconds = cpu_seconds() - c1;
     return g;
 }
 

@@ -1,6 +1,8 @@
 """Bench: run the engine's benchmarks on the host and pull its JSON report. With GPUs claimed, the
 benchmarks run on the first of them alone, and the processes of others seen on that GPU while they
-ran (nvidia-smi, sampled) are recorded as its co-tenants: a figure measured beside them is noisy."""
+ran (nvidia-smi, sampled) are recorded as its co-tenants: a figure measured beside them is noisy.
+The step's own engine processes are known by their executable (under remote_dir), not by the name
+nvidia-smi shows, which is whatever the process was started as (`build/kdtree`)."""
 from __future__ import annotations
 
 import threading
@@ -30,10 +32,10 @@ def run(ctx: StepContext) -> Outcome:
         ctx.stamp_result(data)
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
     gpu = ctx.gpus[0]
-    with _Sampler(ctx) as sampler:
+    with _Sampler(ctx, gpu.uuid) as sampler:
         ctx.engine("bench", ctx.gpu_env(gpu))
     ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
-    others = gpus.co_tenants(sampler.samples, gpu.uuid, ctx.host.remote_dir.rstrip("/") + "/")
+    others = gpus.co_tenants(sampler.samples, gpu.uuid, sampler.own)
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
                                "samples": len(sampler.samples)}
     _annotate(ctx, busy=bool(others) or bool(ctx.record.fingerprint.gpus_busy))
@@ -55,17 +57,26 @@ def _annotate(ctx: StepContext, busy: bool) -> None:
 
 
 class _Sampler:
-    """Looks at the host's GPUs (nvidia-smi) now and every SAMPLE_SECONDS until the with-block ends."""
+    """Looks at the host's GPUs (nvidia-smi) now and every SAMPLE_SECONDS until the with-block ends,
+    and tells the step's own processes on GPU `uuid` (own: their pids) from the others."""
 
-    def __init__(self, ctx: StepContext):
-        self.ctx, self._done = ctx, threading.Event()
+    def __init__(self, ctx: StepContext, uuid: str):
+        self.ctx, self.uuid, self._done = ctx, uuid, threading.Event()
         self.samples: list = []
+        self.own: set[int] = set()
+        self._resolved: set[int] = set()
+        self._prefix = ctx.host.remote_dir.rstrip("/") + "/"
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while True:
             try:
-                self.samples.append(gpus.query(self.ctx.transport))
+                sample = gpus.query(self.ctx.transport)
+                new = gpus.pids_on(sample, self.uuid) - self._resolved
+                exes = gpus.executables(self.ctx.transport, new)
+                self._resolved |= new
+                self.own |= {pid for pid, exe in exes.items() if exe.startswith(self._prefix)}
+                self.samples.append(sample)
             except KdError as e:            # a look that failed is no evidence either way
                 self.ctx.log(f"(a look at the GPUs failed: {e.message})")
             if self._done.wait(SAMPLE_SECONDS):

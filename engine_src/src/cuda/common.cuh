@@ -51,6 +51,19 @@ inline bool device_is_sm90_or_later() {
     return yes;
 }
 
+// The current device's opt-in limit of dynamic shared memory per block, in bytes (queried once):
+// 227 KiB on sm_90, 99 KiB on sm_120, so a kernel sized for Hopper must check it.
+inline int device_smem_optin() {
+    static const int bytes = [] {
+        int device = 0, optin = 0;
+        check(cudaGetDevice(&device), "cudaGetDevice", __FILE__, __LINE__);
+        check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute",
+              __FILE__, __LINE__);
+        return optin;
+    }();
+    return bytes;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start while the previous kernel in
 // the stream finishes (see chain_acquire); `what` names the kernel in a launch error.
 template <class... Params, class... Args>

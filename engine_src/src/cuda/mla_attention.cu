@@ -9,12 +9,15 @@
 // the same values as the same token decoded after compaction.
 #include "ops.cuh"
 
+#include <algorithm>
+
 namespace kd::cuda {
 
 namespace {
 
 constexpr int kAttnThreads = 128;
-constexpr size_t kAttnMaxSmem = 200 * 1024;
+constexpr size_t kAttnMaxSmem = 200 * 1024;  // at most; less where the device allows less per block
+
 
 __global__ void mla_attention_kernel(float* out, const float* q, const float* wkv_b, const float* cache,
                                      int committed, const int32_t* parent, int H, int d_c, int d_n, int d_r, int d_v,
@@ -96,6 +99,18 @@ __global__ void mla_attention_kernel(float* out, const float* q, const float* wk
     }
 }
 
+// The kernel's dynamic shared memory limit on this device, set once: kAttnMaxSmem, or the
+// device's opt-in maximum per block where that is smaller (sm_120: 99 KiB).
+size_t attn_smem_limit() {
+    static const size_t limit = [] {
+        const size_t l = std::min(kAttnMaxSmem, static_cast<size_t>(device_smem_optin()));
+        KD_CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(l)));
+        return l;
+    }();
+    return limit;
+}
+
 }  // namespace
 
 void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache, int committed,
@@ -103,15 +118,10 @@ void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b,
     if (M <= 0) return;
     const size_t smem = sizeof(float) * (2 * static_cast<size_t>(d.d_c) + d.d_r) + sizeof(int) * (M + 1) +
                         sizeof(float) * (static_cast<size_t>(committed) + M + 1);
-    if (smem > kAttnMaxSmem)
+    if (smem > attn_smem_limit())
         throw std::runtime_error("mla_attention: " + std::to_string(committed + M) +
-                                 " visible rows exceed the kernel's shared memory");
-    static bool configured = false;
-    if (!configured) {
-        KD_CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kAttnMaxSmem)));
-        configured = true;
-    }
+                                 " visible rows exceed the kernel's shared memory (" +
+                                 std::to_string(attn_smem_limit()) + " bytes on this device)");
     mla_attention_kernel<<<M * d.n_heads, kAttnThreads, smem, ctx.stream>>>(
         out, q, wkv_b, cache, committed, parent, d.n_heads, d.d_c, d.d_n, d.d_r, d.d_v, d.scale);
     KD_CUDA_LAUNCH_CHECK("mla_attention_kernel");

@@ -397,10 +397,16 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
 }
 
 
+// Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
+// (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
+constexpr int w4_smem_bytes(int Q) {
+    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (KD_W4_XSTRIDE + 1);
+}
+
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
-    const int smem = 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (KD_W4_XSTRIDE + 1);
+    const int smem = w4_smem_bytes(Q);
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -421,7 +427,10 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
 template <bool GLU>
 void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     const int quads = std::min(4, ceil_div(std::min(pass_rows, max_rows), 4));
-    const int q = quads <= 1 ? 1 : quads == 2 ? 2 : 4;
+    int q = quads <= 1 ? 1 : quads == 2 ? 2 : 4;
+    // 16-row passes need more shared memory than sm_120 gives a block (99 KiB): 8-row passes
+    // there, which give the same bits (rows never depend on the pass size).
+    if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
     p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {

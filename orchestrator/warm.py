@@ -1,0 +1,385 @@
+"""Warm connections: an OpenSSH ControlMaster per host that outlives the run, so the next run
+skips the handshake (docs/transport.md says why OpenSSH here, and what it costs).
+
+    t = WarmTransport(host, stopped)    # a Transport: each command is an `ssh` over the master
+    t.connect()                          # key probed, master reused or started (verified)
+    warm.listing(); warm.close_all()     # `invoke connections [--close]`
+
+Security model (README.md, "Security model"):
+- The master is started with the same key checks as a fresh connection: StrictHostKeyChecking=yes
+  against the project known_hosts and the user's (no global file, no DNS, no key updates), or a
+  pinned `host_key:` (OpenSSH's KnownHostsCommand answers the pinned key only).
+- A master never hides a changed host key: OpenSSH skips key checking on a multiplexed session,
+  and an sshd restarted with a new key keeps its old sessions, so every run first probes the
+  host's key with a key exchange of its own (no authentication; ~0.1 s) under those same checks.
+  A probe that fails makes the run fail exactly as a fresh connection does (the error is the
+  Paramiko connection's own), and ends the master.
+- The socket's name binds what it was verified against: the host's address, port, user, identity,
+  ssh config and pinned key, and the known_hosts files' contents. A changed known_hosts or pin
+  (invoke trust, ssh-keygen -R) means another socket, hence a freshly verified master.
+- The sockets live in a directory of the user's own (KDTREE_CONTROL_DIR, else
+  $XDG_RUNTIME_DIR/kdtree-ssh, else /tmp/kdtree-ssh-UID), mode 0700, checked before every use:
+  a directory that is a symlink, someone else's, or open to group or others is refused. Two
+  users never share one; OpenSSH creates the socket 0600.
+- ControlPersist closes a master idle for `persist` seconds (inventory, default 600); `persist:
+  false` or --no-persist uses the run's own Paramiko connection and leaves nothing behind.
+- A command goes over the socket or fails: it never falls back to a connection of its own
+  (ProxyCommand /bin/false behind the socket), so a dead master is a lost connection, as a
+  dropped Paramiko connection is. A stale socket (master gone, host rebooted) is found by
+  `ssh -O check` before use and replaced.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from . import hostkeys, remote
+from .errors import ConnectError, HostError, UsageError
+from .inventory import Host
+from .transport import ProcessTransport, ssh_rsync_dest
+
+# The probe only verifies the host key, so its key exchange is the fastest the host offers
+# (Paramiko's curve25519 first; OpenSSH's post-quantum default costs ~70 ms of CPU a side).
+PROBE_KEX = ("curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,"
+             "sntrup761x25519-sha512@openssh.com,diffie-hellman-group14-sha256")
+PROBE_METHOD = "kdtree-key-probe"        # no such authentication method: the probe stops after the key check
+CHECK_TIMEOUT = 10                       # seconds for `ssh -O check|exit`: the master answers locally
+MISSING_FROM_MUX = 255
+
+
+def control_dir(create: bool = True) -> Path:
+    """The user's private directory of control sockets (module doc), created 0700 and checked;
+    UsageError naming the directory and what is wrong with it."""
+    if os.environ.get("KDTREE_CONTROL_DIR"):
+        path = Path(os.environ["KDTREE_CONTROL_DIR"])
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "kdtree-ssh"
+    else:
+        path = Path("/tmp") / f"kdtree-ssh-{os.geteuid()}"
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    check_private(path)
+    return path
+
+
+def check_private(path: Path) -> None:
+    """Refuse a socket directory that another user could reach into (module doc)."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise UsageError(f"the control socket directory {path} cannot be used: {e.strerror}") from None
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "not a directory"
+    elif st.st_uid != os.geteuid():
+        why = f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        why = f"open to group or others (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    if why:
+        raise UsageError(f"the control socket directory {path} is {why}: refusing to keep connections there. "
+                         f"Remove it, or set KDTREE_CONTROL_DIR to a directory of yours with mode 0700, "
+                         f"or run with --no-persist")
+
+
+def uses_warm(host: Host) -> bool:
+    """Whether the host's connection is kept warm: persist on and reached directly (a jump host
+    or a ProxyCommand is verified by another ssh process than ours: those keep Paramiko's), and
+    this machine has OpenSSH's client."""
+    if host.is_local or not host.persist or not shutil.which("ssh"):
+        return False            # no OpenSSH client on this machine: Paramiko needs none
+    found = _ssh_g(host)
+    return found.get("proxyjump", "none") == "none" and found.get("proxycommand", "none") == "none" \
+        and not host.jump and not _pin_contradicted(host, found)
+
+
+class WarmTransport(ProcessTransport):
+    """Commands run as `ssh` clients of the host's warm master (module doc)."""
+
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
+        self._ready = False
+        self._lock = threading.Lock()
+        self.socket: Path | None = None
+
+    def connect(self) -> None:
+        with self._lock:
+            if self._ready:
+                return
+            self._refuse_if_stopped()
+            self.socket = socket_path(self.host)
+            ensure_master(self.host, self.socket, self.stopped)
+            self._ready = True
+
+    def argv(self, command: str) -> list[str]:
+        self.connect()
+        assert self.socket is not None
+        return client_argv(self.host, self.socket) + ["--", command]
+
+    def rsync_dest(self, path: str) -> str:
+        return ssh_rsync_dest(self.host, path)
+
+    def own_rsync_shell(self, connect: bool = True) -> str | None:
+        """rsync's `-e`: an ssh client of the master, never a connection of its own."""
+        if connect:
+            self.connect()
+        return remote.quote(client_argv(self.host, self.socket or socket_path(self.host))[:-1])   # rsync adds the host
+
+    def _exec(self, command, stdin, sink, deadline):
+        code = super()._exec(command, stdin, sink, deadline)
+        if code == MISSING_FROM_MUX and self.socket is not None and not master_alive(self.host, self.socket):
+            raise ConnectError("connection lost while running a command (the warm connection ended)",
+                               host=self.host.name, command=command, retry=False)
+        return code
+
+
+def socket_path(host: Host) -> Path:
+    """The host's control socket: its name hashes what the master was verified against (module doc)."""
+    found = _ssh_g(host)
+    files = [Path(f) for f in hostkeys.known_hosts_files(host.known_hosts)]
+    config = os.environ.get("KDTREE_SSH_CONFIG") or ""
+    parts = [str(os.geteuid()), str(host.address), found.get("hostname", ""), found.get("port", ""),
+             found.get("user", ""), host.identity or "", " ".join(found.get("identityfile", "").split()),
+             host.host_key or "", config, _content(Path(config)) if config else ""]
+    parts += [f"{f}={_content(f)}" for f in files]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    return control_dir() / f"{digest}.sock"
+
+
+def ensure_master(host: Host, sock: Path, stopped: threading.Event) -> None:
+    """Reuse the host's live master after probing the key, or replace a stale one and start a
+    master (each verifies the key); the error of a fresh connection when the key check fails."""
+    with _locked(sock):
+        if master_alive(host, sock):
+            if _probe(host):
+                return
+            stop_master(host, sock)
+            _fresh_error(host, stopped, "the host key probe failed")
+        _remove_stale(sock)
+        error = _start_master(host, sock)
+        if error is None:
+            _describe(host, sock)
+            return
+        _fresh_error(host, stopped, error)
+        error = _start_master(host, sock)       # the fresh connection worked: the host was restarting
+        if error is not None:
+            raise ConnectError(f"ssh could not start a warm connection: {error} (persist: false or "
+                               f"--no-persist uses the run's own connection)", host=host.name, retry=False)
+        _describe(host, sock)
+
+
+def master_alive(host: Host, sock: Path) -> bool:
+    """Whether a master answers on the socket (`ssh -O check`)."""
+    if not sock.is_socket():
+        return False
+    return _control(host, sock, "check").returncode == 0
+
+
+def stop_master(host: Host | None, sock: Path) -> None:
+    """End the master on the socket (`ssh -O exit`) and remove what it leaves."""
+    if sock.is_socket():
+        _control(host, sock, "exit")
+    _remove_stale(sock)
+
+
+def listing() -> list[dict]:
+    """The warm connections of this user: host, where, idle bound, alive (pid) or stale."""
+    rows = []
+    for info in sorted(control_dir().glob("*.json")):
+        sock = info.with_suffix(".sock")
+        meta = _read_meta(info)
+        check = _control(None, sock, "check") if sock.is_socket() else None
+        alive = check is not None and check.returncode == 0
+        rows.append({**meta, "socket": str(sock), "alive": alive,
+                     "state": (check.stderr.strip() if alive and check else "gone (stale entry)")})
+    return rows
+
+
+def close_all() -> int:
+    """End every warm connection of this user and remove stale entries; how many were ended."""
+    ended = 0
+    for info in sorted(control_dir().glob("*.json")):
+        sock = info.with_suffix(".sock")
+        if sock.is_socket() and _control(None, sock, "check").returncode == 0:
+            ended += 1
+        stop_master(None, sock)
+        info.unlink(missing_ok=True)
+        sock.with_suffix(".lock").unlink(missing_ok=True)
+    return ended
+
+
+# -- ssh command lines -----------------------------------------------------------------------------
+def _base_argv(host: Host) -> list[str]:
+    """ssh with the orchestrator's key checks (exactly those of connection.py) and nothing else
+    taken from the ssh config that could weaken them."""
+    argv = ["ssh"] + (["-F", os.environ["KDTREE_SSH_CONFIG"]] if os.environ.get("KDTREE_SSH_CONFIG") else [])
+    files = " ".join(f'"{f}"' for f in hostkeys.known_hosts_files(host.known_hosts))
+    options = {"BatchMode": "yes", "StrictHostKeyChecking": "yes", "UserKnownHostsFile": files,
+               "GlobalKnownHostsFile": "none", "UpdateHostKeys": "no", "VerifyHostKeyDNS": "no",
+               "CheckHostIP": "no", "ClearAllForwardings": "yes", "ForwardAgent": "no", "ForwardX11": "no",
+               "PermitLocalCommand": "no", "RequestTTY": "no", "LogLevel": "ERROR",
+               "ConnectTimeout": str(int(max(1, host.timeout("connect")))),
+               "ServerAliveInterval": str(int(max(1, host.timeout("keepalive")))), "ServerAliveCountMax": "3",
+               "KnownHostsCommand": _pin_command(host.host_key) if host.host_key else "none"}
+    for key, value in options.items():
+        argv += ["-o", f"{key}={value}"]
+    argv += ["-p", str(host.port)] if host.port else []
+    argv += ["-l", host.user] if host.user else []
+    argv += ["-i", host.identity] if host.identity else []
+    return argv
+
+
+def client_argv(host: Host, sock: Path) -> list[str]:
+    """An ssh client of the master only: without the socket it cannot connect at all."""
+    return _base_argv(host) + ["-o", "ControlMaster=no", "-o", f"ControlPath={sock}",
+                               "-o", "ProxyCommand=/bin/false", "-T", str(host.address)]
+
+
+def _pin_command(pin: str) -> str:
+    """KnownHostsCommand answering the offered key as known only when its fingerprint is the pin."""
+    # ssh also asks without a key (to order its algorithms): nothing to answer then, and no failure
+    return f"/bin/sh -c 'test \"$1\" = \"$0\" && echo \"$2 $3 $4\"; exit 0' {pin} %f %H %t %K"
+
+
+def _control(host: Host | None, sock: Path, op: str) -> subprocess.CompletedProcess:
+    argv = ["ssh", "-o", f"ControlPath={sock}", "-O", op, "kdtree-warm"]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 255, "", f"no answer from the master within {CHECK_TIMEOUT} s")
+
+
+def _start_master(host: Host, sock: Path) -> str | None:
+    """Start a master in the background (ssh -f after authentication); None, or ssh's error."""
+    argv = _base_argv(host) + ["-M", "-N", "-f", "-o", f"ControlPath={sock}", "-o", "ControlMaster=yes",
+                               "-o", f"ControlPersist={int(host.persist)}", str(host.address)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=remote.client_timeout(host.timeout("connect")))
+    except subprocess.TimeoutExpired:
+        return f"no connection within {host.timeout('connect')} s"
+    return None if proc.returncode == 0 else (proc.stderr.strip()[-500:] or f"ssh exited {proc.returncode}")
+
+
+def _probe(host: Host) -> bool:
+    """Whether the host offers a key the checks accept now (a key exchange, no authentication)."""
+    argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
+                               "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=remote.client_timeout(host.timeout("connect")))
+    except subprocess.TimeoutExpired:
+        return False
+    # refused for want of a method: the key was accepted; 0: a host that wants no authentication
+    return proc.returncode == 0 or "Permission denied" in proc.stderr
+
+
+def _fresh_error(host: Host, stopped: threading.Event, why: str) -> None:
+    """Raise what a fresh (Paramiko) connection raises now: the same error, the same words, the
+    same retries as without warm connections. Returns when that connection succeeds."""
+    from .connection import SshConnection
+    try:
+        SshConnection.open(host, stopped).close()
+    except HostError:
+        raise
+    except Exception as e:      # noqa: BLE001 - anything else is still this host's failure
+        raise ConnectError(f"{why}: {e}", host=host.name, retry=False) from None
+
+
+def _ssh_g(host: Host) -> dict[str, str]:
+    """What the ssh config makes of the host (`ssh -G`: OpenSSH's own reading of it)."""
+    try:
+        return dict(_read_ssh_config(str(host.address), host.port, host.user, os.environ.get("KDTREE_SSH_CONFIG")))
+    except ValueError as e:
+        raise ConnectError(f"ssh -G cannot read the ssh config for {host.address}: {e}", host=host.name,
+                           retry=False) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_ssh_config(address: str, port: int | None, user: str | None, config: str | None) -> tuple:
+    """`ssh -G`'s answer as (key, value) pairs, read once per process (uses_warm and the socket name ask)."""
+    argv = ["ssh", "-G"] + (["-F", config] if config else [])
+    argv += (["-p", str(port)] if port else []) + (["-l", user] if user else [])
+    proc = subprocess.run(argv + [address], capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    if proc.returncode != 0:
+        raise ValueError(proc.stderr.strip()[-300:])
+    found: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "identityfile" and key in found:
+            found[key] += " " + value
+        else:
+            found.setdefault(key, value)
+    return tuple(found.items())
+
+
+def _pin_contradicted(host: Host, found: dict[str, str]) -> bool:
+    """Whether a known_hosts file has a key for a pinned host other than the pin: Paramiko
+    refuses such a host, OpenSSH would accept either; it keeps Paramiko's connection."""
+    if not host.host_key:
+        return False
+    name = hostkeys.known_name(found.get("hostname", str(host.address)), int(found.get("port", 22)))
+    for file in hostkeys.known_hosts_files(host.known_hosts):
+        if not Path(file).is_file():
+            continue
+        lines = subprocess.run(["ssh-keygen", "-F", name, "-f", str(file)], capture_output=True, text=True).stdout
+        for line in lines.splitlines():
+            words = line.split()
+            if len(words) >= 3 and not line.startswith("#") and hostkeys.blob_fingerprint(base64.b64decode(words[2])) != host.host_key:
+                return True
+    return False
+
+
+def _content(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "-"
+
+
+def _remove_stale(sock: Path) -> None:
+    """Remove a socket no master answers on (ours: the directory was checked)."""
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+
+
+@contextlib.contextmanager
+def _locked(sock: Path):
+    """One run at a time starts or replaces the host's master (two concurrent runs share it)."""
+    fd = os.open(sock.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _describe(host: Host, sock: Path) -> None:
+    """Write what `invoke connections` shows of a master (host, where, idle bound)."""
+    meta = {"host": host.name, "where": f"{host.user + '@' if host.user else ''}{host.address}"
+            f"{':' + str(host.port) if host.port else ''}", "persist": host.persist,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    fd = os.open(sock.with_suffix(".json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f)
+
+
+def _read_meta(info: Path) -> dict:
+    try:
+        meta = json.loads(info.read_text())
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,216 @@
+"""Warm connections (orchestrator/warm.py) against real sshd hosts on 127.0.0.1: kept between
+runs and reused; a host restarted or rebooted between runs, a changed host key under a live
+master, a stale socket, a second user, --no-persist, the socket directory's checks."""
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli, inventory as inventory_mod, parallel, warm
+from orchestrator.console import Console
+from orchestrator.errors import HostKeyError, InventoryError, UsageError
+from orchestrator.transport import SshTransport, open_transport
+
+_names = itertools.count(1)
+
+
+def fresh(lab):
+    """A host of this test alone (it gets restarted, re-keyed or rebooted)."""
+    return lab.add_host(f"w{next(_names)}")
+
+
+def accepted(host) -> int:
+    """Connections the host's sshd authenticated."""
+    return host.log().count("Accepted publickey")
+
+
+def deploy(inv, name: str, persist: bool = True) -> tuple[int, str]:
+    """`invoke deploy --host NAME [--no-persist]` in-process: exit code, output."""
+    out = io.StringIO()
+    _, hosts = cli.load_selection(str(inv.path), [name], persist=persist)
+    code = cli.deploy(inv, hosts, Console(out))
+    return code, out.getvalue()
+
+
+def masters(lab) -> list[Path]:
+    """The live masters' sockets under the lab's control directory."""
+    return [s for s in lab.control_dir.glob("*.sock") if warm.master_alive(None, s)]
+
+
+@pytest.fixture
+def warm_inventory(lab, make_inventory, tmp_path):
+    """warm_inventory(host, **entry) -> an inventory with that host as `w`, persist on."""
+    def make(host, **entry):
+        return make_inventory({"w": lab.inventory_entry(host, **{"remote_dir": str(host.root / "engine"),
+                                                                 "persist": 30, **entry})})
+    return make
+
+
+def test_a_warm_connection_is_kept_between_runs_and_reused(lab, warm_inventory):
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    assert isinstance(open_transport(inv.hosts["w"]), warm.WarmTransport)
+    code, out = deploy(inv, "w")
+    assert code == 0, out
+    before = accepted(host)
+    assert deploy(inv, "w")[0] == 0
+    assert accepted(host) == before                 # no authentication: the master's connection
+    sock = warm.socket_path(inv.hosts["w"])
+    assert warm.master_alive(inv.hosts["w"], sock)
+    assert os.stat(lab.control_dir).st_mode & 0o777 == 0o700 and os.stat(sock).st_mode & 0o077 == 0
+    rows = [r for r in warm.listing() if r["socket"] == str(sock)]
+    assert rows and rows[0]["alive"] and rows[0]["host"] == "w" and rows[0]["persist"] == 30
+    out = io.StringIO()
+    assert cli.connections(Console(out)) == 0 and re.search(rf"\bw\s+{host.name}\s+30.0 s .*Master running", out.getvalue())
+    assert cli.connections(Console(io.StringIO()), close=True) == 0
+    assert not sock.exists() and not any(r["socket"] == str(sock) for r in warm.listing())
+
+
+def test_an_idle_master_ends_after_its_bound(lab, warm_inventory):
+    host = fresh(lab)
+    inv = warm_inventory(host, persist=1)
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    deadline = time.monotonic() + 15
+    while warm.master_alive(None, sock) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not warm.master_alive(None, sock)
+
+
+def test_no_persist_leaves_no_master_behind(lab, warm_inventory):
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    sock = warm.socket_path(inv.hosts["w"])
+    code, _ = deploy(inv, "w", persist=False)
+    assert code == 0 and not sock.exists()
+    off = warm_inventory(host, **{"persist": False})
+    assert isinstance(open_transport(off.hosts["w"]), SshTransport)
+
+
+def test_a_host_rebooted_between_runs_gets_a_new_master(lab, warm_inventory):
+    """The master's connection dies with the host (sshd restarted, its sessions killed, as a
+    reboot does): the next run finds the socket dead, replaces it and succeeds, without hanging."""
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    assert deploy(inv, "w")[0] == 0
+    with open_transport(inv.hosts["w"]) as t:      # the sshd process serving the master's connection
+        server = int(t.check("echo $PPID", timeout=20).tail.split()[-1])
+    host.restart()
+    os.kill(server, 9)
+    before = accepted(host)
+    code, out = deploy(inv, "w")
+    assert code == 0, out
+    assert accepted(host) == before + 1             # one fresh (verified) connection
+
+
+def test_a_stale_socket_file_is_replaced(lab, warm_inventory):
+    """A master killed outright leaves its socket file; a socket nobody listens on is replaced."""
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    pid = int(re.search(r"pid=(\d+)", warm._control(None, sock, "check").stderr).group(1))
+    os.kill(pid, 9)
+    assert sock.is_socket() and not warm.master_alive(None, sock)
+    assert deploy(inv, "w")[0] == 0
+    assert warm.master_alive(None, sock)
+    warm.stop_master(None, sock)
+    dead = socket.socket(socket.AF_UNIX)            # a socket file no master ever had
+    dead.bind(str(sock))
+    dead.close()
+    assert deploy(inv, "w")[0] == 0 and warm.master_alive(None, sock)
+
+
+def test_a_changed_host_key_under_a_live_master_fails_as_a_fresh_connection(lab, warm_inventory, source):
+    """sshd re-keyed and restarted keeps the master's session open (OpenSSH does); the next run
+    must still refuse the host, with the error a fresh connection gives, run nothing, and end
+    the master."""
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    old = host.fingerprint()
+    host.new_host_key()
+    assert warm.master_alive(None, sock)            # the old session lives on
+    (source / "src" / "new.cpp").write_text("// must never arrive\n")
+    code, out = deploy(inv, "w")
+    assert code == 1
+    assert f"HOST KEY CHANGED for {host.known_name}" in out and host.fingerprint() in out and old in out
+    assert not (host.root / "engine" / "src" / "new.cpp").exists()
+    assert not warm.master_alive(None, sock)
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        open_transport(inv.hosts["w"]).connect()
+
+
+def test_a_pinned_host_key_is_checked_by_the_master(lab, warm_inventory, tmp_path):
+    host = fresh(lab)
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    inv = warm_inventory(host, known_hosts=str(empty), host_key=host.fingerprint())
+    assert isinstance(open_transport(inv.hosts["w"]), warm.WarmTransport)
+    code, out = deploy(inv, "w")
+    assert code == 0, out
+    wrong = warm_inventory(host, known_hosts=str(empty), host_key="SHA256:" + "A" * 43)
+    code, out = deploy(wrong, "w")
+    assert code == 1 and "HOST KEY CHANGED" in out
+
+
+def test_another_user_cannot_use_the_socket(lab, warm_inventory):
+    """The socket directory is 0700 and ours: another uid cannot reach the master through it."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as a second user")
+    host = fresh(lab)
+    inv = warm_inventory(host)
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ssh", "-o",
+                            f"ControlPath={sock}", "-O", "check", "x"], capture_output=True, text=True, timeout=20)
+    assert other.returncode != 0 and "Permission denied" in other.stderr
+
+
+@pytest.mark.parametrize("problem", ["group-writable", "someone else's", "a symlink"])
+def test_an_unsafe_socket_directory_is_refused(lab, warm_inventory, tmp_path, monkeypatch, problem):
+    host = lab.hosts["h1"]
+    inv = warm_inventory(host)
+    unsafe = tmp_path / "ctl"
+    if problem == "a symlink":
+        (tmp_path / "real").mkdir(mode=0o700)
+        unsafe.symlink_to(tmp_path / "real")
+    else:
+        unsafe.mkdir(mode=0o700)
+        os.chmod(unsafe, 0o770) if problem == "group-writable" else os.chown(unsafe, 65534, 65534)
+    monkeypatch.setenv("KDTREE_CONTROL_DIR", str(unsafe))
+    with pytest.raises(UsageError, match=f"control socket directory {unsafe} is .*refusing") as e:
+        cli.deploy(inv, list(inv.hosts.values()), Console(io.StringIO()))
+    assert {"group-writable": "mode 0770", "someone else's": "owned by uid 65534",
+            "a symlink": "a symlink"}[problem] in str(e.value)
+
+
+def test_persist_in_the_inventory(lab, make_inventory):
+    entry = lab.inventory_entry(lab.hosts["h1"])
+    assert make_inventory({"a": {**entry, "persist": True}}).hosts["a"].persist == inventory_mod.DEFAULT_PERSIST
+    assert make_inventory({"a": {**entry, "persist": 90}}).hosts["a"].persist == 90
+    with pytest.raises(InventoryError, match="persist.*must be false, true or a number of idle seconds"):
+        make_inventory({"a": {**entry, "persist": "forever"}})
+
+
+def test_parallel_flag_and_the_file_descriptor_limit(monkeypatch):
+    assert parallel.parse_parallel("8") == 8 and parallel.parse_parallel(None) is None
+    for bad in ("0", "x", "1.5"):
+        with pytest.raises(UsageError, match="--parallel"):
+            parallel.parse_parallel(bad)
+    import resource
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (256, 1024))
+    monkeypatch.setattr(resource, "setrlimit", lambda what, limits: None)
+    parallel.fit_fd_limit(32)                        # raised within the hard limit
+    with pytest.raises(UsageError, match=r"256 hosts in flight need about 4160 file descriptors.* 60 hosts fit.*--parallel 60"):
+        parallel.fit_fd_limit(256)
