@@ -30,7 +30,8 @@ DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60,
 DEFAULT_PERSIST = 600.0     # seconds an idle warm connection is kept (ControlPersist)
 MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
-PROJECT_KEYS = ("source", "excludes", "commands", "results")
+PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled")
+OPTIONAL_PROJECT_KEYS = ("compiled",)
 REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
 GROUP_KEYS = ("description",)
 
@@ -113,6 +114,9 @@ class Project:
     excludes: tuple[str, ...]
     commands: Mapping[str, str]
     results: Mapping[str, str]
+    # the source paths (a folder: with a trailing /) that reach test and bench results only through
+    # the built executables: an edit there that leaves the executables identical reuses them
+    compiled: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +302,7 @@ class _Validator:
     def project(self, data, root: Path) -> Project:
         self.known_keys(data, PROJECT_KEYS, None, "project")
         for key in PROJECT_KEYS:
-            if key not in data:
+            if key not in data and key not in OPTIONAL_PROJECT_KEYS:
                 self.fail(None, f"project.{key}", "is missing")
         given = self.path(data["source"], None, "project.source")
         source = root / given
@@ -324,7 +328,15 @@ class _Validator:
             self.path(rel, None, f"project.results.{name}")
             if posixpath.isabs(rel) or ".." in rel.split("/"):
                 self.fail(None, f"project.results.{name}", "must be a path inside the deployed tree")
-        return Project(root, source, excludes, MappingProxyType(dict(commands)), MappingProxyType(dict(results)))
+        compiled = data.get("compiled", [])
+        if not isinstance(compiled, list):
+            self.fail(None, "project.compiled", f"must be a list, not {_type(compiled)}")
+        for rel in compiled:
+            self.path(rel, None, "project.compiled")
+            if posixpath.isabs(rel) or ".." in rel.split("/"):
+                self.fail(None, "project.compiled", f"{rel!r} must be a path inside the source tree")
+        return Project(root, source, excludes, MappingProxyType(dict(commands)), MappingProxyType(dict(results)),
+                       tuple(compiled))
 
     def host(self, name: str, entry: dict, root: Path) -> Host:
         allowed = tuple(f.name for f in dataclasses.fields(Host) if f.name != "name")

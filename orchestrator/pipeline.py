@@ -285,7 +285,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             log.write(f"{visible(text)}\n")
             log.flush()
             out(f"{step:9} | {text}")
-        ctx.step, ctx.log, ctx.devices_used = step, write, []
+        ctx.step, ctx.log, ctx.devices_used, ctx.inputs_digest = step, write, [], None
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
@@ -303,7 +303,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = record.read_tail(log_path)
     return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
-                      list(ctx.devices_used) or None)
+                      list(ctx.devices_used) or None, ctx.inputs_digest)
 
 
 def _timed_out(error: KdError) -> bool:

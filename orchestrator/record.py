@@ -23,7 +23,10 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "steps": {STEP: {"status": "passed|failed|timeout|interrupted|skipped|cached", "seconds",
                          "log": "<host>/<step>.log", "message", "tail",
                          "reused_from": null | RUN_ID (a cached step: the run whose result it reused),
-                         "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw)}},
+                         "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw),
+                         "inputs": null | SHA256 (test, bench: of what the result depends on: the
+                                   executables, the tree's other files, build key, command, env;
+                                   equal in two runs: the same inputs)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
@@ -150,6 +153,7 @@ class StepRecord:
     tail: str = ""
     reused_from: str | None = None
     cuda_visible_devices: list[str] | None = None
+    inputs: str | None = None           # test, bench: the sha256 of what the result depends on
 
 
 @dataclass

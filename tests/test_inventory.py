@@ -27,6 +27,7 @@ def test_shipped_inventory():
     assert {"build/", ".git/", "tests/refs/model_*.kdtr"} <= set(inv.project.excludes)
     assert {"build", "bundles", "test", "generate", "bench"} <= set(inv.project.commands)
     assert inv.project.source == REPO / "engine_src"
+    assert "src/" in inv.project.compiled and "tests/test_ops.cpp" in inv.project.compiled
 
 
 def write(tmp_path, hosts, defaults=None, groups=None, project=None):
@@ -92,6 +93,10 @@ def test_other_validation_messages(tmp_path):
         "FILE: host 'defaults': key 'pyton': unknown key (did you mean 'python'?)"
     assert error(tmp_path, {"h": SSH}, project={"commands": {"build": "make"}}) == \
         "FILE: key 'project.commands.bundles': is missing"
+    assert error(tmp_path, {"h": SSH}, project={"compiled": "src/"}) == \
+        "FILE: key 'project.compiled': must be a list, not a string"
+    assert error(tmp_path, {"h": SSH}, project={"compiled": ["../src/"]}) == \
+        "FILE: key 'project.compiled': '../src/' must be a path inside the source tree"
     assert error(tmp_path, {"h": SSH}, groups={"g": {"descr": "x"}}) == \
         "FILE: key 'groups.g.descr': unknown key (did you mean 'description'?)"
     bad = tmp_path / "bad.yaml"

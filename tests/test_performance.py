@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import connection, record, state, transport
-from orchestrator.steps import StepContext, bench as bench_step, test as test_step
+from orchestrator.steps import StepContext, bench as bench_step, bundles as bundles_step, test as test_step
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,34 +35,51 @@ TESTS = {"version": 1, "backend": "cpu", "passed": 2, "failed": 0, "skipped": 0,
                    {"name": "b", "status": "passed", "seconds": 0.1, "message": ""}]}
 
 
+TREE, OTHER_TREE = "a" * 64, "b" * 64
+
+
 @pytest.fixture
 def context(make_inventory, tmp_path):
-    """A step context on a local host whose deployment already holds test and bench results."""
+    """A step context on a local host whose deployment (of tree TREE) already holds executables
+    stamped with their tree, a script, a bundle, a compiled source, and test and bench results."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
     host = inv.hosts["local"]
     root = Path(host.remote_dir)
-    (root / ".kdtree").mkdir(parents=True)
-    (root / ".kdtree" / "deploy.json").write_text(json.dumps({"tree_hash": "t" * 64}))
-    (root / "build").mkdir()
-    (root / "build" / "test_results.json").write_text(json.dumps(TESTS))
-    (root / "build" / "bench.json").write_text(json.dumps({"version": 1, "metrics": {}}))
+    for name, text in {"scripts/run_tests.sh": "echo tests\n", "tests/refs/model_tiny.kdtr": "weights",
+                       "src/tree.cpp": "int x = 1;\n", "build/test_results.json": json.dumps(TESTS),
+                       "build/bench.json": json.dumps({"version": 1, "metrics": {}})}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    deploy(root, TREE)
 
-    def make(command="validate", use_cache=True, keys=("build", "bundles")):
+    def make(command="validate", use_cache=True, build_key=None):
         run_dir = record.create_run_dir(tmp_path / "runs")
-        ctx = StepContext(host, transport.open_transport(host), inv.project, run_dir, SourceId("t" * 64, None, False),
-                          state.Owner.now(command), None, record.HostRecord(), use_cache, step="test",
-                          log=lambda line: None)
-        ctx.cache_keys.update({k: {"key": k} for k in keys})
+        ctx = StepContext(host, transport.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
+                          state.Owner.now(command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
+                          use_cache, step="test", log=lines.append)
         return ctx
-    make.root = root
+    lines: list[str] = []
+    make.root, make.lines = root, lines
     return make
 
 
-def test_results_key_needs_this_runs_build_and_bundle_keys(context):
-    assert context().results_key() == {"tree": "t" * 64, "build": {"key": "build"}, "bundles": {"key": "bundles"}}
+def deploy(root: Path, tree: str, code: bytes = b"\x7fELF code") -> None:
+    """The deploy record of `tree` and executables built from it (their tree stamp in them)."""
+    (root / ".kdtree").mkdir(exist_ok=True)
+    (root / ".kdtree" / "deploy.json").write_text(json.dumps({"tree_hash": tree}))
+    for name in ("kdtree", "test_ops"):
+        (root / "build" / name).write_bytes(code + b"\0tree=" + tree.encode() + b"\0rest")
+        (root / "build" / name).chmod(0o755)
+
+
+def test_results_key_is_the_content_of_what_the_results_depend_on(context):
+    key = context().results_key()
+    assert set(key["executables"]) == {"build/kdtree", "build/test_ops"}
+    assert set(key["files"]) == {"scripts/run_tests.sh", "tests/refs/model_tiny.kdtr"}   # src/: compiled
+    assert key["build"] == {"cxx": "g++"} and key["command"] == "bash scripts/run_tests.sh"
+    assert key["env"]["KD_BACKEND"] and "PYTHON" in key["env"]
     assert context(use_cache=False).results_key() is None
     assert context(command="nightly").results_key() is None
-    assert context(keys=("build",)).results_key() is None
 
 
 def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
@@ -70,23 +87,51 @@ def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
     assert ctx.cached_result("tests") is None                     # no stamp yet: the step runs
     ctx.stamp_result(TESTS)
     stamp = json.loads((context.root / ".kdtree" / "test.json").read_text())
-    assert stamp["key"] == ctx.results_key() and len(stamp["digest"]) == 64
+    assert stamp["key"] == ctx.results_key() and len(stamp["digest"]) == 64 and stamp["tree"] == TREE
     assert stamp["run_id"] == ctx.run_dir.run_id
-    assert context().cached_result("tests") == (TESTS, ctx.run_dir.run_id)      # and the run it came from
-    other = context()
-    other.cache_keys["build"] = {"key": "another compiler"}
-    assert other.cached_result("tests") is None                   # inputs changed
+    reused = context().cached_result("tests")
+    assert (reused.data, reused.run_id) == (TESTS, ctx.run_dir.run_id)      # and the run it came from
+    assert context(build_key={"cxx": "another compiler"}).cached_result("tests") is None
     changed = dict(TESTS, passed=1)
     (context.root / "build" / "test_results.json").write_text(json.dumps(changed))
     assert context().cached_result("tests") is None               # not the file the stamp recorded
-    assert context(command="nightly").cached_result("tests") is None
+    assert "is not the file it left" in context.lines[-1]
+
+
+def test_an_edit_that_leaves_the_executables_identical_reuses_results(context):
+    """Another tree (a comment edited in a compiled source): the executables differ only in their
+    tree stamp, so the results of the earlier tree are reused, and the reason names both trees."""
+    context().stamp_result(TESTS)
+    (context.root / "src" / "tree.cpp").write_text("int x = 1;  // a comment\n")
+    deploy(context.root, OTHER_TREE)
+    reused = context().cached_result("tests")
+    assert reused is not None and f"it ran on tree {TREE[:12]}, not this {OTHER_TREE[:12]}" in reused.why
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda root: deploy(root, OTHER_TREE, b"\x7fELF other code"), "build/kdtree, build/test_ops changed"),
+    (lambda root: (root / "build" / "kdtree").write_bytes(b"tampered"), "build/kdtree changed"),
+    (lambda root: (root / "tests/refs/model_tiny.kdtr").write_text("tampered"), "tests/refs/model_tiny.kdtr changed"),
+    (lambda root: (root / "scripts/run_tests.sh").write_text("echo other\n"), "scripts/run_tests.sh changed"),
+    (lambda root: (root / "build" / "fuzz").write_bytes(b"new") and (root / "build" / "fuzz").chmod(0o755),
+     "build/fuzz changed"),
+])
+def test_a_changed_executable_bundle_or_script_is_rerun(context, change, named):
+    """A real code change (other executables), a binary or bundle changed on the host since, a
+    changed script, a new executable: the step runs, and its log says what changed."""
+    context().stamp_result(TESTS)
+    change(context.root)
+    assert context().cached_result("tests") is None
+    assert context.lines[-1].endswith(named)
 
 
 def test_cached_test_and_bench_steps(context):
     ctx = context()
     ctx.stamp_result(TESTS)
-    outcome = test_step.run(context())
+    test_ctx = context()
+    outcome = test_step.run(test_ctx)
     assert outcome.status == "cached" and "2 passed" in outcome.message and outcome.reused_from == ctx.run_dir.run_id
+    assert test_ctx.inputs_digest == ctx.inputs_digest and len(ctx.inputs_digest) == 64          # run.json's step `inputs`
     ctx.step = "bench"
     ctx.stamp_result({"version": 1, "metrics": {}})
     bench_ctx = context()
@@ -94,6 +139,29 @@ def test_cached_test_and_bench_steps(context):
     outcome = bench_step.run(bench_ctx)
     assert outcome.status == "cached" and outcome.reused_from == ctx.run_dir.run_id
     assert "not a new measurement" in outcome.message
+
+
+def test_bundles_changed_on_the_host_are_regenerated(context):
+    """The bundles stamp alone is not trusted: a bundle changed on the host since the last
+    regeneration (or gone) is regenerated, its stamp keeping the outputs' hashes."""
+    root = context.root
+    (root / "scripts" / "tree_hash.sh").write_text("echo " + "c" * 64 + "\n")     # the generator's input hash
+    (root / "scripts" / "bundles.sh").write_text("mkdir -p tests/refs && echo weights > tests/refs/model_tiny.kdtr "
+                                                "&& echo '{}' > tests/refs/manifest.json && echo regenerated\n")
+    first = context()
+    first.step = "bundles"
+    assert bundles_step.run(first).status == "passed"
+    again = context()
+    again.step = "bundles"
+    assert bundles_step.run(again).reused_from == first.run_dir.run_id
+    for n, tamper in enumerate((lambda: (root / "tests/refs/model_tiny.kdtr").write_text("tampered"),
+                                lambda: (root / "tests/refs/manifest.json").unlink()), 1):
+        tamper()
+        ctx = context()
+        ctx.step = "bundles"
+        assert bundles_step.run(ctx).status == "passed"
+        assert sum("are not those run" in line and "regenerating" in line for line in context.lines) == n
+    assert (root / "tests/refs/model_tiny.kdtr").read_text() == "weights\n"
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):

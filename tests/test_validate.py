@@ -364,6 +364,70 @@ def test_reused_results_say_so_everywhere(lab, workdir, full_run, tmp_path):
     assert not any("| same" in r for r in rows)
 
 
+def edited_engine(workdir, name: str, path: str, old: str, new: str) -> Path:
+    """A copy of the engine snapshot (file times kept, as a sync sees them) with the first `old`
+    of `path` replaced by `new`."""
+    source = workdir / f"engine_{name}"
+    shutil.copytree(workdir / "engine_src", source, ignore=COPY_IGNORE)
+    text = (source / path).read_text()
+    assert old in text
+    (source / path).write_text(text.replace(old, new, 1))
+    return source
+
+
+def test_a_comment_edit_rebuilds_and_reuses_test_and_bench(lab, workdir, full_run):
+    """A comment added to one .cpp makes a new tree: sync and build run (that file compiled, the
+    binary reports the new tree), but the executables are the full run's but for their tree
+    stamp, and nothing else test and bench read changed: both are `cached`, reused from the full
+    run with the same `inputs`, and say that it ran on another tree."""
+    _, full_dir = full_run
+    full = load_run(full_dir)
+    source = edited_engine(workdir, "comment", "src/tree.cpp", "\n", "  // an edited comment\n")
+    remote, _ = copy_of_h1(lab, workdir, "comment")
+    inventory = write_inventory(workdir, "comment", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(remote))},
+                                source)
+    run_dir = workdir / "run-comment"
+    proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run, old_tree = load_run(run_dir), full["source"]["tree_hash"]
+    host = run["hosts"]["h1"]
+    assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "passed", "bundles": "cached",
+                                "golden": "passed", "test": "cached", "bench": "cached"}
+    assert host["binary_tree_hash"] == run["source"]["tree_hash"] != old_tree
+    assert "build.sh: compiling src/tree.cpp" in (run_dir / "h1" / "build.log").read_text()
+    for step in ("test", "bench"):
+        record = host["steps"][step]
+        assert record["reused_from"] == full["run_id"], record
+        assert record["inputs"] == full["hosts"]["h1"]["steps"][step]["inputs"] and len(record["inputs"]) == 64
+        assert f"it ran on tree {old_tree[:12]}, not this {run['source']['tree_hash'][:12]}" in record["message"]
+    assert f"[h1] test      cached (reused from run {full['run_id']})" in proc.stdout
+
+
+def test_a_code_change_or_a_tampered_binary_or_bundle_runs_test_and_bench_again(lab, workdir, full_run):
+    """A changed string in one .cpp changes the executables: bench is not reused but runs (cut
+    short by a 3 s timeout, which proves it ran without paying for it), its log naming what
+    changed; a binary and a bundle changed on the host since the full run: test runs again."""
+    full_id = load_run(full_run[1])["run_id"]
+    h1 = lab.hosts["h1"]
+    source = edited_engine(workdir, "code", "src/cli_main.cpp", '"usage:\\n"', '"usage (edited):\\n"')
+    for name, steps_, source_ in (("code", "preflight,sync,build,bench", source), ("tampered", "preflight,test", None)):
+        remote, _ = copy_of_h1(lab, workdir, name)
+        for tampered in ("build/test_ops", "tests/refs/model_tiny_fp32.kdtr") if name == "tampered" else ():
+            with (remote / tampered).open("ab") as f:
+                f.write(b"\0")
+        entry = lab.inventory_entry(h1, remote_dir=str(remote), timeouts={"connect": 5, "keepalive": 5, "test": 3, "bench": 3})
+        run_dir = workdir / f"run-{name}"
+        proc = invoke(lab, write_inventory(workdir, name, {"h1": entry}, source_), "--host", "h1", "--steps", steps_,
+                      "--report-dir", str(run_dir))
+        step = steps_.rsplit(",", 1)[-1]
+        run = load_run(run_dir)
+        assert proc.returncode != 0 and steps(run, "h1")[step] == "timeout", proc.stdout[-4000:]
+        assert run["hosts"]["h1"]["steps"][step]["reused_from"] is None
+        log = (run_dir / "h1" / f"{step}.log").read_text()
+        changed = "build/kdtree" if name == "code" else "build/test_ops, tests/refs/model_tiny_fp32.kdtr"
+        assert f"not reused from run {full_id}: " in log and changed in log, log[:2000]
+
+
 def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_run):
     """The scenario of a Ctrl-C during `test` on an sshd host with the real engine: preflight,
     sync, build, bundles and golden keep their outcome and time, test is `interrupted` with the
@@ -520,7 +584,8 @@ def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_co
     assert reg["evidence"]["score"] > 4 and reg["evidence"]["good_commit"] == shas[0]
     command = f"invoke bisect --host h2 --good {shas[0]} --bad {shas[1]} --metric {metric}"
     assert reg["bisect"] == command and f"find the commit: {command}" in proc.stdout
-    assert f"REGRESSION h2 {metric}" in proc.stdout and "history: change" in proc.stdout and "robust z" in proc.stdout
+    assert f"REGRESSION h2 {metric}" in proc.stdout and "robust z" in proc.stdout
+    assert "history: per CPU second: change" in proc.stdout and "; wall clock: change" in proc.stdout
     assert [r["metric"] for r in run["regressions"]] == [metric]      # every other metric is new: no history
     assert run["history"]["store"] == str(store_path)
     board = repo / "runs" / "history.html"

@@ -53,6 +53,9 @@ san_flags=(-fsanitize=address -fsanitize=undefined -fsanitize=float-cast-overflo
            -fno-omit-frame-pointer -D_GLIBCXX_ASSERTIONS -g)
 [[ "$sanitize" == 1 ]] && cxxflags="-O1 -std=c++17 -Wall -Wextra ${san_flags[*]}"
 nvccflags=""
+# No build id: it hashes the whole binary, tree stamp included, so two builds that differ only in
+# the stamp (a comment edit) would differ in it too; without it they differ in the stamp alone.
+ldflags="-Wl,--build-id=none"
 libs=""
 cublas=false
 if [[ "$backend" == cuda ]]; then
@@ -63,12 +66,13 @@ if [[ "$backend" == cuda ]]; then
     if [[ "$sanitize" == 1 ]]; then for f in "${san_flags[@]}"; do nvccflags+=" -Xcompiler=$f"; done; fi
     # rpath: the binary finds cuBLAS under CUDA_HOME without LD_LIBRARY_PATH (steps run with a clean env).
     if [[ -f "$CUDA_HOME/include/cublas_v2.h" ]]; then cublas=true; libs="-lcublas -Xlinker -rpath -Xlinker $CUDA_HOME/lib64"; fi
+    ldflags="-Xlinker --build-id=none"
 fi
 cxx_version="$("$CXX" --version | head -n1)"
 nvcc_version="none"
 [[ "$backend" == cuda ]] && nvcc_version="$("$NVCC" --version | grep -i release | head -n1)"
 
-key="{\"backend\": \"$backend\", \"arch\": \"$arch\", \"sanitize\": $([[ "$sanitize" == 1 ]] && echo true || echo false), \"cxx\": $(json_str "$cxx_version"), \"nvcc\": $(json_str "$nvcc_version"), \"cxxflags\": $(json_str "$cxxflags"), \"nvccflags\": $(json_str "$nvccflags"), \"libs\": $(json_str "$libs"), \"cublas\": $cublas}"
+key="{\"backend\": \"$backend\", \"arch\": \"$arch\", \"sanitize\": $([[ "$sanitize" == 1 ]] && echo true || echo false), \"cxx\": $(json_str "$cxx_version"), \"nvcc\": $(json_str "$nvcc_version"), \"cxxflags\": $(json_str "$cxxflags"), \"nvccflags\": $(json_str "$nvccflags"), \"ldflags\": $(json_str "$ldflags"), \"libs\": $(json_str "$libs"), \"cublas\": $cublas}"
 if [[ "${1:-}" == "--key" ]]; then echo "$key"; exit 0; fi
 [[ $# -eq 0 ]] || { echo "usage: build.sh [--key]" >&2; exit 2; }
 
@@ -204,9 +208,9 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
     (( need )) || return 0
     rm -f "$out.key"
     if [[ "$backend" == cuda ]]; then
-        "$NVCC" ${nvccflags} "$@" -o "$out" $libs
+        "$NVCC" ${nvccflags} "$@" -o "$out" $ldflags $libs
     else
-        "$CXX" $cxxflags "$@" -o "$out"
+        "$CXX" $cxxflags "$@" -o "$out" $ldflags
     fi
     echo "$key" > "$out.key"
     rebuilt+=("$out")

@@ -10,22 +10,20 @@ import threading
 from .. import gpus
 from ..errors import KdError
 from ..record import bench_from_engine
-from .build import build_key
 from .context import Outcome, StepContext, StepError
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Run the bench command and record its metrics; a validate run whose tree, build and bundles
-    are those of the last successful bench on the host reuses its report (cached; nightly and GPU
-    runs never)."""
-    cached = ctx.cached_result("bench")
-    if cached is not None:
-        data, run_id = cached
-        ctx.record.bench = _bench(ctx, data)
-        return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {run_id} "
-                                 "(the same tree, build and bundles; not a new measurement)", run_id)
+    """Run the bench command and record its metrics; a validate run whose executables, build key,
+    bundles and scripts are those of the last successful bench on the host reuses its report
+    (cached; nightly and GPU runs never)."""
+    reused = ctx.cached_result("bench")
+    if reused is not None:
+        ctx.record.bench = _bench(ctx, reused.data)
+        return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {reused.run_id} "
+                                 f"({reused.why}; not a new measurement)", reused.run_id)
     if not ctx.gpus:
         ctx.engine("bench")
         data = ctx.pull_json("bench")
@@ -55,8 +53,7 @@ def _annotate(ctx: StepContext, busy: bool) -> None:
     if busy and ctx.record.bench is not None:
         for metric in ctx.record.bench["metrics"].values():
             metric["noisy"] = True
-    if ctx.record.build_key is None:
-        ctx.record.build_key = build_key(ctx)
+    ctx.build_key()
 
 
 class _Sampler:

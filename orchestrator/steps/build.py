@@ -27,8 +27,7 @@ def run(ctx: StepContext) -> Outcome:
     executables are those this machine recorded for that key; without the cache (--no-cache) the
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
-    key: dict[str, Any] = {"tree": tree, "build": build_key(ctx)}
-    ctx.cache_keys["build"] = ctx.record.build_key = key["build"]
+    key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
     stamp = record.mapping(state.read_json(ctx.transport, STAMP))
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _recorded(ctx, key):
@@ -104,18 +103,6 @@ def parse_version(line: str) -> dict[str, str]:
         return {}
     fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
     return {"version": words[1], **fields}
-
-
-def build_key(ctx: StepContext) -> dict:
-    """The engine's build key on the host (compilers, flags, arch: what build.sh --key prints)."""
-    text = ctx.engine_output("build_key")
-    try:
-        key = json.loads(text)
-    except ValueError:
-        raise StepError("the build key is not JSON", host=ctx.host.name, tail=text) from None
-    if not isinstance(key, dict):
-        raise StepError("the build key is not a JSON object", host=ctx.host.name, tail=text)
-    return key
 
 
 def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:

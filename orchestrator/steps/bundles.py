@@ -1,30 +1,36 @@
 """Bundles: regenerate the model bundles on the host with its own Python, or skip it (cached) when
-the generator's inputs are unchanged since the last regeneration there."""
+the generator's inputs are unchanged since the last regeneration there and its outputs are intact
+(hashed on the host every run: a bundle changed there since is regenerated)."""
 from __future__ import annotations
 
+import posixpath
+
 from .. import state
-from ..errors import FetchError
+from . import inputs
 from .context import Outcome, StepContext
 
 STAMP = "bundles.json"
 
 
 def run(ctx: StepContext) -> Outcome:
-    """Run the bundles command unless the generator's input hash and interpreter are unchanged."""
+    """Run the bundles command unless the generator's input hash and interpreter are unchanged
+    and the bundle folder (the manifest's) holds, hash for hash, what the last regeneration left."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
-    ctx.cache_keys["bundles"] = key
     stamp = state.read_json(ctx.transport, STAMP) or {}
-    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id") and _manifest_present(ctx):
-        return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
+    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
+        if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
+            return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
+        ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
+                f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
     with ctx.changing():
         ctx.engine("bundles")
-        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
 
-def _manifest_present(ctx: StepContext) -> bool:
-    try:
-        ctx.transport.read_file(ctx.project.results["manifest"], max_bytes=16 << 20)
-    except FetchError:
-        return False
-    return True
+def _outputs(ctx: StepContext) -> dict[str, str]:
+    """The content hashes of the files in the manifest's folder on the host (the bundles, the
+    manifest); {} without the manifest."""
+    folder = posixpath.dirname(ctx.project.results["manifest"])
+    found = {p: h for p, h in ctx.current_inputs().files.items() if posixpath.dirname(p) == folder}
+    return found if ctx.project.results["manifest"] in found else {}

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, remote, state
+from . import inputs
 from ..errors import CommandError, HostError, KdError, cause_of
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
@@ -40,6 +41,16 @@ class Outcome:
     reused_from: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Reused:
+    """A result file of an earlier run whose inputs are this run's: its data, that run, and why
+    it still holds, in words."""
+
+    data: dict
+    run_id: str
+    why: str
+
+
 @dataclasses.dataclass
 class StepContext:
     """One host's view of the run, handed to each step in turn."""
@@ -56,7 +67,6 @@ class StepContext:
     step: str = ""
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
-    cache_keys: dict = dataclasses.field(default_factory=dict)     # build/bundles keys of this run
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
     lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
     take_lock: Any = None               # (mode, wait) -> state.HostLock held by the run
@@ -65,6 +75,8 @@ class StepContext:
     claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
     gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
     devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
+    inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
+    measured: Any = None                # inputs.Inputs on the host since its last engine command
 
     def hold_tree(self, mode: str, wait: float = 0) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds)."""
@@ -103,42 +115,86 @@ class StepContext:
 
     # -- results cache: test and bench are not re-run when nothing they depend on changed ---------
     def results_key(self) -> dict | None:
-        """What the current step's results depend on: the deployed tree and this run's build and
-        bundle keys. None (the step runs) without the cache (--no-cache), in a nightly run, when
-        build or bundles did not run in this run, or on GPUs (what a GPU gives is never reused:
-        a faulty or busy GPU must show)."""
-        if not self.use_cache or self.owner.command == "nightly" or not {"build", "bundles"} <= self.cache_keys.keys() \
-                or self.gpus:
+        """What the current step's results depend on, as the host has it now: the content hashes
+        of the executables and of the tree's other files (steps.inputs), the build key, the step's
+        command and environment; its digest becomes the step's `inputs`. None (the step runs)
+        without the cache (--no-cache), in a nightly run, on GPUs (what a GPU gives is never
+        reused: a faulty or busy GPU must show), or when the host cannot hash them or give the
+        build key."""
+        if not self.use_cache or self.owner.command == "nightly" or self.gpus:
             return None
-        return {"tree": self.tree_hash(), **self.cache_keys}
+        try:
+            found, build = self.current_inputs(), self.build_key()
+        except KdError as e:            # nothing reused, nothing stamped: the step itself decides
+            self.log(f"not reused: {e.message}")
+            return None
+        key = {"command": self.project.commands.get(self.step), "build": build,
+               "env": {**remote.host_env(self.host), **self.gpu_env()},
+               "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
+               "executables": found.executables, "files": found.files}
+        self.inputs_digest = inputs.digest(key)
+        return key
 
-    def cached_result(self, result: str) -> tuple[dict, str] | None:
+    def current_inputs(self) -> inputs.Inputs:
+        """The content hashes of the deployment's executables and other files (steps.inputs),
+        measured on the host, once until the next engine command."""
+        if self.measured is None:
+            self.measured = inputs.measure(self.transport, self.project, self.tree_hash())
+        return self.measured
+
+    def cached_result(self, result: str) -> Reused | None:
         """The result file `result` (a key of project.results) left by the last successful run of
-        the current step with the same inputs, pulled into the run directory, and that run's id;
-        None when the step must run: inputs changed, no stamp, or the file is not the one the
-        stamp recorded."""
+        the current step with the same inputs (executables, files, build key, command,
+        environment: whatever the tree hash says), pulled into the run directory; None when the
+        step must run: inputs changed, no stamp, or the file is not the one the stamp recorded."""
         key = self.results_key()
         if key is None:
             return None
         stamp = state.read_json(self.transport, f"{self.step}.json")
-        if not stamp or stamp.get("key") != key or not stamp.get("run_id"):
+        if not stamp or not stamp.get("run_id"):
+            return None
+        run_id = str(stamp["run_id"])
+        if stamp.get("key") != key:
+            old = stamp.get("key")
+            self.log(f"not reused from run {run_id}: "
+                     f"{inputs.changes(old, key) if isinstance(old, dict) else 'its stamp names no inputs'}")
             return None
         try:
             data = self.pull_json(result)
         except HostError:
             return None
         if _digest(data) != stamp.get("digest"):
+            self.log(f"not reused from run {run_id}: {self.project.results[result]} is not the file it left")
             return None
-        self.log(f"{self.project.results[result]}: reused from run {stamp['run_id']}, the last successful {self.step} "
-                 "of this tree, build and bundles (not re-run; --no-cache re-runs it)")
-        return data, str(stamp["run_id"])
+        made_with = str(stamp.get("tree") or "?")
+        why = "the same executables, build key, bundles and scripts" + (
+            "" if made_with == self.tree_hash() else f"; it ran on tree {made_with[:12]}, not this {self.tree_hash()[:12]}")
+        self.log(f"{self.project.results[result]}: reused from run {run_id}, the last successful {self.step} "
+                 f"with {why} (not re-run; --no-cache re-runs it)")
+        return Reused(data, run_id, why)
 
     def stamp_result(self, data: dict) -> None:
-        """Record that the current step passed with these inputs and this result file."""
+        """Record that the current step passed with these inputs (measured again now: the step's
+        command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
             state.write_json(self.transport, f"{self.step}.json",
-                             {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id})
+                             {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id,
+                              "tree": self.tree_hash()})
+
+    def build_key(self) -> dict:
+        """The engine's build key on the host (compilers, flags, arch: what build.sh --key
+        prints), asked once per run and kept in the host's record."""
+        if self.record.build_key is None:
+            text = self.engine_output("build_key")
+            try:
+                key = json.loads(text)
+            except ValueError:
+                raise StepError("the build key is not JSON", host=self.host.name, tail=text) from None
+            if not isinstance(key, dict):
+                raise StepError("the build key is not a JSON object", host=self.host.name, tail=text)
+            self.record.build_key = key
+        return self.record.build_key
 
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
@@ -156,6 +212,7 @@ class StepContext:
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
         env = self._pinned(env)
+        self.measured = None            # the command may change what results depend on
         command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
         self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
         result = self.transport.run(command, on_output=self.log)

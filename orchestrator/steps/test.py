@@ -12,15 +12,15 @@ SHOWN_FAILURES = 5
 
 def run(ctx: StepContext) -> Outcome:
     """Run the test command; record every test case (also when the suite failed). A validate run
-    whose tree, build and bundles are those of the last passing test run on the host reuses its
-    results (cached; nightly and GPU runs never)."""
-    cached = ctx.cached_result("tests")
-    if cached is not None:
-        tests = _tests(ctx, cached[0])
+    whose executables, build key, bundles and scripts are those of the last passing test run on
+    the host reuses its results (cached; nightly and GPU runs never)."""
+    reused = ctx.cached_result("tests")
+    if reused is not None:
+        tests = _tests(ctx, reused.data)
         if tests.failed == 0 and tests.cases:
             ctx.record.tests = tests
             return Outcome("cached", f"{tests.passed} passed, {tests.skipped} skipped "
-                                     f"(reused from run {cached[1]}: the same tree, build and bundles)", cached[1])
+                                     f"(reused from run {reused.run_id}: {reused.why})", reused.run_id)
     if ctx.gpus:
         return _on_each_gpu(ctx)
     data, failure = _suite(ctx)

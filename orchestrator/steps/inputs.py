@@ -1,0 +1,97 @@
+"""What a step's results depend on, measured on the host: the content hashes of the built
+executables and of every other file of the deployed tree (scripts, the Python reference, bundles,
+manifests), so that test and bench results are reused when these are unchanged, whatever the
+source tree hash says.
+
+    found = inputs.measure(transport, project, tree)     # one command on the host, every run
+    found.executables    # {"build/kdtree": sha256, ...}: top-level executables under build/
+    found.files          # {"scripts/run_tests.sh": sha256, ...}: the tree but project.compiled
+
+An executable embeds the tree hash it was built from (`kdtree --version` reports it): its hash is
+taken with every occurrence of the deployed tree hash replaced by zeros, so that an edit that
+changes only the tree hash (a comment) leaves it equal. A binary of another tree keeps its stamp,
+and so its hash differs. The source files the executables are compiled from (project.compiled)
+are left out of `files`: they reach the results only through the executables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+
+from .. import ownership, remote
+from ..inventory import Project
+from ..transport import Transport
+
+OUTPUT_MAX_BYTES = 4 << 20
+SECONDS = 120
+_TREE = re.compile(r"[0-9a-f]{64}\Z")
+_LINE = re.compile(r"^(x|f) ([0-9a-f]{64}) (.+)$", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The content hashes of a deployment's executables and other files."""
+
+    executables: dict[str, str]
+    files: dict[str, str]
+
+
+def measure(transport: Transport, project: Project, tree: str) -> Inputs:
+    """Hash, on the host, every top-level executable under build/ (the deployed `tree` hash in it
+    masked) and every file of the deployed tree outside build/, .kdtree/, .git/, __pycache__/
+    and *.pyc, leaving out project.compiled; CommandError when the host cannot."""
+    mask = tree if _TREE.match(tree) else ""
+    command = remote.script_command(_SCRIPT, transport.host.remote_dir, mask, timeout=SECONDS)
+    out = transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
+                            what="hashing what the results depend on").decode(errors="replace")
+    found: dict[str, dict[str, str]] = {"x": {}, "f": {}}
+    for kind, digest, path in _LINE.findall(out):
+        if kind == "x" or not compiled(project, path):
+            found[kind][path] = digest
+    return Inputs(found["x"], found["f"])
+
+
+def compiled(project: Project, path: str) -> bool:
+    """Whether `path` (relative to the tree) is one of project.compiled or under one of its folders."""
+    return any(path == c or (c.endswith("/") and path.startswith(c)) for c in project.compiled)
+
+
+def digest(data) -> str:
+    """The sha256 of a JSON value (keys sorted): a short name for a key in the record."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def changes(old: dict, new: dict, shown: int = 3) -> str:
+    """What differs between two results keys, in words (`build/kdtree, scripts/bench.sh changed`)."""
+    names = []
+    for part in sorted(set(old) | set(new)):
+        a, b = old.get(part), new.get(part)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict) and part in ("executables", "files"):
+            names += [p for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]
+        else:
+            names.append(part)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    # an old key comes from the host's stamp: its names are shown bounded (the console escapes them)
+    return ", ".join(str(n)[:200] for n in names[:shown]) + more + " changed" if names else "nothing changed"
+
+
+# sha256sum prints `\<hash>  <escaped name>` for a name with a newline or backslash: such a line
+# does not parse and that file counts as absent, which changes the key (never a false reuse of it).
+_SCRIPT = ownership.guard(r'''
+cd -- "$1" || exit 3
+tree=$2 zeros=0000000000000000000000000000000000000000000000000000000000000000
+if [ -d build ]; then
+  find build -maxdepth 1 -type f -perm /111 -print0 | LC_ALL=C sort -z |
+    while IFS= read -r -d '' f; do
+      if [ -n "$tree" ]; then h=$(LC_ALL=C sed "s/$tree/$zeros/g" -- "$f" | sha256sum) || exit 4
+      else h=$(sha256sum < "$f") || exit 4; fi
+      printf 'x %s %s\n' "${h%% *}" "$f"
+    done || exit 4
+fi
+find . \( -type d \( -path ./build -o -name .git -o -name .kdtree -o -name __pycache__ \) -prune \) -o \
+       \( -type f ! -name '*.pyc' -printf '%P\0' \) | LC_ALL=C sort -z | xargs -0 -r sha256sum -- | sed 's/^\([0-9a-f]\{64\}\) [ *]/f \1 /'
+''')
