@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,12 @@ from orchestrator import inventory as inventory_mod
 
 from fake_gpus import FakeGpus
 from sshd import SshLab
+
+# A test session started in the background of a non-interactive shell (nohup, `cmd &`) inherits
+# SIGINT ignored, and an ignored signal stays ignored across exec: every orchestrator the tests start
+# would then ignore the Ctrl-C the interrupt tests send. A handled signal is reset to the default
+# on exec, so handling it here gives each child the default, as a terminal's Ctrl-C would find it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 
