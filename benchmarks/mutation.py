@@ -51,12 +51,17 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                ["redact*", "_redact_edges", "Mismatch.*"]),
     "orchestrator/safe_text.py": (["tests/test_hostile.py", "tests/test_report.py", "-k",
                                    "escaped or terminal or markdown or safe_text"], []),
-    "orchestrator/inventory.py": (["tests/test_inventory.py"], []),
+    "orchestrator/inventory.py": (["tests/test_inventory.py", "tests/test_faults.py", "tests/test_verdicts.py", "-k",
+                                   "inventory or group or select"],
+                                  ["is_dangerous_dir", "Inventory.select", "_Validator.string", "_Validator.path",
+                                   "_Validator.integer", "_Validator.timeouts", "_Validator.known_keys",
+                                   "_Validator.choice", "_Validator.groups"]),
     "orchestrator/sync.py": (["tests/test_deploy.py", "tests/test_ssh.py", "-k", "deploy or sync or hash or exclude"],
                              ["sync_tree", "deployed_tree", "is_excluded", "_under_excluded", "_remote_hash",
-                              "rsync_argv"]),
+                              "rsync_argv", "_tar_sync", "_local_listing"]),
     "orchestrator/state.py": (["tests/test_lock_modes.py", "tests/test_deploy.py", "-k", "lock"], []),
     "orchestrator/steps/build.py": (["tests/test_faults.py", "-k", "build_cache"], []),
+    "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
 }
 
 # mutant name -> why it cannot change behaviour (checked by reading its diff in the report)
@@ -93,6 +98,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/kdtree-mutation"))
     ap.add_argument("--report", type=Path, default=REPO / "benchmarks" / "results" / "mutation.md")
     ap.add_argument("--reuse", action="store_true", help="report on the last run in --work, run nothing")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the last run in --work: bring the checkout's tests over (the mutated module must "
+                         "be unchanged), then run its survivors again and the mutants it had no time for")
     ap.add_argument("--target", type=float, default=0.9)
     args = ap.parse_args()
     mutmut = shutil.which("mutmut", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
@@ -104,7 +112,9 @@ def main() -> int:
     results = {}
     for module in chosen:
         work = args.work / module.replace("/", "_").removesuffix(".py")
-        if not args.reuse:
+        if args.resume:
+            run_mutmut(mutmut, work, module, args.budget, args.jobs, resume_names(mutmut, work, module))
+        elif not args.reuse:
             prepare(work, module)
             run_mutmut(mutmut, work, module, args.budget, args.jobs)
         results[module] = collect(mutmut, work, module)
@@ -140,10 +150,30 @@ def prepare(work: Path, module: str) -> None:
         f.write("\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
 
 
-def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int) -> None:
-    """`mutmut run` for `module` (its MODULES globs), stopped after `budget` seconds."""
-    names = mutant_globs(module)
-    log = open(work / "mutmut.log", "w")
+def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
+    """The last run's mutants of `module` to run (again): survivors, not reached, not run; the
+    checkout's tests copied over first (a killed mutant stays killed: tests are only added)."""
+    source = subprocess.run(["git", "diff", "--quiet", "--no-index", str(REPO / module), str(work / module)])
+    if source.returncode != 0:
+        sys.exit(f"{module} changed since the run in {work}: run it afresh (without --resume)")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "tests"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        for base in (work, work / "mutants"):
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, base / rel)
+    statuses = _statuses(mutmut, work, module)
+    return sorted(n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run"))
+
+
+def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int, names: list[str] | None = None) -> None:
+    """`mutmut run` for `module` (its MODULES globs, or the mutants `names` of a resumed run: the
+    seconds add up), stopped after `budget` seconds."""
+    before = float((work / "seconds").read_text()) if names is not None and (work / "seconds").exists() else 0.0
+    if names == []:
+        return
+    names = names or mutant_globs(module)
+    log = open(work / "mutmut.log", "a")
     start = time.monotonic()
     proc = subprocess.Popen(["nice", "-n", "10", mutmut, "run", "--max-children", str(jobs), *names], cwd=work,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -156,7 +186,7 @@ def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int) -
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    (work / "seconds").write_text(f"{time.monotonic() - start:.0f}\n")
+    (work / "seconds").write_text(f"{before + time.monotonic() - start:.0f}\n")
 
 
 def mutant_globs(module: str) -> list[str]:
@@ -168,12 +198,7 @@ def mutant_globs(module: str) -> list[str]:
 
 def collect(mutmut: str, work: Path, module: str) -> dict:
     """Counts, score and survivors (with their diffs and reasons) of the last run in `work`."""
-    dotted = module.removesuffix(".py").replace("/", ".") + "."
-    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True).stdout
-    statuses = {m.group(1): STATUS.get(m.group(2), m.group(2))
-                for m in re.finditer(r"^\s*(\S+): (.+)$", out, re.M) if m.group(1).startswith(dotted)}
-    if MODULES[module][1]:    # only these functions ran; the others are left out, not counted as not run
-        statuses = {n: s for n, s in statuses.items() if any(fnmatch.fnmatch(n, g) for g in mutant_globs(module))}
+    statuses = _statuses(mutmut, work, module)
     counts = {k: 0 for k in ("killed", "survived", "equivalent", "no_tests", "timeout", "not_run", "suspicious",
                              "skipped")}
     survivors = []
@@ -194,6 +219,17 @@ def collect(mutmut: str, work: Path, module: str) -> dict:
     counts["score"] = round((counts["killed"] + counts["timeout"]) / ran, 4) if ran else 0.0
     counts["seconds"] = int((work / "seconds").read_text()) if (work / "seconds").exists() else None
     return {"counts": counts, "survivors": survivors}
+
+
+def _statuses(mutmut: str, work: Path, module: str) -> dict[str, str]:
+    """Each mutant of `module`'s MODULES functions in the last run in `work`: its status."""
+    dotted = module.removesuffix(".py").replace("/", ".") + "."
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True).stdout
+    statuses = {m.group(1): STATUS.get(m.group(2), m.group(2))
+                for m in re.finditer(r"^\s*(\S+): (.+)$", out, re.M) if m.group(1).startswith(dotted)}
+    if MODULES[module][1]:    # only these functions ran; the others are left out, not counted as not run
+        statuses = {n: s for n, s in statuses.items() if any(fnmatch.fnmatch(n, g) for g in mutant_globs(module))}
+    return statuses
 
 
 def _diff_body(diff: str) -> str:

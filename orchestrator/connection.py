@@ -8,7 +8,9 @@
 The ssh config is honoured as OpenSSH reads it (~/.ssh/config, then /etc/ssh/ssh_config; or
 $KDTREE_SSH_CONFIG alone): HostName, Port, User, IdentityFile, ProxyJump, ProxyCommand. Host keys
 are checked against the project's known_hosts files with RejectPolicy (hostkeys.verify_policy): an
-unknown key stops the connection before authentication, a changed one is refused. A refused or
+unknown key stops the connection before authentication, a changed one is refused, and a key
+other than a pinned `host_key:` is refused as soon as the key exchange ends (hostkeys.pinned_transport),
+before known_hosts is even consulted or a credential offered. A refused or
 reset connection (sshd restarting) is retried with backoff while the connect timeout lasts; a
 timeout, a host key or an authentication failure never is. A keepalive watchdog closes a
 connection whose host stops answering, so every command on it fails at once.
@@ -119,16 +121,11 @@ def _open_once(host: Host) -> SshConnection:
     try:
         for i, target in enumerate(chain):
             last = i == len(chain) - 1
-            policy = hostkeys.verify_policy(host.name, host.host_key if last else None, hop=not last)
-            clients.append(_connect(host, target, sock, policy))
+            clients.append(_connect(host, target, sock, host.host_key if last else None, hop=not last))
             if not last:
                 sock = _channel(host, clients[-1], target, chain[i + 1])
         target, client = chain[-1], clients.pop()
         name = hostkeys.known_name(target.hostname, target.port)
-        key = client.get_transport().get_remote_server_key()
-        if host.host_key and hostkeys.fingerprint(key) != host.host_key:
-            client.close()
-            raise hostkeys.changed(host.name, name, key, host.host_key, "host_key: in the inventory")
     except HostError:
         for opened in reversed(clients):
             opened.close()
@@ -164,12 +161,16 @@ def _hop_parts(hop: str) -> tuple[str, str | None, int | None]:
     return alias, user or None, int(port) if port else None
 
 
-def _connect(host: Host, target: _Target, sock, policy):
+def _connect(host: Host, target: _Target, sock, pinned: str | None, hop: bool):
     """One Paramiko client connected and authenticated to `target` (over `sock`: a jump host's
-    channel or a ProxyCommand), its key checked by `policy` against the known_hosts files."""
+    channel or a ProxyCommand). Its key is checked after the key exchange and before any
+    credential is offered: against the `pinned` fingerprint if any, and against the known_hosts
+    files (a key they list for the host must match; one they do not list must be pinned)."""
     import paramiko
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(policy)
+    client.set_missing_host_key_policy(hostkeys.verify_policy(host.name, pinned, hop))
+    factory = hostkeys.pinned_transport(host.name, hostkeys.known_name(target.hostname, target.port), pinned) \
+        if pinned else None
     for file in hostkeys.known_hosts_files(host.known_hosts):
         if file.is_file():
             client.get_host_keys().load(str(file))
@@ -177,7 +178,8 @@ def _connect(host: Host, target: _Target, sock, policy):
     start = time.monotonic()
     try:
         client.connect(target.hostname, target.port, target.user, key_filename=target.key_files or None,
-                       timeout=timeout, sock=sock, banner_timeout=timeout, auth_timeout=timeout)
+                       timeout=timeout, sock=sock, banner_timeout=timeout, auth_timeout=timeout,
+                       transport_factory=factory)
     except HostError:
         client.close()
         raise

@@ -73,9 +73,11 @@ def changed(host: str, name: str, key, expected: str, where: str) -> HostKeyErro
 
 
 def verify_policy(host: str, pinned: str | None, hop: bool):
-    """Paramiko's RejectPolicy, except a key matching the host's pinned fingerprint is accepted;
-    any other key of a host with a pinned fingerprint is a changed key. (Paramiko is imported
-    here, not with the module: a warm connection checks keys without it.)"""
+    """Paramiko's RejectPolicy (for a key no known_hosts file lists), except a key matching the
+    host's pinned fingerprint is accepted; any other key of a host with a pinned fingerprint is a
+    changed key. (A pinned host's key exchange already refused such a key: pinned_transport; this
+    is the same rule on its own. Paramiko is imported here, not with the module: a warm
+    connection checks keys without it.)"""
     from paramiko import RejectPolicy
 
     class VerifyPolicy(RejectPolicy):
@@ -86,3 +88,21 @@ def verify_policy(host: str, pinned: str | None, hop: bool):
                 raise changed(host, hostname, key, pinned, "host_key: in the inventory")
             raise unknown(host, hostname, key, hop)
     return VerifyPolicy()
+
+
+def pinned_transport(host: str, name: str, pinned: str):
+    """A Paramiko Transport class (SSHClient's transport_factory) whose key exchange refuses any
+    key but the pinned one: the check happens before SSHClient looks at known_hosts and before
+    authentication, so a host that fails the pin never sees a credential, even one whose real
+    key known_hosts lists. A key that contradicts the pin is a changed key, never merely unknown
+    (trust pins no such key)."""
+    from paramiko import Transport
+
+    class PinnedTransport(Transport):
+        def start_client(self, event=None, timeout=None):
+            super().start_client(event, timeout)
+            key = self.get_remote_server_key()
+            if fingerprint(key) != pinned:
+                self.close()
+                raise changed(host, name, key, pinned, "host_key: in the inventory")
+    return PinnedTransport

@@ -20,9 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 # (id, file, text, replacement, tests that must fail with the bug in)
 MUTANTS = [
-    ("host-key-pin-ignored", "orchestrator/connection.py",
-     "if host.host_key and hostkeys.fingerprint(key) != host.host_key:", "if False:",
-     ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry"]),
+    ("host-key-pin-after-authentication", "orchestrator/connection.py",
+     "transport_factory=factory)", "transport_factory=None)",
+     ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[paramiko]"]),
+    ("warm-pin-contradiction-ignored", "orchestrator/warm.py",
+     "    if not host.host_key:\n        return False\n", "    if True:\n        return False\n",
+     ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[warm]"]),
     ("unknown-host-key-accepted", "orchestrator/hostkeys.py",
      "raise unknown(host, hostname, key, hop)", "return",
      ["tests/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs"]),
