@@ -14,7 +14,10 @@ forked process (fast: no interpreter start per mutant).
 Then it writes a report (--report, Markdown, and the same figures as JSON beside it): per module
 the mutants killed, survived, not reached by the subset ("no tests"), timed out, not run in the
 budget, and the score = killed / (every mutant run - the equivalent ones); and each survivor with
-its diff and its reason: equivalent (EQUIVALENT below says why) or a missing test.
+its diff and its reason: equivalent (EQUIVALENT below says why), left alive on purpose (ACCEPTED
+says why; still counted against the score) or a missing test. --resume continues a module's last
+run after new tests: it copies the checkout's tests over and runs that run's survivors again and
+the mutants it had no time for (the module itself must be unchanged).
 
 mutmut: 3.x (pinned in the dev extra). Chosen over cosmic-ray because it runs each mutant only
 against the tests that reach the mutated function and forks instead of starting pytest anew; with
@@ -59,8 +62,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/sync.py": (["tests/test_deploy.py", "tests/test_ssh.py", "-k", "deploy or sync or hash or exclude"],
                              ["sync_tree", "deployed_tree", "is_excluded", "_under_excluded", "_remote_hash",
                               "rsync_argv", "_tar_sync", "_local_listing"]),
-    "orchestrator/state.py": (["tests/test_lock_modes.py", "tests/test_deploy.py", "-k", "lock"], []),
-    "orchestrator/steps/build.py": (["tests/test_faults.py", "-k", "build_cache"], []),
+    "orchestrator/state.py": (["tests/test_lock_modes.py", "tests/test_deploy.py", "tests/test_performance.py", "-k",
+                               "lock or bundle or build_step"], []),
+    "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
+                                     "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
 }
 
@@ -81,6 +86,21 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
     "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
+    "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
+                                                      "slice, the same is_dir)",
+    "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "
+                                                "with rm -f: the order of the paths changes nothing",
+    "orchestrator.sync.x__tar_sync__mutmut_44": "the same (reverse=False)",
+}
+
+# mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
+ACCEPTED: dict[str, str] = {
+    "orchestrator.sync.x__tar_sync__mutmut_2": "no time bound on the tar sync's own commands: a test needs a host that "
+                                               "hangs mid-sync for the whole sync timeout (fault test 5 hangs one "
+                                               "mid-step)",
+    "orchestrator.sync.x__tar_sync__mutmut_8": "the same for its listing",
+    "orchestrator.sync.x_deployed_tree__mutmut_12": "the size bound of reading the in-progress mark (4097 bytes, not "
+                                                    "4096), whose existence alone matters",
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
@@ -208,8 +228,8 @@ def collect(mutmut: str, work: Path, module: str) -> dict:
         counts[status] = counts.get(status, 0) + 1
         if status in ("survived", "equivalent", "no_tests"):
             survivors.append({"name": name, "status": status,
-                              "reason": EQUIVALENT.get(name, "missing test" if status == "survived"
-                                                       else "not reached by the module's test subset")})
+                              "reason": EQUIVALENT.get(name) or ACCEPTED.get(name) or (
+                                  "missing test" if status == "survived" else "not reached by the module's test subset")})
     show = lambda s: _diff_body(subprocess.run([mutmut, "show", s["name"]], cwd=work, capture_output=True,
                                                text=True).stdout)
     with ThreadPoolExecutor(4) as pool:     # one `mutmut show` takes a second or two

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +74,58 @@ def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
     assert (deploy.dir / "build" / "kdtree").read_text() == "built on the host\n"
     assert (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").exists()
     assert sorted(os.listdir(deploy.dir / ".kdtree")) == ["deploy.json", "gate.flock", "lock.flock", "marker"]
+
+
+@pytest.mark.parametrize("path, is_dir, patterns, excluded", [
+    ("top", True, ["/top/"], True), ("a/top", True, ["/top/"], False), ("a/b", False, ["/a/b"], True),
+    ("x/a/b", False, ["/a/b"], False), ("x/a/b", False, ["a/b"], True), ("top", False, ["/top/"], False),
+    ("/top", False, ["/top"], True), ("fooX", False, ["fooX"], True), ("Xcache", True, ["/Xcache/"], True),
+])
+def test_exclude_patterns_anchored_and_directory_only(path, is_dir, patterns, excluded):
+    """rsync's rules: a leading '/' anchors at the top (the whole path must match), a trailing '/'
+    matches directories only, a pattern with a '/' inside matches the end of the path."""
+    assert sync.is_excluded(path, is_dir, patterns) is excluded
+
+
+@pytest.mark.parametrize("path, is_dir, patterns, excluded", [
+    ("build/x", False, ["build/"], True), ("build", False, ["build/"], False), ("x", False, ["*/"], False),
+    ("a/b/c", False, ["b/"], True), (".kdtree/lock.flock", False, [], True), ("src/main.cpp", False, ["*.o"], False),
+])
+def test_the_tar_sync_never_deletes_what_is_under_an_excluded_directory(path, is_dir, patterns, excluded):
+    """A host path gone from the source is deleted unless it or a directory above it is
+    excluded (the state directory always is); a file is not a directory of the same name."""
+    assert sync._under_excluded(path, is_dir, patterns) is excluded
+
+
+def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to_it(make_inventory, tmp_path):
+    """deployed_tree (what lets a run skip its sync): the deploy record's tree hash only when the
+    tree on the host hashes to it now, no sync broke half-way, and a record names a hash."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
+    root = tmp_path / ".deploy" / "local"
+    with open_transport(inv.hosts["local"]) as t:
+        deploy = lambda: sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
+        tree = deploy().tree_hash
+        assert sync.deployed_tree(t, inv.project) == tree
+        (root / sync.PARTIAL).write_text("")
+        assert sync.deployed_tree(t, inv.project) is None
+        (root / sync.PARTIAL).unlink()
+        (root / "src" / "main.cpp").write_text("changed on the host\n")
+        assert sync.deployed_tree(t, inv.project) is None
+        assert deploy().tree_hash == tree and sync.deployed_tree(t, inv.project) == tree
+        record = json.loads((root / ".kdtree" / "deploy.json").read_text())
+        (root / ".kdtree" / "deploy.json").write_text(json.dumps({**record, "tree_hash": ""}))
+        assert sync.deployed_tree(t, inv.project) is None
+
+
+def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, source):
+    deploy = deployer(rsync_path="/nonexistent/rsync")
+    (source / "docs" / "old").mkdir(parents=True)
+    (source / "docs" / "old" / "a.txt").write_text("a\n")
+    os.symlink("README.md", source / "link")
+    assert deploy().method == "tar"
+    assert os.readlink(deploy.dir / "link") == "README.md" and (deploy.dir / "docs" / "old" / "a.txt").is_file()
+    shutil.rmtree(source / "docs" / "old")
+    assert deploy().deleted == 2 and not (deploy.dir / "docs" / "old").exists()
 
 
 def test_local_transport_deploy(make_inventory, tmp_path, source):

@@ -107,6 +107,40 @@ def test_other_validation_messages(tmp_path):
         inventory.load(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize("hosts, groups, message", [
+    ({"h": {**SSH, "timeouts": {"build": 0}}}, {},
+     "FILE: host 'h': key 'timeouts.build': must be a positive number of seconds, not 0"),
+    ({"h": {**SSH, "timeouts": {"build": True}}}, {},
+     "FILE: host 'h': key 'timeouts.build': must be a positive number of seconds, not True"),
+    ({"h": {**SSH, "timeouts": {"build": 7 * 86400 + 1}}}, {},
+     "FILE: host 'h': key 'timeouts.build': must be finite and at most 604800 seconds, not 604801"),
+    ({"h": SSH}, {5: {}}, "FILE: key 'groups.5': is not a group name (letters, digits, '_', '.', '-', at most 64 "
+                          "characters)"),
+    ({"h": SSH}, {"a b": {}}, "FILE: key 'groups.a b': is not a group name (letters, digits, '_', '.', '-', at most "
+                              "64 characters)"),
+    ({"h": SSH}, {"g" * 65: {}}, f"FILE: key 'groups.{'g' * 64}': is not a group name (letters, digits, '_', '.', "
+                                 "'-', at most 64 characters)"),
+    ({"h": {**SSH, "groups": ["blackwel"]}}, {"blackwell": {}},
+     "FILE: host 'h': key 'groups': group 'blackwel' is not declared under `groups:` (did you mean 'blackwell'?)"),
+    ({"h": SSH}, {"g": "x"}, "FILE: key 'groups.g': must be a mapping, not a string"),
+])
+def test_timeout_and_group_messages(tmp_path, hosts, groups, message):
+    assert error(tmp_path, hosts, groups=groups) == message
+
+
+def test_the_bounds_themselves_are_allowed(tmp_path):
+    """Each limit is inclusive: a timeout of 7 days or half a second, port 65535, a group name of
+    64 characters; a group keeps its name and description."""
+    inv = inventory.load(write(tmp_path, {"h": {**SSH, "port": 65535, "timeouts": {"build": 7 * 86400, "test": 0.5},
+                                                "groups": ["g" * 64, "b"]}},
+                               groups={"g" * 64: {"description": "long"}, "b": None}))
+    h = inv.hosts["h"]
+    assert (h.port, h.timeout("build"), h.timeout("test")) == (65535, 7 * 86400, 0.5)
+    assert (inv.groups["g" * 64].name, inv.groups["g" * 64].description, inv.groups["g" * 64].members) == \
+        ("g" * 64, "long", ("h",))
+    assert inv.groups["b"].description == ""
+
+
 def test_defaults_merge_and_local_paths(tmp_path):
     inv = inventory.load(write(tmp_path, {
         "local": {"transport": "local", "remote_dir": ".deploy/local"},

@@ -4,6 +4,9 @@ they stay; nobody overtakes a run on its way back from exclusive to shared; dead
 recovered while live ones are not."""
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
 import threading
 import time
@@ -11,7 +14,7 @@ import time
 import pytest
 
 from orchestrator import state
-from orchestrator.errors import LockError
+from orchestrator.errors import HostError, LockError
 from orchestrator.state import EXCLUSIVE, SHARED, Owner
 from orchestrator.transport import open_transport
 
@@ -114,3 +117,37 @@ def test_a_dead_holder_is_recovered_and_a_live_one_is_not(host, lab):
         assert e.value.message == f"{host.remote_dir} is locked by another run: validate by pid 1 on laptop, " \
                                   "started 2026-01-01T00:00:00Z"
         live.release()
+
+
+def test_an_owner_names_this_machine_process_command_and_utc_start(monkeypatch):
+    """What a busy lock shows of its holder: this machine, this process, the command, when it
+    started in UTC (ISO 8601, whatever the local time zone)."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        before = time.gmtime()
+        me = Owner.now("validate")
+        after = time.gmtime()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (me.client, me.pid, me.command) == (socket.gethostname(), os.getpid(), "validate")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", me.started)
+    assert time.strftime("%Y-%m-%dT%H:%M:%SZ", before) <= me.started <= time.strftime("%Y-%m-%dT%H:%M:%SZ", after)
+    assert Owner.parse(me.to_json()) == me
+
+
+def test_a_busy_lock_names_every_holder_or_says_it_does_not_know(host):
+    one, two = owner("validate", 1), owner("deploy", 2)
+    error = state._busy(host, [one, two], 5, "is locked by another run")
+    assert str(error).endswith(f"{host.remote_dir} is locked by another run: {one}; {two} (waited 5 s: timeouts.lock)")
+    assert error.host == "h" and error.owner == f"{one}; {two}"
+    assert "is locked by another run: unknown owner" in str(state._busy(host, [], 0, "is locked by another run"))
+
+
+def test_a_released_lock_cannot_change_mode(host):
+    lock, _ = take(host, "validate", 1)
+    lock.release()
+    with pytest.raises(HostError, match="the lock was released") as e:
+        lock.to_exclusive()
+    assert e.value.host == "h"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import connection, record, state, transport
-from orchestrator.steps import StepContext, bench as bench_step, bundles as bundles_step, test as test_step
+from orchestrator.steps import StepContext, bench as bench_step, build as build_step, bundles as bundles_step, \
+    test as test_step
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,15 +154,96 @@ def test_bundles_changed_on_the_host_are_regenerated(context):
     assert bundles_step.run(first).status == "passed"
     again = context()
     again.step = "bundles"
-    assert bundles_step.run(again).reused_from == first.run_dir.run_id
-    for n, tamper in enumerate((lambda: (root / "tests/refs/model_tiny.kdtr").write_text("tampered"),
-                                lambda: (root / "tests/refs/manifest.json").unlink()), 1):
+    outcome = bundles_step.run(again)
+    assert (outcome.status, outcome.message, outcome.reused_from) == \
+        ("cached", f"bundles of generator {'c' * 12} are up to date", first.run_dir.run_id)
+    for n, (tamper, named) in enumerate(((lambda: (root / "tests/refs/model_tiny.kdtr").write_text("tampered"),
+                                          "(tests/refs/model_tiny.kdtr changed): regenerating"),
+                                         (lambda: (root / "tests/refs/manifest.json").unlink(),
+                                          "(tests/refs/manifest.json, tests/refs/model_tiny.kdtr changed): regenerating")), 1):
         tamper()
         ctx = context()
         ctx.step = "bundles"
         assert bundles_step.run(ctx).status == "passed"
-        assert sum("are not those run" in line and "regenerating" in line for line in context.lines) == n
+        said = [line for line in context.lines if "are not those run" in line and "regenerating" in line]
+        assert len(said) == n and named in said[-1]
     assert (root / "tests/refs/model_tiny.kdtr").read_text() == "weights\n"
+
+
+def test_the_bundles_cache_follows_the_generator_and_no_cache_and_needs_a_manifest(context):
+    """Bundles are reused only for the generator inputs they were made from, never with
+    --no-cache, and never without the manifest (nothing then says which files are the bundles)."""
+    root = context.root
+    generator = root / "scripts" / "tree_hash.sh"
+    generator.write_text("echo " + "c" * 64 + "\n")
+    (root / "scripts" / "bundles.sh").write_text("mkdir -p tests/refs && echo weights > tests/refs/model_tiny.kdtr "
+                                                "&& echo '{}' > tests/refs/manifest.json\n")
+
+    def bundles(**how):
+        ctx = context(**how)
+        ctx.step = "bundles"
+        return bundles_step.run(ctx)
+    first = bundles()
+    assert (first.status, first.message) == ("passed", f"regenerated with {context().host.python}")
+    stamp = json.loads((root / ".kdtree" / "bundles.json").read_text())
+    assert stamp["key"] == {"generator": "c" * 64, "python": context().host.python}
+    assert bundles().status == "cached"
+    assert bundles(use_cache=False).status == "passed"
+    generator.write_text("echo " + "d" * 64 + "\n")
+    assert bundles().status == "passed" and bundles().status == "cached"
+    (root / "scripts" / "bundles.sh").write_text("echo weights > tests/refs/model_tiny.kdtr\n")   # no manifest made
+    (root / "tests/refs/manifest.json").unlink()
+    assert bundles().status == "passed" and bundles().status == "passed"
+
+
+# a stand-in for the engine's build: a new executable each time (its build number in it); says whether
+# it found build/kdtree, what KD_REBUILD it got, and that the engine's tree cache had the build when asked
+BUILD_SH = """mkdir -p build
+n=$(( $(cat build/.n 2>/dev/null || echo 0) + 1 )); echo $n > build/.n
+echo "had kdtree: $([ -e build/kdtree ] && echo yes || echo no)"
+echo "KD_REBUILD=${KD_REBUILD:-unset}"
+if [ -f restore-me ]; then echo "(restored from build/trees/x)"; fi
+printf '#!/bin/sh\\n# build %s\\necho kdtree 0.0 tree=TREE backend=cuda arch=sm_90\\n' "$n" > build/kdtree
+chmod +x build/kdtree
+"""
+
+
+def test_the_build_step_reuses_only_its_own_recorded_executables(context):
+    """The build cache on its own (a local host, a stand-in engine): the stamp's format; the same
+    key reused with the run it came from; --no-cache rebuilds with KD_REBUILD=1; the stamp of
+    another build key matched by executables this machine recorded for the first key only is
+    not trusted (they are removed before the build); a build the engine's own cache restored
+    is `cached` and says so."""
+    root = context.root
+    (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
+
+    def build(**how):
+        ctx = context(**how)
+        ctx.step = "build"
+        return build_step.run(ctx), ctx.run_dir.run_id
+
+    def said(text: str) -> str:
+        return [line for line in context.lines if text in line][-1]
+    first, first_run = build()
+    assert (first.status, first.message, said("had kdtree"), said("KD_REBUILD=")) == \
+        ("passed", "cuda build for sm_90", "had kdtree: yes", "KD_REBUILD=unset")
+    stamp = json.loads((root / ".kdtree" / "build.json").read_text())
+    assert stamp == {"key": {"tree": TREE, "build": {"cxx": "g++"}}, "run_id": first_run}
+    again, _ = build()
+    assert (again.status, again.message, again.reused_from) == \
+        ("cached", f"cuda build for sm_90 of tree {TREE[:12]} is up to date", first_run)
+    assert build(use_cache=False)[0].status == "passed" and said("KD_REBUILD=") == "KD_REBUILD=1"
+    first_key_binary = (root / "build" / "kdtree").read_bytes()
+    assert build(build_key={"cxx": "clang"})[0].status == "passed"
+    (root / "build" / "kdtree").write_bytes(first_key_binary)       # recorded, but for the other key
+    assert build(build_key={"cxx": "clang"})[0].status == "passed"
+    assert said("the build stamp") == ("the build stamp matches, but the executables under build/ are not those "
+                                       "this machine recorded for it: removing them and building again")
+    assert said("had kdtree") == "had kdtree: no"
+    (root / "restore-me").write_text("")
+    restored, _ = build(build_key={"cxx": "icc"})
+    assert (restored.status, restored.message, restored.reused_from) == \
+        ("cached", f"cuda build for sm_90 of tree {TREE[:12]} restored from the host's build cache", None)
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
