@@ -54,8 +54,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                ["redact*", "_redact_edges", "Mismatch.*"]),
     "orchestrator/safe_text.py": (["tests/test_hostile.py", "tests/test_report.py", "-k",
                                    "escaped or terminal or markdown or safe_text"], []),
-    "orchestrator/inventory.py": (["tests/test_inventory.py", "tests/test_faults.py", "tests/test_verdicts.py", "-k",
-                                   "inventory or group or select"],
+    "orchestrator/inventory.py": (["tests/test_inventory.py"],
                                   ["is_dangerous_dir", "Inventory.select", "_Validator.string", "_Validator.path",
                                    "_Validator.integer", "_Validator.timeouts", "_Validator.known_keys",
                                    "_Validator.choice", "_Validator.groups"]),
@@ -99,6 +98,16 @@ ACCEPTED: dict[str, str] = {
                                                "hangs mid-sync for the whole sync timeout (fault test 5 hangs one "
                                                "mid-step)",
     "orchestrator.sync.x__tar_sync__mutmut_8": "the same for its listing",
+    "orchestrator.steps.build.x_run__mutmut_50": "no client deadline on removing build/'s executables before a rebuild "
+                                                 "(it takes milliseconds; a test needs a host that hangs right there)",
+    "orchestrator.steps.build.x_run__mutmut_53": "the same (the default deadline)",
+    "orchestrator.steps.build.x_run__mutmut_57": "the host-side bound of that removal (none): the same",
+    "orchestrator.steps.build.x_run__mutmut_61": "the same bound, 61 s instead of 60",
+    "orchestrator.steps.build.x_run__mutmut_63": "the client's deadline of that removal, 61 s instead of 60",
+    "orchestrator.steps.build.x_run__mutmut_51": "the words naming that removal in its error: it cannot fail in the lab "
+                                                 "(root deletes anything; an unsafe build/ is refused earlier, by the "
+                                                 "hashing, which the same guard protects)",
+    "orchestrator.steps.build.x_run__mutmut_54": "the same (the default words)",
     "orchestrator.sync.x_deployed_tree__mutmut_12": "the size bound of reading the in-progress mark (4097 bytes, not "
                                                     "4096), whose existence alone matters",
 }

@@ -214,6 +214,13 @@ def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin(
         remote.wrap(["true"], timeout=5, secrets=["A-B"])
     assert remote.wrap(["true"], timeout=1.5).split()[-2:] == ["1.5", "true"]
     assert remote.wrap(["true"], timeout=2.0).split()[-2:] == ["2", "true"]
+    assert remote.script("true", timeout=5).what == remote.command(["true"], timeout=5).what == "command"   # in errors
+
+
+def test_a_secret_of_several_lines_is_also_redacted_line_by_line_down_to_six_characters(monkeypatch):
+    host = Host(**{**CT200.__dict__, "secret_env": ("TOKEN",)})
+    monkeypatch.setenv("TOKEN", "abcdef\n  12345  \nabcdefg")
+    assert remote.secret_strings(host) == ["abcdef\n  12345  \nabcdefg", "abcdef", "abcdefg"]
 
 
 def test_a_step_gets_the_hosts_secrets_only_when_asked(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator import inventory
-from orchestrator.errors import InventoryError
+from orchestrator.errors import InventoryError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,6 +168,19 @@ def test_selection(tmp_path):
     with pytest.raises(InventoryError) as e:
         inv.select(group="blackwel")
     assert str(e.value).endswith("hosts.yaml: unknown group 'blackwel' (did you mean 'blackwell'?)")
+    assert names(inv.select(["local"], group="blackwell")) == ["local", "ct200", "ct201"]     # --host and --group
+
+
+def test_a_selection_of_no_host_says_which_flag_and_how_to_fix_it(tmp_path):
+    inv = inventory.load(write(tmp_path, {"h": SSH}, groups={"empty": {}}))
+    with pytest.raises(UsageError) as e:
+        inv.select(group="empty")
+    assert str(e.value) == (f"--group empty: no host of {inv.path} is in group 'empty' "
+                            "(a host joins it with `groups: [empty]`)")
+    inv = inventory.load(write(tmp_path, {}))
+    with pytest.raises(UsageError) as e:
+        inv.select(all=True)
+    assert str(e.value) == f"--all: {inv.path} has no hosts"
 
 
 def test_cli_exit_code_2_on_unknown_host():

@@ -6,6 +6,7 @@ import io
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,6 +118,9 @@ def test_trust_pins_the_key_and_refuses_a_wrong_fingerprint(lab, make_inventory,
     assert f"pinned {newcomer.known_name} ssh-ed25519 {newcomer.fingerprint()}" in out.getvalue()
     assert project_known.read_text() == newcomer.known_hosts_line()
     assert open_transport(host).run("true", timeout=10).ok
+    out = io.StringIO()
+    assert cli.trust(host, [newcomer.fingerprint()], Console(out)) == 0        # known now: verified, not pinned again
+    assert f"{newcomer.known_name} ssh-ed25519 {newcomer.fingerprint()}: verified and trusted" in out.getvalue()
 
 
 def test_trust_through_an_unknown_bastion(lab, make_inventory, tmp_path):
@@ -167,10 +171,14 @@ def test_a_pin_in_the_inventory_overrides_a_known_hosts_entry(lab, make_inventor
     inv = make_inventory({"k": {**lab.inventory_entry(known), "host_key": "SHA256:" + "B" * 43, "persist": persist}})
     with pytest.raises(HostKeyError, match="HOST KEY CHANGED") as e:
         open_transport(inv.hosts["k"]).run("touch ran", timeout=10)
-    assert e.value.changed and "host_key: in the inventory" in str(e.value) and known.fingerprint() in str(e.value)
+    assert e.value.changed and (e.value.host, e.value.known_name) == ("k", known.known_name)
+    assert f"offered ssh-ed25519 {known.fingerprint()} but host_key: in the inventory has SHA256:{'B' * 43}" in str(e.value)
     assert not (known.home / "ran").exists()
-    log = known.log()
-    assert "SSH2_MSG_NEWKEYS received" in log          # the key exchange happened: the host was reached
+    ended = re.compile(r"SSH2_MSG_NEWKEYS received[\s\S]*(Connection closed|Connection reset|Disconnected)")
+    deadline = time.monotonic() + 10        # sshd logs on its own time: wait for the connection's end
+    while not ended.search(log := known.log()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ended.search(log), log[-3000:]       # the key exchange happened, then the connection ended
     assert "userauth-request" not in log and "Accepted publickey" not in log, log[-3000:]
 
 
@@ -186,6 +194,58 @@ def test_jump_host(lab, make_inventory, remote_dir):
         time.sleep(0.2)
         # one connection went through the bastion: Paramiko's, reused by every command and by rsync (relay.py)
         assert len(target.findall(bastion.log())) == before + 1
+
+
+def test_a_jump_host_given_as_an_address_uses_the_inventory_identity_and_the_target_is_reached_through_it(
+        lab, make_inventory):
+    """A jump given as user@address:port (no ssh config entry) authenticates with the host's
+    `identity:`; the target is reached through the bastion's channel only (the target's sshd sees
+    one connection, the one that authenticates)."""
+    bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
+    inv = make_inventory({"far": lab.inventory_entry(h2, jump=f"root@127.0.0.1:{bastion.port}",
+                                                     identity=str(lab.client_key))})
+    before = h2.log().count("Connection from ")
+    with open_transport(inv.hosts["far"]) as t:
+        assert t.run("echo far", timeout=10).tail == "far\n"
+    time.sleep(0.2)
+    assert h2.log().count("Connection from ") == before + 1
+
+
+def test_two_jump_hops_in_order(lab, make_inventory):
+    """Each hop's channel goes to the next hop, the last one's to the target (here the same
+    bastion twice: a channel to the target from the first hop would meet the wrong host key)."""
+    bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
+    inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion,bastion")})
+    hop = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {bastion.port}$", re.M)
+    before = len(hop.findall(bastion.log()))
+    with open_transport(inv.hosts["far"]) as t:
+        assert t.run("echo far", timeout=10).tail == "far\n"
+    time.sleep(0.2)
+    assert len(hop.findall(bastion.log())) == before + 1
+
+
+def test_an_unreachable_target_behind_a_jump_host_names_both(lab, make_inventory):
+    bastion = lab.hosts["bastion"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    inv = make_inventory({"far": {"address": "127.0.0.1", "port": closed, "user": "root", "jump": "bastion",
+                                  "identity": str(lab.client_key), "remote_dir": "/srv/k",
+                                  "known_hosts": str(lab.known_hosts), "timeouts": {"connect": 1}, "persist": False}})
+    with pytest.raises(ConnectError, match=rf"cannot reach 127\.0\.0\.1:{closed}: .* \(through jump host "
+                                           rf"127\.0\.0\.1:{bastion.port}\)"):
+        open_transport(inv.hosts["far"]).run("true", timeout=10)
+
+
+def test_a_target_takes_the_inventory_port_user_and_identity_over_the_ssh_config(lab, make_inventory):
+    h1 = lab.hosts["h1"]
+    with open(lab.ssh_config, "a") as f:
+        f.write("Host explicit-target\n  HostName 127.0.0.1\n  Port 1\n  User nobody\n"
+                "  IdentityFile /nonexistent/key\n\n")
+    inv = make_inventory({"x": lab.inventory_entry(h1, address="explicit-target", port=h1.port, user="root",
+                                                   identity=str(lab.client_key))})
+    with open_transport(inv.hosts["x"]) as t:
+        assert t.run("whoami", timeout=10).tail == "root\n"
 
 
 def test_proxyjump_of_the_ssh_config(lab, make_inventory):
