@@ -214,7 +214,13 @@ def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin(
         remote.wrap(["true"], timeout=5, secrets=["A-B"])
     assert remote.wrap(["true"], timeout=1.5).split()[-2:] == ["1.5", "true"]
     assert remote.wrap(["true"], timeout=2.0).split()[-2:] == ["2", "true"]
-    assert remote.script("true", timeout=5).what == remote.command(["true"], timeout=5).what == "command"   # in errors
+
+
+def test_a_script_wraps_as_a_command_labelled_command_and_timeouts_stay_plain_numbers():
+    """What an error calls a script or command unless told; a bound of days is written as an
+    integer (the host's `timeout` and the lock's bash arithmetic read it), never as 1.8144e+06."""
+    assert remote.script("true", timeout=5).what == remote.command(["true"], timeout=5).what == "command"
+    assert remote.wrap(["true"], timeout=1814400.0).split()[-2:] == ["1814400", "true"]
 
 
 def test_a_secret_of_several_lines_is_also_redacted_line_by_line_down_to_six_characters(monkeypatch):
@@ -236,7 +242,7 @@ def test_a_step_gets_the_hosts_secrets_only_when_asked(monkeypatch):
     assert secret.stdin == b"first-secret\nsecond-line\nshort\0b-secret\0" and secret.what == "building"
     assert secret.holds_stdin and secret.secrets == ("first-secret\nsecond-line\nshort", "b-secret", "first-secret",
                                                      "second-line")
-    assert "kdtree-secrets" in secret.line and "TOKEN_A,TOKEN_B" in secret.line and "EXTRA=1" in secret.line
+    assert " kdtree-secrets TOKEN_A,TOKEN_B " in secret.line and "EXTRA=1" in secret.line
     assert "kdtree-secrets" not in remote.step_command(host, "make", 60)
     assert remote.host_env(Host(**{**host.__dict__, "arch": "sm_90"}))["KD_ARCH"] == "sm_90"
     monkeypatch.delenv("TOKEN_B")

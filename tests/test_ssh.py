@@ -211,6 +211,13 @@ def test_a_jump_host_given_as_an_address_uses_the_inventory_identity_and_the_tar
     assert h2.log().count("Connection from ") == before + 1
 
 
+def test_a_pin_applies_to_the_target_not_to_its_jump_host(lab, make_inventory):
+    h2 = lab.hosts["h2"]
+    inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion", host_key=h2.fingerprint())})
+    with open_transport(inv.hosts["far"]) as t:
+        assert t.run("echo far", timeout=10).tail == "far\n"
+
+
 def test_two_jump_hops_in_order(lab, make_inventory):
     """Each hop's channel goes to the next hop, the last one's to the target (here the same
     bastion twice: a channel to the target from the first hop would meet the wrong host key)."""
