@@ -128,10 +128,28 @@ def test_timeout_and_group_messages(tmp_path, hosts, groups, message):
     assert error(tmp_path, hosts, groups=groups) == message
 
 
+@pytest.mark.parametrize("value, message", [
+    ("", "must not be empty"), (5, "must be a string, not an integer"), ("ro\rot", "must not contain a newline"),
+    ("ro\0ot", "must not contain a newline"), ("r" * 1025, "must be at most 1024 characters, not 1025"),
+])
+def test_every_string_value_is_checked_with_a_message_naming_host_and_key(tmp_path, value, message):
+    assert error(tmp_path, {"h": {**SSH, "user": value}}) == f"FILE: host 'h': key 'user': {message}"
+
+
+@pytest.mark.parametrize("path, why", [
+    ("", "is empty"), (" ", "is empty"), ("srv/kdtree", "is not absolute"), ("//srv/kdtree", "is not normalized "
+                                                                                         "(use '//srv/kdtree')"),
+    ("/srv/kdtree/", None), ("/srv/kdtreeX", None), ("/srv/kdtree", None),
+])
+def test_why_a_destination_is_dangerous(path, why):
+    assert inventory.is_dangerous_dir(path) == why
+
+
 def test_the_bounds_themselves_are_allowed(tmp_path):
     """Each limit is inclusive: a timeout of 7 days or half a second, port 65535, a group name of
     64 characters; a group keeps its name and description."""
     inv = inventory.load(write(tmp_path, {"h": {**SSH, "port": 65535, "timeouts": {"build": 7 * 86400, "test": 0.5},
+                                                "python": "/" + "p" * 1023,
                                                 "groups": ["g" * 64, "b"]}},
                                groups={"g" * 64: {"description": "long"}, "b": None}))
     h = inv.hosts["h"]
