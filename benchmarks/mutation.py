@@ -88,6 +88,12 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.connection.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
     "orchestrator.connection.x__open_once__mutmut_8": "the same (found left out)",
+    "orchestrator.safe_text.x_markdown_fence__mutmut_11": "max(3, longest + 1): a default longest of 1 instead of 0 "
+                                                          "gives 3 all the same",
+    "orchestrator.state.x_read_json__mutmut_3": "the name only labels bounded.loads's ValueError, which read_json turns "
+                                                "into None",
+    **{f"orchestrator.state.x_write_json__mutmut_{n}": "the indentation of a stamp on the host: every reader parses it"
+       for n in (16, 18, 19)},
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
                                                       "slice, the same is_dir)",
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "
@@ -111,6 +117,12 @@ ACCEPTED: dict[str, str] = {
     "orchestrator.connection.x__connect__mutmut_32": "the user left out: Paramiko then takes this process's user, and "
                                                      "the lab's sshd hosts accept root only, who runs the tests",
     "orchestrator.connection.x__connect__mutmut_41": "the same",
+    "orchestrator.state.x_write_json__mutmut_5": "no host-side bound on writing a stamp (it takes milliseconds; a test "
+                                                 "needs a host that hangs right there)",
+    "orchestrator.state.x_write_json__mutmut_14": "the same bound, 61 s instead of 60",
+    "orchestrator.state.x_write_json__mutmut_7": "the words naming a failed stamp write in its error: it cannot fail in "
+                                                 "the lab (root writes anything; an unsafe .kdtree/ is refused before)",
+    "orchestrator.state.x_write_json__mutmut_13": "the same (the default words)",
     "orchestrator.steps.build.x_run__mutmut_50": "no client deadline on removing build/'s executables before a rebuild "
                                                  "(it takes milliseconds; a test needs a host that hangs right there)",
     "orchestrator.steps.build.x_run__mutmut_53": "the same (the default deadline)",

@@ -196,6 +196,16 @@ def test_the_bundles_cache_follows_the_generator_and_no_cache_and_needs_a_manife
     assert bundles().status == "passed" and bundles().status == "passed"
 
 
+def test_a_bundle_or_build_stamp_that_is_not_a_mapping_reads_as_no_stamp(context):
+    """A stamp on the host is hostile data: a list or a broken document is no stamp (the step runs)."""
+    ctx = context()
+    for text in ("[1, 2]", "{broken", '"a string"'):
+        (context.root / ".kdtree" / "bundles.json").write_text(text)
+        assert state.read_json(ctx.transport, "bundles.json") is None
+    state.write_json(ctx.transport, "bundles.json", {"key": {"generator": "g"}})
+    assert state.read_json(ctx.transport, "bundles.json") == {"key": {"generator": "g"}}
+
+
 # a stand-in for the engine's build: a new executable each time (its build number in it); says whether
 # it found build/kdtree, what KD_REBUILD it got, and that the engine's tree cache had the build when asked
 BUILD_SH = """mkdir -p build
