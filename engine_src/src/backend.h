@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -89,6 +90,23 @@ struct ExpertWeights {
     bool shared = false;
 };
 
+// What a backend queued on its device (backend.cpp's difference gives a span's share): kernels
+// run, whether launched alone or replayed in a graph; host submissions (kernel launches on their
+// own, graph launches); copies by direction; host waits for the device. The CPU backend counts
+// nothing.
+struct BackendCounters {
+    long kernels = 0, launches = 0, graph_launches = 0;
+    long h2d = 0, d2h = 0, d2d = 0;
+    long syncs = 0;
+};
+BackendCounters operator-(const BackendCounters& a, const BackendCounters& b);
+
+// A host array of int32 values that an op of a unit will get as a `*_host` input (begin_unit).
+struct HostInts {
+    const int32_t* data = nullptr;
+    int n = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -109,6 +127,23 @@ public:
     virtual void copy(void* dst, const void* src, size_t nbytes) = 0;
     // Waits for all queued work (used around timings).
     virtual void synchronize() = 0;
+
+    // ---- units: host inputs sent at once, and recorded op sequences (optional) ----------------
+    // A unit is a run of ops the model issues together (a forward, a compaction). begin_unit
+    // names every `*_host` array its ops will get; the arrays must keep their values until
+    // end_unit. A backend may send them to its memory in one copy, and an op that then gets one
+    // of them (the same pointer, at most as many values) reads that copy. With record_key >= 0
+    // a backend may also record the unit's ops instead of running them, and run the recording at
+    // end_unit: the ops issue nothing that waits for the device (no download, synchronize,
+    // argmax or top-k) and a unit with the same key issues the same sequence of ops (pointers
+    // and sizes may differ). end_unit(false) closes a unit whose op threw (its work is dropped).
+    // Units do not nest. The CPU backend ignores both.
+    virtual void begin_unit(std::initializer_list<HostInts> inputs, int record_key) {
+        (void)inputs;
+        (void)record_key;
+    }
+    virtual void end_unit(bool completed) { (void)completed; }
+    virtual BackendCounters counters() const { return {}; }
 
     // ---- element-wise and row ops -----------------------------------------------------------
     // out[m][:] = table[tokens_host[m]][:] for m < M; table [V][dim]; out row stride out_stride

@@ -3,6 +3,7 @@
 #include "rope.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -13,6 +14,30 @@ namespace {
 double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// A backend unit (backend.h begin_unit) open for one scope: closed as completed by done(), as
+// dropped when an op throws first.
+class Unit {
+public:
+    Unit(Backend& be, std::initializer_list<HostInts> inputs, int record_key) : be_(be) { be_.begin_unit(inputs, record_key); }
+    ~Unit() {
+        if (open_) be_.end_unit(false);
+    }
+    Unit(const Unit&) = delete;
+    Unit& operator=(const Unit&) = delete;
+    void done() {
+        open_ = false;
+        be_.end_unit(true);
+    }
+
+private:
+    Backend& be_;
+    bool open_ = true;
+};
+
+// Record keys of the models of this process: each model takes max_batch + 1 of them (one per
+// row count), so two models never share a recording.
+std::atomic<int> next_record_key{0};
 
 }  // namespace
 
@@ -62,6 +87,7 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
     const int qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     const int row_width = c.kv_lora_rank + c.qk_rope_head_dim;
     cache_rows_ = c.max_seq_len + max_batch;
+    record_key_base_ = next_record_key.fetch_add(max_batch + 1);
     try {
         embed_ = load_f32(b, "embed", {V, D});
         norm_ = load_f32(b, "norm", {D});
@@ -260,6 +286,9 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
         times.attention.assign(layers_.size(), 0.0);
         times.ffn.assign(layers_.size(), 0.0);
     }
+    // Every op below gets these host arrays; the ops issue the same sequence for a row count
+    // (recorded and replayed where the backend does), except when profiling synchronises them.
+    Unit unit(be_, {{tokens_host, M}, {pos_host, M}, {vis.parent_host, M}}, profile ? -1 : record_key_base_ + M);
     be_.embedding(x_, D, embed_, D, tokens_host, M);
     for (size_t i = 0; i < layers_.size(); ++i) {
         double t0 = 0;
@@ -271,11 +300,14 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
     }
     be_.rmsnorm(hidden_, D, x_, D, norm_, M, D, cfg_.norm_eps);
     be_.matmul_f32(logits_, hidden_, head_, nullptr, M, cfg_.vocab_size, D);
+    unit.done();
 }
 
 void Model::compact(int start, const int32_t* keep_host, int n) {
     const int row_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
+    Unit unit(be_, {{keep_host, n}}, -1);
     for (LayerWeights& L : layers_) be_.kv_compact(L.cache, row_width, start, keep_host, n);
+    unit.done();
 }
 
 void Model::draft(const float* h_T, int32_t bonus, int block, int K, std::vector<int32_t>& tokens,

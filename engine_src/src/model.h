@@ -81,6 +81,7 @@ private:
     ModelConfig cfg_;
     bool int4_ = false;
     int max_batch_ = 0, cache_rows_ = 0, drafter_block_ = 0;
+    int record_key_base_ = 0;    // this model's forward of M rows is backend unit key base + M
     RopeTable rope_;             // the config's RoPE frequencies (plain or YaRN)
     float softmax_scale_ = 0;    // tau, with YaRN's correction
     std::vector<void*> owned_;  // every buffer this model allocated
