@@ -304,6 +304,9 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
 }
 
 void Model::compact(int start, const int32_t* keep_host, int n) {
+    bool moves = false;  // an accepted chain of the first nodes is in place already
+    for (int j = 0; j < n; ++j) moves = moves || keep_host[j] != j;
+    if (!moves) return;
     const int row_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
     Unit unit(be_, {{keep_host, n}}, -1);
     for (LayerWeights& L : layers_) be_.kv_compact(L.cache, row_width, start, keep_host, n);

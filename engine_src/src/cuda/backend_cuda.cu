@@ -107,8 +107,13 @@ public:
         size_t total = 0;
         for (const HostInts& a : inputs) total += static_cast<size_t>(std::max(a.n, 0));
         if (staged_pending_) {  // the previous unit's copy must have read the pinned buffer
-            cuda::count_sync();
-            KD_CUDA_CHECK(cudaEventSynchronize(staged_read_));
+            const cudaError_t done = cudaEventQuery(staged_read_);
+            if (done == cudaErrorNotReady) {
+                cuda::count_sync();
+                KD_CUDA_CHECK(cudaEventSynchronize(staged_read_));
+            } else {
+                KD_CUDA_CHECK(done);
+            }
             staged_pending_ = false;
         }
         if (total > pinned_cap_) {
