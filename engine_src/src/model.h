@@ -91,6 +91,7 @@ private:
     float *x_ = nullptr, *xn_ = nullptr, *qa_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr;
     float *ffn_a_ = nullptr, *ffn_b_ = nullptr, *gate_logits_ = nullptr, *route_w_ = nullptr, *moe_out_ = nullptr;
     int32_t* route_idx_ = nullptr;
+    float* kv_new_ = nullptr;    // [max_batch][d_c + d_r]: a forward's latent rows before kv_append
     float *hidden_ = nullptr, *logits_ = nullptr, *feature_ = nullptr, *draft_logits_ = nullptr;
 };
 

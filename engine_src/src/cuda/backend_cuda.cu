@@ -42,7 +42,7 @@ public:
     }
     ~CudaBackend() override {
         cudaStreamSynchronize(ctx_.stream);
-        for (auto& kv : execs_) cudaGraphExecDestroy(kv.second);
+        for (auto& kv : graphs_by_key_) cudaGraphExecDestroy(kv.second.exec);
         cudaEventDestroy(staged_read_);
         if (pinned_) cudaFreeHost(pinned_);
         cuda::cublas_destroy(ctx_);
@@ -98,9 +98,10 @@ public:
 
     // The unit's host inputs go into one pinned buffer and to the device in one copy (the ops
     // find them in ctx_.staged). With KD_CUDA_GRAPH=1 and a record key, the first unit of a key
-    // runs eagerly (it sizes every scratch buffer: a capture must not grow one), later ones are
-    // captured and launched as a graph at end_unit, the key's executable graph updated in place
-    // (cudaGraphExecUpdate: the same launches, new parameters) or made anew when that fails.
+    // runs eagerly (it sizes every scratch buffer: a capture must not grow one), the second is
+    // captured and launched as a graph at end_unit, and later ones replay that graph (their ops
+    // return at once) until a scratch buffer moves: then the key is captured again and its
+    // executable graph updated in place (cudaGraphExecUpdate) or made anew when that fails.
     void begin_unit(std::initializer_list<HostInts> inputs, int record_key) override {
         if (!units_) return;
         if (unit_open_) throw std::runtime_error("cuda begin_unit: a unit is already open");
@@ -139,11 +140,17 @@ public:
             staged_pending_ = true;
         }
         unit_open_ = true;
-        if (graphs_ && record_key >= 0 && !warmed_.insert(record_key).second) {
-            KD_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
-            cuda::counters().capturing = true;
+        if (!graphs_ || record_key < 0 || warmed_.insert(record_key).second) return;
+        const auto it = graphs_by_key_.find(record_key);
+        if (it != graphs_by_key_.end() && it->second.exec && it->second.scratch_moves == cuda::counters().scratch_moves) {
+            replaying_ = true;  // the ops return at once; end_unit launches the graph
             capture_key_ = record_key;
+            return;
         }
+        KD_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+        cuda::counters().capturing = true;
+        capture_key_ = record_key;
+        captured_before_ = cuda::counters().captured;
     }
     void end_unit(bool completed) override {
         if (!units_) return;
@@ -152,6 +159,15 @@ public:
         if (capture_key_ < 0) return;
         const int key = capture_key_;
         capture_key_ = -1;
+        if (replaying_) {
+            replaying_ = false;
+            if (!completed) return;
+            const Recorded& r = graphs_by_key_.at(key);
+            cuda::counters().graph_launches++;
+            cuda::counters().replayed += r.kernels;
+            KD_CUDA_CHECK(cudaGraphLaunch(r.exec, ctx_.stream));
+            return;
+        }
         cuda::counters().capturing = false;
         cudaGraph_t graph = nullptr;
         const cudaError_t ended = cudaStreamEndCapture(ctx_.stream, &graph);
@@ -161,11 +177,14 @@ public:
             return;
         }
         KD_CUDA_CHECK(ended);
-        if (!execs_.count(key) && execs_.size() >= kMaxGraphs) {  // keys of models long gone
-            for (auto& kv : execs_) cudaGraphExecDestroy(kv.second);
-            execs_.clear();
+        if (!graphs_by_key_.count(key) && graphs_by_key_.size() >= kMaxGraphs) {  // keys of models long gone
+            for (auto& kv : graphs_by_key_) cudaGraphExecDestroy(kv.second.exec);
+            graphs_by_key_.clear();
         }
-        cudaGraphExec_t& exec = execs_[key];
+        Recorded& rec = graphs_by_key_[key];
+        rec.kernels = cuda::counters().captured - captured_before_;
+        rec.scratch_moves = cuda::counters().scratch_moves;
+        cudaGraphExec_t& exec = rec.exec;
         if (exec) {
             cudaGraphExecUpdateResultInfo info{};
             if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
@@ -184,7 +203,7 @@ public:
     BackendCounters counters() const override {
         const cuda::LaunchCounters& c = cuda::counters();
         BackendCounters b;
-        b.kernels = c.launches + c.captured;
+        b.kernels = c.launches + c.captured + c.replayed;
         b.launches = c.launches + c.graph_launches;
         b.graph_launches = c.graph_launches;
         b.h2d = c.h2d;
@@ -209,34 +228,56 @@ public:
 
     void embedding(float* out, int out_stride, const float* table, int dim, const int32_t* tokens_host,
                    int M) override {
+        if (replaying_) return;
         cuda::embedding(ctx_, out, out_stride, table, dim, ctx_.upload_ints(tokens_host, M), M);
     }
     void rmsnorm(float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
                  float eps) override {
+        if (replaying_) return;
         cuda::rmsnorm(ctx_, out, out_stride, x, x_stride, w, M, n, eps);
     }
     void rope(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
               const int32_t* pos_host, const RopeTable& table) override {
+        if (replaying_) return;
         cuda::rope(ctx_, x, M, row_stride, n_vec, vec_stride, offset, d_r, ctx_.upload_ints(pos_host, M), table);
     }
-    void silu_mul(float* out, const float* a, const float* b, size_t n) override { cuda::silu_mul(ctx_, out, a, b, n); }
-    void add(float* out, const float* a, const float* b, size_t n) override { cuda::add(ctx_, out, a, b, n); }
+    void silu_mul(float* out, const float* a, const float* b, size_t n) override {
+        if (replaying_) return;
+        cuda::silu_mul(ctx_, out, a, b, n);
+    }
+    void add(float* out, const float* a, const float* b, size_t n) override {
+        if (replaying_) return;
+        cuda::add(ctx_, out, a, b, n);
+    }
 
     void matmul_f32(float* y, const float* x, const float* W, const float* bias, int M, int N, int K) override {
+        if (replaying_) return;
         cuda::matmul_f32(ctx_, y, x, W, bias, M, N, K);
     }
     void matmul_w4a16(float* y, const float* x, const int32_t* qw, const float* sc, int M, int N, int K) override {
+        if (replaying_) return;
         cuda::matmul_w4a16(ctx_, y, x, qw, sc, M, N, K);
     }
 
     void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache, const Visibility& vis,
                        int M, const MlaDims& dims) override {
+        if (replaying_) return;
         for (int i = 0; i < M; ++i)
             if (vis.parent_host[i] >= i || vis.parent_host[i] < -1)
                 throw std::runtime_error("mla_attention: parent of row " + std::to_string(i) + " is not below it");
-        cuda::mla_attention(ctx_, out, q, wkv_b, cache, vis.committed, ctx_.upload_ints(vis.parent_host, M), M, dims);
+        if (vis.capacity > 0 && vis.committed + M > vis.capacity)
+            throw std::runtime_error("mla_attention: " + std::to_string(vis.committed + M) + " rows past the capacity " +
+                                     std::to_string(vis.capacity));
+        cuda::mla_attention(ctx_, out, q, wkv_b, cache, ctx_.upload_ints(&vis.committed, 1),
+                            ctx_.upload_ints(vis.parent_host, M), M, vis.capacity > 0 ? vis.capacity : vis.committed + M,
+                            dims);
+    }
+    void kv_append(float* cache, int row_width, const Visibility& vis, const float* rows, int M) override {
+        if (replaying_) return;
+        cuda::kv_append(ctx_, cache, row_width, ctx_.upload_ints(&vis.committed, 1), rows, M);
     }
     void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
+        if (replaying_) return;
         for (int j = 0; j < n; ++j)
             if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))
                 throw std::runtime_error("kv_compact: keep list must be strictly ascending with keep[j] >= j");
@@ -245,10 +286,12 @@ public:
 
     void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
                   const MoeRouting& routing) override {
+        if (replaying_) return;
         cuda::moe_gate(ctx_, idx, weight, logits, bias, M, routing);
     }
     void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
                  const ExpertWeights& experts) override {
+        if (replaying_) return;
         cuda::moe_ffn(ctx_, out, x, idx, weight, M, top_k, experts);
     }
 
@@ -284,8 +327,15 @@ private:
     static constexpr size_t kMaxGraphs = 64;
     bool units_ = true, graphs_ = false;
     std::set<int> warmed_;
-    int capture_key_ = -1;
-    std::map<int, cudaGraphExec_t> execs_;
+    int capture_key_ = -1;      // the key being captured or replayed
+    bool replaying_ = false;    // the open unit's ops are in a recorded graph: they do nothing
+    long captured_before_ = 0;  // the kernel counter when the capture began
+    struct Recorded {
+        cudaGraphExec_t exec = nullptr;
+        long kernels = 0;        // kernels in the graph
+        long scratch_moves = 0;  // the scratch moves counter when it was captured
+    };
+    std::map<int, Recorded> graphs_by_key_;
 };
 
 }  // namespace

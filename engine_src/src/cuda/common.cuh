@@ -30,6 +30,9 @@ inline void check(cudaError_t err, const char* what, const char* file, int line)
 struct LaunchCounters {
     std::atomic<long> launches{0}, captured{0}, graph_launches{0}, h2d{0}, d2h{0}, d2d{0}, syncs{0};
     std::atomic<bool> capturing{false};  // set by the backend around a stream capture
+    // Kernels run inside replayed graphs; scratch buffers moved (a graph that holds their old
+    // addresses must be captured again).
+    std::atomic<long> replayed{0}, scratch_moves{0};
 };
 inline LaunchCounters& counters() {
     static LaunchCounters c;

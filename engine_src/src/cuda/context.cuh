@@ -41,6 +41,7 @@ public:
                 ptr_ = nullptr;
             }
             cap_ = std::max<size_t>(nbytes, 2 * cap_);
+            counters().scratch_moves++;
             KD_CUDA_CHECK(cudaMalloc(&ptr_, cap_));
             KD_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, cap_, stream_));
         }
