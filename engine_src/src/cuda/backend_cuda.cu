@@ -268,13 +268,13 @@ public:
         if (vis.capacity > 0 && vis.committed + M > vis.capacity)
             throw std::runtime_error("mla_attention: " + std::to_string(vis.committed + M) + " rows past the capacity " +
                                      std::to_string(vis.capacity));
-        cuda::mla_attention(ctx_, out, q, wkv_b, cache, ctx_.upload_ints(&vis.committed, 1),
+        cuda::mla_attention(ctx_, out, q, wkv_b, cache, ctx_.upload_ints(&vis.committed, 1, &ctx_.host_committed),
                             ctx_.upload_ints(vis.parent_host, M), M, vis.capacity > 0 ? vis.capacity : vis.committed + M,
                             dims);
     }
     void kv_append(float* cache, int row_width, const Visibility& vis, const float* rows, int M) override {
         if (replaying_) return;
-        cuda::kv_append(ctx_, cache, row_width, ctx_.upload_ints(&vis.committed, 1), rows, M);
+        cuda::kv_append(ctx_, cache, row_width, ctx_.upload_ints(&vis.committed, 1, &ctx_.host_committed), rows, M);
     }
     void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
         if (replaying_) return;

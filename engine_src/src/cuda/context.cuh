@@ -68,6 +68,7 @@ struct Context {
     Scratch moe_lists{stream}, moe_h{stream}, moe_y{stream};   // moe_ffn routing lists and intermediates
     Scratch cublas_x{stream}, cublas_y{stream};                // matmul_f32 padding for cuBLAS
     Scratch host_ints{stream};                                 // *_host int arrays copied to the device
+    Scratch host_committed{stream};                            // Visibility::committed beside them
     Scratch w4_staging{stream};                                // upload_w4a16: weights before tiling
     Scratch small{stream};                                     // argmax / top-k results before download
     Scratch staged_dev{stream};                                // a unit's host inputs (backend.h begin_unit)
@@ -83,13 +84,14 @@ struct Context {
     std::vector<StagedInts> staged;
 
     // n ints from the host in device memory (stream ordered): the open unit's copy when `host`
-    // is one of its staged arrays with the values it was staged with, else a copy made now.
-    const int32_t* upload_ints(const int32_t* host, size_t n) {
+    // is one of its staged arrays with the values it was staged with, else a copy made now into
+    // `into` (an op that uploads two arrays gives each its own buffer).
+    const int32_t* upload_ints(const int32_t* host, size_t n, Scratch* into = nullptr) {
         for (const StagedInts& a : staged)
             if (a.host == host && n <= a.n && std::equal(host, host + n, a.pinned)) return a.dev;
         if (n && counters().capturing)  // a graph must not copy from pageable memory at replay
             throw std::runtime_error("cuda: a host input that was not staged reached an op during a CUDA graph capture");
-        int32_t* d = host_ints.get<int32_t>(std::max<size_t>(n, 1));
+        int32_t* d = (into ? *into : host_ints).get<int32_t>(std::max<size_t>(n, 1));
         if (n) {
             count_copy(cudaMemcpyHostToDevice);
             KD_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream));
