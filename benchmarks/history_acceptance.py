@@ -20,7 +20,8 @@ in the clone's hosts.yaml, to fit the runs into the time there is (the figures s
                 share of the target metric. Passes when the detector raised none and the old rule
                 at least one (else the load was not real).
   detection     --quiet-runs nightlies of the unchanged tree into a fresh history, then a commit
-                that makes AR decoding spin 0.1765 x each step's time (tokens/s x 0.85), then one
+                that makes AR decoding spin 0.1765 x each step's CPU seconds (tokens per CPU second
+                x 0.85: a 15 % slowdown of every AR metric), then one
                 nightly (with --detect-under-load, all of them under the compile loops too):
                 passes when it reports tiny_fp32.ar_tokens_per_s as a regression.
   bisect        a 16-commit engine history (comment-only commits, one that breaks a golden token
@@ -50,13 +51,18 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = "tiny_fp32.ar_tokens_per_s"
 TOLERANCE = 0.10                  # the old rule's default relative tolerance
 
-# A real code change: AR decoding busy-waits 0.1765 x each step's own time (1 / 1.1765 = 0.85).
+# A real code change: AR's prefill and each decoding step burn 0.1765 x their own CPU seconds more (1 / 1.1765 =
+# 0.85: 15 % fewer tokens per CPU second, and per wall second at a steady load). Proportional to the
+# step's CPU seconds, not its wall time: under load a wall-time spin would cost far more than 15 %.
 SLOWING_PATCH = ("engine_src/src/decode.cpp", [
+    ("    g.tokens.push_back(prefill(model, prompt));\n",
+     "    g.tokens.push_back(prefill(model, prompt));\n"
+     "    for (const double until = cpu_seconds() + 0.1765 * (cpu_seconds() - c0); cpu_seconds() < until;) {}\n"),
     ("        int32_t token = g.tokens.back();\n",
-     "        const double step_start = now_seconds();\n        int32_t token = g.tokens.back();\n"),
+     "        const double step_cpu = cpu_seconds();\n        int32_t token = g.tokens.back();\n"),
     ("        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n",
      "        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n"
-     "        for (const double until = now_seconds() + 0.1765 * (now_seconds() - step_start); now_seconds() < until;) {}\n"),
+     "        for (const double until = cpu_seconds() + 0.1765 * (cpu_seconds() - step_cpu); cpu_seconds() < until;) {}\n"),
 ])
 # A golden-token change: AR's 8th token becomes the next one in the vocabulary.
 GOLDEN_PATCH = ("engine_src/src/decode.cpp", [
@@ -172,18 +178,43 @@ def reported(run: dict, host: str) -> list[str]:
     return [f"{r['metric']} {r['ratio']:.2f}x" for r in run.get("regressions", []) if r["host"] == host]
 
 
-def contended(history: Path, runs: list[dict], host: str) -> tuple[list[int], list[float | None]]:
+def contended(history: Path, runs: list[dict], host: str) -> tuple[list[int], list[float | None], list[float | None]]:
     """Per run, how many of its metrics the detector left unjudged as measured under contention
-    (judged again from the history file, as nightly judged them), and the target metric's CPU share."""
+    (judged again from the history file, as nightly judged them), the target metric's CPU share and
+    how much the calibration probe alone moved the target (> 0: the machine made it worse)."""
     sys.path.insert(0, str(REPO))
     from orchestrator import history as history_mod, regression
-    counts, shares = [], []
+    counts, shares, machine = [], [], []
     with history_mod.HistoryStore.open(history) as store:
         for run in runs:
             verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
             counts.append(sum(1 for _, v in verdicts if v.status == "unjudged" and "under contention" in v.reason))
             shares.append(run["hosts"][host]["bench"]["metrics"].get(TARGET, {}).get("cpu_share"))
-    return counts, shares
+            machine.append(next((v.calibration_change for p, v in verdicts if p.metric == TARGET), None))
+    return counts, shares, machine
+
+
+def without_calibration(history: Path, runs: list[dict]) -> list[list[str]]:
+    """Per run, the regressions the detector raises when the calibration probe is left out (the
+    same history judged on the wall clock and per CPU second alone): what the probe changed."""
+    sys.path.insert(0, str(REPO))
+    import dataclasses
+    from orchestrator import detector, history as history_mod, regression
+    flagged = []
+    with history_mod.HistoryStore.open(history) as store:
+        for run in runs:
+            found = []
+            for point in history_mod.run_points(run):
+                if point.reused:
+                    continue
+                before = store.series(point.key, point.metric, before=point.run_id, limit=30)
+                verdict = detector.judge(dataclasses.replace(point.point(), cal_samples=()),
+                                         [dataclasses.replace(p.point(), cal_samples=()) for p in before],
+                                         regression.threshold_for(point.metric, {}), point.better)
+                if verdict.regressed:
+                    found.append(f"{point.metric} {verdict.ratio:.2f}x")
+            flagged.append(found)
+    return flagged
 
 
 def false_alarms(args, work: Path) -> dict:
@@ -198,25 +229,29 @@ def false_alarms(args, work: Path) -> dict:
             print(f"  night {i + 1:2d}: exit {results[-1]['rc']}, {results[-1]['seconds']:.0f} s, load {results[-1]['load']:.1f}, "
                   f"detector {len(reported(results[-1]['run'], args.host))}", flush=True)
     old = old_rule([r["run"] for r in results], args.host)
-    unjudged, shares = contended(history, [r["run"] for r in results], args.host)
+    unjudged, shares, machine = contended(history, [r["run"] for r in results], args.host)
+    uncalibrated = without_calibration(history, [r["run"] for r in results])
     rows = []
-    print(f"  {'night':>5}  {'load':>5}  {'share':>5}  {'exit':>4}  {'detector':>8}  {'contended':>9}  {'old rule':>8}  "
-          "detector flagged / old rule flagged")
-    for i, (r, o, u, s) in enumerate(zip(results, old, unjudged, shares), 1):
+    print(f"  {'night':>5}  {'load':>5}  {'share':>5}  {'probe':>6}  {'exit':>4}  {'detector':>8}  {'contended':>9}  "
+          f"{'no probe':>8}  {'old rule':>8}  detector flagged / without the probe / old rule flagged")
+    for i, (r, o, u, s, m, w) in enumerate(zip(results, old, unjudged, shares, machine, uncalibrated), 1):
         new = reported(r["run"], args.host)
-        rows.append({"night": i, "load": r["load"], "cpu_share": s, "rc": r["rc"], "detector": new, "contended": u,
-                     "old_rule": o, "seconds": r["seconds"]})
+        rows.append({"night": i, "load": r["load"], "cpu_share": s, "probe_change": m, "rc": r["rc"], "detector": new,
+                     "contended": u, "without_probe": w, "old_rule": o, "seconds": r["seconds"]})
         share = f"{s:5.2f}" if s is not None else "    -"
-        print(f"  {i:5d}  {r['load']:5.1f}  {share}  {r['rc']:4d}  {len(new):8d}  {u:9d}  {len(o):8d}  "
-              f"{', '.join(new)[:60]} / {', '.join(o)[:60]}")
+        probe = f"{m:+6.1%}" if m is not None else "     -"
+        print(f"  {i:5d}  {r['load']:5.1f}  {share}  {probe}  {r['rc']:4d}  {len(new):8d}  {u:9d}  {len(w):8d}  {len(o):8d}  "
+              f"{', '.join(new)[:60]} / {', '.join(w)[:60]} / {', '.join(o)[:60]}")
     detector_total = sum(len(r["detector"]) for r in rows)
     old_total = sum(len(r["old_rule"]) for r in rows)
+    without_total = sum(len(r["without_probe"]) for r in rows)
     ok = detector_total == 0 and old_total >= 1
     print(f"  detector: {detector_total} regressions in {sum(1 for r in rows if r['detector'])} nights, "
-          f"{sum(unjudged)} verdicts unjudged as measured under contention; "
+          f"{sum(unjudged)} verdicts unjudged as measured under contention; without the calibration probe "
+          f"{without_total} in {sum(1 for r in rows if r['without_probe'])} nights; "
           f"old rule: {old_total} in {sum(1 for r in rows if r['old_rule'])} nights  -> {'PASS' if ok else 'FAIL'}")
     return {"runs": rows, "detector_regressions": detector_total, "old_rule_regressions": old_total,
-            "contended_verdicts": sum(unjudged), "pass": ok}
+            "without_probe_regressions": without_total, "contended_verdicts": sum(unjudged), "pass": ok}
 
 
 def detection(args, work: Path) -> dict:

@@ -32,6 +32,14 @@ The method (README.md, "Regression detection", says why):
   barely move it. With fewer points a regression must show on both clocks by their rules. A wall-clock
   regression that the CPU seconds do not confirm was starved, not slowed by its code: its
   verdict is ``unjudged`` with the CPU-second change as the reason (measured under contention).
+- relative to the calibration probe, for CPU timings that also carry ``cal_samples`` (the
+  engine's fixed probe workload, measured beside each repeat, in the metric's own terms): cache
+  and memory contention cost CPU seconds too (20-40 % on a starved night), to the probe as to the
+  repeat beside it, so each repeat's figure per CPU second over the probe's (``cpu / cal``) keeps
+  what the code did and cancels what the machine did. Where the history has those ratios (as
+  many comparable points as the per-CPU-second series, up to a window), that series takes the
+  per-CPU-second series' place in the rules above; the verdict keeps both changes and the
+  probe's own (``calibration_change``: how much the machine alone moved the metric).
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -77,6 +85,7 @@ class Point:
     commit: str | None = None
     noisy: bool = False
     cpu_samples: tuple[float, ...] = ()     # the samples per CPU second (CPU timings)
+    cal_samples: tuple[float, ...] = ()     # the calibration probe beside each of those, same terms
 
     def sample_mad(self) -> float | None:
         """The MAD of the samples (or the MAD reported without them); None when unknown."""
@@ -109,6 +118,8 @@ class Verdict:
     since_run: str | None = None    # a regression: the first run of its unbroken streak
     since_commit: str | None = None
     cpu_change: float | None = None  # the change per CPU second (CPU timings), > 0 is worse
+    cal_change: float | None = None  # the change of the ratio to the calibration probe, > 0 is worse
+    calibration_change: float | None = None  # the probe's own change in the metric's terms (the machine)
     reason: str = ""
 
     @property
@@ -243,27 +254,57 @@ def _per_cpu(point: Point) -> Point:
     return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
 
 
+def _calibrated(point: Point) -> Point:
+    """A CPU timing's point relative to the calibration probe: each repeat's figure per CPU second
+    over the probe's beside it (both in the metric's terms, so the direction stays)."""
+    ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
+    return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
+
+
+def _has_calibration(point: Point) -> bool:
+    return len(point.cal_samples) == len(point.cpu_samples) > 0 and all(k > 0 for k in point.cal_samples)
+
+
+def _probe_change(current: Point, window: Sequence[Point], better: str) -> float | None:
+    """How much the calibration probe alone moved, in the metric's terms (> 0: the machine made it worse)."""
+    base = median(median(p.cal_samples) for p in window)
+    return _worse(median(current.cal_samples), base, better) if base > 0 else None
+
+
 def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
-    """Judge the per-CPU-second series too: with a history its regression is one when the wall
-    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's;
-    a wall-clock regression it does not confirm is unjudged (the run was starved)."""
-    earlier = [_per_cpu(p) for p in history if p.cpu_samples]
+    """Judge the per-CPU-second series too (relative to the calibration probe where the history
+    has it): with a history its regression is one when the wall clock is worse than the tolerance
+    too; with fewer points it must confirm the wall clock's; a wall-clock regression it does not
+    confirm is unjudged (the run was starved, or its caches and memory were contended)."""
+    earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
-    cpu = _judge_wall(_per_cpu(current), earlier, verdict.tolerance, verdict.better, policy)
+    cpu = _judge_wall(_per_cpu(current), [_per_cpu(p) for p in earlier], verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
+    decider, label = cpu, "per CPU second"
+    calibrated = [p for p in earlier if _has_calibration(p)]
+    if _has_calibration(current) and len(calibrated) >= min(len(earlier), policy.window):
+        decider = _judge_wall(_calibrated(current), [_calibrated(p) for p in calibrated], verdict.tolerance,
+                              verdict.better, policy)
+        verdict.cal_change = decider.change
+        verdict.calibration_change = _probe_change(current, calibrated[-policy.window:], verdict.better)
+        probe = f"{verdict.calibration_change:+.1%}" if verdict.calibration_change is not None else "unknown"
+        label = f"relative to the calibration probe (the probe itself {probe}, per CPU second {_shown(cpu.change)})"
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
-    if cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance)):
-        verdict.reason = f"per CPU second: {cpu.reason}; wall clock: {verdict.reason}"
-        verdict.status, verdict.method = "regressed", cpu.method
-        verdict.good_commit = cpu.good_commit or verdict.good_commit
+    if decider.status == "regressed" and (verdict.status == "regressed" or (decider.method != "few-points" and beyond_tolerance)):
+        verdict.reason = f"{label}: {decider.reason}; wall clock: {verdict.reason}"
+        verdict.status, verdict.method = "regressed", decider.method
+        verdict.good_commit = decider.good_commit or verdict.good_commit
         return
     if verdict.status != "regressed":
         return
     verdict.status = "unjudged"
-    shown = f"{cpu.change:+.1%}" if cpu.change is not None else "unknown"
-    verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {shown} "
-                      f"({cpu.reason}): other processes took the cores, not the code")
+    verdict.reason = (f"measured under contention: {verdict.reason}, but {label} the change is {_shown(decider.change)} "
+                      f"({decider.reason}): other processes took the cores or their caches, not the code")
+
+
+def _shown(change: float | None) -> str:
+    return f"{change:+.1%}" if change is not None else "unknown"
 
 
 def _judge_wall(current: Point, history: Sequence[Point], tolerance: float, better: str, policy: Policy) -> Verdict:

@@ -294,7 +294,7 @@ def bench_from_engine(data: Any) -> dict:
 def _noise(metric: dict) -> dict:
     """A metric's samples and spread as the engine reported them, typed and bounded."""
     noise: dict[str, Any] = {}
-    for key in ("samples", "cpu_samples"):
+    for key in ("samples", "cpu_samples", "cal_samples"):
         samples = metric.get(key)
         if isinstance(samples, list):
             kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]

@@ -189,25 +189,33 @@ def test_a_file_that_is_not_a_history_is_refused_with_its_name(tmp_path):
         HistoryStore.open(tmp_path)
 
 
-def test_cpu_seconds_are_kept_and_a_version_1_history_gains_them_in_place(tmp_path):
+@pytest.mark.parametrize("version, missing", [("1", ("cal_samples", "cpu_samples")), ("2", ("cal_samples",))])
+def test_cpu_seconds_and_probe_are_kept_and_an_older_history_gains_them_in_place(tmp_path, version, missing):
     path = tmp_path / "old.sqlite"
     HistoryStore.open(path).close()
-    db = sqlite3.connect(path)          # the version 1 schema: points without cpu_samples
+    db = sqlite3.connect(path)          # the older schema: points without the later columns
     with db:
-        db.execute("ALTER TABLE points DROP COLUMN cpu_samples")
-        db.execute("UPDATE meta SET value = '1' WHERE key = 'version'")
+        for column in missing:
+            db.execute(f"ALTER TABLE points DROP COLUMN {column}")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (version,))
     db.close()
     data = bench({"tok_per_s": 1000.0})
-    data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5)
+    data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5,
+                                        cal_samples=[230.0, 231.0, 229.0])
     cpu = rec.bench_from_engine({"metrics": {**data["metrics"], "odd": {"value": 1.0, "cpu_samples": [1.0, -2.0],
-                                                                     "cpu_share": 0.0}}})
+                                                                     "cpu_share": 0.0, "cal_samples": [0.0]},
+                                             "unpaired": {"value": 1.0, "cpu_samples": [1.0, 2.0],
+                                                          "cal_samples": [3.0]}}})
     assert cpu["metrics"]["tok_per_s"]["cpu_share"] == 0.5
-    assert "cpu_samples" not in cpu["metrics"]["odd"] and "cpu_share" not in cpu["metrics"]["odd"]
+    assert not {"cpu_samples", "cpu_share", "cal_samples"} & set(cpu["metrics"]["odd"])
     with HistoryStore.open(path) as store:
         store.index_run(a_run(1, {"h": {"bench": cpu}}))
         (point,) = store.points(metric="tok_per_s")
         assert point.cpu_samples == (2000.0, 2010.0, 1990.0) and point.point().cpu_samples == point.cpu_samples
-    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("2",)
+        assert point.cal_samples == (230.0, 231.0, 229.0) and point.point().cal_samples == point.cal_samples
+        (unpaired,) = store.points(metric="unpaired")     # a probe figure per CPU sample, or none
+        assert unpaired.cpu_samples == (1.0, 2.0) and unpaired.cal_samples == ()
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("3",)
 
 
 def test_judge_run_finds_a_step_in_the_history_and_does_not_judge_reused_results(store):
