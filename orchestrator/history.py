@@ -398,12 +398,20 @@ def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]
 
 def contended(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[dict]:
     """The verdicts left unjudged because the run was measured under contention (slower on the
-    wall clock, not per CPU second): host, metric, wall-clock ratio, change per CPU second and
-    reason, sorted by host then metric."""
-    found = [{"host": point.key.host, "metric": point.metric, "ratio": round(verdict.ratio, 4),
-              "cpu_change": round(verdict.cpu_change, 4), "reason": verdict.reason}
-             for point, verdict in verdicts
-             if verdict.status == "unjudged" and verdict.cpu_change is not None and verdict.ratio is not None]
+    wall clock, not per CPU second or not relative to the calibration probe): host, metric,
+    wall-clock ratio, change per CPU second, change relative to the probe and the probe's own
+    (when the run had the probe), and reason, sorted by host then metric."""
+    found = []
+    for point, verdict in verdicts:
+        if verdict.status != "unjudged" or verdict.cpu_change is None or verdict.ratio is None:
+            continue
+        entry = {"host": point.key.host, "metric": point.metric, "ratio": round(verdict.ratio, 4),
+                 "cpu_change": round(verdict.cpu_change, 4), "reason": verdict.reason}
+        for key in ("cal_change", "calibration_change"):
+            value = getattr(verdict, key)
+            if value is not None:
+                entry[key] = round(value, 4)
+        found.append(entry)
     return sorted(found, key=lambda c: (c["host"], c["metric"]))
 
 

@@ -252,6 +252,24 @@ def test_a_night_starved_of_cpu_is_listed_as_contended_not_as_a_regression(store
     assert [r.metric for r in regressions(found)] == ["tok_per_s"] and contended(found) == []
 
 
+def test_a_second_night_with_contended_caches_is_listed_with_the_calibration_probe(store):
+    rng = random.Random(4)
+
+    def night(i: int, share: float, machine: float) -> dict:
+        data = bench({"tok_per_s": 2000.0 * machine * share}, rng=rng)
+        moments = [machine * rng.gauss(1, 0.01) for _ in range(5)]     # the CPU seconds move with the probe
+        data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0 * m for m in moments],
+                                            cal_samples=[230.0 * m * rng.gauss(1, 0.005) for m in moments], noisy=True)
+        return a_run(i, {"h": {"backend": "cpu", "bench": data}})
+
+    store.index_run(night(0, 0.95, 1.0))
+    found = judge_run(store, night(1, 0.5, 0.7), lambda metric: 0.10)
+    (entry,) = contended(found)
+    assert regressions(found) == [] and entry["cpu_change"] > 0.25
+    assert abs(entry["cal_change"]) < 0.05 and entry["calibration_change"] > 0.25
+    assert "relative to the calibration probe" in entry["reason"]
+
+
 def test_reported_regressions_are_kept_for_the_dashboard(store):
     run = a_run(0, {"h": {"bench": bench({"m": 1.0})}})
     run["regressions"] = [{"host": "h", "metric": "m", "value": 1.0, "baseline": 2.0, "ratio": 0.5}, "junk"]
