@@ -3,14 +3,17 @@
 
     python3 benchmarks/history_acceptance.py [--parts false-alarms,detection,bisect] [--runs 20]
         [--load-jobs 4] [--quiet-runs 6] [--detect-under-load] [--steps STEPS] [--bench-args ARGS]
-        [--host local] [--work-dir DIR] [--json out.json]
+        [--bench-command CMD] [--slowdown cpu|wall] [--host local] [--inventory hosts.yaml]
+        [--work-dir DIR] [--json out.json]
 
 A script, not a test (pytest never collects it). Everything happens in a scratch clone of this
 repository under the work dir (default: a new temporary directory), so the runs, the history
 files and the commits it makes never touch this checkout. Each nightly is a real
 `invoke nightly --host HOST --history FILE` subprocess in the clone; --steps narrows the nightly's
 steps and --bench-args (KD_BENCH_ARGS, e.g. "--budgets 4,16 --moe-tokens 1") lightens the bench
-in the clone's hosts.yaml, to fit the runs into the time there is (the figures say so).
+in the clone's hosts.yaml, to fit the runs into the time there is (the figures say so);
+--bench-command replaces the bench command, --inventory the inventory (another host: the GPU
+machine's, docs/gpu-reference/history-detection.sh).
 
   false-alarms  --runs nightlies of the unchanged tree while --load-jobs processes compile the
                 engine's sources in a loop (a parallel compile): the regressions each run reported
@@ -47,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "tiny_fp32.ar_tokens_per_s"
 TOLERANCE = 0.10                  # the old rule's default relative tolerance
@@ -64,6 +69,19 @@ SLOWING_PATCH = ("engine_src/src/decode.cpp", [
      "        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n"
      "        for (const double until = cpu_seconds() + 0.1765 * (cpu_seconds() - step_cpu); cpu_seconds() < until;) {}\n"),
 ])
+# The same on the wall clock (--slowdown wall): on a GPU backend the timings are wall-clock figures
+# (no CPU seconds), and the host thread waiting for the GPU need not spend CPU seconds on it.
+WALL_SLOWING_PATCH = ("engine_src/src/decode.cpp", [
+    ("    g.tokens.push_back(prefill(model, prompt));\n",
+     "    g.tokens.push_back(prefill(model, prompt));\n"
+     "    for (const double until = now_seconds() + 0.1765 * (now_seconds() - t0); now_seconds() < until;) {}\n"),
+    ("        int32_t token = g.tokens.back();\n",
+     "        const double step_start = now_seconds();\n        int32_t token = g.tokens.back();\n"),
+    ("        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n",
+     "        model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);\n"
+     "        for (const double until = now_seconds() + 0.1765 * (now_seconds() - step_start); now_seconds() < until;) {}\n"),
+])
+SLOWDOWNS = {"cpu": SLOWING_PATCH, "wall": WALL_SLOWING_PATCH}
 # A golden-token change: AR's 8th token becomes the next one in the vocabulary.
 GOLDEN_PATCH = ("engine_src/src/decode.cpp", [
     ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
@@ -78,23 +96,31 @@ def sh(args: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.Compl
     return subprocess.run(args, cwd=cwd, check=check, capture_output=True, text=True, **kw)
 
 
-def scratch_clone(work: Path, bench_args: str | None) -> Path:
-    """A fresh clone of this repository's HEAD under the work dir, with a committer set and, with
-    bench_args, a bench command in its hosts.yaml that passes them to the engine's bench."""
+def scratch_clone(work: Path, args) -> Path:
+    """A fresh clone of this repository's HEAD under the work dir, with a committer set. With
+    --inventory, its hosts.yaml is that inventory with the clone's engine_src as the source; with
+    --bench-args, the bench command passes them to the engine's bench; with --bench-command, it
+    is that command."""
     repo = work / "repo"
     if repo.exists():
         shutil.rmtree(repo)
     sh(["git", "clone", "--quiet", str(REPO), str(repo)], work)
     sh(["git", "config", "user.email", "bench@example.invalid"], repo)
     sh(["git", "config", "user.name", "history acceptance"], repo)
-    if bench_args:
-        inventory = repo / "hosts.yaml"
-        text = inventory.read_text()
-        line = "    bench: bash scripts/bench.sh\n"
-        if text.count(line) != 1:
-            raise SystemExit(f"{inventory}: no single `bench: bash scripts/bench.sh` line to give --bench-args to")
-        inventory.write_text(text.replace(line, f"    bench: KD_BENCH_ARGS={shlex.quote(bench_args)} bash scripts/bench.sh\n"))
-        commit(repo, "hosts.yaml: a lighter bench for the acceptance runs")
+    inventory = repo / "hosts.yaml"
+    data = yaml.safe_load((args.inventory or inventory).read_text())
+    if args.inventory:
+        data["project"]["source"] = str(repo / "engine_src")
+    if args.bench_command:
+        data["project"]["commands"]["bench"] = args.bench_command
+    elif args.bench_args:
+        if data["project"]["commands"].get("bench") != "bash scripts/bench.sh":
+            raise SystemExit(f"{args.inventory or inventory}: the bench command is not `bash scripts/bench.sh`; "
+                             "give --bench-command instead of --bench-args")
+        data["project"]["commands"]["bench"] = f"KD_BENCH_ARGS={shlex.quote(args.bench_args)} bash scripts/bench.sh"
+    if args.inventory or args.bench_command or args.bench_args:
+        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        commit(repo, "hosts.yaml: the acceptance runs' inventory and bench")
     return repo
 
 
@@ -137,6 +163,11 @@ class Load:
             proc.wait()
 
 
+def clone_env(repo: Path) -> dict:
+    """The environment of a command in the clone: its orchestrator first on the Python path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+
+
 def nightly(repo: Path, history: Path, host: str, steps: str | None) -> dict:
     """One `invoke nightly` in the clone; its exit code, run record, seconds and load average."""
     args = [sys.executable, "-m", "invoke", "nightly", "--host", host, "--history", str(history)]
@@ -144,7 +175,7 @@ def nightly(repo: Path, history: Path, host: str, steps: str | None) -> dict:
         args += ["--steps", steps]
     load = os.getloadavg()[0]
     start = time.monotonic()
-    proc = subprocess.run(args, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+    proc = subprocess.run(args, cwd=repo, env=clone_env(repo), capture_output=True, text=True,
                           timeout=3600)
     seconds = time.monotonic() - start
     run_dir = (repo / "runs" / "latest").resolve()
@@ -218,7 +249,7 @@ def without_calibration(history: Path, runs: list[dict]) -> list[list[str]]:
 
 
 def false_alarms(args, work: Path) -> dict:
-    repo = scratch_clone(work, args.bench_args)
+    repo = scratch_clone(work, args)
     history = work / "history-load.sqlite"
     results = []
     print(f"\n== false alarms: {args.runs} nightlies of an unchanged tree under {args.load_jobs} compile jobs")
@@ -255,7 +286,7 @@ def false_alarms(args, work: Path) -> dict:
 
 
 def detection(args, work: Path) -> dict:
-    repo = scratch_clone(work, args.bench_args)
+    repo = scratch_clone(work, args)
     history = work / "history-detect.sqlite"
     jobs = args.load_jobs if args.detect_under_load else 0
     print(f"\n== detection: {args.quiet_runs} nightlies, then a commit that slows AR decoding 15 %, then one nightly"
@@ -263,8 +294,12 @@ def detection(args, work: Path) -> dict:
     nightly(repo, work / "history-warmup.sqlite", args.host, args.steps)       # first build and bundles, not counted
     with Load(jobs, work):
         quiet = [nightly(repo, history, args.host, args.steps) for _ in range(args.quiet_runs)]
-        sha = patch_and_commit(repo, SLOWING_PATCH, "decode: spin 0.1765 x each AR step (15 % slower)")
+        sha = patch_and_commit(repo, SLOWDOWNS[args.slowdown],
+                               f"decode: spin 0.1765 x each AR step's {args.slowdown} time (15 % slower)")
         after = nightly(repo, history, args.host, args.steps)
+    for i, q in enumerate(quiet, 1):
+        print(f"  quiet night {i}: exit {q['rc']}, {q['seconds']:.0f} s, load {q['load']:.1f}, "
+              f"regressions {', '.join(reported(q['run'], args.host)) or 'none'}")
     before = [q["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"] for q in quiet]
     value = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"]
     flags = {r["metric"]: r for r in after["run"].get("regressions", []) if r["host"] == args.host}
@@ -280,19 +315,22 @@ def detection(args, work: Path) -> dict:
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
+            "quiet_regressions": [reported(q["run"], args.host) for q in quiet], "slowdown": args.slowdown,
+            "evidence": flags.get(TARGET), "seconds": [q["seconds"] for q in quiet] + [after["seconds"]],
             "loads": [q["load"] for q in quiet] + [after["load"]], "load_jobs": jobs,
             "bisect_command": bisect_line, "pass": ok and bisect_line is not None}
 
 
 def bisect(args, work: Path) -> dict:
-    repo = scratch_clone(work, args.bench_args)
+    repo = scratch_clone(work, args)
     print("\n== bisect: a 16-commit engine history, golden broken at commit 6, AR 15 % slower at commit 11")
     shas = [sh(["git", "rev-parse", "HEAD"], repo).stdout.strip()]
     for i in range(1, 16):
         if i == 6:
             shas.append(patch_and_commit(repo, GOLDEN_PATCH, "decode: the 8th AR token moves (golden breaks)"))
         elif i == 11:
-            shas.append(patch_and_commit(repo, SLOWING_PATCH, "decode: spin 0.1765 x each AR step (15 % slower)"))
+            shas.append(patch_and_commit(repo, SLOWDOWNS[args.slowdown],
+                                         f"decode: spin 0.1765 x each AR step's {args.slowdown} time (15 % slower)"))
         else:
             path = repo / COMMENT_FILES[i % len(COMMENT_FILES)]
             path.write_text(path.read_text() + f"// history acceptance: comment-only commit {i}\n")
@@ -301,7 +339,7 @@ def bisect(args, work: Path) -> dict:
     for mode, flag, guilty in (("golden", ["--golden"], shas[6]), ("metric", ["--metric", TARGET], shas[11])):
         args_ = [sys.executable, "-m", "invoke", "bisect", "--host", args.host, "--good", shas[0], "--bad", shas[15], *flag]
         start = time.monotonic()
-        proc = subprocess.run(args_, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
+        proc = subprocess.run(args_, cwd=repo, env=clone_env(repo), capture_output=True,
                               text=True, timeout=7200)
         seconds = time.monotonic() - start
         lines = proc.stdout.strip().splitlines()
@@ -332,6 +370,13 @@ def main() -> int:
                         help="run the detection part's nightlies under --load-jobs compile loops too")
     parser.add_argument("--steps", default=None, help="nightly --steps (default: every step)")
     parser.add_argument("--bench-args", default=None, help="KD_BENCH_ARGS for the engine's bench in the clone")
+    parser.add_argument("--bench-command", default=None, help="the clone's bench command instead (e.g. the engine's "
+                        "bench alone on a GPU host, without the GPU kernel benchmarks)")
+    parser.add_argument("--inventory", type=Path, default=None,
+                        help="the inventory to use in the clone (its source becomes the clone's engine_src)")
+    parser.add_argument("--slowdown", choices=sorted(SLOWDOWNS), default="cpu",
+                        help="the slowing commit spins 0.1765 x each AR step's CPU seconds (cpu) or wall time (wall: "
+                             "for a GPU backend, whose timings are wall-clock)")
     parser.add_argument("--host", default="local")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
