@@ -65,14 +65,6 @@ class ProbeResult:
     seconds: float = 0.0
     better: str = "higher"          # a metric's direction
     cpu_samples: tuple[float, ...] = ()   # a CPU timing's samples per CPU second
-    cal_samples: tuple[float, ...] = ()   # the calibration probe beside each of those, same terms
-
-    def calibrated(self) -> tuple[float, ...]:
-        """Each repeat's figure per CPU second over the calibration probe's beside it (empty when
-        the probe's figures are not one per CPU sample)."""
-        if len(self.cal_samples) != len(self.cpu_samples) or not all(k > 0 for k in self.cal_samples):
-            return ()
-        return tuple(c / k for c, k in zip(self.cpu_samples, self.cal_samples))
 
     def pooled(self, again: ProbeResult) -> ProbeResult:
         """This probe and a second measurement of the same commit as one: samples pooled, the
@@ -81,7 +73,7 @@ class ProbeResult:
         value = (max(values) if self.better == "higher" else min(values)) if values else None
         return ProbeResult(again.bad, f"{self.evidence}; again: {again.evidence}", value, self.samples + again.samples,
                            self.built or again.built, self.seconds + again.seconds, self.better,
-                           self.cpu_samples + again.cpu_samples, self.cal_samples + again.cal_samples)
+                           self.cpu_samples + again.cpu_samples)
 
 
 class Judge(Protocol):
@@ -231,10 +223,8 @@ def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
 class MetricJudge:
     """Bad or good for a metric: closer to the bad end's measurement than to the good end's.
 
-    The threshold is the midpoint of the two ends' figures: relative to the calibration probe
-    (the median of ``cpu_samples`` over ``cal_samples``, repeat by repeat) when both ends report
-    both, else per CPU second (the median of the ``cpu_samples``) when both ends report them, else
-    their values. The ends must differ by more
+    The threshold is the midpoint of the two ends' figures: per CPU second (the median of the
+    ``cpu_samples``) when both ends report them, else their values. The ends must differ by more
     than 3 x the larger MAD of their samples, or there is no step to find. A probe within
     UNSURE_BAND of the gap around the midpoint is too close to call (``unsure``). Use it as
     ``search``'s ``classify``: ``search(commits, probe, lambda good, bad: MetricJudge(good, bad, "higher"))``.
@@ -243,14 +233,13 @@ class MetricJudge:
     def __init__(self, good: ProbeResult, bad: ProbeResult, better: str):
         if good.value is None or bad.value is None:
             raise BisectError("a metric probe returned no value")
-        self.probed = bool(good.calibrated() and bad.calibrated())
         self.per_cpu = bool(good.cpu_samples and bad.cpu_samples)
         (g, good_samples), (b, bad_samples) = self._figure(good), self._figure(bad)
         self.better = better
         noise = max([mad(s) for s in (good_samples, bad_samples) if len(s) >= 2] or [0.0])
         self.gap = abs(b - g)
         worse = (b < g) if better == "higher" else (b > g)
-        unit = " relative to the calibration probe" if self.probed else " per CPU second" if self.per_cpu else ""
+        unit = " per CPU second" if self.per_cpu else ""
         if not worse or self.gap <= 3 * noise:
             raise BisectError(f"the bad end ({b:g}{unit}) is not worse than the good end ({g:g}{unit}) "
                               f"beyond 3 x the samples' MAD ({noise:g}): nothing to bisect")
@@ -258,11 +247,6 @@ class MetricJudge:
 
     def _figure(self, result: ProbeResult) -> tuple[float, tuple[float, ...]]:
         """The figure a probe is judged by, and its samples."""
-        if self.probed:
-            ratios = result.calibrated()
-            if not ratios:
-                raise BisectError(f"a probe reported no calibration probe figures, the ends did ({result.evidence})")
-            return median(ratios), ratios
         if self.per_cpu:
             if not result.cpu_samples:
                 raise BisectError(f"a probe reported no figures per CPU second, the ends did ({result.evidence})")

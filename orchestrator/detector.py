@@ -36,10 +36,14 @@ The method (README.md, "Regression detection", says why):
   engine's fixed probe workload, measured beside each repeat, in the metric's own terms): cache
   and memory contention cost CPU seconds too (20-40 % on a starved night), to the probe as to the
   repeat beside it, so each repeat's figure per CPU second over the probe's (``cpu / cal``) keeps
-  what the code did and cancels what the machine did. Where the history has those ratios (as
-  many comparable points as the per-CPU-second series, up to a window), that series takes the
-  per-CPU-second series' place in the rules above; the verdict keeps both changes and the
-  probe's own (``calibration_change``: how much the machine alone moved the metric).
+  what the code did and cancels what the machine did, at the price of the probe's own noise
+  (measured: about twice the CPU seconds'). With fewer points than the history rule needs, where
+  the history has those ratios (as many comparable points as the per-CPU-second series), a
+  regression must show relative to the probe too, by the same rule; one that the wall clock and
+  the CPU seconds show but the ratio does not is ``unjudged`` (measured under contention). With
+  a history the CPU seconds decide (their run-to-run noise is measured). The verdict keeps the
+  change relative to the probe (``cal_change``) and the probe's own (``calibration_change``: how
+  much the machine alone moved the metric) wherever the probe was measured.
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -272,35 +276,48 @@ def _probe_change(current: Point, window: Sequence[Point], better: str) -> float
 
 
 def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
-    """Judge the per-CPU-second series too (relative to the calibration probe where the history
-    has it): with a history its regression is one when the wall clock is worse than the tolerance
-    too; with fewer points it must confirm the wall clock's; a wall-clock regression it does not
-    confirm is unjudged (the run was starved, or its caches and memory were contended)."""
+    """Judge the per-CPU-second series too: with a history its regression is one when the wall
+    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's, and
+    the series relative to the calibration probe must confirm both where the history has it; a
+    wall-clock regression they do not confirm is unjudged (the run was starved, or its caches and
+    memory were contended)."""
     earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
     cpu = _judge_wall(_per_cpu(current), [_per_cpu(p) for p in earlier], verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
-    decider, label = cpu, "per CPU second"
-    calibrated = [p for p in earlier if _has_calibration(p)]
-    if _has_calibration(current) and len(calibrated) >= min(len(earlier), policy.window):
-        decider = _judge_wall(_calibrated(current), [_calibrated(p) for p in calibrated], verdict.tolerance,
-                              verdict.better, policy)
-        verdict.cal_change = decider.change
-        verdict.calibration_change = _probe_change(current, calibrated[-policy.window:], verdict.better)
-        probe = f"{verdict.calibration_change:+.1%}" if verdict.calibration_change is not None else "unknown"
-        label = f"relative to the calibration probe (the probe itself {probe}, per CPU second {_shown(cpu.change)})"
+    probe = _probe_verdict(verdict, current, earlier, policy)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
-    if decider.status == "regressed" and (verdict.status == "regressed" or (decider.method != "few-points" and beyond_tolerance)):
-        verdict.reason = f"{label}: {decider.reason}; wall clock: {verdict.reason}"
-        verdict.status, verdict.method = "regressed", decider.method
-        verdict.good_commit = decider.good_commit or verdict.good_commit
+    regressed = cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance))
+    if regressed and (cpu.method != "few-points" or probe is None or probe.status == "regressed"):
+        also = f"; relative to the calibration probe: {probe.reason}" if probe is not None and cpu.method == "few-points" else ""
+        verdict.reason = f"per CPU second: {cpu.reason}{also}; wall clock: {verdict.reason}"
+        verdict.status, verdict.method = "regressed", cpu.method
+        verdict.good_commit = cpu.good_commit or verdict.good_commit
         return
     if verdict.status != "regressed":
         return
     verdict.status = "unjudged"
-    verdict.reason = (f"measured under contention: {verdict.reason}, but {label} the change is {_shown(decider.change)} "
-                      f"({decider.reason}): other processes took the cores or their caches, not the code")
+    if regressed and probe is not None:     # few points: the CPU seconds confirm, the probe explains
+        verdict.reason = (f"measured under contention: {verdict.reason}; per CPU second {_shown(cpu.change)}, but relative "
+                          f"to the calibration probe the change is {_shown(probe.change)} ({probe.reason}; the probe "
+                          f"itself {_shown(verdict.calibration_change)}): other processes took the caches, not the code")
+        return
+    verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {_shown(cpu.change)} "
+                      f"({cpu.reason}): other processes took the cores, not the code")
+
+
+def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy) -> Verdict | None:
+    """The series relative to the calibration probe judged by the same rules, when this run and
+    as many of the earlier runs as have CPU seconds (up to a window) carry the probe; its change
+    and the probe's own go into the verdict's evidence."""
+    probed = [p for p in earlier if _has_calibration(p)]
+    if not _has_calibration(current) or len(probed) < min(len(earlier), policy.window):
+        return None
+    probe = _judge_wall(_calibrated(current), [_calibrated(p) for p in probed], verdict.tolerance, verdict.better, policy)
+    verdict.cal_change = probe.change
+    verdict.calibration_change = _probe_change(current, probed[-policy.window:], verdict.better)
+    return probe
 
 
 def _shown(change: float | None) -> str:

@@ -76,12 +76,11 @@ class Prober:
                               f"(it has {', '.join(sorted(metrics)[:12]) or 'none'})", host=self.host.name)
         m = metrics[self.metric]
         reused = " (a reused result)" if host.steps["bench"].status == "cached" else ""
-        result = ProbeResult(False, "", m["value"], tuple(m.get("samples") or ()), built, better=m["better"],
-                             cpu_samples=tuple(m.get("cpu_samples") or ()), cal_samples=tuple(m.get("cal_samples") or ()))
-        per_cpu = f", {median(result.cpu_samples):g} per CPU second" if result.cpu_samples else ""
-        probed = f", {median(result.calibrated()):.4g} relative to the calibration probe" if result.calibrated() else ""
-        result.evidence = f"{self.metric} {m['value']:g} {m['unit']}{per_cpu}{probed}{reused}"
-        return result
+        cpu = m.get("cpu_samples")
+        per_cpu = f", {median(cpu):g} per CPU second" if cpu else ""
+        return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{per_cpu}{reused}", m["value"],
+                           tuple(m.get("samples") or ()), built, better=m["better"],
+                           cpu_samples=tuple(m.get("cpu_samples") or ()))
 
     def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
         self._failed(commit, host, run_dir, allowed="golden")

@@ -139,25 +139,6 @@ def test_metric_judge_compares_per_cpu_second_when_the_ends_report_it():
         judge(ProbeResult(False, "", 1000.0))
 
 
-def test_metric_judge_compares_relative_to_the_calibration_probe_when_the_ends_report_it():
-    def at(cpu: float, probe: float) -> ProbeResult:      # 3 repeats, the probe beside each
-        return ProbeResult(False, "", cpu / 2, (cpu / 2,) * 3, cpu_samples=(cpu * 0.99, cpu, cpu * 1.01),
-                           cal_samples=(probe * 0.99, probe, probe * 1.01))
-
-    judge = MetricJudge(at(2000.0, 230.0), at(1700.0, 230.0), "higher")
-    # a good commit probed while caches were contended: 30 % fewer per CPU second, and so the probe
-    contended = at(1400.0, 161.0)
-    assert judge(contended) is False and not judge.unsure(contended)
-    assert judge(at(1700.0 * 0.7, 161.0)) is True                   # the slow commit, as contended
-    # per CPU second alone, the contended good commit would be called bad
-    blind = MetricJudge(ProbeResult(False, "", 1000.0, cpu_samples=(1990.0, 2000.0, 2010.0)),
-                        ProbeResult(False, "", 850.0, cpu_samples=(1690.0, 1700.0, 1710.0)), "higher")
-    assert blind(ProbeResult(False, "", 700.0, cpu_samples=contended.cpu_samples)) is True
-    with pytest.raises(BisectError, match="no calibration probe figures"):
-        judge(ProbeResult(False, "", 1000.0, cpu_samples=(2000.0,)))
-    assert ProbeResult(False, "", 1.0, cpu_samples=(1.0, 2.0), cal_samples=(1.0,)).calibrated() == ()
-
-
 def test_a_probe_too_close_to_call_is_measured_again_and_pooled():
     commits = [Commit(f"{i:040x}", f"commit {i}", f"tree{i}") for i in range(16)]
     disturbed = {7: [920.0]}        # commit 7 is good, but its first measurement was disturbed

@@ -52,11 +52,13 @@ double mad_of(const std::vector<double>& v) {
 }
 
 // The calibration probe: a fixed workload of this file's own (no backend, no model code, so no
-// change to the engine's decoding or kernels moves it), a matrix-vector product over a 16 MiB
-// matrix (more than a core's L2: the caches and memory bandwidth the matmuls use) and 8 passes
-// over a 512 KiB part of it (what stays in cache). It runs before the first repeat of every timing
-// and after each repeat; a repeat's calibration is the mean of the probe's CPU seconds just before
-// and just after it. Cache and memory contention from other processes cost CPU seconds to the
+// change to the engine's decoding or kernels moves it) with the bundles' memory behaviour: matrix-
+// vector products with 8 independent sums (bound by the caches' bandwidth, as the backend's are,
+// not by an add's latency), 4 passes over an 8 MiB matrix (the size of a small bundle's weights:
+// in the L3 cache on a quiet machine, evicted by other processes on a busy one, as a bundle's
+// weights are between two tokens) and 8 passes over a 512 KiB part of it (a core's L2). It runs
+// once at the start and after every repeat of every timing; a repeat's calibration is the mean of
+// the probe's CPU seconds just before and just after it. Cache and memory contention from other processes cost CPU seconds to the
 // probe as to the repeat beside it, so a metric's ratio to the probe measured beside it
 // (`cal_samples`, in the metric's own terms) keeps what the code did and cancels what the machine
 // did. Off (no probe runs, nothing recorded) on a GPU backend.
@@ -69,21 +71,17 @@ public:
         uint32_t s = 12345;
         for (float& v : w_) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) * 1e-7f;
         for (float& v : x_) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) * 1e-7f;
+        last_ = run();
     }
-    void start() {  // before a timing's first repeat
-        marks_.clear();
-        mark();
-    }
-    void mark() {  // after each repeat
-        if (!on_) return;
-        marks_.push_back(run());
-        all_.push_back(marks_.back());
-    }
-    // Per repeat, the probe's CPU seconds around it (empty when off).
-    std::vector<double> beside() const {
-        std::vector<double> out;
-        for (size_t i = 1; i < marks_.size(); ++i) out.push_back((marks_[i - 1] + marks_[i]) / 2);
-        return out;
+    // After a repeat: the probe's CPU seconds around it (the mean of the runs just before and just
+    // after it); 0 when off.
+    double next() {
+        if (!on_) return 0.0;
+        const double now = run();
+        const double around = (last_ + now) / 2;
+        last_ = now;
+        all_.push_back(now);
+        return around;
     }
     // What bench.json's details say of the probe: its runs, their median CPU milliseconds, and the
     // products' sum (written out, so the compiler cannot drop the work).
@@ -94,17 +92,18 @@ public:
     }
 
 private:
-    static constexpr int kRows = 2048, kCols = 2048, kHotRows = 64, kHotPasses = 8;
+    static constexpr int kRows = 1024, kCols = 2048, kPasses = 4, kHotRows = 64, kHotPasses = 8;
     double run() {
         const double c0 = cpu_seconds();
         float acc = 0;
-        for (int pass = 0; pass < 1 + kHotPasses; ++pass) {
-            const int rows = pass == 0 ? kRows : kHotRows;
+        for (int pass = 0; pass < kPasses + kHotPasses; ++pass) {
+            const int rows = pass < kPasses ? kRows : kHotRows;
             for (int r = 0; r < rows; ++r) {
                 const float* row = w_.data() + static_cast<size_t>(r) * kCols;
-                float dot = 0;
-                for (int c = 0; c < kCols; ++c) dot += row[c] * x_[c];
-                acc += dot;
+                float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int c = 0; c < kCols; c += 8)
+                    for (int l = 0; l < 8; ++l) sums[l] += row[c + l] * x_[c + l];
+                for (float v : sums) acc += v;
             }
         }
         sink_ += acc;
@@ -112,20 +111,15 @@ private:
     }
     bool on_;
     std::vector<float> w_, x_;
-    std::vector<double> marks_, all_;
-    double sink_ = 0;
+    std::vector<double> all_;
+    double last_ = 0, sink_ = 0;
 };
 
-// A probe's per-repeat CPU seconds in the terms of a rate (probe runs per CPU second), of a time
-// (CPU milliseconds) or of a ratio of two rates (a speed-up: `over` / `under`).
+// A probe's per-repeat CPU seconds in the terms of a rate (probe runs per CPU second); a time's
+// are its CPU milliseconds, a speed-up's the ratio of two rates.
 std::vector<double> probe_rates(const std::vector<double>& seconds) {
     std::vector<double> out;
     for (double s : seconds) out.push_back(s > 0 ? 1.0 / s : 0.0);
-    return out;
-}
-std::vector<double> probe_ms(const std::vector<double>& seconds) {
-    std::vector<double> out;
-    for (double s : seconds) out.push_back(s * 1e3);
     return out;
 }
 
@@ -163,8 +157,8 @@ Json metric(double value, const std::string& unit, const std::string& better,
 }
 
 
-// `repeats` runs: the best (least disturbed) one, every run's tokens/s (whole, decode, prefill),
-// the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
+// A timing's runs so far: the best (least disturbed) one, every run's tokens/s (whole, decode,
+// prefill), the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
 struct Repeats {
     Generation best;
     std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s, shares, prefill_shares;
@@ -172,32 +166,23 @@ struct Repeats {
     std::vector<double> probe_seconds, prefill_probe_seconds;  // the probe beside each run (CPU backend)
 };
 
-Repeats run_repeats(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget,
-                    int repeats) {
-    Repeats r;
-    probe.start();
-    std::vector<bool> prefilled;
-    for (int i = 0; i < repeats; ++i) {
-        Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
-        Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
-        r.tokens_per_s.push_back(g.tokens_per_second());
-        r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
-        r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
-        r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
-        r.shares.push_back(g.cpu_share());
-        if (g.prefill_seconds > 0) {
-            r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
-            r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
-            r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
-        }
-        prefilled.push_back(g.prefill_seconds > 0);
-        probe.mark();
-        if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
+// One more run of a timing (AR, or DDTree with `budget` > 0) into `r`, with the probe after it.
+void run_once(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, Repeats& r) {
+    Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
+    Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
+    r.tokens_per_s.push_back(g.tokens_per_second());
+    r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
+    r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
+    r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
+    r.shares.push_back(g.cpu_share());
+    if (g.prefill_seconds > 0) {
+        r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
+        r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
+        r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
     }
-    r.probe_seconds = probe.beside();
-    for (size_t i = 0; i < r.probe_seconds.size(); ++i)
-        if (prefilled[i]) r.prefill_probe_seconds.push_back(r.probe_seconds[i]);
-    return r;
+    r.probe_seconds.push_back(probe.next());
+    if (g.prefill_seconds > 0) r.prefill_probe_seconds.push_back(r.probe_seconds.back());
+    if (r.tokens_per_s.size() == 1 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
 }
 
 std::vector<double> ratios(const std::vector<double>& over, double under) {
@@ -217,11 +202,63 @@ size_t best_index(const std::vector<double>& v) {
     return v.empty() ? 0 : static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-Json bench_bundle(Backend& be, Probe& probe, const Bundle& b, const std::string& name, int n, const std::vector<int>& budgets,
-                  int repeats, Json& metrics) {
+// A bundle's runs so far: AR, DDTree per budget, and the profiled AR decodes (every run's MoE FFN
+// milliseconds, the same x the run's CPU share, the probe around it, and the per-layer table of
+// the run with the least MoE FFN time).
+struct BundleRuns {
+    const Bundle* bundle = nullptr;
+    std::string name;
+    int n = 0;
+    Repeats ar;
+    std::vector<Repeats> trees;  // one per budget
+    std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms, moe_ffn_probe_ms;
+    Json layers = Json::array();
+};
+
+// Per-layer time of one AR decode, each part synchronised, into the bundle's runs.
+void profile_once(Backend& be, Probe& probe, BundleRuns& runs) {
+    const Bundle& b = *runs.bundle;
+    Model model(b, be, static_cast<int>(b.prompt.size()));
+    model.profile = true;
+    const Stopwatch watch;
+    const Generation g = generate_ar(model, b.prompt, runs.n);
+    const double share = watch.share();
+    const double per_forward = 1e3 / (g.forwards + 1);
+    Json run = Json::array();
+    double moe = 0;
+    for (size_t i = 0; i < model.times.attention.size(); ++i) {
+        const bool dense = static_cast<int>(i) < b.config.n_dense_layers;
+        Json l = Json::object();
+        l.set("layer", static_cast<int>(i)).set("kind", dense ? "dense" : "moe");
+        l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
+        run.push(l);
+        if (!dense) moe += model.times.ffn[i] * per_forward;
+    }
+    if (runs.moe_ffn_ms.empty() || moe < *std::min_element(runs.moe_ffn_ms.begin(), runs.moe_ffn_ms.end())) runs.layers = run;
+    runs.moe_ffn_ms.push_back(moe);
+    runs.moe_ffn_cpu_ms.push_back(moe * share);
+    runs.moe_ffn_probe_ms.push_back(probe.next() * 1e3);
+}
+
+// One round of a bundle: one run of AR, of DDTree at each budget, and of the profiled decode.
+// The bench runs its repeats in rounds over every bundle, so that a burst of contention on the
+// machine falls on one run of each timing, not on all the runs of the bundles measured then.
+void bundle_round(Backend& be, Probe& probe, const std::vector<int>& budgets, BundleRuns& runs) {
+    const Bundle& b = *runs.bundle;
+    run_once(be, probe, b, b.prompt, runs.n, 0, runs.ar);
+    runs.trees.resize(budgets.size());
+    for (size_t i = 0; i < budgets.size(); ++i) run_once(be, probe, b, b.prompt, runs.n, budgets[i], runs.trees[i]);
+    profile_once(be, probe, runs);
+}
+
+// A bundle's metrics and details from its runs.
+Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& budgets, Json& metrics) {
+    const Bundle& b = *runs.bundle;
+    const std::string& name = runs.name;
+    const int n = runs.n;
     Json out = Json::object();
     const bool noisy = be.name() == "cpu";
-    const Repeats ar_runs = run_repeats(be, probe, b, b.prompt, n, 0, repeats);
+    const Repeats& ar_runs = runs.ar;
     const Generation& ar = ar_runs.best;
     const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares, const std::vector<double>& cal) {
         return noisy ? CpuView{rates, shares, cal} : CpuView{};
@@ -254,10 +291,11 @@ Json bench_bundle(Backend& be, Probe& probe, const Bundle& b, const std::string&
     double best_speedup = 0, best_accept = 0, best_decode = 0;
     std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
     CpuView best_speedups_cpu, best_decodes_cpu, best_decode_speedups_cpu;
-    for (int budget : budgets) {
-        const Repeats runs = run_repeats(be, probe, b, b.prompt, n, budget, repeats);
-        const std::vector<double> cal = probe_rates(runs.probe_seconds);
-        const Generation& g = runs.best;
+    for (size_t bi = 0; bi < budgets.size(); ++bi) {
+        const int budget = budgets[bi];
+        const Repeats& tree = runs.trees[bi];
+        const std::vector<double> cal = probe_rates(tree.probe_seconds);
+        const Generation& g = tree.best;
         Json t = Json::object();
         t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
         t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
@@ -267,15 +305,15 @@ Json bench_bundle(Backend& be, Probe& probe, const Bundle& b, const std::string&
         trees.push(t);
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
-            best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
-            best_speedups_cpu = cpu(ratios(runs.cpu_tokens_per_s, ar_cpu_rate), runs.shares, ratios(cal, ar_cal_rate));
+            best_speedups = ratios(tree.tokens_per_s, ar.tokens_per_second());
+            best_speedups_cpu = cpu(ratios(tree.cpu_tokens_per_s, ar_cpu_rate), tree.shares, ratios(cal, ar_cal_rate));
         }
         best_accept = std::max(best_accept, g.accept_mean());
         if (g.decode_tokens_per_second() > best_decode) {
             best_decode = g.decode_tokens_per_second();
-            best_decodes = runs.decode_tokens_per_s;
-            best_decodes_cpu = cpu(runs.cpu_decode_tokens_per_s, runs.shares, cal);
-            best_decode_speedups_cpu = cpu(ratios(runs.cpu_decode_tokens_per_s, ar_cpu_decode), runs.shares, ratios(cal, ar_cal_decode));
+            best_decodes = tree.decode_tokens_per_s;
+            best_decodes_cpu = cpu(tree.cpu_decode_tokens_per_s, tree.shares, cal);
+            best_decode_speedups_cpu = cpu(ratios(tree.cpu_decode_tokens_per_s, ar_cpu_decode), tree.shares, ratios(cal, ar_cal_decode));
         }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
@@ -291,36 +329,11 @@ Json bench_bundle(Backend& be, Probe& probe, const Bundle& b, const std::string&
                       decoded ? best_decode_speedups_cpu : CpuView{}));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
 
-    // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
-    // run with the least MoE FFN time, and every run's MoE FFN total (its samples).
-    Json layers = Json::array();
-    std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms;  // the latter: x the run's CPU share
-    probe.start();
-    for (int r = 0; r < repeats; ++r) {
-        Model model(b, be, static_cast<int>(b.prompt.size()));
-        model.profile = true;
-        const Stopwatch watch;
-        const Generation g = generate_ar(model, b.prompt, n);
-        const double share = watch.share();
-        const double per_forward = 1e3 / (g.forwards + 1);
-        Json run = Json::array();
-        double moe = 0;
-        for (size_t i = 0; i < model.times.attention.size(); ++i) {
-            const bool dense = static_cast<int>(i) < b.config.n_dense_layers;
-            Json l = Json::object();
-            l.set("layer", static_cast<int>(i)).set("kind", dense ? "dense" : "moe");
-            l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
-            run.push(l);
-            if (!dense) moe += model.times.ffn[i] * per_forward;
-        }
-        if (moe_ffn_ms.empty() || moe < *std::min_element(moe_ffn_ms.begin(), moe_ffn_ms.end())) layers = run;
-        moe_ffn_ms.push_back(moe);
-        moe_ffn_cpu_ms.push_back(moe * share);
-        probe.mark();
-    }
-    out.set("layers_ms_per_forward", layers);
-    out.set("moe_ffn_ms", Json::array_of(moe_ffn_ms));
-    if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(moe_ffn_cpu_ms)).set("moe_ffn_probe_ms", Json::array_of(probe_ms(probe.beside())));
+    // Per-layer times: the table of the profiled run with the least MoE FFN time, and every run's
+    // MoE FFN total (its samples).
+    out.set("layers_ms_per_forward", runs.layers);
+    out.set("moe_ffn_ms", Json::array_of(runs.moe_ffn_ms));
+    if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(runs.moe_ffn_cpu_ms)).set("moe_ffn_probe_ms", Json::array_of(runs.moe_ffn_probe_ms));
     out.set("quant", b.int4 ? "int4" : "fp32");
     return out;
 }
@@ -409,7 +422,6 @@ Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector
             layer(M, int4);  // warm-up
             be.synchronize();
             Timed t;
-            probe.start();
             for (int i = 0; i < repeats; ++i) {
                 const Stopwatch watch;
                 layer(M, int4);
@@ -417,9 +429,8 @@ Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector
                 t.ms.push_back((now_seconds() - watch.wall) * 1e3);
                 t.shares.push_back(watch.share());
                 t.cpu_ms.push_back(t.ms.back() * t.shares.back());
-                probe.mark();
+                t.probe_ms.push_back(probe.next() * 1e3);
             }
-            t.probe_ms = probe_ms(probe.beside());
             return t;
         };
         const bool noisy = be.name() == "cpu";
@@ -495,16 +506,24 @@ int cmd_bench(int argc, char** argv) {
 
     Json metrics = Json::object();
     Json bundles = Json::object();
+    std::vector<Bundle> loaded;
+    loaded.reserve(entries.size());  // BundleRuns point into it
+    std::vector<BundleRuns> runs;
     for (const ManifestEntry& entry : entries) {
         const std::string& name = entry.name;
-        const Bundle b = Bundle::load(entry.path, o.max_memory);
+        const Bundle& b = loaded.emplace_back(Bundle::load(entry.path, o.max_memory));
         const int tokens = o.n > 0 ? o.n : static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
         if (b.prompt.size() + static_cast<size_t>(tokens) > static_cast<size_t>(b.config.max_seq_len))
             throw std::runtime_error(std::string(o.n > 0 ? "flag -n" : "manifest bundle " + name + " (its golden length)") + ": prompt (" +
                                      std::to_string(b.prompt.size()) + " tokens) + n (" + std::to_string(tokens) + ") exceeds max_seq_len " +
                                      std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
-        std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
-        bundles.set(name, bench_bundle(*be, probe, b, name, tokens, o.budgets, o.repeats, metrics));
+        runs.push_back(BundleRuns{&b, name, tokens, {}, {}, {}, {}, {}, Json::array()});
+    }
+    for (int round = 0; round < o.repeats; ++round)
+        for (BundleRuns& r : runs) bundle_round(*be, probe, o.budgets, r);
+    for (const BundleRuns& r : runs) {
+        std::printf("bundle %s (%d tokens)\n", r.name.c_str(), r.n);
+        bundles.set(r.name, bench_bundle(*be, r, o.budgets, metrics));
     }
     // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times (the
     // least of each bundle's runs), and run by run for the samples.
