@@ -285,6 +285,15 @@ def false_alarms(args, work: Path) -> dict:
             "without_probe_regressions": without_total, "contended_verdicts": sum(unjudged), "pass": ok}
 
 
+def target_verdict(history: Path, run: dict) -> str:
+    """The detector's verdict on the target metric of a run, judged again from the history file."""
+    sys.path.insert(0, str(REPO))
+    from orchestrator import history as history_mod, regression
+    with history_mod.HistoryStore.open(history) as store:
+        verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
+    return next((f"{v.status} ({v.method}): {v.reason}" for p, v in verdicts if p.metric == TARGET), "no verdict")
+
+
 def detection(args, work: Path) -> dict:
     repo = scratch_clone(work, args)
     history = work / "history-detect.sqlite"
@@ -312,6 +321,8 @@ def detection(args, work: Path) -> dict:
     if TARGET in flags:
         evidence = flags[TARGET]
         print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
+    else:
+        print(f"  {TARGET} not flagged: {target_verdict(history, after['run'])}")
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),

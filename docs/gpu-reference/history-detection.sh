@@ -31,5 +31,5 @@ git -C "$src" -c user.email=bench@example.invalid -c user.name="history acceptan
 set -x
 PYTHONUNBUFFERED=1 python3 "$src/benchmarks/history_acceptance.py" --parts detection --host h200 \
     --inventory "$inv" --quiet-runs "$quiet" --slowdown wall --steps sync,build,bundles,bench \
-    --bench-command "build/kdtree bench --manifest tests/refs/manifest.json --out build/bench.json --budgets 4,16 --moe-tokens 1 --moe-experts 16" \
+    --bench-command "mkdir -p \"\${KD_RESULTS_DIR:-build}\" && build/kdtree bench --manifest \"\${KD_BUNDLE_DIR:-tests/refs}/manifest.json\" --out \"\${KD_RESULTS_DIR:-build}/bench.json\" --budgets 4,16 --moe-tokens 1 --moe-experts 16" \
     --work-dir "$lab/history" --json "$out/detection.json" 2>&1 | tee "$out/detection.log"
