@@ -32,6 +32,9 @@ machine's, docs/gpu-reference/history-detection.sh).
                 `invoke bisect --metric tiny_fp32.ar_tokens_per_s` must name those commits with
                 at most ceil(log2 16) + 2 = 6 builds each; the time of each is reported.
 
+  replay        the false-alarms and detection parts of an earlier run in --work-dir judged
+                again, night by night, by this checkout's detector.
+
 Prints a table per part and a summary; --json writes every figure.
 """
 from __future__ import annotations
@@ -332,6 +335,38 @@ def detection(args, work: Path) -> dict:
             "bisect_command": bisect_line, "pass": ok and bisect_line is not None}
 
 
+def replay(args, work: Path) -> dict:
+    """The false-alarms and detection parts of an earlier run in --work-dir judged again, night by
+    night, by this checkout's detector (what a detector change does to the same measurements)."""
+    sys.path.insert(0, str(REPO))
+    from orchestrator import history as history_mod, regression
+    found = {}
+    for part, name in (("false-alarms", "history-load.sqlite"), ("detection", "history-detect.sqlite")):
+        history, runs_dir = work.parent / part / name, work.parent / part / "repo" / "runs"
+        if not history.is_file():
+            continue
+        rows = []
+        with history_mod.HistoryStore.open(history) as store:
+            for run_json in sorted(runs_dir.glob("*/run.json")):
+                if run_json.parent.is_symlink():
+                    continue        # runs/latest
+                run = json.loads(run_json.read_text())
+                if not store.has_run(run["run_id"]):
+                    continue        # the warm-up night, in its own history
+                verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
+                now = [f"{p.metric} {v.ratio:.2f}x" for p, v in verdicts if v.regressed]
+                rows.append({"run": run["run_id"], "as_run": reported(run, args.host), "replayed": now,
+                             "not_judged": sum(1 for _, v in verdicts if v.status == "unjudged")})
+        print(f"\n== replay of {part}: {len(rows)} nights judged again by this checkout's detector")
+        for i, r in enumerate(rows, 1):
+            print(f"  night {i:2d} {r['run']}: as run {len(r['as_run'])}, replayed {len(r['replayed'])}, not judged "
+                  f"{r['not_judged']}  {', '.join(r['replayed'])[:100]}")
+        print(f"  total: as run {sum(len(r['as_run']) for r in rows)}, replayed {sum(len(r['replayed']) for r in rows)} "
+              f"in {sum(1 for r in rows if r['replayed'])} nights")
+        found[part] = rows
+    return found
+
+
 def bisect(args, work: Path) -> dict:
     repo = scratch_clone(work, args)
     print("\n== bisect: a 16-commit engine history, golden broken at commit 6, AR 15 % slower at commit 11")
@@ -394,7 +429,7 @@ def main() -> int:
     args = parser.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kdtree-history-"))
     work.mkdir(parents=True, exist_ok=True)
-    parts = {"false-alarms": false_alarms, "detection": detection, "bisect": bisect}
+    parts = {"false-alarms": false_alarms, "detection": detection, "bisect": bisect, "replay": replay}
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]
     if unknown:

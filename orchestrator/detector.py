@@ -37,13 +37,13 @@ The method (README.md, "Regression detection", says why):
   and memory contention cost CPU seconds too (20-40 % on a starved night), to the probe as to the
   repeat beside it, so each repeat's figure per CPU second over the probe's (``cpu / cal``) keeps
   what the code did and cancels what the machine did, at the price of the probe's own noise
-  (measured: about twice the CPU seconds'). With fewer points than the history rule needs, where
-  the history has those ratios (as many comparable points as the per-CPU-second series), a
-  regression must show relative to the probe too, by the same rule; one that the wall clock and
-  the CPU seconds show but the ratio does not is ``unjudged`` (measured under contention). With
-  a history the CPU seconds decide (their run-to-run noise is measured). The verdict keeps the
-  change relative to the probe (``cal_change``) and the probe's own (``calibration_change``: how
-  much the machine alone moved the metric) wherever the probe was measured.
+  (measured: about twice the CPU seconds'). So the ratio confirms, the CPU seconds decide: where
+  this run and the history carry it (as many comparable points as the per-CPU-second series, up
+  to a window), a per-CPU-second regression must show relative to the probe too: with few points
+  by the same rule, with a history (whose run-to-run noise the CPU seconds' rule measured) by
+  being worse than the tolerance. One it does not confirm is ``unjudged`` (measured under
+  contention). The verdict keeps the change relative to the probe (``cal_change``) and the
+  probe's own (``calibration_change``: how much the machine alone moved the metric).
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -289,22 +289,33 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
     probe = _probe_verdict(verdict, current, earlier, policy)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
     regressed = cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance))
-    if regressed and (cpu.method != "few-points" or probe is None or probe.status == "regressed"):
-        also = f"; relative to the calibration probe: {probe.reason}" if probe is not None and cpu.method == "few-points" else ""
+    if regressed and (probe is None or _probe_confirms(probe, cpu.method, verdict.tolerance)):
+        also = f"; relative to the calibration probe: {probe.reason}" if probe is not None else ""
         verdict.reason = f"per CPU second: {cpu.reason}{also}; wall clock: {verdict.reason}"
         verdict.status, verdict.method = "regressed", cpu.method
         verdict.good_commit = cpu.good_commit or verdict.good_commit
         return
+    if regressed and probe is not None:     # the CPU seconds confirm, the probe explains: the caches
+        verdict.status = "unjudged"
+        verdict.reason = (f"measured under contention: {cpu.method} rule per CPU second {_shown(cpu.change)} ({cpu.reason}), "
+                          f"wall clock {_shown(verdict.change)}, but relative to the calibration probe the change is "
+                          f"{_shown(probe.change)} ({probe.reason}; the probe itself {_shown(verdict.calibration_change)}): "
+                          "other processes took the caches, not the code")
+        return
     if verdict.status != "regressed":
         return
     verdict.status = "unjudged"
-    if regressed and probe is not None:     # few points: the CPU seconds confirm, the probe explains
-        verdict.reason = (f"measured under contention: {verdict.reason}; per CPU second {_shown(cpu.change)}, but relative "
-                          f"to the calibration probe the change is {_shown(probe.change)} ({probe.reason}; the probe "
-                          f"itself {_shown(verdict.calibration_change)}): other processes took the caches, not the code")
-        return
     verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {_shown(cpu.change)} "
                       f"({cpu.reason}): other processes took the cores, not the code")
+
+
+def _probe_confirms(probe: Verdict, method: str, tolerance: float) -> bool:
+    """Whether the series relative to the calibration probe confirms a per-CPU-second regression:
+    with few points by the same rule (tolerance and sample MADs); with a history, whose run-to-run
+    noise the CPU seconds' rule has measured, by being worse than the tolerance too."""
+    if method == "few-points":
+        return probe.status == "regressed"
+    return probe.change is not None and probe.change > tolerance
 
 
 def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy) -> Verdict | None:
