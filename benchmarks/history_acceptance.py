@@ -84,9 +84,9 @@ WALL_SLOWING_PATCH = ("engine_src/src/decode.cpp", [
 SLOWDOWNS = {"work": SLOWING_PATCH, "wall": WALL_SLOWING_PATCH}
 # A golden-token change: AR's 8th token becomes the next one in the vocabulary.
 GOLDEN_PATCH = ("engine_src/src/decode.cpp", [
-    ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
+    ("        g.tokens.push_back(token);\n    }\n    g.decode_counters = model.backend().counters() - k1;\n",
      "        if (g.tokens.size() == 7) token = (token + 1) % model.config().vocab_size;\n"
-     "        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n"),
+     "        g.tokens.push_back(token);\n    }\n    g.decode_counters = model.backend().counters() - k1;\n"),
 ])
 COMMENT_FILES = ("engine_src/src/tree.cpp", "engine_src/src/bundle.cpp", "engine_src/src/json.cpp",
                  "engine_src/src/args.cpp", "engine_src/src/model.cpp")
