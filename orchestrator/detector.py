@@ -280,7 +280,8 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
     clock is worse than the tolerance too; with fewer points it must confirm the wall clock's, and
     the series relative to the calibration probe must confirm both where the history has it; a
     wall-clock regression they do not confirm is unjudged (the run was starved, or its caches and
-    memory were contended)."""
+    memory were contended); a per-CPU-second regression the wall clock does not show (a load that
+    fell on the same night can hide it) is unjudged too, never passed."""
     earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
@@ -302,11 +303,15 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
                           f"{_shown(probe.change)} ({probe.reason}; the probe itself {_shown(verdict.calibration_change)}): "
                           "other processes took the caches, not the code")
         return
-    if verdict.status != "regressed":
-        return
-    verdict.status = "unjudged"
-    verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {_shown(cpu.change)} "
-                      f"({cpu.reason}): other processes took the cores, not the code")
+    if verdict.status == "regressed":
+        verdict.status = "unjudged"
+        verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is "
+                          f"{_shown(cpu.change)} ({cpu.reason}): other processes took the cores, not the code")
+    elif cpu.status == "regressed":     # the clocks disagree: a load that fell can hide a slower code
+        probe_text = f"; relative to the calibration probe {_shown(probe.change)}" if probe is not None else ""
+        verdict.status = "unjudged"
+        verdict.reason = (f"the clocks disagree: per CPU second {_shown(cpu.change)} ({cpu.reason}), but the wall "
+                          f"clock {_shown(verdict.change)} ({verdict.reason}){probe_text}: not judged")
 
 
 def _probe_confirms(probe: Verdict, method: str, tolerance: float) -> bool:

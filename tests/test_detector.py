@@ -366,3 +366,14 @@ def test_the_probe_counts_only_once_the_history_has_as_many_probed_points_as_cpu
     odd = Point(contended.value, contended.samples, run_id="odd", noisy=True, cpu_samples=contended.cpu_samples,
                 cal_samples=contended.cal_samples[:2])
     assert judge(odd, probed, 0.10).cal_change is None
+
+
+def test_a_regression_per_cpu_second_that_a_falling_load_hides_on_the_wall_clock_is_not_passed():
+    # measured: a 15 % slower commit on a night whose CPU share rose from 0.2 to 0.4, the wall
+    # clock 6 % faster; the clocks disagree, so the verdict is unjudged, not same
+    rng = random.Random(83)
+    history = [cpu_run(rng, 1000.0, 0.2, commit=f"c{i}") for i in range(8)]
+    slower = cpu_run(rng, 850.0, 0.4, commit="slow")
+    verdict = judge(slower, history, 0.10)
+    assert verdict.status == "unjudged" and verdict.reason.startswith("the clocks disagree"), verdict.reason
+    assert verdict.cpu_change == pytest.approx(0.15, abs=0.04) and verdict.change < 0
