@@ -323,8 +323,12 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
             console.say(f"  find the commit: {reg.bisect}")
     if run.history:
         for c in run.history.get("contended") or []:
+            probe = (f", {c['cal_change']:+.1%} relative to the calibration probe (the probe itself "
+                     f"{c['calibration_change']:+.1%})" if "cal_change" in c and "calibration_change" in c else "")
+            why = ("the clocks disagree (a load that fell can hide a slower code)" if c["reason"].startswith("the clocks")
+                   else "measured under contention (other processes took the cores or their caches)")
             console.say(f"NOT JUDGED {c['host']} {c['metric']}: x{c['ratio']:.2f} on the wall clock, "
-                        f"{c['cpu_change']:+.1%} per CPU second: measured under contention (other processes took the cores)")
+                        f"{c['cpu_change']:+.1%} per CPU second{probe}: {why}")
         console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
 
 
