@@ -43,12 +43,13 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True)
 class Reused:
-    """A result file of an earlier run whose inputs are this run's: its data, that run, and why
-    it still holds, in words."""
+    """A result file of an earlier run whose inputs are this run's: its data, that run, why it
+    still holds, in words, and the tree that run had deployed."""
 
     data: dict
     run_id: str
     why: str
+    tree: str
 
 
 @dataclasses.dataclass
@@ -171,7 +172,7 @@ class StepContext:
             "" if made_with == self.tree_hash() else f"; it ran on tree {made_with[:12]}, not this {self.tree_hash()[:12]}")
         self.log(f"{self.project.results[result]}: reused from run {run_id}, the last successful {self.step} "
                  f"with {why} (not re-run; --no-cache re-runs it)")
-        return Reused(data, run_id, why)
+        return Reused(data, run_id, why, made_with)
 
     def stamp_result(self, data: dict) -> None:
         """Record that the current step passed with these inputs (measured again now: the step's
