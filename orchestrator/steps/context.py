@@ -24,6 +24,7 @@ from ..sync import SourceId
 from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
+STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named otherwise (results_key)
 T = TypeVar("T")
 
 
@@ -129,7 +130,7 @@ class StepContext:
         except KdError as e:            # nothing reused, nothing stamped: the step itself decides
             self.log(f"not reused: {e.message}")
             return None
-        key = {"command": self.project.commands.get(self.step), "build": build,
+        key = {"command": self.project.commands.get(STEP_COMMANDS.get(self.step, self.step)), "build": build,
                "env": {**remote.host_env(self.host), **self.gpu_env()},
                "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
                "executables": found.executables, "files": found.files}
