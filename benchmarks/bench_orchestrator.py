@@ -338,29 +338,32 @@ def bench_deploy(tools, host, subdir_of, repeats, source) -> dict:
             for name, by in times.items()}
 
 
-def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int) -> dict:
-    """Warm no-change deploy and a no-op `validate --skip bench`, against bare rsync alone, one host."""
+def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int, baseline: Path | None = None) -> dict:
+    """Warm no-change deploy and a no-op `validate --skip bench`, against bare rsync alone, one host;
+    with `baseline` (another checkout of the project) its deploy and validate too, interleaved."""
+    bare = Bare(runner, lab, source, "warm-bare")
+    cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
+    # both checkouts deploy to and validate the same remote_dir (one build): what they leave there is the same
     deploy_inv = write_inventory(work, "warm", lab, [host], source, "warm", persist=600)
     validate_inv = write_inventory(work, "warmval", lab, [host], source, "warmval", persist=600, backend="cpu")
-    bare = Bare(runner, lab, source, "warm-bare")
     invoke = [sys.executable, "-m", "invoke"]
-    cases = {
-        "bare rsync": bare.rsync_argv(host),
-        "invoke deploy (warm)": invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name],
-        "invoke deploy --no-persist": invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
-                                                "--no-persist"],
-        "invoke validate --skip bench (no-op, warm)": invoke + ["validate", "--inventory", str(validate_inv), "--host",
-                                                                host.name, "--skip", "bench", "--report-dir"],
-    }
-    for name, argv in cases.items():       # bring every target up to date (not timed): a full validate builds
-        runner.run(argv + ([str(work / "runs" / "warm-settle")] if argv[-1] == "--report-dir" else []),
-                   what=f"settle {name}")
+    for label, repo in ((" (baseline)", baseline), ("", REPO)) if baseline else (("", REPO),):
+        cases |= {
+            f"invoke deploy (warm){label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name], repo),
+            f"invoke deploy --no-persist{label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
+                                                             "--no-persist"], repo),
+            f"invoke validate --skip bench (no-op, warm){label}": (
+                invoke + ["validate", "--inventory", str(validate_inv), "--host", host.name, "--skip", "bench",
+                          "--report-dir"], repo)}
+    for name, (argv, repo) in cases.items():       # bring every target up to date (not timed): a full validate builds
+        runner.run(argv + ([str(work / "runs" / f"warm-settle-{len(name)}")] if argv[-1] == "--report-dir" else []),
+                   cwd=repo, what=f"settle {name}")
     times: dict = collections.defaultdict(list)
     cpu: dict = collections.defaultdict(list)      # client CPU seconds (the command's process tree)
     for r in range(repeats):
-        for name, argv in cases.items():
-            extra = [str(work / "runs" / f"warm-{r}")] if argv[-1] == "--report-dir" else []
-            times[name].append(runner.run(argv + extra, what=name))
+        for name, (argv, repo) in cases.items():
+            extra = [str(work / "runs" / f"warm-{r}-{len(name)}")] if argv[-1] == "--report-dir" else []
+            times[name].append(runner.run(argv + extra, cwd=repo, what=name))
             cpu[name].append(runner.last_cpu)
         print(f"  warm repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()),
               file=sys.stderr)
@@ -699,6 +702,8 @@ def main() -> None:
     ap.add_argument("--ansible-venv", help="an existing venv with the ansible package (else installed)")
     ap.add_argument("--no-ansible", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--baseline-repo", help="warm: also time this checkout's deploy and validate (e.g. an earlier "
+                                            "commit, `git archive REV | tar -x -C DIR`), interleaved")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     counts_list = [int(x) for x in args.hosts.split(",")]
@@ -747,7 +752,8 @@ def main() -> None:
             results["fanout"] = bench_fanout({t.name: t for t in tools if t.name in ("invoke", "bare")}, lab,
                                              counts_list, args.repeats, source)
         if "warm" in sections:
-            results["warm"] = bench_warm(runner, work, lab, hosts[0], source, args.repeats)
+            results["warm"] = bench_warm(runner, work, lab, hosts[0], source, args.repeats,
+                                         Path(args.baseline_repo) if args.baseline_repo else None)
         if "scale" in sections:
             results["scale"] = bench_scale(runner, invoke_inv, lab, counts_list)
         if "counts" in sections:
