@@ -343,11 +343,13 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
     with `baseline` (another checkout of the project) its deploy and validate too, interleaved."""
     bare = Bare(runner, lab, source, "warm-bare")
     cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
-    # both checkouts deploy to and validate the same remote_dir (one build): what they leave there is the same
+    # both checkouts deploy to the same remote_dir; each validates its own (the engine's outputs.json
+    # holds its speed: one checkout's golden run would make the other's stamped outputs another file)
     deploy_inv = write_inventory(work, "warm", lab, [host], source, "warm", persist=600)
-    validate_inv = write_inventory(work, "warmval", lab, [host], source, "warmval", persist=600, backend="cpu")
     invoke = [sys.executable, "-m", "invoke"]
     for label, repo in ((" (baseline)", baseline), ("", REPO)) if baseline else (("", REPO),):
+        subdir = "warmvalbase" if label else "warmval"
+        validate_inv = write_inventory(work, subdir, lab, [host], source, subdir, persist=600, backend="cpu")
         cases |= {
             f"invoke deploy (warm){label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name], repo),
             f"invoke deploy --no-persist{label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
@@ -355,6 +357,10 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
             f"invoke validate --skip bench (no-op, warm){label}": (
                 invoke + ["validate", "--inventory", str(validate_inv), "--host", host.name, "--skip", "bench",
                           "--report-dir"], repo)}
+    if baseline:            # one full validate (it builds), its deployment copied for the baseline's
+        argv, repo = cases["invoke validate --skip bench (no-op, warm)"]
+        runner.run(argv + [str(work / "runs" / "warm-settle-first")], cwd=repo, what="settle validate")
+        shutil.copytree(host.root / "warmval", host.root / "warmvalbase", symlinks=True, dirs_exist_ok=True)
     for name, (argv, repo) in cases.items():       # bring every target up to date (not timed): a full validate builds
         runner.run(argv + ([str(work / "runs" / f"warm-settle-{len(name)}")] if argv[-1] == "--report-dir" else []),
                    cwd=repo, what=f"settle {name}")
