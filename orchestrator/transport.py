@@ -112,16 +112,18 @@ class Transport:
         except BaseException as e:      # noqa: BLE001 - handed to the next connect() (_await_early)
             self._early_error = e
 
-    def _await_early(self) -> None:
-        """Wait for a connect_soon() under way (not from its own thread) and raise its error once."""
+    def _await_early(self) -> bool:
+        """Wait for a connect_soon() under way (not from its own thread) and raise its error once;
+        whether there was one to wait for."""
         early = self._early
         if early is None or early is threading.current_thread():
-            return
+            return False
         early.join()
         self._early = None
         error, self._early_error = self._early_error, None
         if error is not None:
             raise error
+        return True
 
     def _refuse_if_stopped(self) -> None:
         if self.stopped.is_set():

@@ -116,8 +116,10 @@ class WarmTransport(ProcessTransport):
         self.socket: Path | None = None
 
     def connect(self) -> None:
-        self._await_early()
+        early = self._await_early()
         with self._lock:
+            if self._ready and early and self.socket is not None and not master_alive(self.host, self.socket):
+                self._ready = False     # its idle bound ended it while the run started: connect again
             if self._ready:
                 return
             self._refuse_if_stopped()
