@@ -108,6 +108,27 @@ std::vector<double> ratios(const std::vector<double>& over, double under) {
     return out;
 }
 
+// A decode step's cost (an AR token, or a DDTree round: draft, verify, accept): wall time and
+// what the backend queued (backend.h BackendCounters), per step of the decode after the prefill.
+Json per_step(const Generation& g) {
+    const int steps = g.accepted.empty() ? g.forwards : static_cast<int>(g.accepted.size());
+    const double n = std::max(steps, 1);
+    const BackendCounters& k = g.decode_counters;
+    Json j = Json::object();
+    j.set("steps", steps).set("us", g.decode_seconds * 1e6 / n).set("kernels", k.kernels / n);
+    j.set("launches", k.launches / n).set("graph_launches", k.graph_launches / n);
+    j.set("h2d", k.h2d / n).set("d2h", k.d2h / n).set("d2d", k.d2d / n).set("copies", (k.h2d + k.d2h + k.d2d) / n);
+    j.set("syncs", k.syncs / n);
+    return j;
+}
+
+void print_step(const char* what, const Json& j) {
+    std::printf("    %s per step: %8.1f us, %6.1f kernels, %6.1f launches (%4.1f graphs), %5.1f copies (h2d %4.1f d2h %4.1f d2d %4.1f), %4.1f syncs\n",
+                what, j.at("us").as_number(), j.at("kernels").as_number(), j.at("launches").as_number(),
+                j.at("graph_launches").as_number(), j.at("copies").as_number(), j.at("h2d").as_number(),
+                j.at("d2h").as_number(), j.at("d2d").as_number(), j.at("syncs").as_number());
+}
+
 // What a CPU timing adds to its metric: its figures per CPU second and the shares (nothing on a GPU).
 struct CpuView {
     std::vector<double> samples, shares;
@@ -133,6 +154,8 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
     arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
+    const Json ar_step = per_step(ar);
+    arj.set("per_step", ar_step);
     out.set("ar", arj);
     metrics.set(name + ".ar_tokens_per_s", timed(ar.tokens_per_second(), "tokens/s", ar_runs.tokens_per_s,
                                                  cpu(ar_runs.cpu_tokens_per_s, ar_runs.shares)));
@@ -144,6 +167,8 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
                       cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares)));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
+    Json best_step = Json::object();
+    double best_speedup_accept = 0;  // the mean acceptance at the best speed-up's budget
     std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
     CpuView best_speedups_cpu, best_decodes_cpu, best_decode_speedups_cpu;
     for (int budget : budgets) {
@@ -155,9 +180,13 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
         t.set("speedup_over_ar", g.tokens_per_second() / ar.tokens_per_second());
         t.set("decode_tokens_per_second", g.decode_tokens_per_second());
         t.set("equals_ar", g.tokens == ar.tokens);
+        const Json step = per_step(g);
+        t.set("per_step", step);
         trees.push(t);
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
+            best_step = step;
+            best_speedup_accept = g.accept_mean();
             best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
             best_speedups_cpu = cpu(ratios(runs.cpu_tokens_per_s, ar_cpu_rate), runs.shares);
         }
@@ -181,6 +210,18 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
                       decoded ? ratios(best_decodes, ar.decode_tokens_per_second()) : std::vector<double>{},
                       decoded ? best_decode_speedups_cpu : CpuView{}));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
+    if (!noisy && best_step.has("us")) {
+        print_step("AR", ar_step);
+        print_step("DDTree at the best budget", best_step);
+        // Where launches and copies are counted (a GPU): the cost of a step, and how far the
+        // speed-up is below the acceptance (1 would be a round as cheap as an AR step).
+        metrics.set(name + ".ar_us_per_step", metric(ar_step.at("us").as_number(), "us", "lower"));
+        metrics.set(name + ".ar_launches_per_step", metric(ar_step.at("launches").as_number(), "launches", "lower"));
+        metrics.set(name + ".ddtree_best_us_per_step", metric(best_step.at("us").as_number(), "us", "lower"));
+        metrics.set(name + ".ddtree_best_launches_per_step", metric(best_step.at("launches").as_number(), "launches", "lower"));
+        metrics.set(name + ".ddtree_best_copies_per_step", metric(best_step.at("copies").as_number(), "copies", "lower"));
+        metrics.set(name + ".ddtree_best_accept_over_speedup", metric(best_speedup_accept / best_speedup, "x", "lower"));
+    }
 
     // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
     // run with the least MoE FFN time, and every run's MoE FFN total (its samples).
