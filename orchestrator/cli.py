@@ -234,7 +234,9 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import dashboard, history as history_mod, parallel, pipeline, record, regression, remote
+    from . import parallel, pipeline, record, regression, remote
+    if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
+        from . import dashboard, history as history_mod
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
