@@ -503,9 +503,9 @@ def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
 # Benchmark history and bisect (a git repository of the engine snapshot; h2 gets a copy of h1's
 # deployment, its build and build cache included)
 
-GOLDEN_BREAK = ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
+GOLDEN_BREAK = ("        g.tokens.push_back(token);\n    }\n    g.decode_counters",
                 "        if (g.tokens.size() == 7) token = (token + 1) % model.config().vocab_size;\n"
-                "        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n")
+                "        g.tokens.push_back(token);\n    }\n    g.decode_counters")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -535,6 +535,7 @@ def history_repo(lab, workdir, full_run):
     git(repo, "commit", "-qm", "c1: notes")
     shas.append(git(repo, "rev-parse", "HEAD"))
     decode = repo / "engine_src" / "src" / "decode.cpp"
+    assert decode.read_text().count(GOLDEN_BREAK[0]) == 1, f"GOLDEN_BREAK's anchor is not in {decode} once: update it"
     decode.write_text(decode.read_text().replace(*GOLDEN_BREAK))
     git(repo, "commit", "-qam", "c2: AR's 8th token moves")
     shas.append(git(repo, "rev-parse", "HEAD"))
