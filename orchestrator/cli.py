@@ -234,7 +234,9 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import dashboard, history as history_mod, parallel, pipeline, record, regression, remote
+    from . import parallel, pipeline, record, regression, remote
+    if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
+        from . import dashboard, history as history_mod
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
@@ -323,8 +325,12 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
             console.say(f"  find the commit: {reg.bisect}")
     if run.history:
         for c in run.history.get("contended") or []:
+            probe = (f", {c['cal_change']:+.1%} relative to the calibration probe (the probe itself "
+                     f"{c['calibration_change']:+.1%})" if "cal_change" in c and "calibration_change" in c else "")
+            why = ("the clocks disagree (a load that fell can hide a slower code)" if c["reason"].startswith("the clocks")
+                   else "measured under contention (other processes took the cores or their caches)")
             console.say(f"NOT JUDGED {c['host']} {c['metric']}: x{c['ratio']:.2f} on the wall clock, "
-                        f"{c['cpu_change']:+.1%} per CPU second: measured under contention (other processes took the cores)")
+                        f"{c['cpu_change']:+.1%} per CPU second{probe}: {why}")
         console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
 
 

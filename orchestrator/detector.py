@@ -32,6 +32,18 @@ The method (README.md, "Regression detection", says why):
   barely move it. With fewer points a regression must show on both clocks by their rules. A wall-clock
   regression that the CPU seconds do not confirm was starved, not slowed by its code: its
   verdict is ``unjudged`` with the CPU-second change as the reason (measured under contention).
+- relative to the calibration probe, for CPU timings that also carry ``cal_samples`` (the
+  engine's fixed probe workload, measured beside each repeat, in the metric's own terms): cache
+  and memory contention cost CPU seconds too (20-40 % on a starved night), to the probe as to the
+  repeat beside it, so each repeat's figure per CPU second over the probe's (``cpu / cal``) keeps
+  what the code did and cancels what the machine did, at the price of the probe's own noise
+  (measured: about twice the CPU seconds'). So the ratio confirms, the CPU seconds decide: where
+  this run and the history carry it (as many comparable points as the per-CPU-second series, up
+  to a window), a per-CPU-second regression must show relative to the probe too: with few points
+  by the same rule, with a history (whose run-to-run noise the CPU seconds' rule measured) by
+  being worse than the tolerance. One it does not confirm is ``unjudged`` (measured under
+  contention). The verdict keeps the change relative to the probe (``cal_change``) and the
+  probe's own (``calibration_change``: how much the machine alone moved the metric).
 
 A regression stays one while the runs after it stay at the worse level and the window has not yet
 moved to it; each verdict names the first run of such a streak (``since_run``), so a caller can
@@ -77,6 +89,7 @@ class Point:
     commit: str | None = None
     noisy: bool = False
     cpu_samples: tuple[float, ...] = ()     # the samples per CPU second (CPU timings)
+    cal_samples: tuple[float, ...] = ()     # the calibration probe beside each of those, same terms
 
     def sample_mad(self) -> float | None:
         """The MAD of the samples (or the MAD reported without them); None when unknown."""
@@ -109,6 +122,8 @@ class Verdict:
     since_run: str | None = None    # a regression: the first run of its unbroken streak
     since_commit: str | None = None
     cpu_change: float | None = None  # the change per CPU second (CPU timings), > 0 is worse
+    cal_change: float | None = None  # the change of the ratio to the calibration probe, > 0 is worse
+    calibration_change: float | None = None  # the probe's own change in the metric's terms (the machine)
     reason: str = ""
 
     @property
@@ -243,27 +258,86 @@ def _per_cpu(point: Point) -> Point:
     return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
 
 
+def _calibrated(point: Point) -> Point:
+    """A CPU timing's point relative to the calibration probe: each repeat's figure per CPU second
+    over the probe's beside it (both in the metric's terms, so the direction stays)."""
+    ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
+    return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
+
+
+def _has_calibration(point: Point) -> bool:
+    return len(point.cal_samples) == len(point.cpu_samples) > 0 and all(k > 0 for k in point.cal_samples)
+
+
+def _probe_change(current: Point, window: Sequence[Point], better: str) -> float | None:
+    """How much the calibration probe alone moved, in the metric's terms (> 0: the machine made it worse)."""
+    base = median(median(p.cal_samples) for p in window)
+    return _worse(median(current.cal_samples), base, better) if base > 0 else None
+
+
 def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], policy: Policy) -> None:
     """Judge the per-CPU-second series too: with a history its regression is one when the wall
-    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's;
-    a wall-clock regression it does not confirm is unjudged (the run was starved)."""
-    earlier = [_per_cpu(p) for p in history if p.cpu_samples]
+    clock is worse than the tolerance too; with fewer points it must confirm the wall clock's, and
+    the series relative to the calibration probe must confirm both where the history has it; a
+    wall-clock regression they do not confirm is unjudged (the run was starved, or its caches and
+    memory were contended); a per-CPU-second regression the wall clock does not show (a load that
+    fell on the same night can hide it) is unjudged too, never passed."""
+    earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
-    cpu = _judge_wall(_per_cpu(current), earlier, verdict.tolerance, verdict.better, policy)
+    cpu = _judge_wall(_per_cpu(current), [_per_cpu(p) for p in earlier], verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
+    probe = _probe_verdict(verdict, current, earlier, policy)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
-    if cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance)):
-        verdict.reason = f"per CPU second: {cpu.reason}; wall clock: {verdict.reason}"
+    regressed = cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance))
+    if regressed and (probe is None or _probe_confirms(probe, cpu.method, verdict.tolerance)):
+        also = f"; relative to the calibration probe: {probe.reason}" if probe is not None else ""
+        verdict.reason = f"per CPU second: {cpu.reason}{also}; wall clock: {verdict.reason}"
         verdict.status, verdict.method = "regressed", cpu.method
         verdict.good_commit = cpu.good_commit or verdict.good_commit
         return
-    if verdict.status != "regressed":
+    if regressed and probe is not None:     # the CPU seconds confirm, the probe explains: the caches
+        verdict.status = "unjudged"
+        verdict.reason = (f"measured under contention: {cpu.method} rule per CPU second {_shown(cpu.change)} ({cpu.reason}), "
+                          f"wall clock {_shown(verdict.change)}, but relative to the calibration probe the change is "
+                          f"{_shown(probe.change)} ({probe.reason}; the probe itself {_shown(verdict.calibration_change)}): "
+                          "other processes took the caches, not the code")
         return
-    verdict.status = "unjudged"
-    shown = f"{cpu.change:+.1%}" if cpu.change is not None else "unknown"
-    verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is {shown} "
-                      f"({cpu.reason}): other processes took the cores, not the code")
+    if verdict.status == "regressed":
+        verdict.status = "unjudged"
+        verdict.reason = (f"measured under contention: {verdict.reason}, but per CPU second the change is "
+                          f"{_shown(cpu.change)} ({cpu.reason}): other processes took the cores, not the code")
+    elif cpu.status == "regressed":     # the clocks disagree: a load that fell can hide a slower code
+        probe_text = f"; relative to the calibration probe {_shown(probe.change)}" if probe is not None else ""
+        verdict.status = "unjudged"
+        verdict.reason = (f"the clocks disagree: per CPU second {_shown(cpu.change)} ({cpu.reason}), but the wall "
+                          f"clock {_shown(verdict.change)} ({verdict.reason}){probe_text}: not judged")
+
+
+def _probe_confirms(probe: Verdict, method: str, tolerance: float) -> bool:
+    """Whether the series relative to the calibration probe confirms a per-CPU-second regression:
+    with few points by the same rule (tolerance and sample MADs); with a history, whose run-to-run
+    noise the CPU seconds' rule has measured, by being worse than the tolerance too."""
+    if method == "few-points":
+        return probe.status == "regressed"
+    return probe.change is not None and probe.change > tolerance
+
+
+def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy) -> Verdict | None:
+    """The series relative to the calibration probe judged by the same rules, when this run and
+    as many of the earlier runs as have CPU seconds (up to a window) carry the probe; its change
+    and the probe's own go into the verdict's evidence."""
+    probed = [p for p in earlier if _has_calibration(p)]
+    if not _has_calibration(current) or len(probed) < min(len(earlier), policy.window):
+        return None
+    probe = _judge_wall(_calibrated(current), [_calibrated(p) for p in probed], verdict.tolerance, verdict.better, policy)
+    verdict.cal_change = probe.change
+    verdict.calibration_change = _probe_change(current, probed[-policy.window:], verdict.better)
+    return probe
+
+
+def _shown(change: float | None) -> str:
+    return f"{change:+.1%}" if change is not None else "unknown"
 
 
 def _judge_wall(current: Point, history: Sequence[Point], tolerance: float, better: str, policy: Policy) -> Verdict:

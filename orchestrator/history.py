@@ -28,7 +28,7 @@ from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from .errors import UsageError
 from .record import Regression, RunRecordError, finite_number, list_runs, load_run, mapping, short_text
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_NAME = "history.sqlite"
 SAMPLES_LIMIT = 1000        # samples kept per point (a host's report is not trusted to be small)
 TEXT_LIMIT = 200
@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS points (
     started TEXT NOT NULL, host TEXT NOT NULL, gpu TEXT NOT NULL, backend TEXT NOT NULL,
     build_key TEXT NOT NULL, tree_hash TEXT, git_rev TEXT, metric TEXT NOT NULL, value REAL NOT NULL,
     unit TEXT NOT NULL, better TEXT NOT NULL, n INTEGER, median REAL, mad REAL, samples TEXT,
-    noisy INTEGER NOT NULL, reused INTEGER NOT NULL, reused_from TEXT, cpu_samples TEXT,
+    noisy INTEGER NOT NULL, reused INTEGER NOT NULL, reused_from TEXT, cpu_samples TEXT, cal_samples TEXT,
     PRIMARY KEY (run_id, host, metric));
 CREATE INDEX IF NOT EXISTS points_series ON points (host, gpu, backend, build_key, metric, started);
 CREATE INDEX IF NOT EXISTS points_gpu ON points (gpu);
@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS regressions (
     host TEXT NOT NULL, metric TEXT NOT NULL, evidence TEXT NOT NULL,
     PRIMARY KEY (run_id, host, metric));
 """
+
+
+# The points' columns each older version lacks (version 2 added cpu_samples, version 3 cal_samples).
+_ADDED_COLUMNS = {"1": ("cpu_samples", "cal_samples"), "2": ("cal_samples",)}
 
 
 class HistoryError(UsageError):
@@ -95,10 +99,12 @@ class StoredPoint:
     reused: bool
     reused_from: str | None
     cpu_samples: tuple[float, ...] = ()
+    cal_samples: tuple[float, ...] = ()
 
     def point(self) -> Point:
         """The detector's view of this point."""
-        return Point(self.value, self.samples, self.mad, self.run_id, self.git_rev, self.noisy, self.cpu_samples)
+        return Point(self.value, self.samples, self.mad, self.run_id, self.git_rev, self.noisy, self.cpu_samples,
+                     self.cal_samples)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,6 +167,8 @@ def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, h
         return None
     samples = _numbers(data.get("samples"))
     cpu_samples = _numbers(data.get("cpu_samples"))
+    cpu_samples = cpu_samples if all(v > 0 for v in cpu_samples) else ()
+    cal_samples = _numbers(data.get("cal_samples"))
     n = data.get("n")
     return StoredPoint(
         key=key, metric=metric, run_id=_text(run.get("run_id")), started=_text(run.get("started")),
@@ -171,7 +179,8 @@ def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, h
         samples=samples, n=n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(samples) or None,
         median=finite_number(data.get("median")), mad=_nonnegative(data.get("mad")),
         noisy=data.get("noisy") is True or busy, reused=reused, reused_from=reused_from,
-        cpu_samples=cpu_samples if all(v > 0 for v in cpu_samples) else ())
+        cpu_samples=cpu_samples,
+        cal_samples=cal_samples if len(cal_samples) == len(cpu_samples) and all(v > 0 for v in cal_samples) else ())
 
 
 def _numbers(raw: object) -> tuple[float, ...]:
@@ -212,9 +221,10 @@ class HistoryStore:
             db.execute("PRAGMA journal_mode = DELETE")
             db.executescript(_SCHEMA)
             version = db.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
-            if version is not None and version[0] == "1":     # version 2 added the points' cpu_samples
+            if version is not None and version[0] in _ADDED_COLUMNS:  # an older version gains its columns
                 with db:
-                    db.execute("ALTER TABLE points ADD COLUMN cpu_samples TEXT")
+                    for column in _ADDED_COLUMNS[version[0]]:
+                        db.execute(f"ALTER TABLE points ADD COLUMN {column} TEXT")
                     db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (str(SCHEMA_VERSION),))
                 version = (str(SCHEMA_VERSION),)
             if version is None:
@@ -274,11 +284,12 @@ class HistoryStore:
             _text(source.get("tree_hash")) or None, _text(source.get("git_rev")) or None,
             None if source.get("git_dirty") is None else int(bool(source.get("git_dirty")))))
         points = run_points(run)
-        self.db.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+        self.db.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
             (p.run_id, p.started, p.key.host, p.key.gpu, p.key.backend, p.key.build_key, p.tree_hash, p.git_rev,
              p.metric, p.value, p.unit, p.better, p.n, p.median, p.mad,
              json.dumps(list(p.samples)) if p.samples else None, int(p.noisy), int(p.reused), p.reused_from,
-             json.dumps(list(p.cpu_samples)) if p.cpu_samples else None)
+             json.dumps(list(p.cpu_samples)) if p.cpu_samples else None,
+             json.dumps(list(p.cal_samples)) if p.cal_samples else None)
             for p in points])
         for reg in run.get("regressions") or []:
             if isinstance(reg, dict) and reg.get("host") is not None and reg.get("metric") is not None:
@@ -341,10 +352,11 @@ class HistoryStore:
 
 def _stored(row: tuple) -> StoredPoint:
     (run_id, started, host, gpu, backend, build_key, tree_hash, git_rev, metric, value, unit, better,
-     n, med, mad, samples, noisy, reused, reused_from, cpu_samples) = row
+     n, med, mad, samples, noisy, reused, reused_from, cpu_samples, cal_samples) = row
     return StoredPoint(SeriesKey(host, gpu, backend, build_key), metric, run_id, started, tree_hash, git_rev,
                        value, unit, better, tuple(json.loads(samples)) if samples else (), n, med, mad,
-                       bool(noisy), bool(reused), reused_from, tuple(json.loads(cpu_samples)) if cpu_samples else ())
+                       bool(noisy), bool(reused), reused_from, tuple(json.loads(cpu_samples)) if cpu_samples else (),
+                       tuple(json.loads(cal_samples)) if cal_samples else ())
 
 
 def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],
@@ -386,12 +398,20 @@ def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]
 
 def contended(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[dict]:
     """The verdicts left unjudged because the run was measured under contention (slower on the
-    wall clock, not per CPU second): host, metric, wall-clock ratio, change per CPU second and
-    reason, sorted by host then metric."""
-    found = [{"host": point.key.host, "metric": point.metric, "ratio": round(verdict.ratio, 4),
-              "cpu_change": round(verdict.cpu_change, 4), "reason": verdict.reason}
-             for point, verdict in verdicts
-             if verdict.status == "unjudged" and verdict.cpu_change is not None and verdict.ratio is not None]
+    wall clock, not per CPU second or not relative to the calibration probe): host, metric,
+    wall-clock ratio, change per CPU second, change relative to the probe and the probe's own
+    (when the run had the probe), and reason, sorted by host then metric."""
+    found = []
+    for point, verdict in verdicts:
+        if verdict.status != "unjudged" or verdict.cpu_change is None or verdict.ratio is None:
+            continue
+        entry = {"host": point.key.host, "metric": point.metric, "ratio": round(verdict.ratio, 4),
+                 "cpu_change": round(verdict.cpu_change, 4), "reason": verdict.reason}
+        for key in ("cal_change", "calibration_change"):
+            value = getattr(verdict, key)
+            if value is not None:
+                entry[key] = round(value, 4)
+        found.append(entry)
     return sorted(found, key=lambda c: (c["host"], c["metric"]))
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import gpus, ownership, parallel, record, remote, report, state, sync
+from . import gpus, ownership, parallel, record, remote, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -158,19 +158,16 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
     `skipped`, and the record says `interrupted`."""
     runs_root = inv.project.root / "runs"
     run_dir = record.create_run_dir(runs_root, report_dir)
-    source = sync.source_id(inv.project)
-    rec = RunRecord(run_id=run_dir.run_id, command=plan.command, started=record.utc_now(),
-                    source=record.Source(source.tree_hash, source.git_revision, source.git_dirty))
-    console.width = max(len(h.name) for h in hosts)
-    console.say(f"{plan.command} run {run_dir.run_id}: tree {source.tree_hash[:12]}"
-                f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
-                f"{' (uncommitted changes)' if source.git_dirty else ''} on {len(hosts)} host(s), "
-                f"steps {', '.join(plan.steps)}")
-    shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
-                     LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
-    records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
-    start = time.monotonic()
+    # the reports' templates are compiled (Jinja2) meanwhile, for `finish`: the hosts' work is mostly waiting
+    threading.Thread(target=_prepare_reports, daemon=True).start()
     with Run(plan.command) as run:
+        # the first hosts connect (warm: the master checked, the key probed) while the source is hashed here
+        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()])
+        rec, source = _started(inv, hosts, plan, console, run_dir)
+        shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
+                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
+        records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
+        start = time.monotonic()
         try:
             outcomes = parallel.run_parallel(
                 hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel, run.stop)
@@ -184,8 +181,28 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
     return run_dir, rec
 
 
+def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
+             run_dir: RunDir) -> tuple[RunRecord, sync.SourceId]:
+    """The run's record as it starts (the source tree's hash and git revision), announced."""
+    source = sync.source_id(inv.project)
+    rec = RunRecord(run_id=run_dir.run_id, command=plan.command, started=record.utc_now(),
+                    source=record.Source(source.tree_hash, source.git_revision, source.git_dirty))
+    console.width = max(len(h.name) for h in hosts)
+    console.say(f"{plan.command} run {run_dir.run_id}: tree {source.tree_hash[:12]}"
+                f"{', git ' + source.git_revision[:10] if source.git_revision else ''}"
+                f"{' (uncommitted changes)' if source.git_dirty else ''} on {len(hosts)} host(s), "
+                f"steps {', '.join(plan.steps)}")
+    return rec, source
+
+
+def _prepare_reports() -> None:
+    from . import report
+    report.prepare()
+
+
 def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict[str, Path]:
     """Write run.json and the reports, and point runs/latest at the run."""
+    from . import report
     record.write_run(run_dir, run, secrets)
     paths = report.render_run(run_dir.path, secrets)
     record.update_latest(runs_root, run_dir.path)

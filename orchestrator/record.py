@@ -36,7 +36,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                   its case "load.gpu_load" says whether the load ran throughout),
         "bench": {"metrics": {NAME: {"value", "unit", "better": "higher|lower",
                                      "samples"?, "n"?, "median"?, "mad"?, "noisy"?,
-                                     "cpu_samples"?, "cpu_share"?}}, "details": {...},
+                                     "cpu_samples"?, "cal_samples"?, "cpu_share"?}}, "details": {...},
                   "gpu": null | {"index", "uuid", "co_tenants": [{"pid", "name", "max_used_mib", "samples"}],
                                  "samples"}},
         "gpu_runs": [{"gpu": INDEX, "uuid", "results_dir", "golden": {BUNDLE: as "golden"},
@@ -46,7 +46,8 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
         "build_key": {...} | null, "seconds"}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
-     "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "reason"}]}}
+     "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "cal_change"?,
+                                                              "calibration_change"?, "reason"}]}}
 
 Secrets never reach the record: ``write_run`` redacts every string (keys included) with the
 secret values the pipeline knows.
@@ -266,7 +267,8 @@ def bench_from_engine(data: Any) -> dict:
     Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
     lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
     SAMPLES_LIMIT), ``n``, ``median``, ``mad``, ``noisy`` (true only when the engine says so) and,
-    for CPU timings, ``cpu_samples`` (the same figures per CPU second, positive) and ``cpu_share``
+    for CPU timings, ``cpu_samples`` (the same figures per CPU second, positive), ``cal_samples``
+    (the calibration probe beside each repeat, in the metric's terms, positive) and ``cpu_share``
     (CPU seconds per wall second of the repeats, positive),
     at most MAX_METRICS (ValueError beyond). Every other top-level key but ``version`` and
     ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
@@ -294,7 +296,7 @@ def bench_from_engine(data: Any) -> dict:
 def _noise(metric: dict) -> dict:
     """A metric's samples and spread as the engine reported them, typed and bounded."""
     noise: dict[str, Any] = {}
-    for key in ("samples", "cpu_samples"):
+    for key in ("samples", "cpu_samples", "cal_samples"):
         samples = metric.get(key)
         if isinstance(samples, list):
             kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]

@@ -452,6 +452,14 @@ def _environment() -> jinja2.Environment:
 
 
 _ENV = _environment()
+_RUN_TEMPLATES = ("report.md.j2", "report.html.j2")
+
+
+def prepare() -> None:
+    """Compile the run report's templates now (the run calls it in the background, while the
+    hosts work), so that writing the reports at the end costs only their rendering."""
+    for name in _RUN_TEMPLATES:
+        _ENV.get_template(name)
 
 
 def render_markdown(run: dict, secrets: Iterable[str] = ()) -> str:

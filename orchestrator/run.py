@@ -1,6 +1,7 @@
 """A run: one command (doctor, deploy, validate, nightly) over its hosts, and everything it holds.
 
     with Run("validate") as run:
+        run.prepare(hosts[:8])                   # start connecting while this machine works
         transport = run.transport(host)          # closed when the run ends
         lock = run.lock(transport, owner)        # released when the run ends (or run.release(lock))
         claim = run.claim_gpus(transport, request, owner)   # GPUs, released when the run ends
@@ -32,15 +33,32 @@ class Run:
         self.stopped = threading.Event()
         self._guard = threading.Lock()
         self._transports: list[Transport] = []
+        self._prepared: dict[str, Transport] = {}
         self._locks: list[state.HostLock] = []
         self._claims: list[gpu_claims.GpuClaim] = []
 
     def transport(self, host: Host) -> Transport:
-        """A transport to `host` owned by this run (nothing opened until it is used)."""
+        """A transport to `host` owned by this run (nothing opened until it is used, unless
+        prepare() started it)."""
+        with self._guard:
+            prepared = self._prepared.pop(host.name, None)
+        if prepared is not None:
+            return prepared
         transport = open_transport(host, self.stopped)
         with self._guard:
             self._transports.append(transport)
         return transport
+
+    def prepare(self, hosts: list[Host]) -> None:
+        """Start connecting to `hosts` in the background (Transport.connect_soon: the hosts that
+        run first), for transport() to hand out; a failure is raised by the first command."""
+        for host in hosts:
+            if host.is_local:
+                continue
+            transport = self.transport(host)
+            transport.connect_soon()
+            with self._guard:
+                self._prepared[host.name] = transport
 
     def lock(self, transport: Transport, owner: state.Owner, mode: str = state.EXCLUSIVE,
              wait: float = 0) -> state.HostLock:

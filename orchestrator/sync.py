@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -29,10 +30,12 @@ from typing import Callable
 
 from . import ownership, relay, remote, state
 from .errors import FetchError, KdError, SyncError, cause_of
-from .inventory import Project
+from .inventory import Host, Project
 from .transport import Transport
 
 STATE_EXCLUDE = "/" + state.STATE_DIR + "/"    # always excluded: --delete spares the state dir
+TREE_HASH_CACHE = "build/tree-hashes"     # under the project root, private: the local tree hash by its files' stat
+RACY_SECONDS = 2        # a file changed this recently is not known by its stat (_tree_hash)
 PARTIAL = f"{state.STATE_DIR}/sync.partial"
 LISTING_MAX_BYTES = 64 << 20
 
@@ -62,14 +65,52 @@ class DeployResult:
 
 
 def source_id(project: Project) -> SourceId:
-    """Hash the local source tree (the project's tree_hash command) and read its git revision."""
+    """Hash the local source tree (the project's tree_hash command, or its answer for the same
+    files: _tree_hash) and read its git revision."""
+    return SourceId(_tree_hash(project), *_git_revision(project.source))
+
+
+def _tree_hash(project: Project) -> str:
+    """The tree_hash command's answer over the local source. Kept, as git's index keeps what it
+    knows of a file, by the path, size, modification and change times, inode and mode of every
+    file under the source (excluded paths aside: they are never synced, so a hash that read them
+    could never match a host's): while none of those changed, the answer is the one the command
+    gave. A file changed within the last RACY_SECONDS may change again within its timestamp's
+    tick, as may one changed while the command ran: then nothing is kept."""
     snippet = project.commands["tree_hash"]
+    key = hashlib.sha256(f"{project.source}\0{snippet}".encode()).hexdigest()[:32]
+    cache = ownership.private_dir(project.root / TREE_HASH_CACHE, "tree hash cache") / f"{key}.json"
+    files = _files_digest(project)
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = None
+    if files is not None and isinstance(known, dict) and known.get("files") == files \
+            and isinstance(known.get("tree_hash"), str):
+        return known["tree_hash"]
     proc = subprocess.run(["bash", "-c", snippet], cwd=project.source, capture_output=True, text=True, timeout=300)
     lines = proc.stdout.split()
     if proc.returncode != 0 or not lines:
         raise SyncError(f"the local tree hash failed in {project.source}", command=snippet,
                         exit_status=proc.returncode, tail=proc.stdout + proc.stderr)
-    return SourceId(lines[-1], *_git_revision(project.source))
+    if files is not None and _files_digest(project) == files:
+        ownership.write_private(cache, json.dumps({"files": files, "tree_hash": lines[-1]}))
+    return lines[-1]
+
+
+def _files_digest(project: Project) -> str | None:
+    """The digest of every source file's path and stat (_tree_hash); None when one changed too
+    recently to be sure of it."""
+    recent = time.time_ns() - RACY_SECONDS * 10**9
+    digest = hashlib.sha256()
+    for rel, st in _entries(project):
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if max(st.st_mtime_ns, st.st_ctime_ns) >= recent:
+            return None
+        digest.update(f"{rel}\0{st.st_mode} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}\0"
+                      .encode(errors="surrogateescape"))
+    return digest.hexdigest()
 
 
 def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
@@ -99,14 +140,16 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     else:
         log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
         method, counts = "tar", _tar_sync(transport, project, log, everything=bool(repaired))
-    remote_hash = _remote_hash(transport, project)
-    if remote_hash != source.tree_hash:
-        raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
-                        host=host.name)
     record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
-    transport.check(finish_command(host.remote_dir, json.dumps(record, indent=1).encode()))
+    # one round trip: the host hashes the tree and writes the record only when it is the local hash
+    result = transport.check(finish_command(host, project.commands["tree_hash"], source.tree_hash,
+                                            json.dumps(record, indent=1).encode()))
+    remote_hash = _last_word(result, host.name)
+    if remote_hash != source.tree_hash:
+        raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
+                        host=host.name)
     log(f"deployed {source.tree_hash[:12]} with {method}: {counts['files']} files, {counts['bytes']} bytes sent, "
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
@@ -138,8 +181,8 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
         (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path).line),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
-        (f"{where}: hash the deployed tree", tree_hash_command(transport, project).line),
-        (f"{where}: write the deploy record, clear the in-progress mark", finish_command(host.remote_dir, b"").line),
+        (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record, clear the "
+         "in-progress mark", finish_command(host, project.commands["tree_hash"], "LOCAL_TREE_HASH", b"").line),
     ]
 
 
@@ -163,9 +206,16 @@ def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -
                          what="preparing the sync")
 
 
-def finish_command(remote_dir: str, deploy_record: bytes) -> remote.Command:
-    """Stores the deploy record (its JSON, on stdin) and clears the in-progress mark."""
-    return remote.script(_FINISH_SCRIPT, remote_dir, timeout=60, stdin=deploy_record, what="writing the deploy record")
+def finish_command(host: Host, snippet: str, tree_hash: str, deploy_record: bytes) -> remote.Command:
+    """Hashes the deployed tree (`snippet`: the project's tree_hash command, in the step environment, under
+    the sync step's timeout; its output printed) and, when the hash is `tree_hash`, stores the
+    deploy record (its JSON, on stdin) and clears the in-progress mark."""
+    timeout = host.timeout("sync")
+    argv = ["bash", "-c", _FINISH_SCRIPT, "kdtree", host.remote_dir, snippet, tree_hash]
+    line = remote.wrap(argv, timeout=timeout, env=remote.host_env(host), path_prefix=remote.host_path_prefix(host),
+                       reads_stdin=True)
+    return remote.Command(tuple(argv), line, timeout, deploy_record,
+                          what="hashing the deployed tree and writing the deploy record")
 
 
 def tree_hash_command(transport: Transport, project: Project) -> remote.Command:
@@ -277,8 +327,13 @@ def _remote_listing(transport: Transport, timeout: float) -> dict:
 
 def _local_listing(project: Project) -> dict:
     """path -> (kind d|f|l, size, mtime) of every source entry not excluded (symlinks not followed)."""
+    return {rel: ("d", 0, 0) if stat.S_ISDIR(st.st_mode) else ("l", 0, 0) if stat.S_ISLNK(st.st_mode)
+            else ("f", st.st_size, int(st.st_mtime)) for rel, st in _entries(project)}
+
+
+def _entries(project: Project):
+    """(relative path, lstat) of every source entry not excluded, directories first (symlinks not followed)."""
     patterns = (STATE_EXCLUDE, *project.excludes)
-    entries = {}
     for dirpath, dirnames, filenames in os.walk(project.source):
         base = os.path.relpath(dirpath, project.source)
         subdirs = []
@@ -288,14 +343,12 @@ def _local_listing(project: Project) -> dict:
                 filenames.append(name)
             elif not is_excluded(rel, True, patterns):
                 subdirs.append(name)
-                entries[rel] = ("d", 0, 0)
+                yield rel, os.lstat(os.path.join(dirpath, name))
         dirnames[:] = subdirs
         for name in filenames:
             rel = name if base == "." else f"{base}/{name}"
             if not is_excluded(rel, False, patterns):
-                st = os.lstat(os.path.join(dirpath, name))
-                entries[rel] = ("l", 0, 0) if stat.S_ISLNK(st.st_mode) else ("f", st.st_size, int(st.st_mtime))
-    return entries
+                yield rel, os.lstat(os.path.join(dirpath, name))
 
 
 def _under_excluded(path: str, is_dir: bool, patterns) -> bool:
@@ -305,24 +358,30 @@ def _under_excluded(path: str, is_dir: bool, patterns) -> bool:
 
 
 def _remote_hash(transport: Transport, project: Project) -> str:
-    host = transport.host
-    result = transport.check(tree_hash_command(transport, project))
+    return _last_word(transport.check(tree_hash_command(transport, project)), transport.host.name)
+
+
+def _last_word(result, host: str) -> str:
+    """The hash a tree_hash command printed on `host`: the last word of its output."""
     words = result.tail.split()
     if not words:
-        raise SyncError("the tree hash command printed nothing", host=host.name, command=result.command)
+        raise SyncError("the tree hash command printed nothing", host=host, command=result.command)
     return words[-1]
 
 
 def _git_revision(source: Path) -> tuple[str | None, bool]:
+    """(HEAD's commit, whether the source differs from it), from one `git status`; (None, False)
+    outside a repository or before its first commit."""
     try:
-        rev = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True)
-        if rev.returncode != 0:
-            return None, False
-        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", "."],
-                               capture_output=True, text=True)
-        return rev.stdout.strip(), bool(dirty.stdout.strip())
+        proc = subprocess.run(["git", "-C", str(source), "status", "--porcelain=v2", "--branch", "--", "."],
+                              capture_output=True, text=True)
     except OSError:
         return None, False
+    lines = proc.stdout.splitlines()
+    head = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), "(initial)")
+    if proc.returncode != 0 or head == "(initial)":
+        return None, False
+    return head, any(not line.startswith("#") for line in lines)
 
 
 _BEGIN_SCRIPT = ownership.guard(r'''
@@ -339,8 +398,14 @@ df -Pk -- "$1" | awk 'NR == 2 {print $4}'
 du -sk -- "$1" | cut -f1
 '''
 
+# $1 remote_dir, $2 the tree_hash snippet, $3 the local tree hash; the deploy record on stdin
 _FINISH_SCRIPT = ownership.guard(r'''
-cd -- "$1/.kdtree" && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial
+cd -- "$1" || exit 3
+out=$(bash -c "$2" </dev/null) || { rc=$?; printf '%s\n' "$out"; exit "$rc"; }
+printf '%s\n' "$out"
+read -r -d '' -a words <<< "$out"
+[ "${#words[@]}" -gt 0 ] && [ "${words[-1]}" = "$3" ] || exit 0
+cd .kdtree && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial
 ''')
 
 _LIST_SCRIPT = ownership.guard(r'''

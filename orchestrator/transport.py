@@ -96,6 +96,34 @@ class Transport:
     def __init__(self, host: Host, stopped: threading.Event | None = None):
         self.host = host
         self.stopped = stopped if stopped is not None else threading.Event()
+        self._early: threading.Thread | None = None
+        self._early_error: BaseException | None = None
+
+    def connect_soon(self) -> None:
+        """Start connecting in the background, while this machine does its own work (the run's
+        source hash): the next connect() waits for it and raises its error. Every check of a
+        connection (host key, key probe) is made before its first command all the same."""
+        self._early = threading.Thread(target=self._connect_early, daemon=True)
+        self._early.start()
+
+    def _connect_early(self) -> None:
+        try:
+            self.connect()
+        except BaseException as e:      # noqa: BLE001 - handed to the next connect() (_await_early)
+            self._early_error = e
+
+    def _await_early(self) -> bool:
+        """Wait for a connect_soon() under way (not from its own thread) and raise its error once;
+        whether there was one to wait for."""
+        early = self._early
+        if early is None or early is threading.current_thread():
+            return False
+        early.join()
+        self._early = None
+        error, self._early_error = self._early_error, None
+        if error is not None:
+            raise error
+        return True
 
     def _refuse_if_stopped(self) -> None:
         if self.stopped.is_set():
@@ -350,6 +378,7 @@ class SshTransport(Transport):
         self._lock = threading.Lock()
 
     def connect(self) -> None:
+        self._await_early()
         with self._lock:
             if self.connection is not None and self.connection.is_connected:
                 return

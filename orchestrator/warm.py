@@ -116,7 +116,10 @@ class WarmTransport(ProcessTransport):
         self.socket: Path | None = None
 
     def connect(self) -> None:
+        early = self._await_early()
         with self._lock:
+            if self._ready and early and self.socket is not None and not master_alive(self.host, self.socket):
+                self._ready = False     # its idle bound ended it while the run started: connect again
             if self._ready:
                 return
             self._refuse_if_stopped()
@@ -163,11 +166,15 @@ def ensure_master(host: Host, sock: Path, stopped: threading.Event) -> None:
     """Reuse the host's live master after probing the key, or replace a stale one and start a
     master (each verifies the key); the error of a fresh connection when the key check fails."""
     with _locked(sock):
+        probe = _Probe(host) if sock.is_socket() else None     # a key exchange while ssh -O check asks the master
         if master_alive(host, sock):
-            if _probe(host):
+            assert probe is not None            # master_alive: the socket exists
+            if probe.accepted():
                 return
             stop_master(host, sock)
             _fresh_error(host, stopped, "the host key probe failed")
+        if probe is not None:
+            probe.cancel()
         _remove_stale(sock)
         error = _start_master(host, sock)
         if error is None:
@@ -274,17 +281,31 @@ def _start_master(host: Host, sock: Path) -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip()[-500:] or f"ssh exited {proc.returncode}")
 
 
-def _probe(host: Host) -> bool:
-    """Whether the host offers a key the checks accept now (a key exchange, no authentication)."""
-    argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
-                               "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=remote.client_timeout(host.timeout("connect")))
-    except subprocess.TimeoutExpired:
-        return False
-    # refused for want of a method: the key was accepted; 0: a host that wants no authentication
-    return proc.returncode == 0 or "Permission denied" in proc.stderr
+class _Probe:
+    """The host's key probed now, in the background: a key exchange of its own under the same
+    checks as a master's, stopped before authentication (no such method)."""
+
+    def __init__(self, host: Host):
+        argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
+                                   "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
+        self._limit = remote.client_timeout(host.timeout("connect"))
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True)
+
+    def accepted(self) -> bool:
+        """Whether the host offered a key the checks accept."""
+        try:
+            _, err = self._proc.communicate(timeout=self._limit)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return False
+        # refused for want of a method: the key was accepted; 0: a host that wants no authentication
+        return self._proc.returncode == 0 or "Permission denied" in err
+
+    def cancel(self) -> None:
+        """Stop it (no master to vouch for: a new one verifies the key itself)."""
+        self._proc.kill()
+        self._proc.communicate()
 
 
 def _fresh_error(host: Host, stopped: threading.Event, why: str) -> None:

@@ -284,3 +284,96 @@ def test_the_contention_check_only_looks_at_earlier_runs_with_cpu_seconds():
     with_cpu = [*old, cpu_run(rng, 1000.0, 0.95, commit="new")]
     verdict = judge(starved, with_cpu, 0.10)
     assert verdict.status == "unjudged" and "measured under contention" in verdict.reason
+
+
+def probed_run(rng: random.Random, code_rate: float, share: float, contention: float, commit: str = "c",
+               better: str = "higher") -> Point:
+    """A CPU timing measured beside the calibration probe: cache and memory contention slows the
+    work per CPU second by ``contention`` (0.3: 30 % fewer per CPU second), for the bench's repeats
+    and for the probe beside each (its figure in the metric's terms, about 230 runs per CPU
+    second), and ``share`` of a core scales the wall clock; ``code_rate`` is what the code does on
+    a machine to itself. A time (``better`` lower) is the inverse: milliseconds per unit of work."""
+    cpu, cal, wall = [], [], []
+    for _ in range(3):
+        machine = (1 - contention) * rng.gauss(1, 0.02)     # the same moment, for both
+        rate, probe = code_rate * machine * rng.gauss(1, 0.02), 230.0 * machine * rng.gauss(1, 0.01)
+        if better == "lower":
+            rate, probe = 1e3 / rate, 1e3 / probe
+        cpu.append(rate)
+        cal.append(probe)
+        wall.append(rate * share if better == "higher" else rate / share)
+    return Point(median(wall), tuple(wall), run_id=f"run{rng.getrandbits(32):08x}", commit=commit, noisy=True,
+                 cpu_samples=tuple(cpu), cal_samples=tuple(cal))
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+@pytest.mark.parametrize("history_length", [1, 2, 3, 4])
+def test_an_early_night_whose_caches_were_contended_is_unjudged_by_the_calibration_probe(history_length, better):
+    # the early nights of a new history: whole nights starved and their caches contended, so the
+    # CPU seconds move with the wall clock (30 % here); the probe beside each repeat moves with them
+    rng = random.Random(41 + history_length)
+    history = [probed_run(rng, 1000.0, 0.9, 0.0, commit=f"c{i}", better=better) for i in range(history_length)]
+    contended = probed_run(rng, 1000.0, 0.4, 0.3, commit="loaded", better=better)
+    verdict = judge(contended, history, 0.10, better)
+    assert not verdict.regressed, verdict.reason
+    assert verdict.status == "unjudged" and "relative to the calibration probe the change is" in verdict.reason
+    assert verdict.cpu_change > 0.25 and abs(verdict.cal_change) < 0.08 and verdict.calibration_change > 0.25
+    # without the probe (as before it) the CPU seconds confirm the wall clock: a false alarm
+    blind = [Point(p.value, p.samples, run_id=p.run_id, noisy=True, cpu_samples=p.cpu_samples) for p in history]
+    assert judge(Point(contended.value, contended.samples, run_id="b", noisy=True, cpu_samples=contended.cpu_samples),
+                 blind, 0.10, better).regressed
+
+
+@pytest.mark.parametrize("contention", [0.0, 0.3])
+@pytest.mark.parametrize("history_length", [1, 3, 8])
+def test_a_real_slowdown_is_caught_on_the_first_night_with_the_calibration_probe(history_length, contention):
+    # the code does 15 % less per CPU second; the probe, which runs none of the engine's code, does not
+    rng = random.Random(59 + history_length)
+    history = [probed_run(rng, 1000.0, 0.9, 0.0, commit=f"c{i}") for i in range(history_length)]
+    slower = probed_run(rng, 850.0, 0.9 - contention, contention, commit="slow")
+    verdict = judge(slower, history, 0.10)
+    assert verdict.regressed and verdict.reason.startswith("per CPU second: "), verdict.reason
+    assert "relative to the calibration probe: " in verdict.reason                 # it confirms
+    assert verdict.cal_change == pytest.approx(0.15, abs=0.05)
+    assert verdict.calibration_change == pytest.approx(contention, abs=0.06)
+
+
+def test_with_a_history_a_change_the_probe_explains_is_unjudged():
+    # nights so alike that their run-to-run noise is tiny: a night whose caches were contended
+    # (12 % fewer per CPU second, the probe 25 % slower) passes the history rule's z-score; the
+    # ratio to the probe is better, not worse than the tolerance: not judged, with the reason
+    rng = random.Random(71)
+    history = [probed_run(rng, 1000.0, 0.9, 0.0, commit=f"c{i}") for i in range(8)]
+    contended = probed_run(rng, 880.0 / 0.75, 0.5, 0.25, commit="loaded")
+    verdict = judge(contended, history, 0.10)
+    assert verdict.status == "unjudged" and verdict.cpu_change == pytest.approx(0.12, abs=0.04), verdict.reason
+    assert verdict.calibration_change > 0.2 and verdict.cal_change < 0 and "history rule per CPU second" in verdict.reason
+    blind = [Point(p.value, p.samples, run_id=p.run_id, noisy=True, cpu_samples=p.cpu_samples) for p in history]
+    assert judge(Point(contended.value, contended.samples, run_id="b", noisy=True, cpu_samples=contended.cpu_samples),
+                 blind, 0.10).regressed                                     # without the probe: a false alarm
+
+
+def test_the_probe_counts_only_once_the_history_has_as_many_probed_points_as_cpu_seconds():
+    rng = random.Random(67)
+    old = [probed_run(rng, 1000.0, 0.9, 0.0, commit=f"o{i}") for i in range(2)]
+    unprobed = [Point(p.value, p.samples, run_id=p.run_id, noisy=True, cpu_samples=p.cpu_samples) for p in old]
+    probed = [probed_run(rng, 1000.0, 0.9, 0.0, commit=f"n{i}") for i in range(2)]
+    contended = probed_run(rng, 1000.0, 0.4, 0.3, commit="loaded")
+    # 2 probed points of 4 with CPU seconds: the per-CPU-second series decides (and raises the alarm)
+    verdict = judge(contended, [*unprobed, *probed], 0.10)
+    assert verdict.regressed and verdict.cal_change is None and "calibration probe" not in verdict.reason
+    # a probe figure is paired with each CPU sample or it is not used
+    odd = Point(contended.value, contended.samples, run_id="odd", noisy=True, cpu_samples=contended.cpu_samples,
+                cal_samples=contended.cal_samples[:2])
+    assert judge(odd, probed, 0.10).cal_change is None
+
+
+def test_a_regression_per_cpu_second_that_a_falling_load_hides_on_the_wall_clock_is_not_passed():
+    # measured: a 15 % slower commit on a night whose CPU share rose from 0.2 to 0.4, the wall
+    # clock 6 % faster; the clocks disagree, so the verdict is unjudged, not same
+    rng = random.Random(83)
+    history = [cpu_run(rng, 1000.0, 0.2, commit=f"c{i}") for i in range(8)]
+    slower = cpu_run(rng, 850.0, 0.4, commit="slow")
+    verdict = judge(slower, history, 0.10)
+    assert verdict.status == "unjudged" and verdict.reason.startswith("the clocks disagree"), verdict.reason
+    assert verdict.cpu_change == pytest.approx(0.15, abs=0.04) and verdict.change < 0

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_copies import engine_copy
+
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -30,9 +32,7 @@ def _env() -> dict:
 @pytest.fixture(scope="session")
 def engine_run(tmp_path_factory, reference_bundles):
     """(engine copy, completed run_tests.sh) for the session."""
-    copy = tmp_path_factory.mktemp("engine") / "engine_src"
-    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree", "*.kdtr",
-                                                                "manifest.json"))
+    copy = engine_copy(tmp_path_factory.mktemp("engine"))
     reference_bundles.copy_to(copy / "tests" / "refs")
     run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
                          timeout=900)

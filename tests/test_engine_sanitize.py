@@ -1,8 +1,9 @@
 """The native engine under AddressSanitizer + UndefinedBehaviorSanitizer in the project's test run:
-`KD_SANITIZE=1 scripts/run_tests.sh` in a temporary copy of engine_src/ builds the instrumented
-engine, runs its whole suite (op tests, model tests, loader negatives, every reproducer in
-tests/fuzz/regress) and a bounded fuzz run (KD_FUZZ_SECONDS) over bundles, manifests, JSON and
-flags, once per session. Any crash, sanitizer report, hang or runaway allocation fails it.
+`KD_SANITIZE=1 scripts/run_tests.sh` in a temporary copy of engine_src/ (with the session's
+reference bundles) builds the instrumented CPU engine, runs its whole suite (op tests, model tests,
+loader negatives, every reproducer in tests/fuzz/regress) and a bounded fuzz run (KD_FUZZ_SECONDS)
+over bundles, manifests, JSON and flags, once per session. Any crash, sanitizer report, hang or
+runaway allocation fails it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_copies import engine_copy
+
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 FUZZ_SECONDS = 60          # CI time is shared; the long runs are in engine_src/README.md
 
@@ -24,16 +27,15 @@ pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"
 
 
 @pytest.fixture(scope="session")
-def sanitized_run(tmp_path_factory):
+def sanitized_run(tmp_path_factory, reference_bundles):
     """(engine copy, completed run, fuzz seed) of the sanitized suite with a bounded fuzz run."""
-    copy = tmp_path_factory.mktemp("engine_sanitize") / "engine_src"
-    shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.pyc", ".kdtree"))
+    copy = engine_copy(tmp_path_factory.mktemp("engine_sanitize"))
+    reference_bundles.copy_to(copy / "tests" / "refs")
     seed = str(int(time.time()))  # a new stretch of cases each run; the summary names the seed
     env = dict(os.environ, KD_BACKEND="cpu", KD_SANITIZE="1", KD_FUZZ_SECONDS=str(FUZZ_SECONDS), KD_FUZZ_SEED=seed,
                PYTHON=sys.executable)
-    env.pop("KD_ARCH", None)
-    env.pop("ASAN_OPTIONS", None)
-    env.pop("UBSAN_OPTIONS", None)
+    for name in ("KD_ARCH", "ASAN_OPTIONS", "UBSAN_OPTIONS"):
+        env.pop(name, None)
     run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=env, capture_output=True, text=True,
                          timeout=1500)
     return copy, run, seed

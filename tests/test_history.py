@@ -189,25 +189,33 @@ def test_a_file_that_is_not_a_history_is_refused_with_its_name(tmp_path):
         HistoryStore.open(tmp_path)
 
 
-def test_cpu_seconds_are_kept_and_a_version_1_history_gains_them_in_place(tmp_path):
+@pytest.mark.parametrize("version, missing", [("1", ("cal_samples", "cpu_samples")), ("2", ("cal_samples",))])
+def test_cpu_seconds_and_probe_are_kept_and_an_older_history_gains_them_in_place(tmp_path, version, missing):
     path = tmp_path / "old.sqlite"
     HistoryStore.open(path).close()
-    db = sqlite3.connect(path)          # the version 1 schema: points without cpu_samples
+    db = sqlite3.connect(path)          # the older schema: points without the later columns
     with db:
-        db.execute("ALTER TABLE points DROP COLUMN cpu_samples")
-        db.execute("UPDATE meta SET value = '1' WHERE key = 'version'")
+        for column in missing:
+            db.execute(f"ALTER TABLE points DROP COLUMN {column}")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'version'", (version,))
     db.close()
     data = bench({"tok_per_s": 1000.0})
-    data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5)
+    data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5,
+                                        cal_samples=[230.0, 231.0, 229.0])
     cpu = rec.bench_from_engine({"metrics": {**data["metrics"], "odd": {"value": 1.0, "cpu_samples": [1.0, -2.0],
-                                                                     "cpu_share": 0.0}}})
+                                                                     "cpu_share": 0.0, "cal_samples": [0.0]},
+                                             "unpaired": {"value": 1.0, "cpu_samples": [1.0, 2.0],
+                                                          "cal_samples": [3.0]}}})
     assert cpu["metrics"]["tok_per_s"]["cpu_share"] == 0.5
-    assert "cpu_samples" not in cpu["metrics"]["odd"] and "cpu_share" not in cpu["metrics"]["odd"]
+    assert not {"cpu_samples", "cpu_share", "cal_samples"} & set(cpu["metrics"]["odd"])
     with HistoryStore.open(path) as store:
         store.index_run(a_run(1, {"h": {"bench": cpu}}))
         (point,) = store.points(metric="tok_per_s")
         assert point.cpu_samples == (2000.0, 2010.0, 1990.0) and point.point().cpu_samples == point.cpu_samples
-    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("2",)
+        assert point.cal_samples == (230.0, 231.0, 229.0) and point.point().cal_samples == point.cal_samples
+        (unpaired,) = store.points(metric="unpaired")     # a probe figure per CPU sample, or none
+        assert unpaired.cpu_samples == (1.0, 2.0) and unpaired.cal_samples == ()
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("3",)
 
 
 def test_judge_run_finds_a_step_in_the_history_and_does_not_judge_reused_results(store):
@@ -242,6 +250,24 @@ def test_a_night_starved_of_cpu_is_listed_as_contended_not_as_a_regression(store
     assert contended(found)[0]["ratio"] < 0.5 and abs(contended(found)[0]["cpu_change"]) < 0.05
     found = judge_run(store, slower, lambda metric: 0.10)
     assert [r.metric for r in regressions(found)] == ["tok_per_s"] and contended(found) == []
+
+
+def test_a_second_night_with_contended_caches_is_listed_with_the_calibration_probe(store):
+    rng = random.Random(4)
+
+    def night(i: int, share: float, machine: float) -> dict:
+        data = bench({"tok_per_s": 2000.0 * machine * share}, rng=rng)
+        moments = [machine * rng.gauss(1, 0.01) for _ in range(5)]     # the CPU seconds move with the probe
+        data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0 * m for m in moments],
+                                            cal_samples=[230.0 * m * rng.gauss(1, 0.005) for m in moments], noisy=True)
+        return a_run(i, {"h": {"backend": "cpu", "bench": data}})
+
+    store.index_run(night(0, 0.95, 1.0))
+    found = judge_run(store, night(1, 0.5, 0.7), lambda metric: 0.10)
+    (entry,) = contended(found)
+    assert regressions(found) == [] and entry["cpu_change"] > 0.25
+    assert abs(entry["cal_change"]) < 0.05 and entry["calibration_change"] > 0.25
+    assert "relative to the calibration probe" in entry["reason"]
 
 
 def test_reported_regressions_are_kept_for_the_dashboard(store):

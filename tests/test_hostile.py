@@ -248,7 +248,7 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     return {
         "lock": (state.lock_command(d, owner), None),
         "begin sync": (sync.begin_command(d, owner, None), None),
-        "finish sync": (sync.finish_command(d, b"{}"), None),
+        "finish sync": (sync.finish_command(host, "touch executed; echo x", "x", b"{}"), None),
         "write state": (remote.script_command(state._WRITE_JSON_SCRIPT, d, "build.json", timeout=10, reads_stdin=True),
                         b"{}"),
         "read file": (remote.script_command(transport._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),

@@ -1,16 +1,19 @@
 """What keeps the orchestrator fast, as unit tests (the figures are benchmarks/bench_orchestrator.py's):
-no delayed-ACK wait per round trip, lazy imports, and the results cache of the test and bench steps."""
+no delayed-ACK wait per round trip, lazy imports, the results cache of the golden, test and bench
+steps, and the local tree hash kept by its files' stat."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from orchestrator import connection, record, state, transport
+from orchestrator import connection, record, state, sync, transport
 from orchestrator.steps import StepContext, bench as bench_step, build as build_step, bundles as bundles_step, \
     test as test_step
 from orchestrator.sync import SourceId
@@ -323,3 +326,36 @@ def test_the_relay_socket_is_private_and_gone_once_rsync_connected(make_inventor
             assert not os.path.exists(r.dir)
     finally:
         r.close()
+
+
+def test_the_golden_steps_results_key_names_its_command(context):
+    ctx = context()
+    ctx.step = "golden"
+    assert ctx.results_key()["command"] == "bash scripts/generate.sh"
+
+
+def test_the_local_tree_hash_is_kept_by_the_files_stat(make_inventory, source, monkeypatch):
+    """The local tree hash command runs again when a file changed, even with its size and
+    modification time put back (its change time moved), never for an excluded file, and always
+    while a file is too recent to be sure of (RACY_SECONDS)."""
+    calls = source.parent / "calls"
+    commands = {**yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["commands"],
+                "tree_hash": f"echo run >> {calls}; cat version.txt"}
+    project = make_inventory({}, commands=commands).project
+    monkeypatch.setattr(sync, "RACY_SECONDS", 0)
+    version = source / "version.txt"
+    version.write_text("1" * 64)
+    assert sync.source_id(project).tree_hash == sync.source_id(project).tree_hash == "1" * 64
+    assert calls.read_text().count("run") == 1
+    st = version.stat()
+    version.write_text("2" * 64)
+    os.utime(version, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert sync.source_id(project).tree_hash == "2" * 64 and calls.read_text().count("run") == 2
+    (source / "build" / "new-binary").write_text("excluded: never synced, never hashed\n")
+    assert sync.source_id(project).tree_hash == "2" * 64 and calls.read_text().count("run") == 2
+    cache = next((project.root / sync.TREE_HASH_CACHE).iterdir())
+    assert cache.stat().st_mode & 0o777 == 0o600 and cache.parent.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setattr(sync, "RACY_SECONDS", 3600)
+    sync.source_id(project)
+    sync.source_id(project)
+    assert calls.read_text().count("run") == 4

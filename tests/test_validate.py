@@ -149,7 +149,7 @@ def test_second_run_hits_the_build_cache(second_run):
     proc, run_dir = second_run
     run = load_run(run_dir)
     assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
-                                "golden": "passed", "test": "skipped", "bench": "skipped"}, proc.stdout[-4000:]
+                                "golden": "cached", "test": "skipped", "bench": "skipped"}, proc.stdout[-4000:]
     assert steps(run, "h2")["build"] == "cached"
     assert run["hosts"]["h1"]["steps"]["build"]["seconds"] < 30
 
@@ -345,9 +345,12 @@ def test_reused_results_say_so_everywhere(lab, workdir, full_run, tmp_path):
     run = load_run(run_dir)
     reused = {name: s.get("reused_from") for name, s in run["hosts"]["h1"]["steps"].items()}
     assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
-                                "golden": "passed", "test": "cached", "bench": "cached"}
-    assert reused == {"preflight": None, "sync": None, "build": full_id, "bundles": full_id, "golden": None,
+                                "golden": "cached", "test": "cached", "bench": "cached"}
+    assert reused == {"preflight": None, "sync": None, "build": full_id, "bundles": full_id, "golden": full_id,
                       "test": full_id, "bench": full_id}
+    assert run["hosts"]["h1"]["golden"] and all(g["status"] == "passed" for g in run["hosts"]["h1"]["golden"].values())
+    assert "compared again now, not regenerated" in run["hosts"]["h1"]["steps"]["golden"]["message"]
+    assert "$ bash scripts/generate.sh" not in (run_dir / "h1" / "golden.log").read_text()
     assert f"[h1] bench     cached (reused from run {full_id})" in proc.stdout
     assert f"reused results (not re-run): h1 build from run {full_id}; h1 bundles from run {full_id}" in proc.stdout
     report_md = (run_dir / "report.md").read_text()
@@ -392,10 +395,10 @@ def test_a_comment_edit_rebuilds_and_reuses_test_and_bench(lab, workdir, full_ru
     run, old_tree = load_run(run_dir), full["source"]["tree_hash"]
     host = run["hosts"]["h1"]
     assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "passed", "bundles": "cached",
-                                "golden": "passed", "test": "cached", "bench": "cached"}
+                                "golden": "cached", "test": "cached", "bench": "cached"}
     assert host["binary_tree_hash"] == run["source"]["tree_hash"] != old_tree
     assert "build.sh: compiling src/tree.cpp" in (run_dir / "h1" / "build.log").read_text()
-    for step in ("test", "bench"):
+    for step in ("golden", "test", "bench"):
         record = host["steps"][step]
         assert record["reused_from"] == full["run_id"], record
         assert record["inputs"] == full["hosts"]["h1"]["steps"][step]["inputs"] and len(record["inputs"]) == 64
@@ -449,7 +452,7 @@ def test_an_interrupt_during_test_keeps_every_finished_step(lab, workdir, full_r
     run = load_run(run_dir)
     assert run["status"] == "interrupted" and run["hosts"]["h1"]["status"] == "interrupted"
     assert steps(run, "h1") == {"preflight": "passed", "sync": "passed", "build": "cached", "bundles": "cached",
-                                "golden": "passed", "test": "interrupted", "bench": "skipped"}
+                                "golden": "cached", "test": "interrupted", "bench": "skipped"}
     record = run["hosts"]["h1"]["steps"]
     assert all(record[s]["seconds"] > 0 for s in ("preflight", "sync", "golden"))
     assert record["test"]["tail"].strip() and record["test"]["tail"] in (run_dir / "h1" / "test.log").read_text()
@@ -500,9 +503,9 @@ def test_report_rerenders_and_compares_two_runs(lab, workdir, full_run):
 # Benchmark history and bisect (a git repository of the engine snapshot; h2 gets a copy of h1's
 # deployment, its build and build cache included)
 
-GOLDEN_BREAK = ("        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n",
+GOLDEN_BREAK = ("        g.tokens.push_back(token);\n    }\n    g.decode_counters",
                 "        if (g.tokens.size() == 7) token = (token + 1) % model.config().vocab_size;\n"
-                "        g.tokens.push_back(token);\n    }\n    g.prefill_seconds = t1 - t0;\n")
+                "        g.tokens.push_back(token);\n    }\n    g.decode_counters")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -532,6 +535,7 @@ def history_repo(lab, workdir, full_run):
     git(repo, "commit", "-qm", "c1: notes")
     shas.append(git(repo, "rev-parse", "HEAD"))
     decode = repo / "engine_src" / "src" / "decode.cpp"
+    assert decode.read_text().count(GOLDEN_BREAK[0]) == 1, f"GOLDEN_BREAK's anchor is not in {decode} once: update it"
     decode.write_text(decode.read_text().replace(*GOLDEN_BREAK))
     git(repo, "commit", "-qam", "c2: AR's 8th token moves")
     shas.append(git(repo, "rev-parse", "HEAD"))

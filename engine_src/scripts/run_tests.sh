@@ -151,17 +151,22 @@ for b in json.load(open(sys.argv[1]))["bundles"]:
 # ---- op tests: one line of build/test_ops per test ------------------------------------------
 for be in "${backends[@]}"; do
     t0=$(now_ms)
-    out="$(build/test_ops --backend "$be" 2>&1)" || true
+    rc=0
+    out="$(build/test_ops --backend "$be" 2>&1)" || rc=$?
     seconds="$(secs "$t0")"
-    n_lines=0
+    n_lines=0 n_failed=0
     while read -r status name detail; do
         case "$status" in
             ok) record "ops.$name" passed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
-            FAIL) record "ops.$name" failed "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
+            FAIL) record "ops.$name" failed "$seconds" "$detail"; n_lines=$((n_lines + 1)); n_failed=$((n_failed + 1)) ;;
             skip) record "ops.$name" skipped "$seconds" "$detail"; n_lines=$((n_lines + 1)) ;;
         esac
     done <<<"$out"
     (( n_lines > 0 )) || record "ops.$be" failed "$seconds" "test_ops printed no results: $(tail -n2 <<<"$out" | tr '\n' ' ')"
+    # An exit that no FAIL line explains (an abort, a signal) stopped the tests part-way.
+    if (( n_lines > 0 && rc != 0 && n_failed == 0 )); then
+        record "ops.$be.exit" failed "$seconds" "test_ops exited with status $rc after $n_lines results: $(tail -n2 <<<"$out" | tr '\n' ' ')"
+    fi
 done
 
 # ---- model tests ------------------------------------------------------------------------------

@@ -5,6 +5,18 @@
 
 namespace kd {
 
+BackendCounters operator-(const BackendCounters& a, const BackendCounters& b) {
+    BackendCounters d;
+    d.kernels = a.kernels - b.kernels;
+    d.launches = a.launches - b.launches;
+    d.graph_launches = a.graph_launches - b.graph_launches;
+    d.h2d = a.h2d - b.h2d;
+    d.d2h = a.d2h - b.d2h;
+    d.d2d = a.d2d - b.d2d;
+    d.syncs = a.syncs - b.syncs;
+    return d;
+}
+
 std::string available_backends() {
 #ifdef KD_WITH_CUDA
     return "cpu,cuda";

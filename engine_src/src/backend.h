@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -38,9 +39,14 @@ namespace kd {
 // batch is the tree's parent array (root at 0 with parent -1).
 // Visit order inside one row is ascending cache row, so a row's softmax sums in the same order
 // whether it is verified in a tree or decoded alone after compaction.
+// `committed` is a host input like the `*_host` arrays: a unit (Backend::begin_unit) may stage
+// it as {&vis.committed, 1}, and a recorded unit then reads it afresh at each replay.
 struct Visibility {
     int committed = 0;                  // rows of the cache visible to every batch row
     const int32_t* parent_host = nullptr;  // [M] parent index inside the batch, -1 for none
+    // The cache's rows (committed + M never exceeds it), or 0 when unknown: a backend may size a
+    // call for it, so that the same call stays valid while only `committed` changes.
+    int capacity = 0;
 };
 
 // MLA shapes (DeepSeek-V3 names). Cache row layout: [c (d_c) | k_rope (d_r)], fp32,
@@ -89,6 +95,23 @@ struct ExpertWeights {
     bool shared = false;
 };
 
+// What a backend queued on its device (backend.cpp's difference gives a span's share): kernels
+// run, whether launched alone or replayed in a graph; host submissions (kernel launches on their
+// own, graph launches); copies by direction; host waits for the device. The CPU backend counts
+// nothing.
+struct BackendCounters {
+    long kernels = 0, launches = 0, graph_launches = 0;
+    long h2d = 0, d2h = 0, d2d = 0;
+    long syncs = 0;
+};
+BackendCounters operator-(const BackendCounters& a, const BackendCounters& b);
+
+// A host array of int32 values that an op of a unit will get as a `*_host` input (begin_unit).
+struct HostInts {
+    const int32_t* data = nullptr;
+    int n = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -109,6 +132,24 @@ public:
     virtual void copy(void* dst, const void* src, size_t nbytes) = 0;
     // Waits for all queued work (used around timings).
     virtual void synchronize() = 0;
+
+    // ---- units: host inputs sent at once, and recorded op sequences (optional) ----------------
+    // A unit is a run of ops the model issues together (a forward, a compaction). begin_unit
+    // names every `*_host` array its ops will get; the arrays must keep their values until
+    // end_unit. A backend may send them to its memory in one copy, and an op that then gets one
+    // of them (the same pointer, at most as many values) reads that copy. With record_key >= 0
+    // a backend may also record the unit's ops instead of running them, run the recording at
+    // end_unit, and for a later unit of the same key run the recording again instead of its ops:
+    // so the ops issue nothing that waits for the device (no download, synchronize, argmax or
+    // top-k), and a unit with the same key issues the same ops with the same arguments, only the
+    // values in its staged arrays differ. end_unit(false) closes a unit whose op threw (its work
+    // is dropped). Units do not nest. The CPU backend ignores both.
+    virtual void begin_unit(std::initializer_list<HostInts> inputs, int record_key) {
+        (void)inputs;
+        (void)record_key;
+    }
+    virtual void end_unit(bool completed) { (void)completed; }
+    virtual BackendCounters counters() const { return {}; }
 
     // ---- element-wise and row ops -----------------------------------------------------------
     // out[m][:] = table[tokens_host[m]][:] for m < M; table [V][dim]; out row stride out_stride
@@ -159,8 +200,11 @@ public:
 
     // ---- attention and KV cache ---------------------------------------------------------------
     // The KV cache of one layer is a backend buffer [capacity][d_c + d_r] (layout in MlaDims).
-    // Appending is done by the model: wkv_a writes its output straight into cache rows
-    // [committed, committed + M), then rmsnorm (first d_c) and rope (last d_r) run in place there.
+    // Appending is done by the model: wkv_a, rmsnorm (first d_c) and rope (last d_r) make the
+    // batch's rows in a buffer of its own, then kv_append writes them at rows [committed, committed + M).
+
+    // cache rows [vis.committed, vis.committed + M) = rows [M][row_width] (vis.parent_host unused).
+    virtual void kv_append(float* cache, int row_width, const Visibility& vis, const float* rows, int M) = 0;
 
     // Absorbed MLA attention for M query rows.
     // q [M][H][d_n + d_r] (q_rope already roped); wkv_b [H][d_n + d_v][d_c]; cache as above.

@@ -236,6 +236,12 @@ public:
         });
     }
 
+    void kv_append(float* cache, int row_width, const Visibility& vis, const float* rows, int M) override {
+        if (M > 0)
+            std::memcpy(cache + static_cast<long>(vis.committed) * row_width, rows,
+                        sizeof(float) * static_cast<size_t>(M) * row_width);
+    }
+
     void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
         for (int j = 0; j < n; ++j) {
             if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))

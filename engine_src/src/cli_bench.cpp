@@ -51,16 +51,98 @@ double mad_of(const std::vector<double>& v) {
     return median_of(d);
 }
 
+// The calibration probe: a fixed workload of this file's own (no backend, no model code, so no
+// change to the engine's decoding or kernels moves it) with the bundles' memory behaviour: matrix-
+// vector products with 8 independent sums (bound by the caches' bandwidth, as the backend's are,
+// not by an add's latency), 4 passes over an 8 MiB matrix (the size of a small bundle's weights:
+// in the L3 cache on a quiet machine, evicted by other processes on a busy one, as a bundle's
+// weights are between two tokens) and 8 passes over a 512 KiB part of it (a core's L2). It runs
+// once at the start and after every repeat of every timing; a repeat's calibration is the mean of
+// the probe's CPU seconds just before and just after it. Cache and memory contention from other processes cost CPU seconds to the
+// probe as to the repeat beside it, so a metric's ratio to the probe measured beside it
+// (`cal_samples`, in the metric's own terms) keeps what the code did and cancels what the machine
+// did. Off (no probe runs, nothing recorded) on a GPU backend.
+class Probe {
+public:
+    explicit Probe(bool on) : on_(on) {
+        if (!on_) return;
+        w_.resize(static_cast<size_t>(kRows) * kCols);
+        x_.resize(kCols);
+        uint32_t s = 12345;
+        for (float& v : w_) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) * 1e-7f;
+        for (float& v : x_) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) * 1e-7f;
+        last_ = run();
+    }
+    // After a repeat: the probe's CPU seconds around it (the mean of the runs just before and just
+    // after it); 0 when off.
+    double next() {
+        if (!on_) return 0.0;
+        const double now = run();
+        const double around = (last_ + now) / 2;
+        last_ = now;
+        all_.push_back(now);
+        return around;
+    }
+    // What bench.json's details say of the probe: its runs, their median CPU milliseconds, and the
+    // products' sum (written out, so the compiler cannot drop the work).
+    Json summary() const {
+        Json j = Json::object();
+        j.set("runs", static_cast<int>(all_.size())).set("cpu_ms_median", all_.empty() ? 0.0 : 1e3 * median_of(all_));
+        return j.set("checksum", sink_);
+    }
+
+private:
+    static constexpr int kRows = 1024, kCols = 2048, kPasses = 4, kHotRows = 64, kHotPasses = 8;
+    double run() {
+        const double c0 = cpu_seconds();
+        float acc = 0;
+        for (int pass = 0; pass < kPasses + kHotPasses; ++pass) {
+            const int rows = pass < kPasses ? kRows : kHotRows;
+            for (int r = 0; r < rows; ++r) {
+                const float* row = w_.data() + static_cast<size_t>(r) * kCols;
+                float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int c = 0; c < kCols; c += 8)
+                    for (int l = 0; l < 8; ++l) sums[l] += row[c + l] * x_[c + l];
+                for (float v : sums) acc += v;
+            }
+        }
+        sink_ += acc;
+        return cpu_seconds() - c0;
+    }
+    bool on_;
+    std::vector<float> w_, x_;
+    std::vector<double> all_;
+    double last_ = 0, sink_ = 0;
+};
+
+// A probe's per-repeat CPU seconds in the terms of a rate (probe runs per CPU second); a time's
+// are its CPU milliseconds, a speed-up's the ratio of two rates.
+std::vector<double> probe_rates(const std::vector<double>& seconds) {
+    std::vector<double> out;
+    for (double s : seconds) out.push_back(s > 0 ? 1.0 / s : 0.0);
+    return out;
+}
+
 // A metric with what a reader needs to judge its noise: every repeat's sample, their median and
 // MAD (median absolute deviation); `noisy` marks timings whose noise the machine adds (CPU
 // timings: other processes share the cores). A CPU timing also carries each repeat's figure per
-// CPU second (`cpu_samples`) and its repeats' median CPU share (`cpu_share`).
+// CPU second (`cpu_samples`), the calibration probe's figure beside each of those repeats in the
+// same terms (`cal_samples`, same length) and its repeats' median CPU share (`cpu_share`).
 Json metric(double value, const std::string& unit, const std::string& better,
             const std::vector<double>& samples = {}, bool noisy = false,
-            std::vector<double> cpu_samples = {}, const std::vector<double>& shares = {}) {
-    // a span too short for the CPU clock to see has no figure per CPU second
-    cpu_samples.erase(std::remove_if(cpu_samples.begin(), cpu_samples.end(), [](double v) { return !(std::isfinite(v) && v > 0); }),
-                      cpu_samples.end());
+            std::vector<double> cpu_samples = {}, const std::vector<double>& shares = {},
+            std::vector<double> cal_samples = {}) {
+    // a span too short for the CPU clock to see has no figure per CPU second (nor a ratio to the probe)
+    const auto seen = [](double v) { return std::isfinite(v) && v > 0; };
+    const bool paired = cal_samples.size() == cpu_samples.size();
+    std::vector<double> kept, kept_cal;
+    for (size_t i = 0; i < cpu_samples.size(); ++i) {
+        if (!seen(cpu_samples[i]) || (paired && !seen(cal_samples[i]))) continue;
+        kept.push_back(cpu_samples[i]);
+        if (paired) kept_cal.push_back(cal_samples[i]);
+    }
+    cpu_samples = kept;
+    cal_samples = paired ? kept_cal : std::vector<double>{};
     Json m = Json::object();
     m.set("value", value).set("unit", unit).set("better", better);
     if (!samples.empty()) {
@@ -69,37 +151,38 @@ Json metric(double value, const std::string& unit, const std::string& better,
     }
     if (noisy) m.set("noisy", true);
     if (!cpu_samples.empty()) m.set("cpu_samples", Json::array_of(cpu_samples));
+    if (!cal_samples.empty()) m.set("cal_samples", Json::array_of(cal_samples));
     if (!shares.empty()) m.set("cpu_share", median_of(shares));
     return m;
 }
 
 
-// `repeats` runs: the best (least disturbed) one, every run's tokens/s (whole, decode, prefill),
-// the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
+// A timing's runs so far: the best (least disturbed) one, every run's tokens/s (whole, decode,
+// prefill), the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
 struct Repeats {
     Generation best;
     std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s, shares, prefill_shares;
     std::vector<double> cpu_tokens_per_s, cpu_decode_tokens_per_s, cpu_prefill_tokens_per_s;
+    std::vector<double> probe_seconds, prefill_probe_seconds;  // the probe beside each run (CPU backend)
 };
 
-Repeats run_repeats(Backend& be, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, int repeats) {
-    Repeats r;
-    for (int i = 0; i < repeats; ++i) {
-        Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
-        Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
-        r.tokens_per_s.push_back(g.tokens_per_second());
-        r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
-        r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
-        r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
-        r.shares.push_back(g.cpu_share());
-        if (g.prefill_seconds > 0) {
-            r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
-            r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
-            r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
-        }
-        if (i == 0 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
+// One more run of a timing (AR, or DDTree with `budget` > 0) into `r`, with the probe after it.
+void run_once(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, Repeats& r) {
+    Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
+    Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
+    r.tokens_per_s.push_back(g.tokens_per_second());
+    r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
+    r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
+    r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
+    r.shares.push_back(g.cpu_share());
+    if (g.prefill_seconds > 0) {
+        r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
+        r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
+        r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
     }
-    return r;
+    r.probe_seconds.push_back(probe.next());
+    if (g.prefill_seconds > 0) r.prefill_probe_seconds.push_back(r.probe_seconds.back());
+    if (r.tokens_per_s.size() == 1 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
 }
 
 std::vector<double> ratios(const std::vector<double>& over, double under) {
@@ -108,65 +191,158 @@ std::vector<double> ratios(const std::vector<double>& over, double under) {
     return out;
 }
 
-// What a CPU timing adds to its metric: its figures per CPU second and the shares (nothing on a GPU).
+// A decode step's cost (an AR token, or a DDTree round: draft, verify, accept): wall time and
+// what the backend queued (backend.h BackendCounters), per step of the decode after the prefill.
+Json per_step(const Generation& g) {
+    const int steps = g.accepted.empty() ? g.forwards : static_cast<int>(g.accepted.size());
+    const double n = std::max(steps, 1);
+    const BackendCounters& k = g.decode_counters;
+    Json j = Json::object();
+    j.set("steps", steps).set("us", g.decode_seconds * 1e6 / n).set("kernels", k.kernels / n);
+    j.set("launches", k.launches / n).set("graph_launches", k.graph_launches / n);
+    j.set("h2d", k.h2d / n).set("d2h", k.d2h / n).set("d2d", k.d2d / n).set("copies", (k.h2d + k.d2h + k.d2d) / n);
+    j.set("syncs", k.syncs / n);
+    return j;
+}
+
+void print_step(const char* what, const Json& j) {
+    std::printf("    %s per step: %8.1f us, %6.1f kernels, %6.1f launches (%4.1f graphs), %5.1f copies (h2d %4.1f d2h %4.1f d2d %4.1f), %4.1f syncs\n",
+                what, j.at("us").as_number(), j.at("kernels").as_number(), j.at("launches").as_number(),
+                j.at("graph_launches").as_number(), j.at("copies").as_number(), j.at("h2d").as_number(),
+                j.at("d2h").as_number(), j.at("d2d").as_number(), j.at("syncs").as_number());
+}
+
+// What a CPU timing adds to its metric: its figures per CPU second, the shares and the probe's
+// figures beside them (nothing on a GPU).
 struct CpuView {
-    std::vector<double> samples, shares;
+    std::vector<double> samples, shares, cal;
 };
 
-Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, const std::vector<int>& budgets,
-                  int repeats, Json& metrics) {
+// The index of the largest value (0 when empty).
+size_t best_index(const std::vector<double>& v) {
+    return v.empty() ? 0 : static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// A bundle's runs so far: AR, DDTree per budget, and the profiled AR decodes (every run's MoE FFN
+// milliseconds, the same x the run's CPU share, the probe around it, and the per-layer table of
+// the run with the least MoE FFN time).
+struct BundleRuns {
+    const Bundle* bundle = nullptr;
+    std::string name;
+    int n = 0;
+    Repeats ar;
+    std::vector<Repeats> trees;  // one per budget
+    std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms, moe_ffn_probe_ms;
+    Json layers = Json::array();
+};
+
+// Per-layer time of one AR decode, each part synchronised, into the bundle's runs.
+void profile_once(Backend& be, Probe& probe, BundleRuns& runs) {
+    const Bundle& b = *runs.bundle;
+    Model model(b, be, static_cast<int>(b.prompt.size()));
+    model.profile = true;
+    const Stopwatch watch;
+    const Generation g = generate_ar(model, b.prompt, runs.n);
+    const double share = watch.share();
+    const double per_forward = 1e3 / (g.forwards + 1);
+    Json run = Json::array();
+    double moe = 0;
+    for (size_t i = 0; i < model.times.attention.size(); ++i) {
+        const bool dense = static_cast<int>(i) < b.config.n_dense_layers;
+        Json l = Json::object();
+        l.set("layer", static_cast<int>(i)).set("kind", dense ? "dense" : "moe");
+        l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
+        run.push(l);
+        if (!dense) moe += model.times.ffn[i] * per_forward;
+    }
+    if (runs.moe_ffn_ms.empty() || moe < *std::min_element(runs.moe_ffn_ms.begin(), runs.moe_ffn_ms.end())) runs.layers = run;
+    runs.moe_ffn_ms.push_back(moe);
+    runs.moe_ffn_cpu_ms.push_back(moe * share);
+    runs.moe_ffn_probe_ms.push_back(probe.next() * 1e3);
+}
+
+// One round of a bundle: one run of AR, of DDTree at each budget, and of the profiled decode.
+// The bench runs its repeats in rounds over every bundle, so that a burst of contention on the
+// machine falls on one run of each timing, not on all the runs of the bundles measured then.
+void bundle_round(Backend& be, Probe& probe, const std::vector<int>& budgets, BundleRuns& runs) {
+    const Bundle& b = *runs.bundle;
+    run_once(be, probe, b, b.prompt, runs.n, 0, runs.ar);
+    runs.trees.resize(budgets.size());
+    for (size_t i = 0; i < budgets.size(); ++i) run_once(be, probe, b, b.prompt, runs.n, budgets[i], runs.trees[i]);
+    profile_once(be, probe, runs);
+}
+
+// A bundle's metrics and details from its runs.
+Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& budgets, Json& metrics) {
+    const Bundle& b = *runs.bundle;
+    const std::string& name = runs.name;
+    const int n = runs.n;
     Json out = Json::object();
     const bool noisy = be.name() == "cpu";
-    const Repeats ar_runs = run_repeats(be, b, b.prompt, n, 0, repeats);
+    const Repeats& ar_runs = runs.ar;
     const Generation& ar = ar_runs.best;
-    const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares) {
-        return noisy ? CpuView{rates, shares} : CpuView{};
+    const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares, const std::vector<double>& cal) {
+        return noisy ? CpuView{rates, shares, cal} : CpuView{};
     };
     const auto timed = [&](double value, const std::string& unit, const std::vector<double>& samples, const CpuView& v) {
-        return metric(value, unit, "higher", samples, noisy, v.samples, v.shares);
+        return metric(value, unit, "higher", samples, noisy, v.samples, v.shares, v.cal);
     };
     // Per CPU second, a speed-up is over the best AR run per CPU second (the wall clock's best run
-    // can be one whose CPU seconds a cold cache inflated).
+    // can be one whose CPU seconds a cold cache inflated); its probe figure is the probe's rate
+    // beside each run over its rate beside that AR run.
     const auto best_of = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
     const double ar_cpu_rate = best_of(ar_runs.cpu_tokens_per_s), ar_cpu_decode = best_of(ar_runs.cpu_decode_tokens_per_s);
+    const std::vector<double> ar_cal = probe_rates(ar_runs.probe_seconds);
+    const auto cal_at = [&](size_t i) { return i < ar_cal.size() ? ar_cal[i] : 0.0; };
+    const double ar_cal_rate = cal_at(best_index(ar_runs.cpu_tokens_per_s)), ar_cal_decode = cal_at(best_index(ar_runs.cpu_decode_tokens_per_s));
     Json arj = Json::object();
     arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
     arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
+    const Json ar_step = per_step(ar);
+    arj.set("per_step", ar_step);
     out.set("ar", arj);
     metrics.set(name + ".ar_tokens_per_s", timed(ar.tokens_per_second(), "tokens/s", ar_runs.tokens_per_s,
-                                                 cpu(ar_runs.cpu_tokens_per_s, ar_runs.shares)));
+                                                 cpu(ar_runs.cpu_tokens_per_s, ar_runs.shares, ar_cal)));
     // Decode alone (after the prompt): at long context the prefill would hide what DDTree saves.
     metrics.set(name + ".ar_decode_tokens_per_s", timed(ar.decode_tokens_per_second(), "tokens/s", ar_runs.decode_tokens_per_s,
-                                                        cpu(ar_runs.cpu_decode_tokens_per_s, ar_runs.shares)));
+                                                        cpu(ar_runs.cpu_decode_tokens_per_s, ar_runs.shares, ar_cal)));
     metrics.set(name + ".prefill_tokens_per_s",
                 timed(ar.prefill_tokens_per_second(b.prompt.size()), "tokens/s", ar_runs.prefill_tokens_per_s,
-                      cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares)));
+                      cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares, probe_rates(ar_runs.prefill_probe_seconds))));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
+    Json best_step = Json::object();
+    double best_speedup_accept = 0;  // the mean acceptance at the best speed-up's budget
     std::vector<double> best_speedups, best_decodes;  // every repeat of the best budget
     CpuView best_speedups_cpu, best_decodes_cpu, best_decode_speedups_cpu;
-    for (int budget : budgets) {
-        const Repeats runs = run_repeats(be, b, b.prompt, n, budget, repeats);
-        const Generation& g = runs.best;
+    for (size_t bi = 0; bi < budgets.size(); ++bi) {
+        const int budget = budgets[bi];
+        const Repeats& tree = runs.trees[bi];
+        const std::vector<double> cal = probe_rates(tree.probe_seconds);
+        const Generation& g = tree.best;
         Json t = Json::object();
         t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
         t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
         t.set("speedup_over_ar", g.tokens_per_second() / ar.tokens_per_second());
         t.set("decode_tokens_per_second", g.decode_tokens_per_second());
         t.set("equals_ar", g.tokens == ar.tokens);
+        const Json step = per_step(g);
+        t.set("per_step", step);
         trees.push(t);
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
-            best_speedups = ratios(runs.tokens_per_s, ar.tokens_per_second());
-            best_speedups_cpu = cpu(ratios(runs.cpu_tokens_per_s, ar_cpu_rate), runs.shares);
+            best_step = step;
+            best_speedup_accept = g.accept_mean();
+            best_speedups = ratios(tree.tokens_per_s, ar.tokens_per_second());
+            best_speedups_cpu = cpu(ratios(tree.cpu_tokens_per_s, ar_cpu_rate), tree.shares, ratios(cal, ar_cal_rate));
         }
         best_accept = std::max(best_accept, g.accept_mean());
         if (g.decode_tokens_per_second() > best_decode) {
             best_decode = g.decode_tokens_per_second();
-            best_decodes = runs.decode_tokens_per_s;
-            best_decodes_cpu = cpu(runs.cpu_decode_tokens_per_s, runs.shares);
-            best_decode_speedups_cpu = cpu(ratios(runs.cpu_decode_tokens_per_s, ar_cpu_decode), runs.shares);
+            best_decodes = tree.decode_tokens_per_s;
+            best_decodes_cpu = cpu(tree.cpu_decode_tokens_per_s, tree.shares, cal);
+            best_decode_speedups_cpu = cpu(ratios(tree.cpu_decode_tokens_per_s, ar_cpu_decode), tree.shares, ratios(cal, ar_cal_decode));
         }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
@@ -181,35 +357,24 @@ Json bench_bundle(Backend& be, const Bundle& b, const std::string& name, int n, 
                       decoded ? ratios(best_decodes, ar.decode_tokens_per_second()) : std::vector<double>{},
                       decoded ? best_decode_speedups_cpu : CpuView{}));
     metrics.set(name + ".accept_mean_best", metric(best_accept, "tokens", "higher"));
-
-    // Per-layer time of an AR decode, each part synchronised, `repeats` times: the table of the
-    // run with the least MoE FFN time, and every run's MoE FFN total (its samples).
-    Json layers = Json::array();
-    std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms;  // the latter: x the run's CPU share
-    for (int r = 0; r < repeats; ++r) {
-        Model model(b, be, static_cast<int>(b.prompt.size()));
-        model.profile = true;
-        const Stopwatch watch;
-        const Generation g = generate_ar(model, b.prompt, n);
-        const double share = watch.share();
-        const double per_forward = 1e3 / (g.forwards + 1);
-        Json run = Json::array();
-        double moe = 0;
-        for (size_t i = 0; i < model.times.attention.size(); ++i) {
-            const bool dense = static_cast<int>(i) < b.config.n_dense_layers;
-            Json l = Json::object();
-            l.set("layer", static_cast<int>(i)).set("kind", dense ? "dense" : "moe");
-            l.set("attention_ms", model.times.attention[i] * per_forward).set("ffn_ms", model.times.ffn[i] * per_forward);
-            run.push(l);
-            if (!dense) moe += model.times.ffn[i] * per_forward;
-        }
-        if (moe_ffn_ms.empty() || moe < *std::min_element(moe_ffn_ms.begin(), moe_ffn_ms.end())) layers = run;
-        moe_ffn_ms.push_back(moe);
-        moe_ffn_cpu_ms.push_back(moe * share);
+    if (!noisy && best_step.has("us")) {
+        print_step("AR", ar_step);
+        print_step("DDTree at the best budget", best_step);
+        // Where launches and copies are counted (a GPU): the cost of a step, and how far the
+        // speed-up is below the acceptance (1 would be a round as cheap as an AR step).
+        metrics.set(name + ".ar_us_per_step", metric(ar_step.at("us").as_number(), "us", "lower"));
+        metrics.set(name + ".ar_launches_per_step", metric(ar_step.at("launches").as_number(), "launches", "lower"));
+        metrics.set(name + ".ddtree_best_us_per_step", metric(best_step.at("us").as_number(), "us", "lower"));
+        metrics.set(name + ".ddtree_best_launches_per_step", metric(best_step.at("launches").as_number(), "launches", "lower"));
+        metrics.set(name + ".ddtree_best_copies_per_step", metric(best_step.at("copies").as_number(), "copies", "lower"));
+        metrics.set(name + ".ddtree_best_accept_over_speedup", metric(best_speedup_accept / best_speedup, "x", "lower"));
     }
-    out.set("layers_ms_per_forward", layers);
-    out.set("moe_ffn_ms", Json::array_of(moe_ffn_ms));
-    if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(moe_ffn_cpu_ms));
+
+    // Per-layer times: the table of the profiled run with the least MoE FFN time, and every run's
+    // MoE FFN total (its samples).
+    out.set("layers_ms_per_forward", runs.layers);
+    out.set("moe_ffn_ms", Json::array_of(runs.moe_ffn_ms));
+    if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(runs.moe_ffn_cpu_ms)).set("moe_ffn_probe_ms", Json::array_of(runs.moe_ffn_probe_ms));
     out.set("quant", b.int4 ? "int4" : "fp32");
     return out;
 }
@@ -236,7 +401,7 @@ void upload_random(Backend& be, void* dst, size_t n, uint64_t seed, float scale,
 
 // One K2-width MoE FFN (router, routed experts, shared expert) for M tokens, FP32 or INT4, as the
 // model runs it: the shared expert stacked after the routed ones (ExpertWeights::shared).
-Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_counts, int repeats, Json& metrics) {
+Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector<int>& token_counts, int repeats, Json& metrics) {
     const int D = 7168, I = 2048, top_k = 8;
     if (n_experts < top_k) throw std::runtime_error("--moe-experts must be at least 8 (top-8 routing)");
     const size_t per = static_cast<size_t>(I) * D;
@@ -292,7 +457,7 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
         };
         struct Timed {
-            std::vector<double> ms, cpu_ms, shares;  // every repeat's milliseconds, CPU ms, CPU share
+            std::vector<double> ms, cpu_ms, shares, probe_ms;  // every repeat's milliseconds, CPU ms, CPU share, probe CPU ms
         };
         const auto time_layer = [&](int M, bool int4) {
             layer(M, int4);  // warm-up
@@ -305,6 +470,7 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
                 t.ms.push_back((now_seconds() - watch.wall) * 1e3);
                 t.shares.push_back(watch.share());
                 t.cpu_ms.push_back(t.ms.back() * t.shares.back());
+                t.probe_ms.push_back(probe.next() * 1e3);
             }
             return t;
         };
@@ -315,11 +481,12 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             const std::vector<double>& sf = f.ms;
             const std::vector<double>& sq = q.ms;
             const double tf = *std::min_element(sf.begin(), sf.end()) / 1e3, tq = *std::min_element(sq.begin(), sq.end()) / 1e3;
-            std::vector<double> speedups, cpu_speedups, shares;
+            std::vector<double> speedups, cpu_speedups, shares, cal_speedups;
             for (size_t i = 0; i < sf.size(); ++i) {
                 speedups.push_back(sf[i] / sq[i]);
                 cpu_speedups.push_back(f.cpu_ms[i] / q.cpu_ms[i]);
                 shares.push_back(std::min(f.shares[i], q.shares[i]));
+                if (i < f.probe_ms.size() && i < q.probe_ms.size() && q.probe_ms[i] > 0) cal_speedups.push_back(f.probe_ms[i] / q.probe_ms[i]);
             }
             const auto cpu = [&](const std::vector<double>& v) { return noisy ? v : std::vector<double>{}; };
             Json row = Json::object();
@@ -328,9 +495,10 @@ Json bench_moe_layer(Backend& be, int n_experts, const std::vector<int>& token_c
             std::printf("  moe layer (D %d, I %d, E %d, top-%d + 1 shared) M=%2d: fp32 %9.3f ms  int4 %9.3f ms  speedup %.2fx\n",
                         D, I, n_experts, top_k, M, tf * 1e3, tq * 1e3, tf / tq);
             const std::string m = std::to_string(M);
-            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower", sf, noisy, cpu(f.cpu_ms), cpu(f.shares)));
-            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower", sq, noisy, cpu(q.cpu_ms), cpu(q.shares)));
-            metrics.set("moe_layer.int4_speedup_m" + m, metric(tf / tq, "x", "higher", speedups, noisy, cpu(cpu_speedups), cpu(shares)));
+            metrics.set("moe_layer.fp32_ms_m" + m, metric(tf * 1e3, "ms", "lower", sf, noisy, cpu(f.cpu_ms), cpu(f.shares), cpu(f.probe_ms)));
+            metrics.set("moe_layer.int4_ms_m" + m, metric(tq * 1e3, "ms", "lower", sq, noisy, cpu(q.cpu_ms), cpu(q.shares), cpu(q.probe_ms)));
+            metrics.set("moe_layer.int4_speedup_m" + m,
+                        metric(tf / tq, "x", "higher", speedups, noisy, cpu(cpu_speedups), cpu(shares), cpu(cal_speedups)));
         }
         out.set("dim", D).set("moe_inter_dim", I).set("n_experts", n_experts).set("top_k", top_k).set("n_shared", 1);
         out.set("rows", rows);
@@ -375,19 +543,28 @@ int cmd_bench(int argc, char** argv) {
     const std::vector<ManifestEntry> entries = read_manifest(o.manifest);
     auto be = make_backend(o.backend);
     const bool gpu = be->name() == "cuda";
+    Probe probe(be->name() == "cpu");
 
     Json metrics = Json::object();
     Json bundles = Json::object();
+    std::vector<Bundle> loaded;
+    loaded.reserve(entries.size());  // BundleRuns point into it
+    std::vector<BundleRuns> runs;
     for (const ManifestEntry& entry : entries) {
         const std::string& name = entry.name;
-        const Bundle b = Bundle::load(entry.path, o.max_memory);
+        const Bundle& b = loaded.emplace_back(Bundle::load(entry.path, o.max_memory));
         const int tokens = o.n > 0 ? o.n : static_cast<int>(std::min<size_t>(entry.golden_length, kMaxTokens));
         if (b.prompt.size() + static_cast<size_t>(tokens) > static_cast<size_t>(b.config.max_seq_len))
             throw std::runtime_error(std::string(o.n > 0 ? "flag -n" : "manifest bundle " + name + " (its golden length)") + ": prompt (" +
                                      std::to_string(b.prompt.size()) + " tokens) + n (" + std::to_string(tokens) + ") exceeds max_seq_len " +
                                      std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
-        std::printf("bundle %s (%d tokens)\n", name.c_str(), tokens);
-        bundles.set(name, bench_bundle(*be, b, name, tokens, o.budgets, o.repeats, metrics));
+        runs.push_back(BundleRuns{&b, name, tokens, {}, {}, {}, {}, {}, Json::array()});
+    }
+    for (int round = 0; round < o.repeats; ++round)
+        for (BundleRuns& r : runs) bundle_round(*be, probe, o.budgets, r);
+    for (const BundleRuns& r : runs) {
+        std::printf("bundle %s (%d tokens)\n", r.name.c_str(), r.n);
+        bundles.set(r.name, bench_bundle(*be, r, o.budgets, metrics));
     }
     // FP32 vs INT4 per MoE layer on the bundles: ratio of the summed MoE-layer FFN times (the
     // least of each bundle's runs), and run by run for the samples.
@@ -404,17 +581,22 @@ int cmd_bench(int argc, char** argv) {
         };
         const std::vector<double> sq = numbers(kv.second, "moe_ffn_ms"), sf = numbers(bundles.at(fp32), "moe_ffn_ms");
         const std::vector<double> cq = numbers(kv.second, "moe_ffn_cpu_ms"), cf = numbers(bundles.at(fp32), "moe_ffn_cpu_ms");
+        const std::vector<double> pq = numbers(kv.second, "moe_ffn_probe_ms"), pf = numbers(bundles.at(fp32), "moe_ffn_probe_ms");
         if (sq.empty() || sf.empty()) continue;
         const double tq = *std::min_element(sq.begin(), sq.end()), tf = *std::min_element(sf.begin(), sf.end());
-        std::vector<double> speedups, cpu_speedups;
+        std::vector<double> speedups, cpu_speedups, cal_speedups;
         for (size_t i = 0; i < std::min(sq.size(), sf.size()); ++i)
             if (sq[i] > 0) speedups.push_back(sf[i] / sq[i]);
-        for (size_t i = 0; i < std::min(cq.size(), cf.size()); ++i)
-            if (cq[i] > 0) cpu_speedups.push_back(cf[i] / cq[i]);
-        if (tq > 0) metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu, cpu_speedups));
+        for (size_t i = 0; i < std::min(cq.size(), cf.size()); ++i) {
+            if (!(cq[i] > 0)) continue;
+            cpu_speedups.push_back(cf[i] / cq[i]);
+            cal_speedups.push_back(i < pq.size() && i < pf.size() && pq[i] > 0 ? pf[i] / pq[i] : 0.0);
+        }
+        if (tq > 0)
+            metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu, cpu_speedups, {}, cal_speedups));
     }
     std::printf("K2-width MoE layer, random weights\n");
-    const Json moe = bench_moe_layer(*be, o.experts, o.moe_tokens, o.repeats, metrics);
+    const Json moe = bench_moe_layer(*be, probe, o.experts, o.moe_tokens, o.repeats, metrics);
 
     Json host = Json::object();
     host.set("cpu", be->name() == "cpu" ? be->device_description() : make_cpu_backend()->device_description());
@@ -422,6 +604,7 @@ int cmd_bench(int argc, char** argv) {
     Json out = Json::object();
     out.set("version", 1).set("backend", be->name()).set("tree", source_tree_hash()).set("host", host);
     out.set("metrics", metrics).set("bundles", bundles).set("moe_layer", moe);
+    if (!gpu) out.set("calibration_probe", probe.summary());
     std::ofstream f(o.out);
     if (!f || !(f << out.dump(2) << "\n")) throw std::runtime_error("cannot write " + printable(o.out));
     std::printf("wrote %s\n", o.out.c_str());

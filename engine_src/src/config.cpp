@@ -228,6 +228,7 @@ uint64_t model_buffer_bytes(const ModelConfig& c, int drafter_block, int max_bat
     per_row = add(per_row, mul(add(top_k, 2), D));
     per_row = add(per_row, mul(static_cast<uint64_t>(std::max(c.moe_inter_dim, c.inter_dim)), 2));
     per_row = add(per_row, std::max({D, ffn_width, H * static_cast<uint64_t>(c.v_head_dim)}));
+    per_row = add(per_row, row_width);  // kv_new_, the forward's latent rows before kv_append
     floats = add(floats, mul(M, per_row));
     // The drafter: feature [2D], logits [block][V], and the decode loop's top-K lists (K <= V).
     floats = add(floats, add(mul(D, 2), mul(mul(block, V), 3)));

@@ -96,6 +96,7 @@ Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) 
     g.tokens.push_back(prefill(model, prompt));
     model.backend().synchronize();
     const double t1 = now_seconds(), c1 = cpu_seconds();
+    const BackendCounters k1 = model.backend().counters();
     const int32_t no_parent = -1;
     while (static_cast<int>(g.tokens.size()) < n) {
         int32_t token = g.tokens.back();
@@ -108,6 +109,7 @@ Generation generate_ar(Model& model, const std::vector<int32_t>& prompt, int n) 
         model.backend().argmax(&token, model.logits(), 1, model.config().vocab_size);
         g.tokens.push_back(token);
     }
+    g.decode_counters = model.backend().counters() - k1;
     g.prefill_seconds = t1 - t0;
     g.decode_seconds = now_seconds() - t1;
     g.prefill_cpu_seconds = c1 - c0;
@@ -133,6 +135,7 @@ Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int
     be.copy(h_T, model.hidden() + static_cast<long>(prompt.size() - 1) * D, sizeof(float) * D);
     be.synchronize();
     const double t1 = now_seconds(), c1 = cpu_seconds();
+    const BackendCounters k1 = be.counters();
     try {
         std::vector<int32_t> draft_tokens, pos, post;
         std::vector<float> draft_logprobs;
@@ -165,6 +168,7 @@ Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int
     }
     be.release(h_T);
     be.synchronize();
+    g.decode_counters = be.counters() - k1;
     g.tokens.resize(static_cast<size_t>(n));
     g.prefill_seconds = t1 - t0;
     g.decode_seconds = now_seconds() - t1;

@@ -16,6 +16,7 @@ struct Generation {
     double prefill_cpu_seconds = 0;  // the process's CPU seconds (all threads) over the same spans
     double decode_cpu_seconds = 0;
     int forwards = 0;                // target forwards after the prefill
+    BackendCounters decode_counters; // what the backend queued after the prefill (backend.h)
 
     double accept_mean() const;
     double tokens_per_second() const;         // generated tokens / (prefill + decode time)

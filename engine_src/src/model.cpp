@@ -3,6 +3,7 @@
 #include "rope.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -13,6 +14,30 @@ namespace {
 double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// A backend unit (backend.h begin_unit) open for one scope: closed as completed by done(), as
+// dropped when an op throws first.
+class Unit {
+public:
+    Unit(Backend& be, std::initializer_list<HostInts> inputs, int record_key) : be_(be) { be_.begin_unit(inputs, record_key); }
+    ~Unit() {
+        if (open_) be_.end_unit(false);
+    }
+    Unit(const Unit&) = delete;
+    Unit& operator=(const Unit&) = delete;
+    void done() {
+        open_ = false;
+        be_.end_unit(true);
+    }
+
+private:
+    Backend& be_;
+    bool open_ = true;
+};
+
+// Record keys of the models of this process: each model takes max_batch + 1 of them (one per
+// row count), so two models never share a recording.
+std::atomic<int> next_record_key{0};
 
 }  // namespace
 
@@ -62,6 +87,7 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
     const int qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     const int row_width = c.kv_lora_rank + c.qk_rope_head_dim;
     cache_rows_ = c.max_seq_len + max_batch;
+    record_key_base_ = next_record_key.fetch_add(max_batch + 1);
     try {
         embed_ = load_f32(b, "embed", {V, D});
         norm_ = load_f32(b, "norm", {D});
@@ -153,6 +179,7 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
         const int ffn_width = std::max(c.inter_dim, c.n_shared_experts * c.moe_inter_dim);
         const int top_k = std::max(c.n_activated_experts, 1);
         x_ = scratch(M * D);
+        kv_new_ = scratch(M * row_width);
         xn_ = scratch(M * D);
         qa_ = scratch(M * std::max(c.q_lora_rank, 1));
         q_ = scratch(M * H * qk);
@@ -196,11 +223,12 @@ void Model::attention(LayerWeights& L, const int32_t* pos_host, int M, const Vis
         linear(q_, xn_, L.wq, M);
     }
     be_.rope(q_, M, H * qk, H, qk, c.qk_nope_head_dim, c.qk_rope_head_dim, pos_host, rope_);
-    // Append: the latent projection lands straight in this batch's cache rows.
-    float* rows = L.cache + static_cast<long>(vis.committed) * row_width;
-    linear(rows, xn_, L.wkv_a, M);
-    be_.rmsnorm(rows, row_width, rows, row_width, L.kv_norm, M, c.kv_lora_rank, c.norm_eps);
-    be_.rope(rows, M, row_width, 1, row_width, c.kv_lora_rank, c.qk_rope_head_dim, pos_host, rope_);
+    // Append: the batch's latent rows are made in kv_new_ and written at the committed length,
+    // which the ops take from `vis` (no pointer here depends on it: see Backend::begin_unit).
+    linear(kv_new_, xn_, L.wkv_a, M);
+    be_.rmsnorm(kv_new_, row_width, kv_new_, row_width, L.kv_norm, M, c.kv_lora_rank, c.norm_eps);
+    be_.rope(kv_new_, M, row_width, 1, row_width, c.kv_lora_rank, c.qk_rope_head_dim, pos_host, rope_);
+    be_.kv_append(L.cache, row_width, vis, kv_new_, M);
     MlaDims dims;
     dims.n_heads = H;
     dims.d_c = c.kv_lora_rank;
@@ -260,22 +288,34 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
         times.attention.assign(layers_.size(), 0.0);
         times.ffn.assign(layers_.size(), 0.0);
     }
+    // Every op below gets these host inputs and the same arguments for a row count (recorded and
+    // replayed where the backend does), except when profiling synchronises them.
+    Visibility v = vis;
+    v.capacity = cache_rows_;
+    Unit unit(be_, {{tokens_host, M}, {pos_host, M}, {v.parent_host, M}, {&v.committed, 1}},
+              profile ? -1 : record_key_base_ + M);
     be_.embedding(x_, D, embed_, D, tokens_host, M);
     for (size_t i = 0; i < layers_.size(); ++i) {
         double t0 = 0;
         if (profile) { be_.synchronize(); t0 = now_seconds(); }
-        attention(layers_[i], pos_host, M, vis);
+        attention(layers_[i], pos_host, M, v);
         if (profile) { be_.synchronize(); const double t1 = now_seconds(); times.attention[i] += t1 - t0; t0 = t1; }
         ffn(layers_[i], M);
         if (profile) { be_.synchronize(); times.ffn[i] += now_seconds() - t0; }
     }
     be_.rmsnorm(hidden_, D, x_, D, norm_, M, D, cfg_.norm_eps);
     be_.matmul_f32(logits_, hidden_, head_, nullptr, M, cfg_.vocab_size, D);
+    unit.done();
 }
 
 void Model::compact(int start, const int32_t* keep_host, int n) {
+    bool moves = false;  // an accepted chain of the first nodes is in place already
+    for (int j = 0; j < n; ++j) moves = moves || keep_host[j] != j;
+    if (!moves) return;
     const int row_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
+    Unit unit(be_, {{keep_host, n}}, -1);
     for (LayerWeights& L : layers_) be_.kv_compact(L.cache, row_width, start, keep_host, n);
+    unit.done();
 }
 
 void Model::draft(const float* h_T, int32_t bonus, int block, int K, std::vector<int32_t>& tokens,

@@ -81,6 +81,7 @@ private:
     ModelConfig cfg_;
     bool int4_ = false;
     int max_batch_ = 0, cache_rows_ = 0, drafter_block_ = 0;
+    int record_key_base_ = 0;    // this model's forward of M rows is backend unit key base + M
     RopeTable rope_;             // the config's RoPE frequencies (plain or YaRN)
     float softmax_scale_ = 0;    // tau, with YaRN's correction
     std::vector<void*> owned_;  // every buffer this model allocated
@@ -90,6 +91,7 @@ private:
     float *x_ = nullptr, *xn_ = nullptr, *qa_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr;
     float *ffn_a_ = nullptr, *ffn_b_ = nullptr, *gate_logits_ = nullptr, *route_w_ = nullptr, *moe_out_ = nullptr;
     int32_t* route_idx_ = nullptr;
+    float* kv_new_ = nullptr;    // [max_batch][d_c + d_r]: a forward's latent rows before kv_append
     float *hidden_ = nullptr, *logits_ = nullptr, *feature_ = nullptr, *draft_logits_ = nullptr;
 };
 

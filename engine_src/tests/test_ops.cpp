@@ -404,6 +404,7 @@ void attention_case(Backend& be, Rng& rng, const std::string& name, const MlaDim
     Visibility vis;
     vis.committed = committed;
     vis.parent_host = parent.data();
+    vis.capacity = committed + M + 4;  // the rows of `cache` (the single-row calls below leave it unknown)
     be.mla_attention(out, qb, wb, cb, vis, M, d);
     const std::vector<float> got = buf.get(out, static_cast<size_t>(M) * d.n_heads * d.d_v);
     const double e = nmse(got, ref_attention(q, wkv_b, cache, committed, parent, d));
@@ -455,6 +456,16 @@ void test_attention(Backend& be, const std::string& p) {
         gathered = gathered && std::equal(after.begin() + static_cast<long>(start + j) * W, after.begin() + static_cast<long>(start + j + 1) * W,
                                           cache.begin() + static_cast<long>(start + keep[j]) * W);
     report(p + "kv_compact", gathered, "equals a gather of the accepted rows");
+
+    // kv_append writes the rows at the committed length and nothing else.
+    const std::vector<float> rows = rng.vec(static_cast<size_t>(3) * W);
+    float* c3 = buf.put(cache);
+    Visibility at;
+    at.committed = 7;
+    be.kv_append(c3, W, at, buf.put(rows), 3);
+    std::vector<float> want = cache;
+    std::copy(rows.begin(), rows.end(), want.begin() + static_cast<long>(7) * W);
+    report(p + "kv_append", buf.get(c3, cache.size()) == want, "rows written at the committed length, the rest unchanged");
 }
 
 void test_moe(Backend& be, const std::string& p) {

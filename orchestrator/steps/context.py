@@ -24,6 +24,7 @@ from ..sync import SourceId
 from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
+STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named otherwise (results_key)
 T = TypeVar("T")
 
 
@@ -43,12 +44,13 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True)
 class Reused:
-    """A result file of an earlier run whose inputs are this run's: its data, that run, and why
-    it still holds, in words."""
+    """A result file of an earlier run whose inputs are this run's: its data, that run, why it
+    still holds, in words, and the tree that run had deployed."""
 
     data: dict
     run_id: str
     why: str
+    tree: str
 
 
 @dataclasses.dataclass
@@ -128,7 +130,7 @@ class StepContext:
         except KdError as e:            # nothing reused, nothing stamped: the step itself decides
             self.log(f"not reused: {e.message}")
             return None
-        key = {"command": self.project.commands.get(self.step), "build": build,
+        key = {"command": self.project.commands.get(STEP_COMMANDS.get(self.step, self.step)), "build": build,
                "env": {**remote.host_env(self.host), **self.gpu_env()},
                "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
                "executables": found.executables, "files": found.files}
@@ -171,7 +173,7 @@ class StepContext:
             "" if made_with == self.tree_hash() else f"; it ran on tree {made_with[:12]}, not this {self.tree_hash()[:12]}")
         self.log(f"{self.project.results[result]}: reused from run {run_id}, the last successful {self.step} "
                  f"with {why} (not re-run; --no-cache re-runs it)")
-        return Reused(data, run_id, why)
+        return Reused(data, run_id, why, made_with)
 
     def stamp_result(self, data: dict) -> None:
         """Record that the current step passed with these inputs (measured again now: the step's

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -18,7 +19,36 @@ inline void check(cudaError_t err, const char* what, const char* file, int line)
                                  ": " + cudaGetErrorString(err));
 }
 #define KD_CUDA_CHECK(call) ::kd::cuda::check((call), #call, __FILE__, __LINE__)
-#define KD_CUDA_LAUNCH_CHECK(op) ::kd::cuda::check(cudaGetLastError(), op " launch", __FILE__, __LINE__)
+#define KD_CUDA_LAUNCH_CHECK(op) \
+    (::kd::cuda::count_launch(), ::kd::cuda::check(cudaGetLastError(), op " launch", __FILE__, __LINE__))
+
+// What the process queued on its GPUs, counted where the calls are made (every launcher calls
+// count_launch through KD_CUDA_LAUNCH_CHECK or launch_chained): kernels launched on their own
+// (`launches`) or recorded into a CUDA graph while a stream was being captured (`captured`),
+// graph replays, copies by direction and host waits (stream, event or device synchronisation).
+// Process-wide: one engine process drives one backend.
+struct LaunchCounters {
+    std::atomic<long> launches{0}, captured{0}, graph_launches{0}, h2d{0}, d2h{0}, d2d{0}, syncs{0};
+    std::atomic<bool> capturing{false};  // set by the backend around a stream capture
+    // Kernels run inside replayed graphs; scratch buffers moved (a graph that holds their old
+    // addresses must be captured again).
+    std::atomic<long> replayed{0}, scratch_moves{0};
+};
+inline LaunchCounters& counters() {
+    static LaunchCounters c;
+    return c;
+}
+inline void count_launch() {
+    LaunchCounters& c = counters();
+    (c.capturing ? c.captured : c.launches)++;
+}
+// A copy of `kind` queued outside a capture (a captured one is a graph node, counted with it).
+inline void count_copy(cudaMemcpyKind kind) {
+    LaunchCounters& c = counters();
+    if (c.capturing) return;
+    (kind == cudaMemcpyHostToDevice ? c.h2d : kind == cudaMemcpyDeviceToHost ? c.d2h : c.d2d)++;
+}
+inline void count_sync() { counters().syncs++; }
 
 inline int ceil_div(long a, long b) { return static_cast<int>((a + b - 1) / b); }
 
@@ -79,6 +109,7 @@ void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = device_is_sm90_or_later() ? 1 : 0;
+    count_launch();
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 

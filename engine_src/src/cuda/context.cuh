@@ -5,6 +5,7 @@
 #include "common.cuh"
 
 #include <algorithm>
+#include <vector>
 
 namespace kd::cuda {
 
@@ -29,12 +30,18 @@ public:
     // At least nbytes; new memory reads as zeros to everything queued on the stream after this call.
     void* get(size_t nbytes) {
         if (nbytes > cap_) {
+            // Graph captures run only after an eager run of the same unit has sized every buffer.
+            if (counters().capturing)
+                throw std::runtime_error("cuda: a scratch buffer had to grow to " + std::to_string(nbytes) +
+                                         " bytes during a CUDA graph capture");
             if (ptr_) {
+                count_sync();
                 KD_CUDA_CHECK(cudaDeviceSynchronize());
                 KD_CUDA_CHECK(cudaFree(ptr_));
                 ptr_ = nullptr;
             }
             cap_ = std::max<size_t>(nbytes, 2 * cap_);
+            counters().scratch_moves++;
             KD_CUDA_CHECK(cudaMalloc(&ptr_, cap_));
             KD_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, cap_, stream_));
         }
@@ -61,13 +68,34 @@ struct Context {
     Scratch moe_lists{stream}, moe_h{stream}, moe_y{stream};   // moe_ffn routing lists and intermediates
     Scratch cublas_x{stream}, cublas_y{stream};                // matmul_f32 padding for cuBLAS
     Scratch host_ints{stream};                                 // *_host int arrays copied to the device
+    Scratch host_committed{stream};                            // Visibility::committed beside them
     Scratch w4_staging{stream};                                // upload_w4a16: weights before tiling
     Scratch small{stream};                                     // argmax / top-k results before download
+    Scratch staged_dev{stream};                                // a unit's host inputs (backend.h begin_unit)
 
-    // Copies n ints from the host into device scratch (stream ordered) and returns them.
-    const int32_t* upload_ints(const int32_t* host, size_t n) {
-        int32_t* d = host_ints.get<int32_t>(std::max<size_t>(n, 1));
-        if (n) KD_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream));
+    // The host inputs of the open unit: where each array was sent in staged_dev, and the
+    // values sent (in pinned memory), so an op that gets the same array reads that copy.
+    struct StagedInts {
+        const int32_t* host;
+        size_t n;
+        const int32_t* pinned;
+        const int32_t* dev;
+    };
+    std::vector<StagedInts> staged;
+
+    // n ints from the host in device memory (stream ordered): the open unit's copy when `host`
+    // is one of its staged arrays with the values it was staged with, else a copy made now into
+    // `into` (an op that uploads two arrays gives each its own buffer).
+    const int32_t* upload_ints(const int32_t* host, size_t n, Scratch* into = nullptr) {
+        for (const StagedInts& a : staged)
+            if (a.host == host && n <= a.n && std::equal(host, host + n, a.pinned)) return a.dev;
+        if (n && counters().capturing)  // a graph must not copy from pageable memory at replay
+            throw std::runtime_error("cuda: a host input that was not staged reached an op during a CUDA graph capture");
+        int32_t* d = (into ? *into : host_ints).get<int32_t>(std::max<size_t>(n, 1));
+        if (n) {
+            count_copy(cudaMemcpyHostToDevice);
+            KD_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream));
+        }
         return d;
     }
 };

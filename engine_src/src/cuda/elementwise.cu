@@ -1,4 +1,4 @@
-// elementwise.cu: silu_mul, the residual add, the embedding gather and KV compaction.
+// elementwise.cu: silu_mul, the residual add, the embedding gather, KV compaction and append.
 #include "ops.cuh"
 
 namespace kd::cuda {
@@ -26,6 +26,13 @@ __global__ void embedding_kernel(float* out, int out_stride, const float* table,
 __global__ void gather_rows_kernel(float* dst, const float* src, int width, const int32_t* keep) {
     const float* s = src + static_cast<long>(keep ? keep[blockIdx.x] : blockIdx.x) * width;
     float* d = dst + static_cast<long>(blockIdx.x) * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) d[j] = s[j];
+}
+
+// Row blockIdx.x of rows goes to cache row *committed + blockIdx.x.
+__global__ void kv_append_kernel(float* cache, int width, const int32_t* committed, const float* rows) {
+    const float* s = rows + static_cast<long>(blockIdx.x) * width;
+    float* d = cache + (static_cast<long>(*committed) + blockIdx.x) * width;
     for (int j = threadIdx.x; j < width; j += blockDim.x) d[j] = s[j];
 }
 
@@ -58,6 +65,12 @@ void kv_compact(Context& ctx, float* cache, int row_width, int start, const int3
     KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
     gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(base, tmp, row_width, nullptr);
     KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+}
+
+void kv_append(Context& ctx, float* cache, int row_width, const int32_t* committed, const float* rows, int M) {
+    if (M <= 0) return;
+    kv_append_kernel<<<M, 128, 0, ctx.stream>>>(cache, row_width, committed, rows);
+    KD_CUDA_LAUNCH_CHECK("kv_append_kernel");
 }
 
 }  // namespace kd::cuda

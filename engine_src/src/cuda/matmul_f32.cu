@@ -42,16 +42,20 @@ void matmul_cublas(Context& ctx, float* y, const float* x, const float* W, const
         float* yp = y + static_cast<long>(m0) * N;
         if (rows < kPassRows) {
             float* xs = ctx.cublas_x.get<float>(static_cast<size_t>(kPassRows) * K);
+            count_copy(cudaMemcpyDeviceToDevice);
             KD_CUDA_CHECK(cudaMemcpyAsync(xs, xp, sizeof(float) * rows * K, cudaMemcpyDeviceToDevice, ctx.stream));
             xp = xs;
             yp = ctx.cublas_y.get<float>(static_cast<size_t>(kPassRows) * N);
         }
         // Column-major view: y^T [N][16] = W^T^T ... i.e. C(N x 16) = op(W)(N x K) * x^T(K x 16).
+        count_launch();  // counted as one, whatever cuBLAS launches inside
         cublas_check(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, kPassRows, K, &one, W, K, xp, K, &zero, yp, N),
                      "cublasSgemm");
-        if (rows < kPassRows)
+        if (rows < kPassRows) {
+            count_copy(cudaMemcpyDeviceToDevice);
             KD_CUDA_CHECK(cudaMemcpyAsync(y + static_cast<long>(m0) * N, yp, sizeof(float) * rows * N,
                                           cudaMemcpyDeviceToDevice, ctx.stream));
+        }
     }
     if (bias) {
         const long n = static_cast<long>(M) * N;

@@ -20,8 +20,9 @@ constexpr size_t kAttnMaxSmem = 200 * 1024;  // at most; less where the device a
 
 
 __global__ void mla_attention_kernel(float* out, const float* q, const float* wkv_b, const float* cache,
-                                     int committed, const int32_t* parent, int H, int d_c, int d_n, int d_r, int d_v,
-                                     float scale) {
+                                     const int32_t* committed_dev, const int32_t* parent, int H, int d_c, int d_n, int d_r,
+                                     int d_v, float scale) {
+    const int committed = *committed_dev;  // a device value, so that a recorded launch stays valid
     extern __shared__ float sm[];
     const int m = blockIdx.x / H, h = blockIdx.x % H;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -113,13 +114,14 @@ size_t attn_smem_limit() {
 
 }  // namespace
 
-void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache, int committed,
-                   const int32_t* parent, int M, const MlaDims& d) {
+void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache,
+                   const int32_t* committed, const int32_t* parent, int M, int max_rows, const MlaDims& d) {
     if (M <= 0) return;
+    // Row m's chain (m + 1 ints) and scores (committed + m + 1 floats) fit in max_rows + 1 of each.
     const size_t smem = sizeof(float) * (2 * static_cast<size_t>(d.d_c) + d.d_r) + sizeof(int) * (M + 1) +
-                        sizeof(float) * (static_cast<size_t>(committed) + M + 1);
+                        sizeof(float) * (static_cast<size_t>(max_rows) + 1);
     if (smem > attn_smem_limit())
-        throw std::runtime_error("mla_attention: " + std::to_string(committed + M) +
+        throw std::runtime_error("mla_attention: " + std::to_string(max_rows) +
                                  " visible rows exceed the kernel's shared memory (" +
                                  std::to_string(attn_smem_limit()) + " bytes on this device)");
     mla_attention_kernel<<<M * d.n_heads, kAttnThreads, smem, ctx.stream>>>(

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 namespace kd::cuda {
 
@@ -447,7 +448,17 @@ void mm_launch_mt(const MmParams& p, int grid_y, int num_sms, cudaStream_t strea
     // Static mode: at most one resident wave of blocks, each owning the same number of row
     // blocks (at most KD_MM_MAX_RB). Dynamic mode: one full wave; warps share the work.
     int per_sm = 0;
-    KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
+    // The occupancy depends on smem alone here (the same kernel, block and device): a query per
+    // size, not per launch (a host call on the path of every small matmul of a decode step).
+    static std::pair<int, int> known[8];  // (smem + 1, blocks per SM); 0: empty
+    for (const auto& k : known)
+        if (k.first == smem + 1) per_sm = k.second;
+    if (per_sm == 0) {
+        KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_MM_THREADS, smem));
+        static int next = 0;
+        known[next] = {smem + 1, per_sm};
+        next = (next + 1) % 8;
+    }
     const int n_rb = ceil_div(p.N, KD_MM_WARPS * ROWS);
     const int wave = std::max(1, std::max(1, per_sm) * num_sms / grid_y);
     const int rounds = std::min(KD_MM_MAX_RB, ceil_div(n_rb, wave));

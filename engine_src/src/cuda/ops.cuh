@@ -33,9 +33,10 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
 void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, const float* bias, int M,
               const MoeRouting& routing);
 
-// mla_attention.cu (parent: device copy of Visibility::parent_host)
-void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache, int committed,
-                   const int32_t* parent, int M, const MlaDims& dims);
+// mla_attention.cu (committed, parent: device copies of Visibility::committed and parent_host;
+// max_rows: the most cache rows the call may see, committed + M at most, for its shared memory)
+void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b, const float* cache,
+                   const int32_t* committed, const int32_t* parent, int M, int max_rows, const MlaDims& dims);
 
 // rmsnorm.cu
 void rmsnorm(Context& ctx, float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
@@ -50,6 +51,8 @@ void silu_mul(Context& ctx, float* out, const float* a, const float* b, size_t n
 void add(Context& ctx, float* out, const float* a, const float* b, size_t n);
 void embedding(Context& ctx, float* out, int out_stride, const float* table, int dim, const int32_t* tokens, int M);
 void kv_compact(Context& ctx, float* cache, int row_width, int start, const int32_t* keep, int n);
+// cache rows [*committed, *committed + M) = rows (committed: device)
+void kv_append(Context& ctx, float* cache, int row_width, const int32_t* committed, const float* rows, int M);
 
 // argmax.cu (results in device memory)
 void argmax(Context& ctx, int32_t* out, const float* x, int M, int N);
