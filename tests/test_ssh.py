@@ -182,18 +182,23 @@ def test_a_pin_in_the_inventory_overrides_a_known_hosts_entry(lab, make_inventor
     assert "userauth-request" not in log and "Accepted publickey" not in log, log[-3000:]
 
 
+def forwards_to(bastion, port: int) -> int:
+    """How many forwarded connections (direct-tcpip channels) to 127.0.0.1:`port` the bastion's log shows."""
+    pattern = rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {port}$"
+    return len(re.findall(pattern, bastion.log(), re.M))
+
+
 def test_jump_host(lab, make_inventory, remote_dir):
     bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
     inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion", remote_dir=remote_dir)})
-    target = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {h2.port}$", re.M)
-    before = len(target.findall(bastion.log()))
+    before = forwards_to(bastion, h2.port)
     with open_transport(inv.hosts["far"]) as t:
         assert t.run("echo far", timeout=10).tail == "far\n"
         result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
         assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
         time.sleep(0.2)
         # one connection went through the bastion: Paramiko's, reused by every command and by rsync (relay.py)
-        assert len(target.findall(bastion.log())) == before + 1
+        assert forwards_to(bastion, h2.port) == before + 1
 
 
 def test_a_jump_host_given_as_an_address_uses_the_inventory_identity_and_the_target_is_reached_through_it(
@@ -223,12 +228,11 @@ def test_two_jump_hops_in_order(lab, make_inventory):
     bastion twice: a channel to the target from the first hop would meet the wrong host key)."""
     bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
     inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion,bastion")})
-    hop = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {bastion.port}$", re.M)
-    before = len(hop.findall(bastion.log()))
+    before = forwards_to(bastion, bastion.port)
     with open_transport(inv.hosts["far"]) as t:
         assert t.run("echo far", timeout=10).tail == "far\n"
     time.sleep(0.2)
-    assert len(hop.findall(bastion.log())) == before + 1
+    assert forwards_to(bastion, bastion.port) == before + 1
 
 
 def test_an_unreachable_target_behind_a_jump_host_names_both(lab, make_inventory):
@@ -261,12 +265,11 @@ def test_proxyjump_of_the_ssh_config(lab, make_inventory):
         f.write(f"Host h2-behind\n  HostName 127.0.0.1\n  Port {h2.port}\n  User root\n"
                 f"  IdentityFile {lab.client_key}\n  ProxyJump bastion\n\n")
     inv = make_inventory({"behind": {**lab.inventory_entry(h2), "address": "h2-behind"}})
-    target = re.compile(rf"server_request_direct_tcpip: originator .*, target 127\.0\.0\.1 port {h2.port}$", re.M)
-    before = len(target.findall(bastion.log()))
+    before = forwards_to(bastion, h2.port)
     with open_transport(inv.hosts["behind"]) as t:
         assert t.run("echo behind", timeout=10).tail == "behind\n"
     time.sleep(0.2)
-    assert len(target.findall(bastion.log())) == before + 1
+    assert forwards_to(bastion, h2.port) == before + 1
 
 
 def test_unreachable_host_fails_fast(lab, make_inventory):
