@@ -3,17 +3,21 @@ no delayed-ACK wait per round trip, lazy imports, the results cache of the golde
 steps, and the local tree hash kept by its files' stat."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator import connection, record, state, sync, transport
+from orchestrator.errors import CommandError
 from orchestrator.steps import StepContext, bench as bench_step, build as build_step, bundles as bundles_step, \
     test as test_step
 from orchestrator.sync import SourceId
@@ -257,6 +261,29 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     restored, _ = build(build_key={"cxx": "icc"})
     assert (restored.status, restored.message, restored.reused_from) == \
         ("cached", f"cuda build for sm_90 of tree {TREE[:12]} restored from the host's build cache", None)
+
+
+def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, tmp_path, monkeypatch):
+    """The removal of executables this machine did not record runs under the build step's
+    timeout: a host whose `find -delete` hangs fails the step within seconds, naming the removal."""
+    (context.root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
+    ctx = context()
+    ctx.step = "build"
+    assert build_step.run(ctx).status == "passed"
+    (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "find").write_text(f'#!/bin/sh\nfor a; do [ "$a" = -delete ] && exec sleep 30; done\n'   # the removal only
+                               f'exec {shutil.which("find")} "$@"\n')
+    (fake / "find").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    ctx = context()
+    ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
+    start = time.monotonic()
+    with pytest.raises(CommandError) as caught:
+        build_step.run(ctx)
+    assert time.monotonic() - start < 10
+    assert "local: removing build/'s executables timed out" in str(caught.value), caught.value
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):

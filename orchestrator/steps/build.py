@@ -36,8 +36,8 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
         # an incremental build would keep a newer binary as it is (and run it): it must be made anew
-        ctx.transport.check(remote.script_command(_DROP_SCRIPT, ctx.host.remote_dir, timeout=60),
-                            timeout=remote.client_timeout(60), what="removing build/'s executables")
+        ctx.transport.check(remote.script(_DROP_SCRIPT, ctx.host.remote_dir, timeout=ctx.host.timeout(ctx.step),
+                                          what="removing build/'s executables"))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.changing():
         result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
