@@ -26,6 +26,7 @@ the sshd fixtures' start-up that is the difference between minutes and hours per
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import json
 import os
@@ -153,8 +154,8 @@ def main() -> int:
     ap.add_argument("--report", type=Path, default=REPO / "benchmarks" / "results" / "mutation.md")
     ap.add_argument("--reuse", action="store_true", help="report on the last run in --work, run nothing")
     ap.add_argument("--resume", action="store_true",
-                    help="continue the last run in --work: bring the checkout's tests over (the mutated module must "
-                         "be unchanged), then run its survivors again and the mutants it had no time for")
+                    help="continue the last run in --work: bring the checkout's module and tests over, then run its "
+                         "survivors again, the mutants it had no time for and those of the changed functions")
     ap.add_argument("--target", type=float, default=0.9)
     args = ap.parse_args()
     mutmut = shutil.which("mutmut", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
@@ -205,11 +206,12 @@ def prepare(work: Path, module: str) -> None:
 
 
 def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
-    """The last run's mutants of `module` to run (again): survivors, not reached, not run; the
-    checkout's tests copied over first (a killed mutant stays killed: tests are only added)."""
-    source = subprocess.run(["git", "diff", "--quiet", "--no-index", str(REPO / module), str(work / module)])
-    if source.returncode != 0:
-        sys.exit(f"{module} changed since the run in {work}: run it afresh (without --resume)")
+    """The last run's mutants of `module` to run (again): survivors, not reached, not run, and every
+    mutant of a function whose source changed since (mutmut forgets those functions' results); the
+    checkout's module and tests copied over first (a killed mutant of an unchanged function stays
+    killed: tests are only added)."""
+    changed = _chosen(module, changed_functions(work / module, REPO / module))
+    shutil.copy(REPO / module, work / module)      # a new mtime: mutmut mutates it again
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "tests"], cwd=REPO,
                            capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, files):
@@ -217,7 +219,39 @@ def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, base / rel)
     statuses = _statuses(mutmut, work, module)
-    return sorted(n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run"))
+    dotted = module.removesuffix(".py").replace("/", ".")
+    again = [n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run")
+             and _function_of(n, dotted) not in changed]
+    return sorted(again) + [_glob(dotted, f) for f in sorted(changed)]
+
+
+def changed_functions(old: Path, new: Path) -> set[str]:
+    """Functions and methods (`f`, `Class.method`) of `new` whose source differs from `old`'s, or that are new."""
+    before, after = _function_sources(old), _function_sources(new)
+    return {name for name, text in after.items() if before.get(name) != text}
+
+
+def _chosen(module: str, functions: set[str]) -> set[str]:
+    """Those of `functions` that MODULES mutates in `module`."""
+    globs = MODULES[module][1]
+    return {f for f in functions if not globs or any(fnmatch.fnmatch(f, g) for g in globs)}
+
+
+def _function_sources(path: Path) -> dict[str, str]:
+    text = path.read_text()
+    found = {}
+    for node in ast.parse(text).body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+        for f in members:
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[prefix + f.name] = ast.get_source_segment(text, f) or ""
+    return found
+
+
+def _function_of(mutant: str, dotted: str) -> str:
+    """`f` or `Class.method` of a mutant's name."""
+    return mutant.removeprefix(f"{dotted}.x").rsplit("__mutmut_", 1)[0][1:].replace(SEP, ".")    # x_f, xǁCǁm
 
 
 def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int, names: list[str] | None = None) -> None:
@@ -246,8 +280,13 @@ def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int, n
 def mutant_globs(module: str) -> list[str]:
     """mutmut's names of the mutants of MODULES' functions of `module` (`f*`, `Class.method`, `Class.*`)."""
     dotted = module.removesuffix(".py").replace("/", ".")
-    return [f"{dotted}.x{SEP}{f.replace('.', SEP)}__mutmut_*" if "." in f else f"{dotted}.x_{f}__mutmut_*"
-            for f in MODULES[module][1]]
+    return [_glob(dotted, f) for f in MODULES[module][1]]
+
+
+def _glob(dotted: str, function: str) -> str:
+    """mutmut's names of the mutants of `function` (`f`, `Class.method`, globs allowed) of module `dotted`."""
+    return f"{dotted}.x{SEP}{function.replace('.', SEP)}__mutmut_*" if "." in function \
+        else f"{dotted}.x_{function}__mutmut_*"
 
 
 def collect(mutmut: str, work: Path, module: str) -> dict:
