@@ -235,9 +235,11 @@ def read_deploy_record(transport: Transport) -> dict | None:
 
 
 def write_json(transport: Transport, name: str, data: dict) -> None:
-    """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
-    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
-                                  stdin=json.dumps(data, indent=1).encode(), what=f"writing {STATE_DIR}/{name}"))
+    """Store a JSON document in the host's state directory, atomically (build and bundle stamps),
+    within the host's lock timeout (the bound of its other state-directory commands' answers)."""
+    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name,
+                                  timeout=transport.host.timeout("lock"), stdin=json.dumps(data, indent=1).encode(),
+                                  what=f"writing {STATE_DIR}/{name}"))
 
 
 def _marker_text(owner: Owner) -> str:

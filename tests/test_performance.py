@@ -286,6 +286,25 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
     assert "local: removing build/'s executables timed out" in str(caught.value), caught.value
 
 
+def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, monkeypatch):
+    """A host whose `mv` hangs while a stamp is written: the write fails within the host's lock
+    timeout (1 s here), naming the file, and the stamp is not there."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    "timeouts": {"lock": 1}}})
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mv").write_text("#!/bin/sh\nexec sleep 30\n")
+    (fake / "mv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    start = time.monotonic()
+    with pytest.raises(CommandError) as caught:
+        state.write_json(transport.open_transport(inv.hosts["local"]), "build.json", {"key": 1})
+    assert time.monotonic() - start < 10
+    assert "local: writing .kdtree/build.json timed out" in str(caught.value), caught.value
+    assert not (tmp_path / "host" / ".kdtree" / "build.json").exists()
+
+
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
     from orchestrator import relay, sync
     from orchestrator.transport import SshTransport
