@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
-from orchestrator.errors import DestinationError, LockError
+from orchestrator.errors import DestinationError, HostError, LockError
 from orchestrator.transport import open_transport
 
 EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
@@ -108,6 +108,8 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         assert sync.deployed_tree(t, inv.project) == tree
         (root / sync.PARTIAL).write_text("")
         assert sync.deployed_tree(t, inv.project) is None
+        (root / sync.PARTIAL).write_text("x" * 5000)      # too large to read: a mark all the same
+        assert sync.deployed_tree(t, inv.project) is None
         (root / sync.PARTIAL).unlink()
         (root / "src" / "main.cpp").write_text("changed on the host\n")
         assert sync.deployed_tree(t, inv.project) is None
@@ -115,6 +117,37 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         record = json.loads((root / ".kdtree" / "deploy.json").read_text())
         (root / ".kdtree" / "deploy.json").write_text(json.dumps({**record, "tree_hash": ""}))
         assert sync.deployed_tree(t, inv.project) is None
+
+
+def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventory, source, tmp_path, monkeypatch):
+    """Each command of the tar sync (listing remote_dir, deleting removed files, extracting the
+    stream) runs under the host's sync timeout: a host where that one hangs fails the deploy in
+    about a second, naming the command; nothing is lost (the next deploy repairs the tree)."""
+    entry = {"transport": "local", "remote_dir": str(tmp_path / "host"), "rsync_path": "/nonexistent/rsync"}
+    inv = make_inventory({"local": entry})
+
+    def deploy(inventory):
+        with open_transport(inventory.hosts["local"]) as t:
+            return sync.deploy(t, inventory.project, tree, state.Owner.now("deploy"), lambda line: None)
+    tree = sync.source_id(inv.project)
+    assert deploy(inv).method == "tar"
+    (source / "README.md").unlink()           # something to delete
+    tree = sync.source_id(inv.project)        # (hashed here: the local hash runs find too)
+    hung = make_inventory({"local": {**entry, "timeouts": {"sync": 1}}})
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    for tool, only, what in [("find", "./.kdtree", "listing remote_dir"), ("rm", "README.md", "deleting removed files"),
+                             ("tar", "-xzf", "extracting the tar stream")]:
+        (fake / tool).write_text(f'#!/bin/sh\ncase " $* " in *" {only} "*) exec sleep 30;; esac\n'
+                                 f'exec {shutil.which(tool)} "$@"\n')
+        (fake / tool).chmod(0o755)
+        start = time.monotonic()
+        with pytest.raises(HostError, match=f"{what} timed out"):
+            deploy(hung)
+        assert time.monotonic() - start < 8, what
+        (fake / tool).unlink()
+    assert deploy(inv).repaired and not (tmp_path / "host" / "README.md").exists()
 
 
 def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, source):
