@@ -128,7 +128,9 @@ class HostLock:
             process = self._process
         return _answer(process, self.transport.host, self._wait, finals)
 
-    def release(self, timeout: float = 30) -> None:
+    def release(self, timeout: float | None = None) -> None:
+        """Tell the holder on the host to let go and wait for it to end, at most `timeout` seconds
+        (the host's lock timeout by default): a host that hangs there never holds the run."""
         with self._guard:
             process, self._process = self._process, None
         if process is None:
@@ -137,7 +139,7 @@ class HostLock:
             process.write(b"release\n")
         except OSError:
             pass
-        process.close(timeout)
+        process.close(self.transport.host.timeout("lock") if timeout is None else timeout)
 
     def __enter__(self) -> "HostLock":
         return self

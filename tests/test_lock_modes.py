@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 import subprocess
+import sys
 import threading
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,7 @@ from orchestrator.state import EXCLUSIVE, SHARED, Owner
 from orchestrator.transport import open_transport
 
 WAIT = 2
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -151,3 +156,52 @@ def test_a_released_lock_cannot_change_mode(host):
     with pytest.raises(HostError, match="the lock was released") as e:
         lock.to_exclusive()
     assert e.value.host == "h"
+
+
+@pytest.fixture
+def local(make_inventory, tmp_path):
+    """A local host whose client beats every 0.5 s (the holder lets go after 1.5 s of silence),
+    lock timeout 1 s."""
+    inv = make_inventory({"h": {"transport": "local", "remote_dir": str(tmp_path / "d"),
+                                "timeouts": {"keepalive": 0.5, "lock": 1}}})
+    return inv.hosts["h"]
+
+
+def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, monkeypatch):
+    """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
+    marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
+    within the lock timeout; a lock command waits 0 s unless told."""
+    lock, transport = take(local, "validate", 1)
+    marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
+    assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
+                             "2026-01-01T00:00:00Z by laptop)."), marker
+    time.sleep(2 * state.lock_silence(local))
+    with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop"):
+        take(local, "nightly", 2, EXCLUSIVE, wait=0)
+    lock.release()
+    with pytest.raises(HostError, match="^h: the lock was released$"):
+        lock.to_exclusive()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "rm").write_text("#!/bin/sh\nexec sleep 10\n")
+    (fake / "rm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    lock, _ = take(local, "nightly", 3)
+    start = time.monotonic()
+    done = threading.Thread(target=lock.release, daemon=True)
+    done.start()
+    done.join(6)
+    assert not done.is_alive() and time.monotonic() - start < 6
+    assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-3:] == ["exclusive", "0", ""]
+
+
+def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
+    """The heartbeat never keeps a finished client alive (it beats from a daemon thread): a process
+    that exits while it holds the lock ends at once, and the host lets the lock go."""
+    code = ("import sys; from orchestrator import inventory, state, transport; "
+            f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
+            "state.acquire(transport.open_transport(host), state.Owner.now('validate')); print('held'); sys.exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+    assert out == "held\n"
+    lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=WAIT)
+    lock.release()
