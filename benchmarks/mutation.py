@@ -93,8 +93,13 @@ EQUIVALENT: dict[str, str] = {
                                                           "gives 3 all the same",
     "orchestrator.state.x_read_json__mutmut_3": "the name only labels bounded.loads's ValueError, which read_json turns "
                                                 "into None",
-    **{f"orchestrator.state.x_write_json__mutmut_{n}": "the indentation of a stamp on the host: every reader parses it"
-       for n in (16, 18, 19)},
+    "orchestrator.state.xǁHostLockǁ__init____mutmut_1":
+        "wait is read only when the mode changes, and the one caller relying on the default (gpu_claims, exclusive) "
+        "never changes it",
+    "orchestrator.state.xǁHostLockǁ_beat__mutmut_7":
+        "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
+    "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
+        "what is read only with a pattern, and every call with a pattern passes its what",
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
                                                       "slice, the same is_dir)",
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "
@@ -102,41 +107,8 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.sync.x__tar_sync__mutmut_44": "the same (reverse=False)",
 }
 
-# mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
-ACCEPTED: dict[str, str] = {
-    "orchestrator.sync.x__tar_sync__mutmut_2": "no time bound on the tar sync's own commands: a test needs a host that "
-                                               "hangs mid-sync for the whole sync timeout (fault test 5 hangs one "
-                                               "mid-step)",
-    "orchestrator.sync.x__tar_sync__mutmut_8": "the same for its listing",
-    "orchestrator.sync.x__tar_sync__mutmut_48": "the same for its deletion",
-    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "the words naming the tar sync's deletion in its error: it cannot "
-       "fail in the lab (root deletes anything; an unsafe remote_dir is refused before, by the lock)"
-       for n in (49, 54, 56, 57)},
-    **{f"orchestrator.connection.x__connect__mutmut_{n}": "a connect, banner or authentication time bound left out: "
-       "only a hung sshd tells (tests/test_faults.py test_4, tests/test_ssh.py::test_unreachable_host_fails_fast), and "
-       "those tests are outside this module's subset for time" for n in (25, 34, 36, 37, 43, 45, 46)},
-    "orchestrator.connection.x__connect__mutmut_32": "the user left out: Paramiko then takes this process's user, and "
-                                                     "the lab's sshd hosts accept root only, who runs the tests",
-    "orchestrator.connection.x__connect__mutmut_41": "the same",
-    "orchestrator.state.x_write_json__mutmut_5": "no host-side bound on writing a stamp (it takes milliseconds; a test "
-                                                 "needs a host that hangs right there)",
-    "orchestrator.state.x_write_json__mutmut_14": "the same bound, 61 s instead of 60",
-    "orchestrator.state.x_write_json__mutmut_7": "the words naming a failed stamp write in its error: it cannot fail in "
-                                                 "the lab (root writes anything; an unsafe .kdtree/ is refused before)",
-    "orchestrator.state.x_write_json__mutmut_13": "the same (the default words)",
-    "orchestrator.steps.build.x_run__mutmut_50": "no client deadline on removing build/'s executables before a rebuild "
-                                                 "(it takes milliseconds; a test needs a host that hangs right there)",
-    "orchestrator.steps.build.x_run__mutmut_53": "the same (the default deadline)",
-    "orchestrator.steps.build.x_run__mutmut_57": "the host-side bound of that removal (none): the same",
-    "orchestrator.steps.build.x_run__mutmut_61": "the same bound, 61 s instead of 60",
-    "orchestrator.steps.build.x_run__mutmut_63": "the client's deadline of that removal, 61 s instead of 60",
-    "orchestrator.steps.build.x_run__mutmut_51": "the words naming that removal in its error: it cannot fail in the lab "
-                                                 "(root deletes anything; an unsafe build/ is refused earlier, by the "
-                                                 "hashing, which the same guard protects)",
-    "orchestrator.steps.build.x_run__mutmut_54": "the same (the default words)",
-    "orchestrator.sync.x_deployed_tree__mutmut_12": "the size bound of reading the in-progress mark (4097 bytes, not "
-                                                    "4096), whose existence alone matters",
-}
+# mutant name -> why it is left alive on purpose (it still counts as a survivor in the score); none today
+ACCEPTED: dict[str, str] = {}
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
 
