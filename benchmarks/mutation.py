@@ -107,8 +107,12 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.sync.x__tar_sync__mutmut_44": "the same (reverse=False)",
 }
 
-# mutant name -> why it is left alive on purpose (it still counts as a survivor in the score); none today
-ACCEPTED: dict[str, str] = {}
+# mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
+ACCEPTED: dict[str, str] = {
+    "orchestrator.state.x_acquire__mutmut_30":
+        "a failed claim waits 2 s instead of 1 for the holder to go: bounded all the same (the unbounded mutant is "
+        "killed); telling 1 s from 2 s needs a timing test on a loaded machine",
+}
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
 

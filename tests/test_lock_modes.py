@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -176,8 +177,9 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
                              "2026-01-01T00:00:00Z by laptop)."), marker
     time.sleep(2 * state.lock_silence(local))
-    with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop"):
-        take(local, "nightly", 2, EXCLUSIVE, wait=0)
+    with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop") as busy:
+        state.acquire(open_transport(local), owner("nightly", 2))        # waits 0 s unless told
+    assert "waited" not in str(busy.value)
     lock.release()
     with pytest.raises(HostError, match="^h: the lock was released$"):
         lock.to_exclusive()
@@ -205,3 +207,35 @@ def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
     assert out == "held\n"
     lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=WAIT)
     lock.release()
+
+
+def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
+    """A client that stops beating without closing its connection (frozen, or cut off by a network
+    partition the host never hears about): the holder on the host lets go after its silence."""
+    code = ("import time; from orchestrator import inventory, state, transport; "
+            f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
+            "lock = state.acquire(transport.open_transport(host), state.Owner.now('validate')); "
+            "print('held', flush=True); time.sleep(60)")
+    client = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline() == "held\n"
+        client.send_signal(signal.SIGSTOP)
+        lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=3 * state.lock_silence(local))
+        lock.release()
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, tmp_path, monkeypatch):
+    """A host whose `flock` hangs never answers the claim: it fails after the lock timeout (1 s)
+    and a second to let the holder go, not when the host wakes up."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "flock").write_text("#!/bin/sh\nexec sleep 10\n")
+    (fake / "flock").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    start = time.monotonic()
+    with pytest.raises(HostError, match="no answer from the lock command within 1 s"):
+        take(local, "validate", 1, EXCLUSIVE, wait=0)
+    assert time.monotonic() - start < 6
