@@ -112,6 +112,10 @@ ACCEPTED: dict[str, str] = {
     "orchestrator.state.x_acquire__mutmut_30":
         "a failed claim waits 2 s instead of 1 for the holder to go: bounded all the same (the unbounded mutant is "
         "killed); telling 1 s from 2 s needs a timing test on a loaded machine",
+    **{f"orchestrator.state.x_answers__mutmut_{n}":
+       "the evidence of a lock helper that closed its output but did not end within close()'s 30 s (no result): "
+       "a test would wait those 30 s; the helper that dies is tested (tests/test_lock_modes.py)"
+       for n in (25, 27, 29, 30)},
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
