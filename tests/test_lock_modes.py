@@ -4,6 +4,7 @@ they stay; nobody overtakes a run on its way back from exclusive to shared; dead
 recovered while live ones are not."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
@@ -240,7 +241,7 @@ def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, tmp_path, mo
     (fake / "flock").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     start = time.monotonic()
-    with pytest.raises(HostError, match="no answer from the lock command within 2 s"):
+    with pytest.raises(HostError, match="^h: no answer from the lock command within 2 s$"):
         take(local, "validate", 1, EXCLUSIVE, wait=0)
     assert time.monotonic() - start < 8
     (fake / "flock").write_text("#!/bin/sh\necho dying; kill -KILL $PPID\n")     # the holder dies mid-claim
@@ -249,3 +250,23 @@ def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, tmp_path, mo
     assert (died.value.message, died.value.host) == ("the lock command ended without an answer", "h")
     assert died.value.exit_status in (-9, 137)     # killed (a local process's status, or the shell's)
     assert "kd_owned" in died.value.command and "dying" in died.value.tail
+
+
+def test_a_lock_names_garbled_holders_as_unknown(local, tmp_path):
+    """Holder files that do not parse (a live one, flocked, and a dead one) are named by their
+    first 200 characters, as an unknown owner: as a holder in the busy error, as the stale owner
+    the next claim recovered."""
+    state_dir = tmp_path / "d" / ".kdtree"
+    live, dead = "L" * 250, "D" * 250
+    lock, _ = take(local, "validate", 1)
+    (state_dir / "holder-1.json").write_text(live)
+    with open(state_dir / "holder-1.json") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        with pytest.raises(LockError) as busy:
+            take(local, "nightly", 2, EXCLUSIVE, wait=0)
+    assert f"another run: {'L' * 200} by pid 0 on unknown, started unknown; validate by pid 1" in str(busy.value)
+    lock.release()
+    (state_dir / "holder-2.json").write_text(dead)
+    lock, _ = take(local, "nightly", 3)
+    assert str(lock.stale) == f"{'D' * 200} by pid 0 on unknown, started unknown"
+    lock.release()
