@@ -98,6 +98,8 @@ EQUIVALENT: dict[str, str] = {
         "never changes it",
     "orchestrator.state.xǁHostLockǁ_beat__mutmut_7":
         "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
+    "orchestrator.state.x_answers__mutmut_35":
+        "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
         "what is read only with a pattern, and every call with a pattern passes its what",
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
@@ -116,6 +118,8 @@ ACCEPTED: dict[str, str] = {
        "the evidence of a lock helper that closed its output but did not end within close()'s 30 s (no result): "
        "a test would wait those 30 s; the helper that dies is tested (tests/test_lock_modes.py)"
        for n in (25, 27, 29, 30)},
+    "orchestrator.state.x_answers__mutmut_37": "a lock helper that gave no answer in time gets 2 s instead of 1 to "
+                                               "go: bounded all the same (the unbounded mutant is killed)",
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
