@@ -98,6 +98,8 @@ EQUIVALENT: dict[str, str] = {
         "never changes it",
     "orchestrator.state.xǁHostLockǁ_beat__mutmut_7":
         "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
+    "orchestrator.steps.build.x__records_path__mutmut_8":
+        "33 hex digits of the key's sha256 instead of 32 name the record file: only this function ever names it",
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":

@@ -230,7 +230,7 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     key reused with the run it came from; --no-cache rebuilds with KD_REBUILD=1; the stamp of
     another build key matched by executables this machine recorded for the first key only is
     not trusted (they are removed before the build); a build the engine's own cache restored
-    is `cached` and says so."""
+    is `cached` and says so; a build key is the same whatever the order of its fields."""
     root = context.root
     (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
 
@@ -261,6 +261,9 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     restored, _ = build(build_key={"cxx": "icc"})
     assert (restored.status, restored.message, restored.reused_from) == \
         ("cached", f"cuda build for sm_90 of tree {TREE[:12]} restored from the host's build cache", None)
+    (root / "restore-me").unlink()
+    assert build(build_key={"cxx": "g++", "arch": "sm_90"})[0].status == "passed"
+    assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "cached"    # the same key, told in another order
 
 
 def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, tmp_path, monkeypatch):
