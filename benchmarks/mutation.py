@@ -194,16 +194,18 @@ def prepare(work: Path, module: str) -> None:
 def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
     """The last run's mutants of `module` to run (again): survivors, not reached, not run, and every
     mutant of a function whose source changed since (mutmut forgets those functions' results); the
-    checkout's module and tests copied over first (a killed mutant of an unchanged function stays
-    killed: tests are only added)."""
+    checkout's files copied over first (a killed mutant of an unchanged function stays killed:
+    tests are only added)."""
     changed = _chosen(module, changed_functions(work / module, REPO / module))
-    shutil.copy(REPO / module, work / module)      # a new mtime: mutmut mutates it again
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "tests"], cwd=REPO,
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        for base in (work, work / "mutants"):
+    for rel in filter(None, files):          # the checkout as it is now, but mutmut's own section and mutants
+        if rel == "pyproject.toml" or not (REPO / rel).is_file():
+            continue
+        for base in (work,) if rel == module else (work, work / "mutants"):
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, base / rel)
+            shutil.copy2(REPO / rel, base / rel, follow_symlinks=False)
+    os.utime(work / module)                  # a new mtime: mutmut mutates the module again
     statuses = _statuses(mutmut, work, module)
     dotted = module.removesuffix(".py").replace("/", ".")
     again = [n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run")
