@@ -347,8 +347,9 @@ def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_
 
 
 def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, tmp_path, monkeypatch):
-    """The removal of executables this machine did not record runs under the build step's
-    timeout: a host whose `find -delete` hangs fails the step within seconds, naming the removal."""
+    """The hashing of build/'s executables and the removal of those this machine did not record run
+    under the build step's timeout: a host whose `sha256sum` or `find -delete` hangs fails the
+    step within seconds, naming what hung."""
     (context.root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
     ctx = context()
     ctx.step = "build"
@@ -356,17 +357,20 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
     (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "find").write_text(f'#!/bin/sh\nfor a; do [ "$a" = -delete ] && exec sleep 30; done\n'   # the removal only
-                               f'exec {shutil.which("find")} "$@"\n')
-    (fake / "find").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-    ctx = context()
-    ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
-    start = time.monotonic()
-    with pytest.raises(CommandError) as caught:
-        build_step.run(ctx)
-    assert time.monotonic() - start < 10
-    assert "local: removing build/'s executables timed out" in str(caught.value), caught.value
+    for tool, script, what in [("sha256sum", "exec sleep 30", "hashing the build's executables"),
+                               ("find", 'for a; do [ "$a" = -delete ] && exec sleep 30; done\n'    # the removal only
+                                        f'exec {shutil.which("find")} "$@"', "removing build/'s executables")]:
+        (fake / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (fake / tool).chmod(0o755)
+        ctx = context()
+        ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
+        start = time.monotonic()
+        with pytest.raises(CommandError) as caught:
+            build_step.run(ctx)
+        assert time.monotonic() - start < 10
+        assert f"local: {what} timed out" in str(caught.value), caught.value
+        (fake / tool).unlink()
 
 
 def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, monkeypatch):

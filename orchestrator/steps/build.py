@@ -83,9 +83,9 @@ def _record(ctx: StepContext, key: dict) -> None:
 
 def _hashes(ctx: StepContext, paths: list[str]) -> dict[str, str]:
     """sha256 of `paths` (relative to remote_dir) on the host; none given: of every executable file under build/."""
-    command = remote.script_command(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step))
-    out = ctx.transport.capture(command, timeout=remote.client_timeout(ctx.host.timeout(ctx.step)),
-                                max_bytes=HASHES_MAX_BYTES, what="hashing the build's executables")
+    command = remote.script(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step),
+                            what="hashing the build's executables")
+    out = ctx.transport.capture(command, max_bytes=HASHES_MAX_BYTES)
     return {m.group(2): m.group(1) for m in re.finditer(r"^([0-9a-f]{64}) [ *](.+)$",
                                                         out.decode(errors="replace"), re.M)}
 
