@@ -100,6 +100,10 @@ EQUIVALENT: dict[str, str] = {
         "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
     "orchestrator.steps.build.x__records_path__mutmut_8":
         "33 hex digits of the key's sha256 instead of 32 name the record file: only this function ever names it",
+    "orchestrator.steps.build.x__checked_version__mutmut_11":
+        'no version line: parse_version("XXXX") is {} as parse_version("") is, and the error says (nothing) either way',
+    **{f"orchestrator.steps.build.x__record__mutmut_{n}": "the indentation of this machine's build records: only "
+       "json.loads reads them" for n in (32, 34, 39)},
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
