@@ -74,6 +74,10 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
     "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
+    "orchestrator.hostkeys.x_blob_fingerprint__mutmut_9":
+        'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
+    "orchestrator.hostkeys.x_pinned_transport__mutmut_1":
+        "the event given to start_client: SSHClient.connect passes none (it waits for the key exchange itself)",
     "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
                                                     "the failed checks' only)",
     "orchestrator.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
