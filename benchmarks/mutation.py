@@ -214,6 +214,7 @@ def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, base / rel, follow_symlinks=False)
     os.utime(work / module)                  # a new mtime: mutmut mutates the module again
+    (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)     # which tests reach what: measured anew
     statuses = _statuses(mutmut, work, module)
     dotted = module.removesuffix(".py").replace("/", ".")
     again = [n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run")
