@@ -108,6 +108,8 @@ EQUIVALENT: dict[str, str] = {
         'no version line: parse_version("XXXX") is {} as parse_version("") is, and the error says (nothing) either way',
     **{f"orchestrator.steps.build.x__record__mutmut_{n}": "the indentation of this machine's build records: only "
        "json.loads reads them" for n in (32, 34, 39)},
+    **{f"orchestrator.state.x_write_json__mutmut_{n}": "the indentation of a stamp on the host: every reader parses it"
+       for n in (18, 20, 21)},
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
@@ -128,6 +130,9 @@ ACCEPTED: dict[str, str] = {
        "the evidence of a lock helper that closed its output but did not end within close()'s 30 s (no result): "
        "a test would wait those 30 s; the helper that dies is tested (tests/test_lock_modes.py)"
        for n in (25, 27, 29, 30)},
+    "orchestrator.state.x_answers__mutmut_10": "the last wait for a line lasts at least 1 s, past the deadline by "
+                                               "less than a second: bounded all the same (the unbounded mutants are "
+                                               "killed)",
     "orchestrator.state.x_answers__mutmut_37": "a lock helper that gave no answer in time gets 2 s instead of 1 to "
                                                "go: bounded all the same (the unbounded mutant is killed)",
 }

@@ -198,6 +198,10 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     done.start()
     done.join(6)
     assert not done.is_alive() and time.monotonic() - start < 6
+    lock, _ = take(local, "nightly", 4)            # shared: beside the holder still hung in its rm
+    start = time.monotonic()
+    lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
+    assert time.monotonic() - start < 1.5
     assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-3:] == ["exclusive", "0", ""]
 
 
