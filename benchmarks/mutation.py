@@ -119,6 +119,14 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "
                                                 "with rm -f: the order of the paths changes nothing",
     "orchestrator.sync.x__tar_sync__mutmut_44": "the same (reverse=False)",
+    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "tarfile's default format is PAX_FORMAT" for n in (64, 67)},
+    "orchestrator.sync.x__tar_sync__mutmut_76": "recursive=None is as falsy as False: tar adds the directory alone",
+    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "the second loop adds changed files and symlinks only (never a "
+       "directory), which tar adds alone whatever recursive says" for n in (84, 87, 89)},
+    **{f"orchestrator.sync.x__local_listing__mutmut_{n}": "the size and mtime of a directory or symlink entry are "
+       "never compared (symlinks are always sent, directories always listed)" for n in (5, 6, 12, 13)},
+    "orchestrator.sync.x_deployed_tree__mutmut_12": "any mark, readable or too large, means a broken sync: the read's "
+                                                    "bound changes nothing",
 }
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)

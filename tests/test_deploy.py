@@ -119,6 +119,28 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         assert sync.deployed_tree(t, inv.project) is None
 
 
+def test_the_rsync_argv_of_a_sync(make_inventory, source):
+    """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
+    over ssh only (a local host runs this machine's rsync)."""
+    from orchestrator.transport import SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree", "rsync_path": "/opt/rsync dir/rsync"},
+                          "local": {"transport": "local", "remote_dir": "/srv/kd", "rsync_path": "/opt/rsync"}})
+    argv = sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project)
+    assert "--checksum" not in argv and argv[-3] == "--rsync-path='/opt/rsync dir/rsync'"
+    assert "--checksum" in sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, checksum=True)
+    local = sync.rsync_argv(open_transport(inv.hosts["local"]), inv.project)
+    assert not [a for a in local if a.startswith("--rsync-path")] and local[-2:] == [f"{source}/", "/srv/kd/"]
+
+
+def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    (source / "empty" / "dir").mkdir(parents=True)
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    with open_transport(inv.hosts["local"]) as t:
+        sync._tar_sync(t, inv.project, print, everything=False)
+    assert (tmp_path / "host" / "empty" / "dir").is_dir()
+
+
 def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventory, tmp_path, monkeypatch):
     """Each command of the tar sync (listing remote_dir, deleting removed files, extracting the
     stream) runs under the host's sync timeout: a host where that one hangs fails in about a
@@ -141,7 +163,8 @@ def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventor
                 sync._tar_sync(t, inv.project, print, everything=False)
             assert time.monotonic() - start < 8, what
             (fake / tool).unlink()
-        assert sync._tar_sync(t, inv.project, print, everything=False)["files"] == len(SYNCED)
+        counts = sync._tar_sync(t, inv.project, print, everything=False)
+        assert (counts["files"], counts["deleted"]) == (len(SYNCED), 0) and counts["bytes"] > 0
     assert files(tmp_path / "host") == SYNCED
 
 
