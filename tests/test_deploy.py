@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,28 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         record = json.loads((root / ".kdtree" / "deploy.json").read_text())
         (root / ".kdtree" / "deploy.json").write_text(json.dumps({**record, "tree_hash": ""}))
         assert sync.deployed_tree(t, inv.project) is None
+
+
+@pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
+def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method):
+    """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
+    what was sent; the log says how it went."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    **({"rsync_path": rsync_path} if rsync_path else {})}})
+    tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    with open_transport(inv.hosts["local"]) as t:
+        result = sync.deploy(t, inv.project, tree, owner, log.append)
+    record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
+    assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
+        {"version": 1, "tree_hash": "f" * 64, "git_revision": "abc123", "git_dirty": True, "method": method,
+         "by": {"client": "laptop", "pid": 7, "started": "2026-01-01T00:00:00Z", "command": "deploy"}, "deleted": 0}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["deployed_at"])
+    assert (result.host, result.method, result.files, result.tree_hash, result.repaired, result.stale_lock) == \
+        ("local", method, len(SYNCED), "f" * 64, None, None)
+    assert result.bytes == record["bytes"] > 0 and 0 < result.seconds < 60 and result.seconds == round(result.seconds, 3)
+    assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
+    assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
 
 
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
