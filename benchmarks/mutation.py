@@ -90,6 +90,10 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
     "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
+    **{f"orchestrator.connection.x__connect__mutmut_{n}":
+       "banner_timeout left to Paramiko's 15 s: SSHClient.connect hands the same connect timeout to start_client, "
+       "which gives up on a host silent before its banner as soon (tests/test_ssh.py: a target that never sends a "
+       "banner fails within the connect timeout either way)" for n in (36, 45)},
     "orchestrator.connection.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
     "orchestrator.connection.x__open_once__mutmut_8": "the same (found left out)",
