@@ -71,7 +71,8 @@ class StepContext:
     deployed_tree_hash: str | None = None
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
     lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
-    take_lock: Any = None               # (mode, wait) -> state.HostLock held by the run
+    take_lock: Any = None               # (mode, wait, begin_sync) -> state.HostLock held by the run
+    sync_planned: bool = False          # the sync step comes: a lock held alone begins it (state.acquire)
     gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
     claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
     claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
@@ -81,8 +82,9 @@ class StepContext:
     measured: Any = None                # inputs.Inputs on the host since its last engine command
 
     def hold_tree(self, mode: str, wait: float = 0) -> None:
-        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds)."""
-        self.lock = self.take_lock(mode, wait)
+        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds);
+        held alone before a planned sync, the lock command begins the sync too (one round trip)."""
+        self.lock = self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
         if self.lock.stale:
             self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
 
