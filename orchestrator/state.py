@@ -7,6 +7,7 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     state.acquire(transport, owner, begin_sync=True).take_begun()   # the lock and a sync's first step at once
     state.read_deploy_record(transport)                  # what the last deploy recorded
     state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
+    state.read_jsons(transport, state.STAMPS)            # several at once: {name: document or None}
 
 acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
 nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
@@ -28,13 +29,15 @@ import time
 from typing import Iterator
 
 from . import bounded, ownership, remote
-from .errors import DestinationError, FetchError, HostError, KdError, LockError
+from .errors import CommandError, DestinationError, FetchError, HostError, KdError, LockError
 from .transport import Transport
 
 STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
+# The state files a validate reads: the deploy record and the stamps of the steps that reuse results
+STAMPS = ("deploy.json", "build.json", "bundles.json", "golden.json", "test.json", "bench.json")
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
 
@@ -249,6 +252,32 @@ def read_json(transport: Transport, name: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict | None]:
+    """Several of the host's state documents (read_json's, each None when missing, not a
+    mapping, not JSON or over RECORD_MAX_BYTES) in one round trip. An answer that does not
+    frame as asked (a file holding a NUL byte) makes every one None: nothing is reused then."""
+    try:
+        raw = transport.capture(remote.script(_READ_JSONS_SCRIPT, transport.host.remote_dir,
+                                              str(RECORD_MAX_BYTES), *names, timeout=60,
+                                              what=f"reading {STATE_DIR}/ {' '.join(names)}"),
+                                max_bytes=len(names) * (RECORD_MAX_BYTES + 300))
+    except CommandError:            # as read_json's unreadable file: none of them is trusted
+        return dict.fromkeys(names)
+    parts = raw.split(b"\0")
+    if len(parts) != 2 * len(names) + 1 or parts[-1] or [p.decode(errors="replace") for p in parts[:-1:2]] != list(names):
+        return dict.fromkeys(names)
+    found: dict[str, dict | None] = {}
+    for name, body in zip(names, parts[1::2]):
+        found[name] = None
+        if body.startswith(b"+") and len(body) <= RECORD_MAX_BYTES + 1:
+            try:
+                data = bounded.loads(body[1:], name)
+            except ValueError:
+                continue
+            found[name] = data if isinstance(data, dict) else None
+    return found
+
+
 def read_deploy_record(transport: Transport) -> dict | None:
     """The record of the last completed deploy on the host, or None if there is none."""
     return read_json(transport, "deploy.json")
@@ -349,6 +378,19 @@ while IFS= read -r "${t[@]}" reply; do
 done
 exit 0
 '''
+
+# $1 remote_dir, $2 the size limit, then the names: for each, NAME NUL, then + and its content (at
+# most limit + 1 bytes: the client judges) or - (no regular file), NUL. (No symlink lies in
+# .kdtree: the check refuses one.)
+_READ_JSONS_SCRIPT = ownership.guard(r'''
+cd -- "$1/.kdtree" || exit 3
+max=$2; shift 2
+for f in "$@"; do
+  printf '%s\0' "$f"
+  if [ -f "$f" ] && [ ! -L "$f" ]; then printf +; head -c "$((max + 1))" -- "$f"; else printf -; fi
+  printf '\0'
+done
+''')
 
 _WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"
