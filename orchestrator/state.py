@@ -318,8 +318,11 @@ if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -
   unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
+claimed=; [ -d "$d/.kdtree" ] && claimed=1
 mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
-kd_owned "$d"
+# checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
+# and nobody else can have changed it since (the way to it and what is in it are not theirs)
+[ -n "$claimed" ] || kd_owned "$d"
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
