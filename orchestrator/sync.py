@@ -243,9 +243,15 @@ def is_excluded(path: str, is_dir: bool, patterns) -> bool:
         anchored = pattern.startswith("/")
         pat = pattern.strip("/").split("/")
         if anchored and len(pat) == len(parts) or not anchored and len(pat) <= len(parts):
-            if all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts[-len(pat):], pat)):
+            if all(_matches(p, q) for p, q in zip(parts[-len(pat):], pat)):
                 return True
     return False
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """fnmatch's answer; a pattern without wildcards is the name itself (no regex compiled: the
+    source is walked every run, and most excludes are plain names)."""
+    return fnmatch.fnmatchcase(name, pattern) if any(c in pattern for c in "*?[") else name == pattern
 
 
 # -- rsync -----------------------------------------------------------------------------------------
