@@ -323,7 +323,7 @@ def detection(args, work: Path) -> dict:
     metric = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]
     print(f"  {TARGET}: quiet runs {', '.join(f'{v:.0f}' for v in before)}; after {sha[:10]}: {value:.0f} "
           f"({ratio:.3f}x of the median, CPU share {metric.get('cpu_share')}, load {after['load']}); "
-          f"nightly exit {after['rc']}; flagged: {', '.join(flags) or 'nothing'}")
+          f"nightly exit {after['rc']}; flagged: {', '.join(reported(after['run'], args.host)) or 'nothing'}")
     if TARGET in flags:
         evidence = flags[TARGET]
         print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
@@ -332,6 +332,7 @@ def detection(args, work: Path) -> dict:
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
+            "flagged_ratios": {name: r["ratio"] for name, r in sorted(flags.items())},
             "quiet_regressions": [reported(q["run"], args.host) for q in quiet], "slowdown": args.slowdown,
             "evidence": flags.get(TARGET), "seconds": [q["seconds"] for q in quiet] + [after["seconds"]],
             "loads": [q["load"] for q in quiet] + [after["load"]], "load_jobs": jobs,
