@@ -7,8 +7,10 @@
 # 28672x8192, each line with the output's bits (equal bits: the same arithmetic); `bench_gpu
 # --quick` per tree (read ceiling, the rotated table, the MoE layer at 1, 4, 16 tokens); with
 # KD_AB_NCU=1 an ncu profile of each tree's M = 1 launch on 28672x8192 (warp states, stall
-# sampling per instruction: OUT/ncu_<tree>.txt and OUT/ncu_<tree>_sass.csv); with KD_AB_GATES=1
-# run_tests.sh and compute-sanitizer memcheck of this tree's op tests.
+# sampling per instruction: OUT/ncu_<tree>.txt and OUT/ncu_<tree>_sass.csv; KD_AB_NCU_NAMES limits
+# it to some entries, KD_AB_QUICK likewise the --quick runs); with KD_AB_GATES=1 run_tests.sh and
+# compute-sanitizer memcheck of this tree's op tests; with KD_AB_FULL=1 the full `bench_gpu
+# --json OUT/bench_full.json` of the first entry (the rotated table with 15 repeats).
 #   bench/gpu_ab.sh OUT NAME=TREE[@VAR=VALUE]...   (from engine_src/; each TREE an engine_src
 #   folder, `.` for this one; VAR=VALUE an environment setting for that entry's runs, so one
 #   build can be several entries; env KD_ARCH as for build.sh)
@@ -70,8 +72,13 @@ if [[ "${KD_AB_NCU:-0}" == 1 ]]; then
     done
 fi
 if [[ "${KD_AB_GATES:-0}" == 1 ]]; then
-    KD_NO_BUILD=1 timeout "${KD_AB_TESTS_S:-200}" bash scripts/run_tests.sh >"$out/run_tests.log" 2>&1
+    timeout "${KD_AB_TESTS_S:-200}" bash scripts/run_tests.sh >"$out/run_tests.log" 2>&1
     echo "run_tests rc=$? ($((SECONDS - t0)) s): $(grep -cE '^PASS' "$out/run_tests.log") pass; $(grep -E '^FAIL|TESTS (PASSED|FAILED)' "$out/run_tests.log" | head -n 8 | tr '\n' ';')"
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda >"$out/memcheck.log" 2>&1
     echo "memcheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log")"
+fi
+if [[ "${KD_AB_FULL:-0}" == 1 ]]; then
+    env "${envs[0]}" timeout 200 "${trees[0]}/build/ab/bench_gpu" --json "$out/bench_full.json" >"$out/bench_full.log" 2>&1
+    echo "bench_gpu (full) ${names[0]} rc=$? ($((SECONDS - t0)) s)"
+    grep -E "^read-band|x 8192  M=|T=1 |T=16 " "$out/bench_full.log"
 fi
