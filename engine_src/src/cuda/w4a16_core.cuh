@@ -18,10 +18,10 @@
 // Shape of the work
 //   * A block is 8 warps and stages one super-chunk of the activations of up to 16 token rows
 //     (its slot's rows when grouped) in shared memory in the mma's B-fragment order.
-//   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_layout): per 8 rows and
-//     step of 8 groups, 1 KB of words in the order the lanes read them, so each 16-byte load of
-//     a warp reads 512 contiguous bytes, and 256 bytes of scales. N is padded to 8 rows, K to
-//     256 inputs, with zeros.
+//   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_kernel): per 8 rows and
+//     step of 8 groups, 1 KB of words in the order the lanes read them (each word's nibbles in
+//     w4_word_order's places), so each 16-byte load of a warp reads 512 contiguous bytes, and
+//     256 bytes of scales. N is padded to 8 rows, K to 256 inputs, with zeros.
 //   * A warp's tile is 16 weight rows (the mma's rows; with the fused SwiGLU epilogue 8 w1 rows
 //     and their 8 w3 rows) over the block's super-chunk; lane (g, t) = (lane / 4, lane % 4) gets
 //     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
@@ -58,7 +58,7 @@ constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launc
 constexpr int KD_W4_ROW_BYTES = KD_W4_GROUPS * 64 + 64;  // one staged B row; the pad keeps LDS.128 conflict-free
 
 struct W4Params {
-    const uint32_t* q = nullptr;   // tiled words (w1 with the SwiGLU epilogue), see w4a16_tile_layout
+    const uint32_t* q = nullptr;   // tiled words (w1 with the SwiGLU epilogue), see w4a16_tile_kernel
     const float* s = nullptr;      // tiled scales
     const uint32_t* q3 = nullptr;  // SwiGLU: w3
     const float* s3 = nullptr;
