@@ -33,7 +33,13 @@ machine's, docs/gpu-reference/history-detection.sh).
                 at most ceil(log2 16) + 2 = 6 builds each; the time of each is reported.
 
   replay        the false-alarms and detection parts of an earlier run in --work-dir judged
-                again, night by night, by this checkout's detector.
+                again, night by night, by this checkout's detector; and once more with each
+                bundle's ddtree_best_decode_speedup rebuilt from its two timings' samples paired
+                by round (DDTree's run r over AR's run r, as the bench pairs them since), so that
+                runs measured before the pairing show what it changes.
+
+More repeats per night narrow a night's own spread: --bench-args "... --repeats 5" (the bench's
+default is 3); the figures in BENCHMARKS.md say which each part used.
 
 Prints a table per part and a summary; --json writes every figure.
 """
@@ -317,7 +323,7 @@ def detection(args, work: Path) -> dict:
     metric = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]
     print(f"  {TARGET}: quiet runs {', '.join(f'{v:.0f}' for v in before)}; after {sha[:10]}: {value:.0f} "
           f"({ratio:.3f}x of the median, CPU share {metric.get('cpu_share')}, load {after['load']}); "
-          f"nightly exit {after['rc']}; flagged: {', '.join(flags) or 'nothing'}")
+          f"nightly exit {after['rc']}; flagged: {', '.join(reported(after['run'], args.host)) or 'nothing'}")
     if TARGET in flags:
         evidence = flags[TARGET]
         print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
@@ -326,15 +332,36 @@ def detection(args, work: Path) -> dict:
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
+            "flagged_ratios": {name: r["ratio"] for name, r in sorted(flags.items())},
             "quiet_regressions": [reported(q["run"], args.host) for q in quiet], "slowdown": args.slowdown,
             "evidence": flags.get(TARGET), "seconds": [q["seconds"] for q in quiet] + [after["seconds"]],
             "loads": [q["load"] for q in quiet] + [after["load"]], "load_jobs": jobs,
             "bisect_command": bisect_line, "pass": ok and bisect_line is not None}
 
 
+def paired_speedups(run: dict) -> dict:
+    """A copy of a run record whose bundles' ddtree_best_decode_speedup samples (wall clock, per CPU
+    second, probe) are rebuilt by round from the best-decode DDTree timing's and the AR decode's
+    samples: what the bench reports since it pairs them (runs measured before that can be replayed so)."""
+    run = json.loads(json.dumps(run))
+    for host in (run.get("hosts") or {}).values():
+        metrics = (host.get("bench") or {}).get("metrics") or {}
+        for bundle in {name.split(".")[0] for name in metrics}:
+            speedup = metrics.get(f"{bundle}.ddtree_best_decode_speedup")
+            tree, ar = metrics.get(f"{bundle}.ddtree_best_decode_tokens_per_s"), metrics.get(f"{bundle}.ar_decode_tokens_per_s")
+            if not (speedup and tree and ar):
+                continue
+            for key in ("samples", "cpu_samples", "cal_samples"):
+                over, under = tree.get(key), ar.get(key)
+                if over and under and len(over) == len(under) and all(u > 0 for u in under):
+                    speedup[key] = [o / u for o, u in zip(over, under)]
+    return run
+
+
 def replay(args, work: Path) -> dict:
     """The false-alarms and detection parts of an earlier run in --work-dir judged again, night by
-    night, by this checkout's detector (what a detector change does to the same measurements)."""
+    night, by this checkout's detector (what a detector change does to the same measurements), and
+    with the speed-ups paired by round (paired_speedups: the runs indexed again into a scratch history)."""
     sys.path.insert(0, str(REPO))
     from orchestrator import history as history_mod, regression
     found = {}
@@ -343,7 +370,9 @@ def replay(args, work: Path) -> dict:
         if not history.is_file():
             continue
         rows = []
-        with history_mod.HistoryStore.open(history) as store:
+        scratch = work / f"{part}-paired.sqlite"
+        scratch.unlink(missing_ok=True)
+        with history_mod.HistoryStore.open(history) as store, history_mod.HistoryStore.open(scratch) as paired_store:
             for run_json in sorted(runs_dir.glob("*/run.json")):
                 if run_json.parent.is_symlink():
                     continue        # runs/latest
@@ -352,14 +381,20 @@ def replay(args, work: Path) -> dict:
                     continue        # the warm-up night, in its own history
                 verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
                 now = [f"{p.metric} {v.ratio:.2f}x" for p, v in verdicts if v.regressed]
+                paired = paired_speedups(run)
+                paired_verdicts = history_mod.judge_run(paired_store, paired, lambda metric: regression.threshold_for(metric, {}))
+                paired_store.index_run(paired)
                 rows.append({"run": run["run_id"], "as_run": reported(run, args.host), "replayed": now,
-                             "not_judged": sum(1 for _, v in verdicts if v.status == "unjudged")})
-        print(f"\n== replay of {part}: {len(rows)} nights judged again by this checkout's detector")
+                             "not_judged": sum(1 for _, v in verdicts if v.status == "unjudged"),
+                             "paired": [f"{p.metric} {v.ratio:.2f}x" for p, v in paired_verdicts if v.regressed]})
+        print(f"\n== replay of {part}: {len(rows)} nights judged again by this checkout's detector "
+              "(and with the speed-ups paired by round)")
         for i, r in enumerate(rows, 1):
             print(f"  night {i:2d} {r['run']}: as run {len(r['as_run'])}, replayed {len(r['replayed'])}, not judged "
-                  f"{r['not_judged']}  {', '.join(r['replayed'])[:100]}")
+                  f"{r['not_judged']}, paired {len(r['paired'])}  {', '.join(r['replayed'])[:80]} / {', '.join(r['paired'])[:80]}")
         print(f"  total: as run {sum(len(r['as_run']) for r in rows)}, replayed {sum(len(r['replayed']) for r in rows)} "
-              f"in {sum(1 for r in rows if r['replayed'])} nights")
+              f"in {sum(1 for r in rows if r['replayed'])} nights, speed-ups paired {sum(len(r['paired']) for r in rows)} "
+              f"in {sum(1 for r in rows if r['paired'])} nights")
         found[part] = rows
     return found
 

@@ -148,10 +148,14 @@ CHECKS = (check_rsync, check_nvcc, check_gpu, check_arch, check_disk, check_pyth
 
 _PROBE_SCRIPT = r'''
 d=$1 rsync_path=$2 cuda=$3 py=$4
+# the slowest checks start first and run beside the others: the interpreter (its version, then
+# numpy: one process) and nvcc; their lines are printed at the end
+exec 5< <("$py" -c 'import sys; print("python_version=%d.%d.%d" % sys.version_info[:3], flush=True)
+import numpy; print("numpy_version=" + numpy.__version__)' 2>/dev/null)
+if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
+[ -n "$n" ] && exec 6< <(echo "nvcc=$n"; echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')")
 if [ -n "$rsync_path" ]; then [ -x "$rsync_path" ] && r=$rsync_path; else r=$(command -v rsync); fi
 [ -n "$r" ] && echo "rsync=$r" && echo "rsync_version=$("$r" --version 2>/dev/null | head -n1)"
-if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
-[ -n "$n" ] && echo "nvcc=$n" && echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'
   apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c .)
@@ -163,7 +167,7 @@ sed -n 's/^model name[[:space:]]*: */cpu=/p' /proc/cpuinfo 2>/dev/null | head -n
 p=$d; while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
 echo "disk_path=$p"
 echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
-v=$("$py" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) && echo "python_version=$v"
-v=$("$py" -c 'import numpy; print(numpy.__version__)' 2>/dev/null) && echo "numpy_version=$v"
+[ -n "$n" ] && cat <&6
+cat <&5
 exit 0
 '''

@@ -429,27 +429,24 @@ def pids_on(sample: GpuInventory, uuid: str) -> set[int]:
     return {p.pid for gpu in sample.gpus if gpu.uuid == uuid for p in gpu.processes if p.pid is not None}
 
 
-def executables(transport, pids: Collection[int]) -> dict[int, str]:
-    """The executable of each of `pids` on the host as its kernel names it (/proc/PID/exe: absolute,
-    and not something a process can rename, unlike the name nvidia-smi shows); only processes of
-    the connecting user can be read, so another user's process never resolves."""
+def own_pids(transport, pids: Collection[int], under: str, marker: str) -> set[int]:
+    """Those of `pids` that are a step's own processes on the host: their executable lies under
+    the folder `under` (/proc/PID/exe: absolute, and not something a process can rename, unlike
+    the name nvidia-smi shows) or their environment holds the entry `marker` (what the step's
+    command started from elsewhere: an interpreter, a shell). Only the connecting user's
+    processes can be read, so another user's process is never one."""
     if not pids:
-        return {}
-    command = remote.script(_EXE_SCRIPT, *map(str, sorted(pids)), timeout=transport.host.timeout("preflight"),
-                            what="reading /proc/PID/exe")
+        return set()
+    command = remote.script(_OWN_SCRIPT, under, marker, *map(str, sorted(pids)),
+                            timeout=transport.host.timeout("preflight"), what="reading /proc/PID/exe and environ")
     out = transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode("utf-8", errors="replace")
-    found = {}
-    for line in out.splitlines():
-        pid, _, exe = line.partition(" ")
-        if _INT.match(pid) and int(pid) in pids:
-            found[int(pid)] = exe
-    return found
+    return {int(line) for line in out.splitlines() if _INT.match(line) and int(line) in pids}
 
 
 def co_tenants(samples: Sequence[GpuInventory], uuid: str, own: Collection[int]) -> list[dict]:
     """The other processes seen on GPU `uuid` across `samples` (queries made while a step ran):
-    pid, name, the most MiB seen, in how many samples; the pids in `own` (the step's engine, known
-    by its executable) are not counted."""
+    pid, name, the most MiB seen, in how many samples; the pids in `own` (the step's own processes,
+    own_pids) are not counted."""
     seen: dict[tuple, dict] = {}
     for sample in samples:
         for gpu in sample.gpus:
@@ -470,9 +467,15 @@ def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
 
-# The pids as arguments; prints "PID EXE" for each whose /proc/PID/exe this user may read.
-_EXE_SCRIPT = r'''
-for p; do e=$(readlink -- "/proc/$p/exe" 2>/dev/null) && printf '%s %s\n' "$p" "$e"; done
+# Arguments: a folder, an environment entry, pids; prints each pid whose executable lies under
+# the folder or whose environment holds the entry (only this user's processes can be read).
+_OWN_SCRIPT = r'''
+under=${1%/}/ marker=$2; shift 2
+for p; do
+  e=$(readlink -- "/proc/$p/exe" 2>/dev/null) || continue
+  case $e in "$under"*) echo "$p"; continue ;; esac
+  grep -qsxzF -- "$marker" "/proc/$p/environ" && echo "$p"
+done
 exit 0
 '''
 

@@ -176,7 +176,13 @@ class _DuplicateKey(yaml.YAMLError):
     """A mapping of the inventory names one key twice (PyYAML would keep the last silently)."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+try:                            # libyaml's parser when PyYAML has it (the inventory is read every run)
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:
+    from yaml import SafeLoader as _SafeLoader       # type: ignore[assignment]
+
+
+class _UniqueKeyLoader(_SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
 
     def construct_mapping(self, node, deep=False):

@@ -229,7 +229,8 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
                       gpu_request=gpus.Request.for_host(host, plan.gpus),
-                      take_lock=lambda mode, wait: run.lock(transport, shared.owner, mode, wait),
+                      take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync),
+                      sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
                       if plan.claims_gpus else None)
     stopped_by = None

@@ -38,6 +38,13 @@ class KdProgram(Program):
         if self.args.inventory.value:      # the tasks read it (tasks._inventory)
             self.config.update(kdtree={"inventory": self.args.inventory.value})
 
+    def parse_core(self, argv) -> None:
+        super().parse_core(argv)
+        # Invoke turns bytecode writing off here (--write-pyc): the package's modules imported
+        # later would be compiled from source on every run of an editable install. The
+        # interpreter's own setting (-B, PYTHONDONTWRITEBYTECODE) still decides.
+        sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
+
     def parse_core_args(self) -> None:
         try:
             super().parse_core_args()

@@ -4,14 +4,17 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
         lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
         ...
+    state.acquire(transport, owner, begin_sync=True).take_begun()   # the lock and a sync's first step at once
     state.read_deploy_record(transport)                  # what the last deploy recorded
     state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
+    state.read_jsons(transport, state.STAMPS)            # several at once: {name: document or None}
 
 acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
 nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
 never empties a directory the orchestrator did not create). The lock is a flock held by a
 process on the host for as long as the run lasts: if the run dies, the kernel releases it and
-the next run recovers it and says whose it was.
+the next run recovers it and says whose it was. A run about to sync asks the lock command to
+begin the sync too (BEGIN_SYNC, once the lock is held alone): one round trip less per deploy.
 """
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ import time
 from typing import Iterator
 
 from . import bounded, ownership, remote
-from .errors import DestinationError, FetchError, HostError, KdError, LockError
+from .errors import CommandError, DestinationError, FetchError, HostError, KdError, LockError
 from .transport import Transport
 
 STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
+# The state files a validate reads: the deploy record and the stamps of the steps that reuse results
+STAMPS = ("deploy.json", "build.json", "bundles.json", "golden.json", "test.json", "bench.json")
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
 
@@ -71,12 +76,18 @@ class HostLock:
     A shared lock becomes exclusive for the time of `with lock.exclusive():`."""
 
     def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None,
-                 mode: str = EXCLUSIVE, wait: float = 0):
+                 mode: str = EXCLUSIVE, wait: float = 0, begun: dict[str, str] | None = None):
         self.transport, self._process, self.stale = transport, process, stale
-        self.mode, self._wait = mode, wait
+        self.mode, self._wait, self._begun = mode, wait, begun
         self._guard = threading.Lock()
         if heartbeat:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
+
+    def take_begun(self) -> dict[str, str] | None:
+        """What the lock command's BEGIN_SYNC said (PARTIAL, RSYNC: sync.begin_command's answer),
+        once: None when it did not begin a sync, or when that was taken already."""
+        begun, self._begun = self._begun, None
+        return begun
 
     def _beat(self, interval: float) -> None:
         """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
@@ -107,7 +118,7 @@ class HostLock:
         runs holding it shared; LockError naming them when they stay (the lock stays shared)."""
         if self.mode == EXCLUSIVE:
             return
-        answer, holders, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
+        answer, holders, _, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
         if answer == "BUSY":
             raise _busy(self.transport.host, holders, self._wait,
                         "is in use by other runs (the tree cannot change under them)")
@@ -154,29 +165,37 @@ def lock_silence(host) -> float:
 
 
 def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mode: str = EXCLUSIVE,
-                 wait: float = 0) -> str:
+                 wait: float = 0, begin_sync: bool = False, rsync_path: str | None = None) -> str:
     """The command that claims remote_dir (checks, marker) and holds its lock in `mode` (shared or
     exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
     client's heartbeat stops for that many seconds (a client cut off by a network partition, whose
-    closed connection the host may never hear about)."""
+    closed connection the host may never hear about); `begin_sync`: once it holds the lock alone,
+    it also begins a sync (BEGIN_SYNC, with the host's `rsync_path`) before it answers."""
+    if begin_sync and mode != EXCLUSIVE:
+        raise ValueError("a sync begins only under the lock held alone")
     return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
-                                 remote._seconds(wait), remote._seconds(silence) if silence else "", timeout=None)
+                                 remote._seconds(wait), remote._seconds(silence) if silence else "",
+                                 str(owner) if begin_sync else "", rsync_path or "", timeout=None)
 
 
-def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0) -> HostLock:
+def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0,
+            begin_sync: bool = False) -> HostLock:
     """Claim the host's remote_dir and take its lock in `mode`, waiting up to `wait` seconds for
-    the runs holding it; DestinationError, or LockError naming them."""
+    the runs holding it; DestinationError, or LockError naming them. `begin_sync` (exclusive
+    only): the lock command begins the sync as well, its answer kept for HostLock.take_begun."""
     host = transport.host
-    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait))
+    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait,
+                                           begin_sync, host.rsync_path))
     try:
-        answer, holders, stale = _answer(process, host, wait, ("LOCKED", "BUSY"))
+        answer, holders, stale, facts = _answer(process, host, wait, ("LOCKED", "BUSY"))
     except KdError:
         process.close(timeout=1)
         raise
     if answer == "BUSY":
         process.close()
         raise _busy(host, holders, wait, "is locked by another run")
-    return HostLock(transport, process, stale[-1] if stale else None, host.timeout("keepalive"), mode, wait)
+    return HostLock(transport, process, stale[-1] if stale else None, host.timeout("keepalive"), mode, wait,
+                    facts if begin_sync else None)
 
 
 def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]:
@@ -201,15 +220,19 @@ def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]
         raise HostError(f"no answer from the {what} within {limit:g} s", host=host.name) from None
 
 
-def _answer(process, host, wait: float, finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner]]:
+def _answer(process, host, wait: float,
+            finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner], dict[str, str]]:
     """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
-    before it, the STALE owners recovered)."""
+    before it, the STALE owners recovered, BEGIN_SYNC's facts: PARTIAL and RSYNC)."""
     holders: list[Owner] = []
     stale: list[Owner] = []
+    facts: dict[str, str] = {}
     for word, rest in answers(process, host, "lock command", wait + host.timeout("lock")):
         if word in finals:
-            return word, holders, stale
-        if word in ("STALE", "HOLDER"):
+            return word, holders, stale, facts
+        if word in BEGIN_SYNC_FACTS:
+            facts[word] = rest.strip()
+        elif word in ("STALE", "HOLDER"):
             (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
         elif word == "UNSAFE":
             raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
@@ -231,6 +254,32 @@ def read_json(transport: Transport, name: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict | None]:
+    """Several of the host's state documents (read_json's, each None when missing, not a
+    mapping, not JSON or over RECORD_MAX_BYTES) in one round trip. An answer that does not
+    frame as asked (a file holding a NUL byte) makes every one None: nothing is reused then."""
+    try:
+        raw = transport.capture(remote.script(_READ_JSONS_SCRIPT, transport.host.remote_dir,
+                                              str(RECORD_MAX_BYTES), *names, timeout=60,
+                                              what=f"reading {STATE_DIR}/ {' '.join(names)}"),
+                                max_bytes=len(names) * (RECORD_MAX_BYTES + 300))
+    except CommandError:            # as read_json's unreadable file: none of them is trusted
+        return dict.fromkeys(names)
+    parts = raw.split(b"\0")
+    if len(parts) != 2 * len(names) + 1 or parts[-1] or [p.decode(errors="replace") for p in parts[:-1:2]] != list(names):
+        return dict.fromkeys(names)
+    found: dict[str, dict | None] = {}
+    for name, body in zip(names, parts[1::2]):
+        found[name] = None
+        if body.startswith(b"+") and len(body) <= RECORD_MAX_BYTES + 1:
+            try:
+                data = bounded.loads(body[1:], name)
+            except ValueError:
+                continue
+            found[name] = data if isinstance(data, dict) else None
+    return found
+
+
 def read_deploy_record(transport: Transport) -> dict | None:
     """The record of the last completed deploy on the host, or None if there is none."""
     return read_json(transport, "deploy.json")
@@ -249,7 +298,22 @@ def _marker_text(owner: Owner) -> str:
            "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
 
 
-_LOCK_SCRIPT = ownership.CHECK + r'''
+# The sync's first step, in .kdtree/ under the lock held alone (sync.begin_command, or the lock
+# command's own when it begins the sync): report a sync that broke half-way (PARTIAL what its mark
+# said), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
+# $1 this run's owner, in words; $2 the host's rsync_path (empty: rsync on PATH).
+BEGIN_SYNC = r'''
+kd_begin_sync() {
+  [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
+  printf 'started %s\n' "$1" > sync.partial
+  if [ -n "$2" ]; then [ -x "$2" ] && printf 'RSYNC %s\n' "$2"
+  else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
+  return 0
+}
+'''
+BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC")
+
+_LOCK_SCRIPT = ownership.CHECK + BEGIN_SYNC + r'''
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
 kd_owned "$d" new
@@ -258,8 +322,11 @@ if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -
   unsafe "$d is not empty and was not created by the orchestrator (no .kdtree/marker); empty it or choose another remote_dir"
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
+claimed=; [ -d "$d/.kdtree" ] && claimed=1
 mkdir -p -- "$d/.kdtree" || unsafe "cannot create $d/.kdtree"
-kd_owned "$d"
+# checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
+# and nobody else can have changed it since (the way to it and what is in it are not theirs)
+[ -n "$claimed" ] || kd_owned "$d"
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
@@ -305,6 +372,8 @@ for f in holder-*.json owner; do
   [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
   if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
 done
+# $7 (the owner, in words) asks to begin the sync too, before the answer: one round trip less
+[ -n "$7" ] && [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
@@ -316,6 +385,19 @@ while IFS= read -r "${t[@]}" reply; do
 done
 exit 0
 '''
+
+# $1 remote_dir, $2 the size limit, then the names: for each, NAME NUL, then + and its content (at
+# most limit + 1 bytes: the client judges) or - (no regular file), NUL. (No symlink lies in
+# .kdtree: the check refuses one.)
+_READ_JSONS_SCRIPT = ownership.guard(r'''
+cd -- "$1/.kdtree" || exit 3
+max=$2; shift 2
+for f in "$@"; do
+  printf '%s\0' "$f"
+  if [ -f "$f" ] && [ ! -L "$f" ]; then printf +; head -c "$((max + 1))" -- "$f"; else printf -; fi
+  printf '\0'
+done
+''')
 
 _WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"

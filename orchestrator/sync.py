@@ -4,8 +4,8 @@
     sync_tree(...) -> DeployResult                                       # the same, lock already held
     deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
 
-A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir),
-marks the sync as in progress, transfers the tree with `rsync -az --delete` and the project's
+A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir)
+and, in the same round trip, marks the sync as in progress and finds rsync; it transfers the tree with `rsync -az --delete` and the project's
 excludes (or, when either side has no rsync, a tar stream that sends only changed files and
 deletes removed ones), runs the project's `tree_hash` command on the host and compares it with
 the local hash, then writes the deploy record and clears the in-progress mark. A sync broken
@@ -116,21 +116,21 @@ def _files_digest(project: Project) -> str | None:
 def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
            log: Callable[[str], None]) -> DeployResult:
     """Take the host's lock and sync the project's source to it (see module doc)."""
-    with state.acquire(transport, owner) as lock:
+    with state.acquire(transport, owner, begin_sync=True) as lock:
         if lock.stale:
             log(f"recovered the lock left by a run that died: {lock.stale}")
-        result = sync_tree(transport, project, source, owner, log)
+        result = sync_tree(transport, project, source, owner, log, lock.take_begun())
     return dataclasses.replace(result, stale_lock=str(lock.stale) if lock.stale else None)
 
 
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
-              log: Callable[[str], None]) -> DeployResult:
+              log: Callable[[str], None], begun: dict[str, str] | None = None) -> DeployResult:
     """Sync and verify the source on a host whose lock the caller holds (validate holds it for
-    the whole run)."""
+    the whole run); `begun`: the lock command began the sync already (HostLock.take_begun), else
+    begin_command does it now."""
     host = transport.host
     start = time.monotonic()
-    begin = transport.check(begin_command(host.remote_dir, owner, host.rsync_path))
-    facts = dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
+    facts = begun if begun is not None else _begin(transport, owner)
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
@@ -156,6 +156,12 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
                         repaired, None, round(time.monotonic() - start, 3))
 
 
+def _begin(transport: Transport, owner: state.Owner) -> dict[str, str]:
+    """Run begin_command: its PARTIAL and RSYNC facts."""
+    begin = transport.check(begin_command(transport.host.remote_dir, owner, transport.host.rsync_path))
+    return dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
+
+
 def deployed_tree(transport: Transport, project: Project) -> str | None:
     """The tree hash of a complete deploy on the host, verified by hashing the tree there; None
     when there is none, a sync broke half-way, or the tree is not the one recorded."""
@@ -177,9 +183,9 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir and take the lock",
-         state.lock_command(host.remote_dir, owner, state.lock_silence(host))),
-        (f"{where}: mark the sync in progress, find rsync", begin_command(host.remote_dir, owner, host.rsync_path).line),
+        (f"{where}: claim remote_dir, take the lock, mark the sync in progress, find rsync",
+         state.lock_command(host.remote_dir, owner, state.lock_silence(host), begin_sync=True,
+                            rsync_path=host.rsync_path)),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
         (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record, clear the "
@@ -202,7 +208,9 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
 
 
 def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -> remote.Command:
-    """Reports a broken previous sync (PARTIAL ...), marks this one, says where rsync is (RSYNC ...)."""
+    """Reports a broken previous sync (PARTIAL ...), marks this one, says where rsync is (RSYNC
+    ...): state.BEGIN_SYNC on its own, for a run whose lock did not begin the sync (one shared
+    with other runs, then held alone)."""
     return remote.script(_BEGIN_SCRIPT, remote_dir, str(owner), rsync_path or "", timeout=60,
                          what="preparing the sync")
 
@@ -236,9 +244,15 @@ def is_excluded(path: str, is_dir: bool, patterns) -> bool:
         anchored = pattern.startswith("/")
         pat = pattern.strip("/").split("/")
         if anchored and len(pat) == len(parts) or not anchored and len(pat) <= len(parts):
-            if all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts[-len(pat):], pat)):
+            if all(_matches(p, q) for p, q in zip(parts[-len(pat):], pat)):
                 return True
     return False
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """fnmatch's answer; a pattern without wildcards is the name itself (no regex compiled: the
+    source is walked every run, and most excludes are plain names)."""
+    return fnmatch.fnmatchcase(name, pattern) if any(c in pattern for c in "*?[") else name == pattern
 
 
 # -- rsync -----------------------------------------------------------------------------------------
@@ -385,13 +399,9 @@ def _git_revision(source: Path) -> tuple[str | None, bool]:
     return head, any(not line.startswith("#") for line in lines)
 
 
-_BEGIN_SCRIPT = ownership.guard(r'''
+_BEGIN_SCRIPT = ownership.guard(state.BEGIN_SYNC + r'''
 cd -- "$1/.kdtree" || exit 3
-[ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
-printf 'started %s\n' "$2" > sync.partial
-if [ -n "$3" ]; then [ -x "$3" ] && printf 'RSYNC %s\n' "$3"
-else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
-exit 0
+kd_begin_sync "$2" "$3"
 ''')
 
 _SPACE_SCRIPT = r'''

@@ -26,7 +26,9 @@ Security model (README.md, "Security model"):
 - A command goes over the socket or fails: it never falls back to a connection of its own
   (ProxyCommand /bin/false behind the socket), so a dead master is a lost connection, as a
   dropped Paramiko connection is. A stale socket (master gone, host rebooted) is found by
-  `ssh -O check` before use and replaced.
+  `ssh -O check` before use and replaced. A master checked early (connect_soon) is checked again
+  at the first command only when its idle bound could have ended it meanwhile: every client of
+  it notes when it starts (`<socket>.used`), so the master's idle time is at most the time since.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ PROBE_KEX = ("curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,
              "sntrup761x25519-sha512@openssh.com,diffie-hellman-group14-sha256")
 PROBE_METHOD = "kdtree-key-probe"        # no such authentication method: the probe stops after the key check
 CHECK_TIMEOUT = 10                       # seconds for `ssh -O check|exit`: the master answers locally
+IDLE_MARGIN = 5                          # seconds: an idle bound this close is not trusted to hold (connect)
 MISSING_FROM_MUX = 255
 
 
@@ -118,7 +121,8 @@ class WarmTransport(ProcessTransport):
     def connect(self) -> None:
         early = self._await_early()
         with self._lock:
-            if self._ready and early and self.socket is not None and not master_alive(self.host, self.socket):
+            if self._ready and early and self.socket is not None and not _idle_bound_far(self.host, self.socket) \
+                    and not master_alive(self.host, self.socket):
                 self._ready = False     # its idle bound ended it while the run started: connect again
             if self._ready:
                 return
@@ -130,6 +134,7 @@ class WarmTransport(ProcessTransport):
     def argv(self, command: str) -> list[str]:
         self.connect()
         assert self.socket is not None
+        _note_use(self.socket)
         return client_argv(self.host, self.socket) + ["--", command]
 
     def rsync_dest(self, path: str) -> str:
@@ -139,6 +144,7 @@ class WarmTransport(ProcessTransport):
         """rsync's `-e`: an ssh client of the master, never a connection of its own."""
         if connect:
             self.connect()
+            _note_use(self.socket or socket_path(self.host))
         return remote.quote(client_argv(self.host, self.socket or socket_path(self.host))[:-1])   # rsync adds the host
 
     def _exec(self, command, stdin, sink, deadline):
@@ -176,6 +182,7 @@ def ensure_master(host: Host, sock: Path, stopped: threading.Event) -> None:
         if probe is not None:
             probe.cancel()
         _remove_stale(sock)
+        _note_use(sock)                 # a new master is idle from its start
         error = _start_master(host, sock)
         if error is None:
             _describe(host, sock)
@@ -225,6 +232,7 @@ def close_all() -> int:
         stop_master(None, sock)
         info.unlink(missing_ok=True)
         sock.with_suffix(".lock").unlink(missing_ok=True)
+        sock.with_suffix(".used").unlink(missing_ok=True)
     return ended
 
 
@@ -386,6 +394,26 @@ def _locked(sock: Path):
         yield
     finally:
         os.close(fd)
+
+
+def _note_use(sock: Path) -> None:
+    """Note that a client of the master starts now (the `.used` file's time: _idle_bound_far)."""
+    fd = os.open(sock.with_suffix(".used"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+
+
+def _idle_bound_far(host: Host, sock: Path) -> bool:
+    """Whether the master cannot have reached its idle bound yet: a client of it started (or it
+    was started) less than `persist` seconds ago, with IDLE_MARGIN to spare; a master's idle time
+    counts from its last client's end, which is later. A time ahead of this clock is not trusted."""
+    try:
+        since = time.time() - os.stat(sock.with_suffix(".used"), follow_symlinks=False).st_mtime
+    except OSError:
+        return False
+    return 0 <= since < float(host.persist) - IDLE_MARGIN
 
 
 def _describe(host: Host, sock: Path) -> None:

@@ -138,9 +138,12 @@ def test_bench_runs_on_one_gpu_and_names_its_co_tenants(full_run, workdir):
     assert (gpu["index"], gpu["uuid"]) == (0, fake.uuid(0)) and gpu["samples"] >= 1
     assert gpu["co_tenants"] == [{"pid": 4242, "name": "python3 -m sglang.launch_server", "max_used_mib": 30000,
                                   "samples": gpu["samples"]}]
-    # nvidia-smi listed the bench's own engine beside it (named as started, e.g. build/kdtree): not a co-tenant
-    own = {int(line.split()[0]) for line in (workdir / "own-processes.log").read_text().splitlines()}
-    assert own and not own & {p["pid"] for p in gpu["co_tenants"]}
+    # nvidia-smi listed the bench's own processes beside it (named as started, e.g. build/kdtree), the
+    # engine under remote_dir and the shell that ran the bench command from /usr/bin: none is a co-tenant
+    listed = [line.split(" ", 1) for line in (workdir / "own-processes.log").read_text().splitlines()]
+    prefix = str(full_run[3].root / "engine") + "/"
+    assert {exe.startswith(prefix) for _, exe in listed} == {True, False}, listed
+    assert not {int(pid) for pid, _ in listed} & {p["pid"] for p in gpu["co_tenants"]}
     assert "NOISY: 1 other process(es) on the GPU meanwhile (pid 4242 python3 -m sglang.launch_server)" in \
         rec["steps"]["bench"]["message"]
     assert rec["bench"]["metrics"]

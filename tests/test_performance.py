@@ -213,6 +213,32 @@ def test_a_bundle_or_build_stamp_that_is_not_a_mapping_reads_as_no_stamp(context
     assert state.read_json(ctx.transport, "bundles.json") == {"key": {"generator": "g"}}
 
 
+def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
+    """One round trip for every stamp (state.read_jsons): each as read_json gives it (a missing,
+    broken, non-mapping or oversized one is None); an answer that cannot be framed (a NUL byte
+    in a file) makes all of them None; the step context keeps them and its own writes."""
+    ctx = context()
+    kd = context.root / ".kdtree"
+    (kd / "build.json").write_text('{"key": 1}')
+    (kd / "bundles.json").write_text("[1]")
+    (kd / "golden.json").write_text("{broken")
+    (kd / "test.json").write_bytes(b'{"a": "' + b"x" * state.RECORD_MAX_BYTES + b'"}')
+    (kd / "bench.json").unlink(missing_ok=True)
+    found = state.read_jsons(ctx.transport, state.STAMPS)
+    assert {n: found[n] == state.read_json(ctx.transport, n) for n in state.STAMPS} == dict.fromkeys(state.STAMPS, True)
+    assert found["build.json"] == {"key": 1} and found["bundles.json"] is found["test.json"] is None
+    (kd / "golden.json").write_bytes(b'{"a": 1}\0x')
+    assert state.read_jsons(ctx.transport, state.STAMPS) == dict.fromkeys(state.STAMPS)
+    (kd / "golden.json").unlink()
+    assert ctx.stamp("build.json") == {"key": 1}
+    (kd / "build.json").write_text('{"key": 2}')            # read once per run (under the lock)
+    assert ctx.stamp("build.json") == {"key": 1}
+    ctx.write_stamp("bench.json", {"run_id": ("r", 1)})
+    assert ctx.stamp("bench.json") == {"run_id": ["r", 1]} == json.loads((kd / "bench.json").read_text())
+    ctx.forget_stamps()
+    assert ctx.stamp("build.json") == {"key": 2}
+
+
 # a stand-in for the engine's build: a new executable each time (its build number in it); says whether
 # it found build/kdtree, what KD_REBUILD it got, and that the engine's tree cache had the build when asked
 BUILD_SH = """mkdir -p build

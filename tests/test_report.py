@@ -500,3 +500,18 @@ def test_safe_text_each_function_exactly():
     assert st.markdown_code("a `` b") == "``` a `` b ```"
     assert st.markdown_code("  ") == ""
     assert st.markdown_fence("x ```` y") == "`````" and st.markdown_fence("x") == "```"
+
+
+def test_compiled_templates_are_kept_only_in_a_private_directory(tmp_path, monkeypatch):
+    """The templates' bytecode cache (Jinja2 loads Python code from it) is a 0700 directory of
+    this user's; one group- or world-writable is not used (templates compiled every run)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = report._bytecode_cache()
+    where = tmp_path / "kdtree-orchestrator" / "templates"
+    assert cache is not None and oct(where.stat().st_mode & 0o777) == "0o700"
+    env = report._environment()
+    env.bytecode_cache = cache
+    env.get_template("report.md.j2")
+    assert list(where.glob("__jinja2_*.cache"))
+    where.chmod(0o777)
+    assert report._bytecode_cache() is None

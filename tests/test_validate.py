@@ -114,6 +114,12 @@ def test_full_pipeline_passes_on_a_cpu_host(full_run):
         for metric in ("ar_tokens_per_s", "ar_decode_tokens_per_s", "ddtree_best_decode_tokens_per_s",
                        "prefill_tokens_per_s"):
             assert metrics[f"{name}.{metric}"]["value"] > 0, (name, metric)
+        # a speed-up's samples are paired by round: the best DDTree decode's run r over AR's run r
+        speedup, tree, ar = (metrics[f"{name}.{m}"] for m in ("ddtree_best_decode_speedup", "ddtree_best_decode_tokens_per_s",
+                                                                "ar_decode_tokens_per_s"))
+        assert speedup["samples"] == pytest.approx([t / a for t, a in zip(tree["samples"], ar["samples"])], rel=1e-4), name
+        if len(tree["cpu_samples"]) == len(ar["cpu_samples"]) == len(speedup["cpu_samples"]) == tree["n"]:
+            assert speedup["cpu_samples"] == pytest.approx([t / a for t, a in zip(tree["cpu_samples"], ar["cpu_samples"])], rel=1e-4)
     for name in ("report.md", "report.html", "junit.xml", "h1/build.log", "h1/test.log", "h1/test_results.json"):
         assert (run_dir / name).is_file(), name
     assert "[h1] build" in proc.stdout and "ALL TESTS PASSED" in proc.stdout

@@ -214,3 +214,23 @@ def test_parallel_flag_and_the_file_descriptor_limit(monkeypatch):
     parallel.fit_fd_limit(32)                        # raised within the hard limit
     with pytest.raises(UsageError, match=r"256 hosts in flight need about 4160 file descriptors.* 60 hosts fit.*--parallel 60"):
         parallel.fit_fd_limit(256)
+
+
+def test_an_early_master_is_checked_again_unless_a_client_started_well_within_its_idle_bound(tmp_path):
+    """connect() re-checks a master checked early (connect_soon) unless its idle bound cannot have
+    ended it since: every client notes its start (<socket>.used), and the master's idle time is
+    at most the time since. None noted, a bound within IDLE_MARGIN, a time ahead of the clock: check."""
+    from orchestrator.inventory import Host
+    sock = tmp_path / "m.sock"
+    assert not warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=600), sock)        # no client noted yet
+    warm._note_use(sock)
+    assert oct(os.stat(sock.with_suffix(".used")).st_mode & 0o777) == "0o600"
+    assert warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=600), sock)
+    assert not warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=warm.IDLE_MARGIN), sock)
+    old = time.time() - 60
+    os.utime(sock.with_suffix(".used"), (old, old))
+    assert warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=600), sock)
+    assert not warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=60), sock)
+    ahead = time.time() + 60
+    os.utime(sock.with_suffix(".used"), (ahead, ahead))
+    assert not warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=600), sock)

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -702,8 +703,16 @@ int main(int argc, char** argv) {
             const double us = tm.per_call_us(ctx.stream, 20, 1, [&](int) {
                 matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq), ts, M, N, K);
             });
-            std::printf("matmul_w4a16 %dx%d M=%d: %.2f us, %.0f GB/s (median of 20)\n", N, K, M, us,
-                        (nw * 0.625 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3);
+            // The output's bits (FNV-1a over the floats): two builds of the kernel compare by it.
+            uint64_t bits = 1469598103934665603ull;
+            for (const float v : to_host(y, static_cast<size_t>(M) * N)) {
+                uint32_t u;
+                std::memcpy(&u, &v, 4);
+                bits = (bits ^ u) * 1099511628211ull;
+            }
+            std::printf("matmul_w4a16 %dx%d M=%d: %.2f us, %.0f GB/s (median of 20), output bits %016llx\n", N, K, M, us,
+                        (nw * 0.625 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3,
+                        static_cast<unsigned long long>(bits));
             return 0;
         }
         if (only_f32[0] > 0) {  // one matmul_f32 shape, cuBLAS (16-row passes) and mm_core

@@ -1,10 +1,13 @@
 """Bench: run the engine's benchmarks on the host and pull its JSON report. With GPUs claimed, the
 benchmarks run on the first of them alone, and the processes of others seen on that GPU while they
 ran (nvidia-smi, sampled) are recorded as its co-tenants: a figure measured beside them is noisy.
-The step's own engine processes are known by their executable (under remote_dir), not by the name
-nvidia-smi shows, which is whatever the process was started as (`build/kdtree`)."""
+The step's own processes are known by their executable (under remote_dir) or by a marker the step
+puts in their environment (what the bench command starts from elsewhere, such as PyTorch's
+interpreter for the side-by-side timings), never by the name nvidia-smi shows, which is whatever
+the process was started as (`build/kdtree`)."""
 from __future__ import annotations
 
+import secrets
 import threading
 
 from .. import gpus
@@ -13,6 +16,7 @@ from ..record import bench_from_engine
 from .context import Outcome, StepContext, StepError
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
+OWNER_VARIABLE = "KDTREE_OWNER"   # in the bench command's environment: its processes are the step's own
 
 
 def run(ctx: StepContext) -> Outcome:
@@ -33,7 +37,7 @@ def run(ctx: StepContext) -> Outcome:
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
     gpu = ctx.gpus[0]
     with _Sampler(ctx, gpu.uuid) as sampler:
-        ctx.engine("bench", ctx.gpu_env(gpu))
+        ctx.engine("bench", {**ctx.gpu_env(gpu), OWNER_VARIABLE: sampler.owner})
     ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
     others = gpus.co_tenants(sampler.samples, gpu.uuid, sampler.own)
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
@@ -64,8 +68,8 @@ class _Sampler:
         self.ctx, self.uuid, self._done = ctx, uuid, threading.Event()
         self.samples: list = []
         self.own: set[int] = set()
+        self.owner = secrets.token_hex(8)      # a value no earlier or concurrent run's processes carry
         self._resolved: set[int] = set()
-        self._prefix = ctx.host.remote_dir.rstrip("/") + "/"
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -73,9 +77,9 @@ class _Sampler:
             try:
                 sample = gpus.query(self.ctx.transport)
                 new = gpus.pids_on(sample, self.uuid) - self._resolved
-                exes = gpus.executables(self.ctx.transport, new)
+                self.own |= gpus.own_pids(self.ctx.transport, new, self.ctx.host.remote_dir,
+                                          f"{OWNER_VARIABLE}={self.owner}")
                 self._resolved |= new
-                self.own |= {pid for pid, exe in exes.items() if exe.startswith(self._prefix)}
                 self.samples.append(sample)
             except KdError as e:            # a look that failed is no evidence either way
                 self.ctx.log(f"(a look at the GPUs failed: {e.message})")

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from .. import ownership, record, remote, state
+from .. import ownership, record, remote
 from .context import Outcome, StepContext, StepError
 
 STAMP = "build.json"
@@ -28,7 +28,7 @@ def run(ctx: StepContext) -> Outcome:
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
     key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
-    stamp = record.mapping(state.read_json(ctx.transport, STAMP))
+    stamp = record.mapping(ctx.stamp(STAMP))
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _recorded(ctx, key):
             version = _checked_version(ctx, tree)
@@ -43,7 +43,7 @@ def run(ctx: StepContext) -> Outcome:
         result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
         _record(ctx, key)
-        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+        ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))

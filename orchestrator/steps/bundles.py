@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import posixpath
 
-from .. import state
 from . import inputs
 from .context import Outcome, StepContext
 
@@ -16,7 +15,7 @@ def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged
     and the bundle folder (the manifest's) holds, hash for hash, what the last regeneration left."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
-    stamp = state.read_json(ctx.transport, STAMP) or {}
+    stamp = ctx.stamp(STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
             return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
@@ -24,7 +23,7 @@ def run(ctx: StepContext) -> Outcome:
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
     with ctx.changing():
         ctx.engine("bundles")
-        state.write_json(ctx.transport, STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
+        ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
 

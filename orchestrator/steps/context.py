@@ -71,7 +71,8 @@ class StepContext:
     deployed_tree_hash: str | None = None
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
     lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
-    take_lock: Any = None               # (mode, wait) -> state.HostLock held by the run
+    take_lock: Any = None               # (mode, wait, begin_sync) -> state.HostLock held by the run
+    sync_planned: bool = False          # the sync step comes: a lock held alone begins it (state.acquire)
     gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
     claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
     claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
@@ -79,12 +80,34 @@ class StepContext:
     devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
     measured: Any = None                # inputs.Inputs on the host since its last engine command
+    stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
 
     def hold_tree(self, mode: str, wait: float = 0) -> None:
-        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds)."""
-        self.lock = self.take_lock(mode, wait)
+        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds);
+        held alone before a planned sync, the lock command begins the sync too (one round trip)."""
+        self.lock = self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
         if self.lock.stale:
             self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
+
+    def stamp(self, name: str) -> dict | None:
+        """The host's state file `name` (one of state.STAMPS: the deploy record, a step's stamp),
+        as this run last read or wrote it: all of them are read at the first ask, in one round
+        trip. The run holds the tree lock: no other run writes them meanwhile (a stamp is
+        written only under the lock held alone, or not used: GPUs), and this run's own writes
+        go through write_stamp; a sync reads them again (forget_stamps)."""
+        if self.stamps is None:
+            self.stamps = state.read_jsons(self.transport, state.STAMPS)
+        return self.stamps[name]
+
+    def write_stamp(self, name: str, data: dict) -> None:
+        """Store the state file `name` on the host (state.write_json) and as this run knows it."""
+        state.write_json(self.transport, name, data)
+        if self.stamps is not None:
+            self.stamps[name] = json.loads(json.dumps(data))     # as a read would give it back
+
+    def forget_stamps(self) -> None:
+        """The state files changed on the host (a sync): the next stamp() reads them again."""
+        self.stamps = None
 
     def changing(self):
         """The with-block in which the current step changes the deployed tree (sync, build,
@@ -152,7 +175,7 @@ class StepContext:
         key = self.results_key()
         if key is None:
             return None
-        stamp = state.read_json(self.transport, f"{self.step}.json")
+        stamp = self.stamp(f"{self.step}.json")
         if not stamp or not stamp.get("run_id"):
             return None
         run_id = str(stamp["run_id"])
@@ -180,9 +203,8 @@ class StepContext:
         command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
-            state.write_json(self.transport, f"{self.step}.json",
-                             {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id,
-                              "tree": self.tree_hash()})
+            self.write_stamp(f"{self.step}.json", {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id,
+                                                   "tree": self.tree_hash()})
 
     def build_key(self) -> dict:
         """The engine's build key on the host (compilers, flags, arch: what build.sh --key
@@ -201,7 +223,7 @@ class StepContext:
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
         if self.deployed_tree_hash is None:
-            deployed = state.read_deploy_record(self.transport) or {}
+            deployed = self.stamp("deploy.json") or {}
             if not deployed.get("tree_hash"):
                 raise StepError("nothing has been deployed to the host yet: run the sync step", host=self.host.name)
             self.deployed_tree_hash = self.record.deployed_tree_hash = str(deployed["tree_hash"])

@@ -14,10 +14,12 @@ def run(ctx: StepContext) -> Outcome:
         if deployed == ctx.source.tree_hash:
             ctx.deployed_tree_hash = ctx.record.deployed_tree_hash = deployed
             return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
+    begun = ctx.lock.take_begun() if ctx.lock is not None else None     # the lock command began it
     with ctx.changing():
-        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log)
+        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log, begun)
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
+    ctx.forget_stamps()             # the deploy record changed
     repaired = f"; repaired a broken sync ({result.repaired})" if result.repaired else ""
     return Outcome("passed", f"{result.method}: {result.files} files, {result.bytes} bytes sent, "
                              f"{result.deleted} deleted{repaired}")

@@ -13,7 +13,8 @@ namespace {
 
 // The bundle's layout (qw [N][K/8], sc [N][K/32]) into the tiled one w4_kernel reads, one thread
 // per tiled uint4 i = ((h * steps + s) * 2 + j) * 32 + lane (h: 8 rows, s: a step of 8 groups,
-// lane = 4g + t): word w of it is word t of group 8s + 4j + w of row 8h + g; for j = 0 the same
+// lane = 4g + t): word w of it is word t of group 8s + 4j + w of row 8h + g (its nibbles in
+// w4_word_order); for j = 0 the same
 // thread writes float2 (h * steps + s) * 32 + lane: the scales of groups 8s + 2t, 8s + 2t + 1 of
 // that row. Padding (rows >= N, groups >= K / 32) is zero.
 __global__ void w4a16_tile_kernel(uint4* q_out, float2* s_out, const uint32_t* qw, const float* sc, int N, int K) {
@@ -23,7 +24,9 @@ __global__ void w4a16_tile_kernel(uint4* q_out, float2* s_out, const uint32_t* q
     const int lane = static_cast<int>(i % 32), j = static_cast<int>(i / 32 % 2);
     const long hs = i / 64;
     const int s = static_cast<int>(hs % steps), n = static_cast<int>(hs / steps) * 8 + lane / 4, t = lane % 4;
-    const auto word = [&](int G) { return n < N && G < groups ? qw[static_cast<long>(n) * (K / 8) + 4 * G + t] : 0u; };
+    const auto word = [&](int G) {
+        return n < N && G < groups ? w4_word_order(qw[static_cast<long>(n) * (K / 8) + 4 * G + t]) : 0u;
+    };
     const auto scale = [&](int G) { return n < N && G < groups ? sc[static_cast<long>(n) * groups + G] : 0.0f; };
     const int G = 8 * s + 4 * j;
     q_out[i] = make_uint4(word(G), word(G + 1), word(G + 2), word(G + 3));

@@ -18,10 +18,10 @@
 // Shape of the work
 //   * A block is 8 warps and stages one super-chunk of the activations of up to 16 token rows
 //     (its slot's rows when grouped) in shared memory in the mma's B-fragment order.
-//   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_layout): per 8 rows and
-//     step of 8 groups, 1 KB of words in the order the lanes read them, so each 16-byte load of
-//     a warp reads 512 contiguous bytes, and 256 bytes of scales. N is padded to 8 rows, K to
-//     256 inputs, with zeros.
+//   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_kernel): per 8 rows and
+//     step of 8 groups, 1 KB of words in the order the lanes read them (each word's nibbles in
+//     w4_word_order's places), so each 16-byte load of a warp reads 512 contiguous bytes, and
+//     256 bytes of scales. N is padded to 8 rows, K to 256 inputs, with zeros.
 //   * A warp's tile is 16 weight rows (the mma's rows; with the fused SwiGLU epilogue 8 w1 rows
 //     and their 8 w3 rows) over the block's super-chunk; lane (g, t) = (lane / 4, lane % 4) gets
 //     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kd::cuda {
 
@@ -55,10 +56,9 @@ constexpr int KD_W4_GROUPS = KD_W4_SCHUNK / 32;          // quantisation groups 
 constexpr int KD_W4_STEP = 8;                            // groups per warp step
 constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launch (per slot when grouped)
 constexpr int KD_W4_ROW_BYTES = KD_W4_GROUPS * 64 + 64;  // one staged B row; the pad keeps LDS.128 conflict-free
-constexpr int KD_W4_XSTRIDE = KD_W4_GROUPS + 1;          // -24 X floats per row; the pad spreads the 4 rows' banks
 
 struct W4Params {
-    const uint32_t* q = nullptr;   // tiled words (w1 with the SwiGLU epilogue), see w4a16_tile_layout
+    const uint32_t* q = nullptr;   // tiled words (w1 with the SwiGLU epilogue), see w4a16_tile_kernel
     const float* s = nullptr;      // tiled scales
     const uint32_t* q3 = nullptr;  // SwiGLU: w3
     const float* s3 = nullptr;
@@ -87,6 +87,18 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t shifted) {
     uint32_t h;
     asm("lop3.b32 %0, %1, 0x03C003C0, 0x4C004C00, 0xea;" : "=r"(h) : "r"(shifted));
     return h;
+}
+
+// A word of the bundle's layout (nibble i, bits 4i .. 4i + 3, is input i) in the tiled layout's
+// order: nibbles 0 and 4 at bits 6..9 and 22..25 (nibble_pair takes them as they are), 1 and 5
+// at 2..5 and 18..21 (after a left shift by 4), 2 and 6 at 10..13 and 26..29 (a right shift by
+// 4), 3 and 7 at bits 30, 31, 0, 1 and 14..17 (a left rotation by 8): three shifts for four
+// pairs instead of four.
+__host__ __device__ __forceinline__ uint32_t w4_word_order(uint32_t o) {
+    const auto nib = [&](int i) { return (o >> (4 * i)) & 15u; };
+    const uint32_t n3 = nib(3) << 6;
+    return nib(0) << 6 | nib(4) << 22 | nib(1) << 2 | nib(5) << 18 | nib(2) << 10 | nib(6) << 26 |
+           (n3 >> 8 | n3 << 24) | nib(7) << 14;
 }
 
 // d += A B for one m16n8k16 tile (fp16 operands, fp32 accumulators).
@@ -138,37 +150,59 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
     return i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w;
 }
 
+// Whether w4_kernel<Q> runs full steps without per-group tests (see w4_step) where K allows:
+// one token quad only (at Q = 2 the interleaved groups need more registers than two blocks per
+// SM leave, and spill).
+__host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1; }
+
+// -24 X floats per staged row: pads that spread the 4 rows' banks, 16-byte rows for the full
+// steps' vector loads (the other passes keep the tighter rows: fewer registers at Q = 2).
+__host__ __device__ constexpr int w4_xstride(int Q) { return KD_W4_GROUPS + (w4_full_steps(Q) ? 4 : 1); }
+
 // Adds one step's groups into part[q][0 | 1] (rows g | g + 8, token 4q + t).
 // bsm: the staged B rows; xneg: -24 X per (token, group); m_count: staged tokens.
-template <int Q>
+// FULL: the step has all its groups (K a multiple of 256 in this super-chunk): no test per
+// group, so the groups' independent chains interleave, and the staged rows past m_count are
+// zeros (w4_stage), so every B load is unconditional. The arithmetic is the same either way.
+template <int Q, bool FULL>
 __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, int step, int n_groups,
                                         const unsigned char* bsm, const float* xneg, int m_count, int lane) {
     const int g = lane >> 2, t = lane & 3;
+    float4 xn4[Q];  // FULL: -24 X of 4 groups at a time, one 16-byte load
 #pragma unroll
     for (int i = 0; i < KD_W4_STEP; ++i) {
         const int G = step * KD_W4_STEP + i;
-        if (G >= n_groups) break;  // past K (uniform)
-        // Nibble i of word t is input 8t + i of the group; the mma's k = 2t, 2t + 1, 2t + 8,
-        // 2t + 9 of its two k-steps take inputs 8t + {0, 4, 1, 5} and 8t + {2, 6, 3, 7}.
+        if (!FULL && G >= n_groups) break;  // past K (uniform)
+        // Word t holds inputs 8t .. 8t + 7 of the group in w4_word_order's places; the mma's
+        // k = 2t, 2t + 1, 2t + 8, 2t + 9 of its two k-steps take inputs 8t + {0, 4, 1, 5} and
+        // 8t + {2, 6, 3, 7}: nibble pairs (0, 4), (1, 5), (2, 6), (3, 7), one shift or rotation
+        // each but the first.
         const uint32_t wa = word_of(st.wa, i), wb = word_of(st.wb, i);
-        const uint32_t a04 = nibble_pair(wa << 6), a15 = nibble_pair(wa << 2), a26 = nibble_pair(wa >> 2),
-                       a37 = nibble_pair(wa >> 6);
-        const uint32_t b04 = nibble_pair(wb << 6), b15 = nibble_pair(wb << 2), b26 = nibble_pair(wb >> 2),
-                       b37 = nibble_pair(wb >> 6);
+        const uint32_t a04 = nibble_pair(wa), a15 = nibble_pair(wa << 4), a26 = nibble_pair(wa >> 4),
+                       a37 = nibble_pair(__funnelshift_l(wa, wa, 8));
+        const uint32_t b04 = nibble_pair(wb), b15 = nibble_pair(wb << 4), b26 = nibble_pair(wb >> 4),
+                       b37 = nibble_pair(__funnelshift_l(wb, wb, 8));
         const int src = (lane & ~3) | (i >> 1);  // the lane of this row that loaded group i's scales
         const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, src);
         const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, src);
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             // B column g = token 4q + g / 2, half g % 2; missing tokens read as zeros.
+            const unsigned char* bp = bsm + (8 * q + g) * KD_W4_ROW_BYTES + G * 64 + t * 16;
             uint4 bx = make_uint4(0u, 0u, 0u, 0u);
-            if (4 * q + (g >> 1) < m_count)
-                bx = *reinterpret_cast<const uint4*>(bsm + (8 * q + g) * KD_W4_ROW_BYTES + G * 64 + t * 16);
+            if (FULL || 4 * q + (g >> 1) < m_count) bx = *reinterpret_cast<const uint4*>(bp);
             // The group's two k-steps into separate accumulators (two independent mma).
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             mma_16816(d, a04, b04, a15, b15, bx.x, bx.y);
             mma_16816(e, a26, b26, a37, b37, bx.z, bx.w);
-            const float xn = xneg[(4 * q + t) * KD_W4_XSTRIDE + G];
+            const float* xr = xneg + (4 * q + t) * w4_xstride(Q);
+            float xn;
+            if (FULL) {
+                if (i % 4 == 0) xn4[q] = *reinterpret_cast<const float4*>(xr + G);
+                xn = i % 4 == 0 ? xn4[q].x : i % 4 == 1 ? xn4[q].y : i % 4 == 2 ? xn4[q].z : xn4[q].w;
+            } else {
+                xn = xr[G];
+            }
             part[q][0] = fmaf(scale_a, ((d[0] + e[0]) + (d[1] + e[1])) + xn, part[q][0]);
             part[q][1] = fmaf(scale_b, ((d[2] + e[2]) + (d[3] + e[3])) + xn, part[q][1]);
         }
@@ -179,10 +213,18 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
 // the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
 // w, w + 8, ... of every row (loads in flight together); pmax: [KD_W4_MAX_ROWS][warps] scratch.
 // Ends with the block synchronised.
+template <int Q>
 __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_count, int kb, int klen,
                                          unsigned char* bsm, float* xneg, float* fac, float* pmax) {
     constexpr int PER_WARP = KD_W4_GROUPS / KD_W4_WARPS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_groups = klen / 32;
+    // The rows of missing tokens (m_count .. 4Q) as zeros, for w4_step's unconditional loads.
+    constexpr int ROW_VECS = KD_W4_ROW_BYTES / 16, xstride = w4_xstride(Q);
+    uint4* zero_rows = reinterpret_cast<uint4*>(bsm + 2 * m_count * KD_W4_ROW_BYTES);
+    if (w4_full_steps(Q)) {
+        for (int i = threadIdx.x; i < (4 * Q - m_count) * 2 * ROW_VECS; i += KD_W4_THREADS) zero_rows[i] = make_uint4(0u, 0u, 0u, 0u);
+        for (int i = threadIdx.x; i < (4 * Q - m_count) * xstride; i += KD_W4_THREADS) xneg[m_count * xstride + i] = 0.0f;
+    }
     const auto row = [&](int j) {
         const long prow = m_begin + j;
         return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
@@ -227,7 +269,7 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
             const int G = warp + KD_W4_WARPS * i;
             if (G >= n_groups) break;
             const float X = warp_sum(v[i]);
-            if (lane == 0) xneg[j * KD_W4_XSTRIDE + G] = -24.0f * X;
+            if (lane == 0) xneg[j * xstride + G] = -24.0f * X;
             const __half h = __float2half_rn(v[i]);
             *reinterpret_cast<__half*>(hi + G * 64 + off) = h;
             *reinterpret_cast<__half*>(lo + G * 64 + off) = __float2half_rn(v[i] - __half2float(h));
@@ -241,7 +283,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
-    float* fac = xneg + 4 * Q * KD_W4_XSTRIDE;                             // [4Q]
+    float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -361,37 +403,44 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             cur = w4_fetch(rows, 0);
         }
         // The first weights are on their way while the activations are staged.
-        w4_stage(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
-        while (tile < n_tiles) {
-            const int ticket = lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles : 0;
-            int next = 0;
-            float part[Q][2];
+        w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
+        // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
+        // without per-group tests where w4_full_steps(Q); otherwise all of them with the tests.
+        const auto run_tiles = [&](auto full) {
+            constexpr bool FULL = decltype(full)::value;
+            while (tile < n_tiles) {
+                const int ticket = lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles : 0;
+                int next = 0;
+                float part[Q][2];
 #pragma unroll
-            for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
-            const auto next_rows = [&]() {
-                next = __shfl_sync(0xffffffffu, ticket, 0);
-                return tile_rows(next < n_tiles ? next : tile);
-            };
-            // Two steps per iteration with two register buffers: while one step computes, the
-            // next one (of this tile or the next) is loading. After the last tile the warp
-            // re-reads its tile's first step (never used), so every fetch is unconditional.
-            for (int st = 0; st < n_steps; st += 2) {
-                const bool last_a = st + 1 >= n_steps;
-                if (last_a) rows = next_rows();
-                other = w4_fetch(rows, last_a ? 0 : st + 1);
-                w4_step<Q>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
-                if (last_a) {  // odd step count: the next tile starts in `other`
-                    cur = other;
-                    break;
+                for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
+                const auto next_rows = [&]() {
+                    next = __shfl_sync(0xffffffffu, ticket, 0);
+                    return tile_rows(next < n_tiles ? next : tile);
+                };
+                // Two steps per iteration with two register buffers: while one step computes, the
+                // next one (of this tile or the next) is loading. After the last tile the warp
+                // re-reads its tile's first step (never used), so every fetch is unconditional.
+                for (int st = 0; st < n_steps; st += 2) {
+                    const bool last_a = st + 1 >= n_steps;
+                    if (last_a) rows = next_rows();
+                    other = w4_fetch(rows, last_a ? 0 : st + 1);
+                    w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
+                    if (last_a) {  // odd step count: the next tile starts in `other`
+                        cur = other;
+                        break;
+                    }
+                    const bool last_b = st + 2 >= n_steps;
+                    if (last_b) rows = next_rows();
+                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
+                    w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
-                const bool last_b = st + 2 >= n_steps;
-                if (last_b) rows = next_rows();
-                cur = w4_fetch(rows, last_b ? 0 : st + 2);
-                w4_step<Q>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
+                finish(tile, part);
+                tile = next;
             }
-            finish(tile, part);
-            tile = next;
-        }
+        };
+        if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
+        else run_tiles(std::false_type{});
         sched_block_done(ctr);  // its barrier also frees the staged rows for the next pass
     }
 }
@@ -400,7 +449,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
 // (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
 constexpr int w4_smem_bytes(int Q) {
-    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (KD_W4_XSTRIDE + 1);
+    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
 template <int Q, bool GLU>
