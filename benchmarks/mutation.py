@@ -26,6 +26,7 @@ the sshd fixtures' start-up that is the difference between minutes and hours per
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import json
 import os
@@ -73,6 +74,10 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
     "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
+    "orchestrator.hostkeys.x_blob_fingerprint__mutmut_9":
+        'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
+    "orchestrator.hostkeys.x_pinned_transport__mutmut_1":
+        "the event given to start_client: SSHClient.connect passes none (it waits for the key exchange itself)",
     "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
                                                     "the failed checks' only)",
     "orchestrator.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
@@ -85,6 +90,10 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
     "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
     "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
+    **{f"orchestrator.connection.x__connect__mutmut_{n}":
+       "banner_timeout left to Paramiko's 15 s: SSHClient.connect hands the same connect timeout to start_client, "
+       "which gives up on a host silent before its banner as soon (tests/test_ssh.py: a target that never sends a "
+       "banner fails within the connect timeout either way)" for n in (36, 45)},
     "orchestrator.connection.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
     "orchestrator.connection.x__open_once__mutmut_8": "the same (found left out)",
@@ -92,49 +101,55 @@ EQUIVALENT: dict[str, str] = {
                                                           "gives 3 all the same",
     "orchestrator.state.x_read_json__mutmut_3": "the name only labels bounded.loads's ValueError, which read_json turns "
                                                 "into None",
+    "orchestrator.state.xǁHostLockǁ__init____mutmut_1":
+        "wait is read only when the mode changes, and the one caller relying on the default (gpu_claims, exclusive) "
+        "never changes it",
+    "orchestrator.state.xǁHostLockǁ_beat__mutmut_7":
+        "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
+    "orchestrator.steps.build.x__records_path__mutmut_8":
+        "33 hex digits of the key's sha256 instead of 32 name the record file: only this function ever names it",
+    "orchestrator.steps.build.x__checked_version__mutmut_11":
+        'no version line: parse_version("XXXX") is {} as parse_version("") is, and the error says (nothing) either way',
+    **{f"orchestrator.steps.build.x__record__mutmut_{n}": "the indentation of this machine's build records: only "
+       "json.loads reads them" for n in (32, 34, 39)},
     **{f"orchestrator.state.x_write_json__mutmut_{n}": "the indentation of a stamp on the host: every reader parses it"
-       for n in (16, 18, 19)},
+       for n in (18, 20, 21)},
+    "orchestrator.state.x_answers__mutmut_35":
+        "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
+    "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
+        "what is read only with a pattern, and every call with a pattern passes its what",
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
                                                       "slice, the same is_dir)",
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "
                                                 "with rm -f: the order of the paths changes nothing",
     "orchestrator.sync.x__tar_sync__mutmut_44": "the same (reverse=False)",
+    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "tarfile's default format is PAX_FORMAT" for n in (64, 67)},
+    "orchestrator.sync.x__tar_sync__mutmut_76": "recursive=None is as falsy as False: tar adds the directory alone",
+    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "the second loop adds changed files and symlinks only (never a "
+       "directory), which tar adds alone whatever recursive says" for n in (84, 87, 89)},
+    **{f"orchestrator.sync.x__local_listing__mutmut_{n}": "the size and mtime of a directory or symlink entry are "
+       "never compared (symlinks are always sent, directories always listed)" for n in (5, 6, 12, 13)},
+    "orchestrator.sync.x_deployed_tree__mutmut_12": "any mark, readable or too large, means a broken sync: the read's "
+                                                    "bound changes nothing",
 }
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
 ACCEPTED: dict[str, str] = {
-    "orchestrator.sync.x__tar_sync__mutmut_2": "no time bound on the tar sync's own commands: a test needs a host that "
-                                               "hangs mid-sync for the whole sync timeout (fault test 5 hangs one "
-                                               "mid-step)",
-    "orchestrator.sync.x__tar_sync__mutmut_8": "the same for its listing",
-    "orchestrator.sync.x__tar_sync__mutmut_48": "the same for its deletion",
-    **{f"orchestrator.sync.x__tar_sync__mutmut_{n}": "the words naming the tar sync's deletion in its error: it cannot "
-       "fail in the lab (root deletes anything; an unsafe remote_dir is refused before, by the lock)"
-       for n in (49, 54, 56, 57)},
-    **{f"orchestrator.connection.x__connect__mutmut_{n}": "a connect, banner or authentication time bound left out: "
-       "only a hung sshd tells (tests/test_faults.py test_4, tests/test_ssh.py::test_unreachable_host_fails_fast), and "
-       "those tests are outside this module's subset for time" for n in (25, 34, 36, 37, 43, 45, 46)},
-    "orchestrator.connection.x__connect__mutmut_32": "the user left out: Paramiko then takes this process's user, and "
-                                                     "the lab's sshd hosts accept root only, who runs the tests",
-    "orchestrator.connection.x__connect__mutmut_41": "the same",
-    "orchestrator.state.x_write_json__mutmut_5": "no host-side bound on writing a stamp (it takes milliseconds; a test "
-                                                 "needs a host that hangs right there)",
-    "orchestrator.state.x_write_json__mutmut_14": "the same bound, 61 s instead of 60",
-    "orchestrator.state.x_write_json__mutmut_7": "the words naming a failed stamp write in its error: it cannot fail in "
-                                                 "the lab (root writes anything; an unsafe .kdtree/ is refused before)",
-    "orchestrator.state.x_write_json__mutmut_13": "the same (the default words)",
-    "orchestrator.steps.build.x_run__mutmut_50": "no client deadline on removing build/'s executables before a rebuild "
-                                                 "(it takes milliseconds; a test needs a host that hangs right there)",
-    "orchestrator.steps.build.x_run__mutmut_53": "the same (the default deadline)",
-    "orchestrator.steps.build.x_run__mutmut_57": "the host-side bound of that removal (none): the same",
-    "orchestrator.steps.build.x_run__mutmut_61": "the same bound, 61 s instead of 60",
-    "orchestrator.steps.build.x_run__mutmut_63": "the client's deadline of that removal, 61 s instead of 60",
-    "orchestrator.steps.build.x_run__mutmut_51": "the words naming that removal in its error: it cannot fail in the lab "
-                                                 "(root deletes anything; an unsafe build/ is refused earlier, by the "
-                                                 "hashing, which the same guard protects)",
-    "orchestrator.steps.build.x_run__mutmut_54": "the same (the default words)",
-    "orchestrator.sync.x_deployed_tree__mutmut_12": "the size bound of reading the in-progress mark (4097 bytes, not "
-                                                    "4096), whose existence alone matters",
+    "orchestrator.state.x_acquire__mutmut_30":
+        "a failed claim waits 2 s instead of 1 for the holder to go: bounded all the same (the unbounded mutant is "
+        "killed); telling 1 s from 2 s needs a timing test on a loaded machine",
+    **{f"orchestrator.state.x_answers__mutmut_{n}":
+       "the evidence of a lock helper that closed its output but did not end within close()'s 30 s (no result): "
+       "a test would wait those 30 s; the helper that dies is tested (tests/test_lock_modes.py)"
+       for n in (25, 27, 29, 30)},
+    "orchestrator.state.x_answers__mutmut_10": "the last wait for a line lasts at least 1 s, past the deadline by "
+                                               "less than a second: bounded all the same (the unbounded mutants are "
+                                               "killed)",
+    "orchestrator.steps.build.x__hashes__mutmut_8":
+        "hashing every executable under build/ instead of the recorded paths differs only for a recorded file that "
+        "has since lost its execute bit (its content unchanged): no test yet",
+    "orchestrator.state.x_answers__mutmut_37": "a lock helper that gave no answer in time gets 2 s instead of 1 to "
+                                               "go: bounded all the same (the unbounded mutant is killed)",
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
@@ -153,8 +168,8 @@ def main() -> int:
     ap.add_argument("--report", type=Path, default=REPO / "benchmarks" / "results" / "mutation.md")
     ap.add_argument("--reuse", action="store_true", help="report on the last run in --work, run nothing")
     ap.add_argument("--resume", action="store_true",
-                    help="continue the last run in --work: bring the checkout's tests over (the mutated module must "
-                         "be unchanged), then run its survivors again and the mutants it had no time for")
+                    help="continue the last run in --work: bring the checkout's module and tests over, then run its "
+                         "survivors again, the mutants it had no time for and those of the changed functions")
     ap.add_argument("--target", type=float, default=0.9)
     args = ap.parse_args()
     mutmut = shutil.which("mutmut", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
@@ -205,19 +220,55 @@ def prepare(work: Path, module: str) -> None:
 
 
 def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
-    """The last run's mutants of `module` to run (again): survivors, not reached, not run; the
-    checkout's tests copied over first (a killed mutant stays killed: tests are only added)."""
-    source = subprocess.run(["git", "diff", "--quiet", "--no-index", str(REPO / module), str(work / module)])
-    if source.returncode != 0:
-        sys.exit(f"{module} changed since the run in {work}: run it afresh (without --resume)")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "tests"], cwd=REPO,
+    """The last run's mutants of `module` to run (again): survivors, not reached, not run, and every
+    mutant of a function whose source changed since (mutmut forgets those functions' results); the
+    checkout's files copied over first (a killed mutant of an unchanged function stays killed:
+    tests are only added)."""
+    changed = _chosen(module, changed_functions(work / module, REPO / module))
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        for base in (work, work / "mutants"):
+    for rel in filter(None, files):          # the checkout as it is now, but mutmut's own section and mutants
+        if rel == "pyproject.toml" or not (REPO / rel).is_file():
+            continue
+        for base in (work,) if rel == module else (work, work / "mutants"):
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, base / rel)
+            shutil.copy2(REPO / rel, base / rel, follow_symlinks=False)
+    os.utime(work / module)                  # a new mtime: mutmut mutates the module again
+    (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)     # which tests reach what: measured anew
     statuses = _statuses(mutmut, work, module)
-    return sorted(n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run"))
+    dotted = module.removesuffix(".py").replace("/", ".")
+    again = [n for n, s in statuses.items() if s in ("survived", "no_tests", "not_run")
+             and _function_of(n, dotted) not in changed]
+    return sorted(again) + [_glob(dotted, f) for f in sorted(changed)]
+
+
+def changed_functions(old: Path, new: Path) -> set[str]:
+    """Functions and methods (`f`, `Class.method`) of `new` whose source differs from `old`'s, or that are new."""
+    before, after = _function_sources(old), _function_sources(new)
+    return {name for name, text in after.items() if before.get(name) != text}
+
+
+def _chosen(module: str, functions: set[str]) -> set[str]:
+    """Those of `functions` that MODULES mutates in `module`."""
+    globs = MODULES[module][1]
+    return {f for f in functions if not globs or any(fnmatch.fnmatch(f, g) for g in globs)}
+
+
+def _function_sources(path: Path) -> dict[str, str]:
+    text = path.read_text()
+    found = {}
+    for node in ast.parse(text).body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+        for f in members:
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[prefix + f.name] = ast.get_source_segment(text, f) or ""
+    return found
+
+
+def _function_of(mutant: str, dotted: str) -> str:
+    """`f` or `Class.method` of a mutant's name."""
+    return mutant.removeprefix(f"{dotted}.x").rsplit("__mutmut_", 1)[0][1:].replace(SEP, ".")    # x_f, xǁCǁm
 
 
 def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int, names: list[str] | None = None) -> None:
@@ -246,8 +297,13 @@ def run_mutmut(mutmut: str, work: Path, module: str, budget: float, jobs: int, n
 def mutant_globs(module: str) -> list[str]:
     """mutmut's names of the mutants of MODULES' functions of `module` (`f*`, `Class.method`, `Class.*`)."""
     dotted = module.removesuffix(".py").replace("/", ".")
-    return [f"{dotted}.x{SEP}{f.replace('.', SEP)}__mutmut_*" if "." in f else f"{dotted}.x_{f}__mutmut_*"
-            for f in MODULES[module][1]]
+    return [_glob(dotted, f) for f in MODULES[module][1]]
+
+
+def _glob(dotted: str, function: str) -> str:
+    """mutmut's names of the mutants of `function` (`f`, `Class.method`, globs allowed) of module `dotted`."""
+    return f"{dotted}.x{SEP}{function.replace('.', SEP)}__mutmut_*" if "." in function \
+        else f"{dotted}.x_{function}__mutmut_*"
 
 
 def collect(mutmut: str, work: Path, module: str) -> dict:

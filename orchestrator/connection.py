@@ -146,7 +146,7 @@ class _Target:
         """The inventory's values first, then the ssh config's, then ssh's defaults."""
         found = config.lookup(alias)
         keys = ([identity] if identity else []) + list(found.get("identityfile", []))
-        return cls(alias, found.get("hostname", alias), int(port or found.get("port", 22)),
+        return cls(alias, found["hostname"], int(port or found.get("port", 22)),    # lookup's default: alias
                    user or found.get("user") or getpass.getuser(), keys)
 
     @property

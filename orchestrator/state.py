@@ -139,7 +139,9 @@ class HostLock:
             process = self._process
         return _answer(process, self.transport.host, self._wait, finals)
 
-    def release(self, timeout: float = 30) -> None:
+    def release(self, timeout: float | None = None) -> None:
+        """Tell the holder on the host to let go and wait for it to end, at most `timeout` seconds
+        (the host's lock timeout by default): a host that hangs there never holds the run."""
         with self._guard:
             process, self._process = self._process, None
         if process is None:
@@ -148,7 +150,7 @@ class HostLock:
             process.write(b"release\n")
         except OSError:
             pass
-        process.close(timeout)
+        process.close(self.transport.host.timeout("lock") if timeout is None else timeout)
 
     def __enter__(self) -> "HostLock":
         return self
@@ -284,9 +286,11 @@ def read_deploy_record(transport: Transport) -> dict | None:
 
 
 def write_json(transport: Transport, name: str, data: dict) -> None:
-    """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
-    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name, timeout=60,
-                                  stdin=json.dumps(data, indent=1).encode(), what=f"writing {STATE_DIR}/{name}"))
+    """Store a JSON document in the host's state directory, atomically (build and bundle stamps),
+    within the host's lock timeout (the bound of its other state-directory commands' answers)."""
+    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name,
+                                  timeout=transport.host.timeout("lock"), stdin=json.dumps(data, indent=1).encode(),
+                                  what=f"writing {STATE_DIR}/{name}"))
 
 
 def _marker_text(owner: Owner) -> str:

@@ -31,7 +31,7 @@ from typing import Callable
 from . import ownership, relay, remote, state
 from .errors import FetchError, KdError, SyncError, cause_of
 from .inventory import Host, Project
-from .transport import Transport
+from .transport import READ_MISSING, Transport
 
 STATE_EXCLUDE = "/" + state.STATE_DIR + "/"    # always excluded: --delete spares the state dir
 TREE_HASH_CACHE = "build/tree-hashes"     # under the project root, private: the local tree hash by its files' stat
@@ -171,8 +171,9 @@ def deployed_tree(transport: Transport, project: Project) -> str | None:
     try:
         transport.read_file(PARTIAL, max_bytes=4096)
         return None                     # a sync broke half-way: the next one repairs the tree
-    except FetchError:
-        pass
+    except FetchError as e:
+        if e.exit_status != READ_MISSING:
+            return None                 # a mark all the same (too large, not a file): never trusted
     current = _remote_hash(transport, project)
     return current if current == record["tree_hash"] else None
 

@@ -194,7 +194,8 @@ class Transport:
         line, timeout, _ = _parts(command, timeout, None)
         code, data = self._capture(line, timeout, max_bytes)
         if code != 0 or len(data) > max_bytes:
-            why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes else "failed"
+            why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes \
+                else "timed out" if code is None or code in remote.TIMEOUT_EXIT_CODES else "failed"
             raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=line, exit_status=code,
                                tail=data[-2000:].decode(errors="replace"))
         return data
@@ -466,7 +467,8 @@ real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")
 [ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
 exec head -c "$(($2 + 1))" -- "$1"
 ''', '"$3"')
-_READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", 4: "does not exist",
+READ_MISSING = 4         # read_file's FetchError.exit_status when the file does not exist
+_READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", READ_MISSING: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
-from orchestrator.errors import DestinationError, LockError
+from orchestrator.errors import DestinationError, HostError, LockError
 from orchestrator.transport import open_transport
 
 EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
@@ -108,6 +109,8 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         assert sync.deployed_tree(t, inv.project) == tree
         (root / sync.PARTIAL).write_text("")
         assert sync.deployed_tree(t, inv.project) is None
+        (root / sync.PARTIAL).write_text("x" * 5000)      # too large to read: a mark all the same
+        assert sync.deployed_tree(t, inv.project) is None
         (root / sync.PARTIAL).unlink()
         (root / "src" / "main.cpp").write_text("changed on the host\n")
         assert sync.deployed_tree(t, inv.project) is None
@@ -115,6 +118,77 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         record = json.loads((root / ".kdtree" / "deploy.json").read_text())
         (root / ".kdtree" / "deploy.json").write_text(json.dumps({**record, "tree_hash": ""}))
         assert sync.deployed_tree(t, inv.project) is None
+
+
+@pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
+def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method):
+    """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
+    what was sent; the log says how it went."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    **({"rsync_path": rsync_path} if rsync_path else {})}})
+    tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    with open_transport(inv.hosts["local"]) as t:
+        result = sync.deploy(t, inv.project, tree, owner, log.append)
+    record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
+    assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
+        {"version": 1, "tree_hash": "f" * 64, "git_revision": "abc123", "git_dirty": True, "method": method,
+         "by": {"client": "laptop", "pid": 7, "started": "2026-01-01T00:00:00Z", "command": "deploy"}, "deleted": 0}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["deployed_at"])
+    assert (result.host, result.method, result.files, result.tree_hash, result.repaired, result.stale_lock) == \
+        ("local", method, len(SYNCED), "f" * 64, None, None)
+    assert result.bytes == record["bytes"] > 0 and 0 < result.seconds < 60 and result.seconds == round(result.seconds, 3)
+    assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
+    assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
+
+
+def test_the_rsync_argv_of_a_sync(make_inventory, source):
+    """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
+    over ssh only (a local host runs this machine's rsync)."""
+    from orchestrator.transport import SshTransport
+    inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree", "rsync_path": "/opt/rsync dir/rsync"},
+                          "local": {"transport": "local", "remote_dir": "/srv/kd", "rsync_path": "/opt/rsync"}})
+    argv = sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project)
+    assert "--checksum" not in argv and argv[-3] == "--rsync-path='/opt/rsync dir/rsync'"
+    assert "--checksum" in sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, checksum=True)
+    local = sync.rsync_argv(open_transport(inv.hosts["local"]), inv.project)
+    assert not [a for a in local if a.startswith("--rsync-path")] and local[-2:] == [f"{source}/", "/srv/kd/"]
+
+
+def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    (source / "empty" / "dir").mkdir(parents=True)
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    with open_transport(inv.hosts["local"]) as t:
+        sync._tar_sync(t, inv.project, print, everything=False)
+    assert (tmp_path / "host" / "empty" / "dir").is_dir()
+
+
+def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventory, tmp_path, monkeypatch):
+    """Each command of the tar sync (listing remote_dir, deleting removed files, extracting the
+    stream) runs under the host's sync timeout: a host where that one hangs fails in about a
+    second, naming the command; the next sync completes the tree."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    "timeouts": {"sync": 1}}})
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    (tmp_path / "host" / "old.txt").write_text("gone from the source\n")       # something to delete
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    with open_transport(inv.hosts["local"]) as t:
+        for tool, only, what in [("find", "./.kdtree", "listing remote_dir"), ("rm", "old.txt", "deleting removed files"),
+                                 ("tar", "-xzf", "extracting the tar stream")]:
+            (fake / tool).write_text(f'#!/bin/sh\ncase " $* " in *" {only} "*) exec sleep 30;; esac\n'
+                                     f'exec {shutil.which(tool)} "$@"\n')
+            (fake / tool).chmod(0o755)
+            start = time.monotonic()
+            with pytest.raises(HostError, match=f"{what} timed out"):
+                sync._tar_sync(t, inv.project, print, everything=False)
+            assert time.monotonic() - start < 8, what
+            (fake / tool).unlink()
+        counts = sync._tar_sync(t, inv.project, print, everything=False)
+        assert (counts["files"], counts["deleted"]) == (len(SYNCED), 0) and counts["bytes"] > 0
+    assert files(tmp_path / "host") == SYNCED
 
 
 def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, source):

@@ -4,12 +4,18 @@ they stay; nobody overtakes a run on its way back from exclusive to shared; dead
 recovered while live ones are not."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shlex
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +25,7 @@ from orchestrator.state import EXCLUSIVE, SHARED, Owner
 from orchestrator.transport import open_transport
 
 WAIT = 2
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -151,3 +158,119 @@ def test_a_released_lock_cannot_change_mode(host):
     with pytest.raises(HostError, match="the lock was released") as e:
         lock.to_exclusive()
     assert e.value.host == "h"
+
+
+@pytest.fixture
+def local(make_inventory, tmp_path):
+    """A local host whose client beats every 0.5 s (the holder lets go after 1.5 s of silence),
+    lock timeout 2 s (a claim's ownership checks take a second on a busy machine)."""
+    inv = make_inventory({"h": {"transport": "local", "remote_dir": str(tmp_path / "d"),
+                                "timeouts": {"keepalive": 0.5, "lock": 2}}})
+    return inv.hosts["h"]
+
+
+def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, monkeypatch):
+    """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
+    marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
+    within the lock timeout; a lock command waits 0 s unless told."""
+    lock, transport = take(local, "validate", 1)
+    marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
+    assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
+                             "2026-01-01T00:00:00Z by laptop)."), marker
+    time.sleep(1.5 * state.lock_silence(local))
+    with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop") as busy:
+        state.acquire(open_transport(local), owner("nightly", 2))        # waits 0 s unless told
+    assert "waited" not in str(busy.value)
+    with pytest.raises(LockError, match=r"validate by pid 1 on laptop, started 2026-01-01T00:00:00Z "
+                                        r"\(waited 0.5 s: timeouts.lock\)$"):
+        take(local, "nightly", 2, EXCLUSIVE, wait=0.5)
+    lock.release()
+    with pytest.raises(HostError, match="^h: the lock was released$"):
+        lock.to_exclusive()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "rm").write_text("#!/bin/sh\nexec sleep 10\n")
+    (fake / "rm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    lock, _ = take(local, "nightly", 3)
+    start = time.monotonic()
+    done = threading.Thread(target=lock.release, daemon=True)
+    done.start()
+    done.join(6)
+    assert not done.is_alive() and time.monotonic() - start < 6
+    lock, _ = take(local, "nightly", 4)            # shared: beside the holder still hung in its rm
+    start = time.monotonic()
+    lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
+    assert time.monotonic() - start < 1.5
+    assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-5:-2] == ["exclusive", "0", ""]
+
+
+def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
+    """The heartbeat never keeps a finished client alive (it beats from a daemon thread): a process
+    that exits while it holds the lock ends at once, and the host lets the lock go."""
+    code = ("import sys; from orchestrator import inventory, state, transport; "
+            f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
+            "state.acquire(transport.open_transport(host), state.Owner.now('validate')); print('held'); sys.exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+    assert out == "held\n"
+    lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=WAIT)
+    lock.release()
+
+
+def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
+    """A client that stops beating without closing its connection (frozen, or cut off by a network
+    partition the host never hears about): the holder on the host lets go after its silence."""
+    code = ("import time; from orchestrator import inventory, state, transport; "
+            f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
+            "lock = state.acquire(transport.open_transport(host), state.Owner.now('validate')); "
+            "print('held', flush=True); time.sleep(60)")
+    client = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline() == "held\n"
+        client.send_signal(signal.SIGSTOP)
+        lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=3 * state.lock_silence(local))
+        lock.release()
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, tmp_path, monkeypatch):
+    """A host whose `flock` hangs never answers the claim: it fails after the lock timeout (2 s)
+    and a second to let the holder go, not when the host wakes up; one whose holder dies says so,
+    with its command, exit status and output."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "flock").write_text("#!/bin/sh\nexec sleep 10\n")
+    (fake / "flock").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    start = time.monotonic()
+    with pytest.raises(HostError, match="^h: no answer from the lock command within 2 s$"):
+        take(local, "validate", 1, EXCLUSIVE, wait=0)
+    assert time.monotonic() - start < 8
+    (fake / "flock").write_text("#!/bin/sh\necho dying; kill -KILL $PPID\n")     # the holder dies mid-claim
+    with pytest.raises(HostError) as died:
+        take(local, "validate", 1, EXCLUSIVE, wait=0)
+    assert (died.value.message, died.value.host) == ("the lock command ended without an answer", "h")
+    assert died.value.exit_status in (-9, 137)     # killed (a local process's status, or the shell's)
+    assert "kd_owned" in died.value.command and "dying" in died.value.tail
+
+
+def test_a_lock_names_garbled_holders_as_unknown(local, tmp_path):
+    """Holder files that do not parse (a live one, flocked, and a dead one) are named by their
+    first 200 characters, as an unknown owner: as a holder in the busy error, as the stale owner
+    the next claim recovered."""
+    state_dir = tmp_path / "d" / ".kdtree"
+    live, dead = "L" * 250, "D" * 250
+    lock, _ = take(local, "validate", 1)
+    (state_dir / "holder-1.json").write_text(live)
+    with open(state_dir / "holder-1.json") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        with pytest.raises(LockError) as busy:
+            take(local, "nightly", 2, EXCLUSIVE, wait=0)
+    assert f"another run: {'L' * 200} by pid 0 on unknown, started unknown; validate by pid 1" in str(busy.value)
+    lock.release()
+    (state_dir / "holder-2.json").write_text(dead)
+    lock, _ = take(local, "nightly", 3)
+    assert str(lock.stale) == f"{'D' * 200} by pid 0 on unknown, started unknown"
+    lock.release()

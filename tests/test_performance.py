@@ -3,19 +3,23 @@ no delayed-ACK wait per round trip, lazy imports, the results cache of the golde
 steps, and the local tree hash kept by its files' stat."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator import connection, record, state, sync, transport
-from orchestrator.steps import StepContext, bench as bench_step, build as build_step, bundles as bundles_step, \
-    test as test_step
+from orchestrator.errors import CommandError, UsageError
+from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
+    bundles as bundles_step, test as test_step
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -252,7 +256,7 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     key reused with the run it came from; --no-cache rebuilds with KD_REBUILD=1; the stamp of
     another build key matched by executables this machine recorded for the first key only is
     not trusted (they are removed before the build); a build the engine's own cache restored
-    is `cached` and says so."""
+    is `cached` and says so; a build key is the same whatever the order of its fields."""
     root = context.root
     (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
 
@@ -283,6 +287,136 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     restored, _ = build(build_key={"cxx": "icc"})
     assert (restored.status, restored.message, restored.reused_from) == \
         ("cached", f"cuda build for sm_90 of tree {TREE[:12]} restored from the host's build cache", None)
+    (root / "restore-me").unlink()
+    assert build(build_key={"cxx": "g++", "arch": "sm_90"})[0].status == "passed"
+    assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "cached"    # the same key, told in another order
+
+
+@pytest.mark.parametrize("printed, version, what", [
+    (f"noise\nkdtree 0.1.0 tree={TREE} backend=cpu arch=none\n",
+     {"version": "0.1.0", "tree": TREE, "backend": "cpu", "arch": "none"}, "cpu build"),
+    (f"kdtree 0.1.0 tree={TREE} backend=cuda arch=sm_90 extra", {"version": "0.1.0", "tree": TREE, "backend": "cuda",
+                                                                 "arch": "sm_90"}, "cuda build for sm_90"),
+    (f"kdtree 2 tree={TREE} junk", {"version": "2", "tree": TREE, "backend": "?", "arch": "?"}, "? build"),
+])
+def test_the_build_step_reads_and_records_the_binary_version(context, printed, version, what):
+    """The build's binary is known by its last --version line: version, tree, backend and arch
+    (recorded in the host's record; `?` where the line says nothing), and described by them."""
+    (context.root / "build" / "kdtree").write_text(f"#!/bin/sh\nprintf '%s' '{printed}'\n")
+    ctx = context()
+    ctx.step = "build"
+    assert build_step._checked_version(ctx, TREE) == version
+    assert build_step._what(version) == what
+    assert (ctx.record.binary_tree_hash, ctx.record.backend, ctx.record.fingerprint.arch) == \
+        (TREE, None if version["backend"] == "?" else version["backend"], "sm_90" if "sm_90" in what else None)
+    assert context.lines[-1] == "binary: " + printed.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("printed, message", [
+    ("garbage line\n", "cannot read the engine's version line: garbage line"),
+    ("", "cannot read the engine's version line: (nothing)"),
+    ("kdtree 0.1.0 backend=cpu\n", "cannot read the engine's version line: kdtree 0.1.0 backend=cpu"),
+    (f"kdtree 0.1.0 tree={OTHER_TREE} backend=cpu arch=none\n",
+     f"the binary was built from tree {OTHER_TREE[:12]} but the deployed tree is {TREE[:12]}"),
+])
+def test_the_build_step_refuses_a_binary_it_cannot_place(context, printed, message):
+    """A binary whose version line is unreadable, or built from another tree, fails the build step
+    with the line (or `(nothing)`) and the host in the error."""
+    (context.root / "build" / "kdtree").write_text(f"#!/bin/sh\nprintf '%s' '{printed}'\n")
+    ctx = context()
+    ctx.step = "build"
+    with pytest.raises(StepError) as caught:
+        build_step._checked_version(ctx, TREE)
+    assert (caught.value.message, caught.value.host) == (message, "local")
+
+
+def test_the_build_step_parses_only_kdtree_version_lines():
+    assert build_step.parse_version("kdtree 1.2 tree=abc backend=cpu a=b=c junk") == \
+        {"version": "1.2", "tree": "abc", "backend": "cpu", "a": "b=c"}
+    assert build_step.parse_version("kdtree 2") == {"version": "2"}
+    assert build_step.parse_version("kdtree") == build_step.parse_version("kdtrees 1 tree=abc") == \
+        build_step.parse_version("") == {}
+
+
+def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_present(context):
+    """This machine's build records: the last 16 builds of a key (older ones dropped, in order),
+    written under the key; no record, or a records file that is not one, is no trust (rebuild);
+    an unsafe records folder is refused by its name; executables with undecodable names are
+    hashed all the same."""
+    root = context.root
+    (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
+
+    def build(**how):
+        ctx = context(**how)
+        ctx.step = "build"
+        return build_step.run(ctx).status
+    assert build() == "passed"
+    (records,) = (context().project.root / build_step.LOCAL_RECORDS).glob("*.json")
+    key = json.loads(records.read_text())["key"]
+    old = [{"build/kdtree": f"{i:064x}"} for i in range(20)]
+    records.write_text(json.dumps({"key": key, "builds": old}))
+    assert build() == "passed"                   # the stamp matches, the executables are none of those recorded
+    kept = json.loads(records.read_text())
+    assert kept["key"] == key and kept["builds"][:15] == old[5:] and len(kept["builds"]) == 16
+    (root / "build" / os.fsdecode(b"odd-\xff")).write_bytes(b"x")
+    (root / "build" / os.fsdecode(b"odd-\xff")).chmod(0o755)
+    assert build(use_cache=False) == "passed"
+    assert "build/odd-\ufffd" in json.loads(records.read_text())["builds"][-1]
+    for text in ("{}", "[1]", '{"builds": "x"}'):
+        records.write_text(text)
+        assert build() == "passed" and build() == "cached", text
+    records.unlink()
+    assert build() == "passed"                   # a stamp on the host and no record here: not trusted
+    records.parent.chmod(0o777)
+    with pytest.raises(UsageError, match=r"^build record directory \S+ is writable by group or others"):
+        build(use_cache=False)
+    records.parent.chmod(0o700)
+
+
+def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, tmp_path, monkeypatch):
+    """The hashing of build/'s executables and the removal of those this machine did not record run
+    under the build step's timeout: a host whose `sha256sum` or `find -delete` hangs fails the
+    step within seconds, naming what hung."""
+    (context.root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
+    ctx = context()
+    ctx.step = "build"
+    assert build_step.run(ctx).status == "passed"
+    (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    for tool, script, what in [("sha256sum", "exec sleep 30", "hashing the build's executables"),
+                               ("find", 'for a; do [ "$a" = -delete ] && exec sleep 30; done\n'    # the removal only
+                                        f'exec {shutil.which("find")} "$@"', "removing build/'s executables")]:
+        (fake / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (fake / tool).chmod(0o755)
+        ctx = context()
+        ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
+        start = time.monotonic()
+        with pytest.raises(CommandError) as caught:
+            build_step.run(ctx)
+        assert time.monotonic() - start < 10
+        assert f"local: {what} timed out" in str(caught.value), caught.value
+        (fake / tool).unlink()
+
+
+def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, monkeypatch):
+    """A host whose `mv` hangs while a stamp is written: the write fails within the host's lock
+    timeout (1 s here), naming the file, and the stamp is not there."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    "timeouts": {"lock": 1}}})
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mv").write_text("#!/bin/sh\nexec sleep 30\n")
+    (fake / "mv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    start = time.monotonic()
+    with pytest.raises(CommandError) as caught:
+        state.write_json(transport.open_transport(inv.hosts["local"]), "build.json", {"key": 1})
+    assert time.monotonic() - start < 10
+    assert "local: writing .kdtree/build.json timed out" in str(caught.value), caught.value
+    assert not (tmp_path / "host" / ".kdtree" / "build.json").exists()
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):

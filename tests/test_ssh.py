@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -275,11 +276,147 @@ def test_proxyjump_of_the_ssh_config(lab, make_inventory):
 def test_unreachable_host_fails_fast(lab, make_inventory):
     gone = lab.add_host("gone")
     gone.stop()
-    inv = make_inventory({"gone": lab.inventory_entry(gone)})
+    inv = make_inventory({"gone": lab.inventory_entry(gone, timeouts={"connect": 1})})
     start = time.monotonic()
     with pytest.raises(ConnectError, match="cannot reach 127.0.0.1:"):
         open_transport(inv.hosts["gone"]).run("true", timeout=10)
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 4      # refused: retried with backoff until the connect timeout
+
+
+def test_a_target_connection_sets_tcp_nodelay(h1):
+    """The connection's own TCP socket sends small packets at once (no delayed-ACK wait per command)."""
+    assert h1.run("true", timeout=20).ok
+    assert h1.connection.paramiko.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+class Hostile:
+    """A listener on 127.0.0.1 that plays a broken SSH server, one connection at a time: `how`
+    (socket) -> None runs on each accepted connection; the connections stay open until the end."""
+
+    def __init__(self, how):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port, self.how, self.open = self.server.getsockname()[1], how, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.open.append(conn)
+            threading.Thread(target=self.how, args=(conn,), daemon=True).start()
+
+    def close(self):
+        for conn in [self.server, *self.open]:
+            conn.close()
+
+
+@pytest.fixture
+def hostile(make_inventory, tmp_path, monkeypatch):
+    """hostile(how, **entry) -> (host, listener): an inventory host at a Hostile listener, as user
+    kd-deployer, connect timeout 1 s, its own empty known_hosts and ssh config."""
+    listeners = []
+    (tmp_path / "known_hosts").touch()
+    (tmp_path / "ssh_config").touch()
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(tmp_path / "ssh_config"))
+
+    def make(how, **entry):
+        listeners.append(Hostile(how))
+        inv = make_inventory({"x": {"address": "127.0.0.1", "port": listeners[-1].port, "user": "kd-deployer",
+                                    "remote_dir": str(tmp_path / "d"), "known_hosts": str(tmp_path / "known_hosts"),
+                                    "timeouts": {"connect": 1}, "persist": False, **entry}})
+        return inv.hosts["x"], listeners[-1]
+    yield make
+    for listener in listeners:
+        listener.close()
+
+
+def connect_error(host, within: float = 6.0):
+    """The error of connecting to `host` and running `true`; the test fails unless it comes within `within` s."""
+    caught: list[BaseException] = []
+
+    def connect():
+        try:
+            open_transport(host).run("true", timeout=10)
+        except BaseException as e:
+            caught.append(e)
+    start = time.monotonic()
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(within)
+    assert not thread.is_alive(), f"connecting to {host.name} still waits after {within} s"
+    assert caught, "the connection succeeded"
+    return caught[0], time.monotonic() - start
+
+
+def test_a_target_that_never_sends_a_banner_fails_within_the_connect_timeout(hostile):
+    """A hung sshd (TCP open, no SSH banner): the connect timeout bounds the banner wait."""
+    host, _ = hostile(lambda conn: None)
+    error, took = connect_error(host)
+    assert isinstance(error, ConnectError) and error.host == "x" and not error.retry, error
+    assert f"cannot reach 127.0.0.1:{host.port}: no SSH answer within 1 s" in str(error)
+
+
+def test_a_target_that_stalls_after_its_banner_fails_within_the_connect_timeout(hostile):
+    """A banner, then silence in the key exchange: the connect timeout bounds the whole handshake,
+    and the failure says the host did not answer (paramiko gives no timeout of its own here)."""
+    host, _ = hostile(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
+    error, took = connect_error(host)
+    assert isinstance(error, ConnectError) and error.host == "x" and not error.retry, error
+    assert f"cannot reach 127.0.0.1:{host.port}: no SSH answer within 1 s" in str(error)
+
+
+def test_a_pinned_target_that_stalls_after_its_banner_fails_within_the_connect_timeout(hostile):
+    """The same with a `host_key:` pin (its own key exchange, hostkeys.pinned_transport): bounded alike."""
+    host, _ = hostile(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"), host_key="SHA256:" + "A" * 43)
+    error, took = connect_error(host)
+    assert isinstance(error, ConnectError) and error.host == "x" and not error.retry, error
+    assert f"cannot reach 127.0.0.1:{host.port}: no SSH answer within 1 s" in str(error)
+
+
+def test_a_target_that_hangs_up_at_once_is_not_called_hung(hostile):
+    """A host that closes every connection at once (sshd at MaxStartups): a transient failure,
+    retried within the connect timeout, and not reported as a host that did not answer."""
+    host, listener = hostile(lambda conn: conn.close())
+    error, took = connect_error(host)
+    assert isinstance(error, ConnectError), error
+    # (the banner read fails, or the connection is reset first: either way a transient failure)
+    assert re.search(rf"cannot reach 127.0.0.1:{host.port}: .+ \(\d+ attempts in ", str(error)), error
+    assert "no SSH answer" not in str(error) and len(listener.open) >= 2
+
+
+def test_a_target_that_stalls_authentication_fails_within_the_connect_timeout(hostile, tmp_path):
+    """A real SSH server (Paramiko's) whose host key is known but which never answers the
+    credentials: the connect timeout bounds authentication, and the user offered is the inventory's."""
+    import paramiko
+    for name in ("server", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
+    server_key = paramiko.Ed25519Key(filename=str(tmp_path / "server"))
+    offered, stop = [], threading.Event()
+
+    class Stalling(paramiko.ServerInterface):
+        def get_allowed_auths(self, username):
+            return "publickey"
+
+        def check_auth_publickey(self, username, key):
+            offered.append(username)
+            stop.wait(30)
+            return paramiko.AUTH_FAILED
+
+    def serve(conn):
+        t = paramiko.Transport(conn)
+        t.add_server_key(server_key)
+        t.start_server(server=Stalling())
+
+    host, _ = hostile(serve, identity=str(tmp_path / "client"))
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{host.port} ssh-ed25519 {server_key.get_base64()}\n")
+    try:
+        error, took = connect_error(host)
+    finally:
+        stop.set()
+    assert f"authentication to 127.0.0.1:{host.port} as kd-deployer failed" in str(error), error
+    assert offered == ["kd-deployer"]
 
 
 def test_read_file_and_fetch_refuse_tricks(h1, tmp_path):

@@ -36,8 +36,8 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
         # an incremental build would keep a newer binary as it is (and run it): it must be made anew
-        ctx.transport.check(remote.script_command(_DROP_SCRIPT, ctx.host.remote_dir, timeout=60),
-                            timeout=remote.client_timeout(60), what="removing build/'s executables")
+        ctx.transport.check(remote.script(_DROP_SCRIPT, ctx.host.remote_dir, timeout=ctx.host.timeout(ctx.step),
+                                          what="removing build/'s executables"))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.changing():
         result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
@@ -83,9 +83,9 @@ def _record(ctx: StepContext, key: dict) -> None:
 
 def _hashes(ctx: StepContext, paths: list[str]) -> dict[str, str]:
     """sha256 of `paths` (relative to remote_dir) on the host; none given: of every executable file under build/."""
-    command = remote.script_command(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step))
-    out = ctx.transport.capture(command, timeout=remote.client_timeout(ctx.host.timeout(ctx.step)),
-                                max_bytes=HASHES_MAX_BYTES, what="hashing the build's executables")
+    command = remote.script(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step),
+                            what="hashing the build's executables")
+    out = ctx.transport.capture(command, max_bytes=HASHES_MAX_BYTES)
     return {m.group(2): m.group(1) for m in re.finditer(r"^([0-9a-f]{64}) [ *](.+)$",
                                                         out.decode(errors="replace"), re.M)}
 
