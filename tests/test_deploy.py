@@ -120,16 +120,24 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         assert sync.deployed_tree(t, inv.project) is None
 
 
+@pytest.mark.parametrize("begun_by_lock", [True, False], ids=["deploy", "lock-then-sync"])
 @pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
-def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method):
+def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method,
+                                                      begun_by_lock):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
-    what was sent; the log says how it went."""
+    what was sent; the log says how it went. The same whether the lock command began the sync
+    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs)."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
     tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
     with open_transport(inv.hosts["local"]) as t:
-        result = sync.deploy(t, inv.project, tree, owner, log.append)
+        if begun_by_lock:
+            result = sync.deploy(t, inv.project, tree, owner, log.append)
+        else:
+            with state.acquire(t, owner):
+                result = sync.sync_tree(t, inv.project, tree, owner, log.append)
+    assert not (tmp_path / "host" / ".kdtree" / "sync.partial").exists()
     record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
     assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
         {"version": 1, "tree_hash": "f" * 64, "git_revision": "abc123", "git_dirty": True, "method": method,
