@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
-from orchestrator.errors import DestinationError, HostError, LockError
+from orchestrator.errors import DestinationError, HostError, LockError, SyncError
 from orchestrator.transport import open_transport
 
 EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
@@ -118,6 +118,11 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         record = json.loads((root / ".kdtree" / "deploy.json").read_text())
         (root / ".kdtree" / "deploy.json").write_text(json.dumps({**record, "tree_hash": ""}))
         assert sync.deployed_tree(t, inv.project) is None
+        (root / ".kdtree" / "deploy.json").write_text(json.dumps(record))
+        (root / "scripts" / "tree_hash.sh").write_text("true\n")     # a host whose hash command prints nothing
+        with pytest.raises(SyncError, match="the tree hash command printed nothing") as failed:
+            sync.deployed_tree(t, inv.project)
+        assert failed.value.host == "local"
 
 
 @pytest.mark.parametrize("begun_by_lock", [True, False], ids=["deploy", "lock-then-sync"])
