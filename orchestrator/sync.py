@@ -139,7 +139,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
         method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired))
     else:
         log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
-        method, counts = "tar", _tar_sync(transport, project, log, everything=bool(repaired))
+        method, counts = "tar", _tar_sync(transport, project, everything=bool(repaired))
     record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
@@ -302,7 +302,7 @@ def _stat(stats: str, label: str) -> int:
 
 
 # -- tar stream --------------------------------------------------------------------------------------
-def _tar_sync(transport: Transport, project: Project, log, everything: bool) -> dict:
+def _tar_sync(transport: Transport, project: Project, everything: bool) -> dict:
     """Send changed files (`everything`: all files) as a tar stream; delete files gone from the source."""
     host = transport.host
     timeout = host.timeout("sync")

@@ -155,6 +155,18 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
     assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
 
 
+def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make_inventory, source, tmp_path,
+                                                                             monkeypatch):
+    """The host has rsync but this machine has none (which finds nothing): a tar stream, and the
+    log names this machine, not the host."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    log: list[str] = []
+    with open_transport(inv.hosts["local"]) as t:
+        monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None)
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
+    assert result.method == "tar" and log[0] == "no rsync on this machine: using a tar stream"
+
+
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
     """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
     over ssh only (a local host runs this machine's rsync)."""
@@ -173,7 +185,7 @@ def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
     (source / "empty" / "dir").mkdir(parents=True)
     (tmp_path / "host" / ".kdtree").mkdir(parents=True)
     with open_transport(inv.hosts["local"]) as t:
-        sync._tar_sync(t, inv.project, print, everything=False)
+        sync._tar_sync(t, inv.project, everything=False)
     assert (tmp_path / "host" / "empty" / "dir").is_dir()
 
 
@@ -196,10 +208,10 @@ def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventor
             (fake / tool).chmod(0o755)
             start = time.monotonic()
             with pytest.raises(HostError, match=f"{what} timed out"):
-                sync._tar_sync(t, inv.project, print, everything=False)
+                sync._tar_sync(t, inv.project, everything=False)
             assert time.monotonic() - start < 8, what
             (fake / tool).unlink()
-        counts = sync._tar_sync(t, inv.project, print, everything=False)
+        counts = sync._tar_sync(t, inv.project, everything=False)
         assert (counts["files"], counts["deleted"]) == (len(SYNCED), 0) and counts["bytes"] > 0
     assert files(tmp_path / "host") == SYNCED
 
