@@ -532,7 +532,7 @@ def history_repo(lab, workdir, full_run):
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.email", "t@example.invalid")
     git(repo, "config", "user.name", "t")
-    (repo / ".gitignore").write_text("runs/\nbuild/\nhosts.yaml\n*.pyc\n__pycache__/\n")
+    (repo / ".gitignore").write_text("/runs/\nbuild/\nhosts.yaml\n*.pyc\n__pycache__/\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "c0: the engine")
     shas = [git(repo, "rev-parse", "HEAD")]
