@@ -67,6 +67,21 @@ def reference_bundles(tmp_path_factory) -> ReferenceBundles:
     return ReferenceBundles(out, key)
 
 
+@pytest.fixture
+def fake_tool(tmp_path, monkeypatch):
+    """put(name, script) -> its path: a shell script of that name first on PATH for the rest of the
+    test, and so for the commands it runs on local hosts (a tool that hangs or dies on the host)."""
+    folder = tmp_path / "fake-bin"
+    folder.mkdir()
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+    def put(name: str, script: str) -> Path:
+        (folder / name).write_text(f"#!/bin/sh\n{script}\n")
+        (folder / name).chmod(0o755)
+        return folder / name
+    return put
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """Loopback sshd hosts h1 and h2, and a bastion whose log shows forwarded connections."""

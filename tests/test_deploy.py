@@ -189,7 +189,7 @@ def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
     assert (tmp_path / "host" / "empty" / "dir").is_dir()
 
 
-def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventory, tmp_path, monkeypatch):
+def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventory, tmp_path, fake_tool):
     """Each command of the tar sync (listing remote_dir, deleting removed files, extracting the
     stream) runs under the host's sync timeout: a host where that one hangs fails in about a
     second, naming the command; the next sync completes the tree."""
@@ -197,20 +197,15 @@ def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventor
                                     "timeouts": {"sync": 1}}})
     (tmp_path / "host" / ".kdtree").mkdir(parents=True)
     (tmp_path / "host" / "old.txt").write_text("gone from the source\n")       # something to delete
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     with open_transport(inv.hosts["local"]) as t:
         for tool, only, what in [("find", "./.kdtree", "listing remote_dir"), ("rm", "old.txt", "deleting removed files"),
                                  ("tar", "-xzf", "extracting the tar stream")]:
-            (fake / tool).write_text(f'#!/bin/sh\ncase " $* " in *" {only} "*) exec sleep 30;; esac\n'
-                                     f'exec {shutil.which(tool)} "$@"\n')
-            (fake / tool).chmod(0o755)
+            fake = fake_tool(tool, f'case " $* " in *" {only} "*) exec sleep 30;; esac\nexec {shutil.which(tool)} "$@"')
             start = time.monotonic()
             with pytest.raises(HostError, match=f"{what} timed out"):
                 sync._tar_sync(t, inv.project, everything=False)
             assert time.monotonic() - start < 8, what
-            (fake / tool).unlink()
+            fake.unlink()
         counts = sync._tar_sync(t, inv.project, everything=False)
         assert (counts["files"], counts["deleted"]) == (len(SYNCED), 0) and counts["bytes"] > 0
     assert files(tmp_path / "host") == SYNCED

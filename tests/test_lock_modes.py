@@ -169,7 +169,7 @@ def local(make_inventory, tmp_path):
     return inv.hosts["h"]
 
 
-def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, monkeypatch):
+def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, fake_tool):
     """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
     marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
     within the lock timeout; a lock command waits 0 s unless told."""
@@ -187,11 +187,7 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     lock.release()
     with pytest.raises(HostError, match="^h: the lock was released$"):
         lock.to_exclusive()
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "rm").write_text("#!/bin/sh\nexec sleep 10\n")
-    (fake / "rm").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    fake_tool("rm", "exec sleep 10")
     lock, _ = take(local, "nightly", 3)
     start = time.monotonic()
     done = threading.Thread(target=lock.release, daemon=True)
@@ -235,20 +231,16 @@ def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
         client.wait()
 
 
-def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, tmp_path, monkeypatch):
+def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, fake_tool):
     """A host whose `flock` hangs never answers the claim: it fails after the lock timeout (2 s)
     and a second to let the holder go, not when the host wakes up; one whose holder dies says so,
     with its command, exit status and output."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "flock").write_text("#!/bin/sh\nexec sleep 10\n")
-    (fake / "flock").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    fake_tool("flock", "exec sleep 10")
     start = time.monotonic()
     with pytest.raises(HostError, match="^h: no answer from the lock command within 2 s$"):
         take(local, "validate", 1, EXCLUSIVE, wait=0)
     assert time.monotonic() - start < 8
-    (fake / "flock").write_text("#!/bin/sh\necho dying; kill -KILL $PPID\n")     # the holder dies mid-claim
+    fake_tool("flock", "echo dying; kill -KILL $PPID")     # the holder dies mid-claim
     with pytest.raises(HostError) as died:
         take(local, "validate", 1, EXCLUSIVE, wait=0)
     assert (died.value.message, died.value.host) == ("the lock command ended without an answer", "h")

@@ -373,7 +373,7 @@ def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_
     records.parent.chmod(0o700)
 
 
-def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, tmp_path, monkeypatch):
+def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, fake_tool):
     """The hashing of build/'s executables and the removal of those this machine did not record run
     under the build step's timeout: a host whose `sha256sum` or `find -delete` hangs fails the
     step within seconds, naming what hung."""
@@ -382,14 +382,10 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
     ctx.step = "build"
     assert build_step.run(ctx).status == "passed"
     (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     for tool, script, what in [("sha256sum", "exec sleep 30", "hashing the build's executables"),
                                ("find", 'for a; do [ "$a" = -delete ] && exec sleep 30; done\n'    # the removal only
                                         f'exec {shutil.which("find")} "$@"', "removing build/'s executables")]:
-        (fake / tool).write_text(f"#!/bin/sh\n{script}\n")
-        (fake / tool).chmod(0o755)
+        fake = fake_tool(tool, script)
         ctx = context()
         ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
         start = time.monotonic()
@@ -397,20 +393,16 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
             build_step.run(ctx)
         assert time.monotonic() - start < 10
         assert f"local: {what} timed out" in str(caught.value), caught.value
-        (fake / tool).unlink()
+        fake.unlink()
 
 
-def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, monkeypatch):
+def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, fake_tool):
     """A host whose `mv` hangs while a stamp is written: the write fails within the host's lock
     timeout (1 s here), naming the file, and the stamp is not there."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     "timeouts": {"lock": 1}}})
     (tmp_path / "host" / ".kdtree").mkdir(parents=True)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "mv").write_text("#!/bin/sh\nexec sleep 30\n")
-    (fake / "mv").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    fake_tool("mv", "exec sleep 30")
     start = time.monotonic()
     with pytest.raises(CommandError) as caught:
         state.write_json(transport.open_transport(inv.hosts["local"]), "build.json", {"key": 1})
