@@ -67,6 +67,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
+    "orchestrator/warm.py": (["tests/test_warm.py"], []),
 }
 
 # mutant name -> why it cannot change behaviour (checked by reading its diff in the report)

@@ -58,6 +58,7 @@ PROBE_KEX = ("curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,
 PROBE_METHOD = "kdtree-key-probe"        # no such authentication method: the probe stops after the key check
 CHECK_TIMEOUT = 10                       # seconds for `ssh -O check|exit`: the master answers locally
 IDLE_MARGIN = 5                          # seconds: an idle bound this close is not trusted to hold (connect)
+PROBE_MARGIN = 2                         # seconds past the connect timeout for the probe's own ssh process
 MISSING_FROM_MUX = 255
 
 
@@ -122,7 +123,7 @@ class WarmTransport(ProcessTransport):
         early = self._await_early()
         with self._lock:
             if self._ready and early and self.socket is not None and not _idle_bound_far(self.host, self.socket) \
-                    and not master_alive(self.host, self.socket):
+                    and not master_alive(self.socket):
                 self._ready = False     # its idle bound ended it while the run started: connect again
             if self._ready:
                 return
@@ -149,7 +150,7 @@ class WarmTransport(ProcessTransport):
 
     def _exec(self, command, stdin, sink, deadline):
         code = super()._exec(command, stdin, sink, deadline)
-        if code == MISSING_FROM_MUX and self.socket is not None and not master_alive(self.host, self.socket):
+        if code == MISSING_FROM_MUX and self.socket is not None and not master_alive(self.socket):
             raise ConnectError("connection lost while running a command (the warm connection ended)",
                                host=self.host.name, command=command, retry=False)
         return code
@@ -173,11 +174,11 @@ def ensure_master(host: Host, sock: Path, stopped: threading.Event) -> None:
     master (each verifies the key); the error of a fresh connection when the key check fails."""
     with _locked(sock):
         probe = _Probe(host) if sock.is_socket() else None     # a key exchange while ssh -O check asks the master
-        if master_alive(host, sock):
+        if master_alive(sock):
             assert probe is not None            # master_alive: the socket exists
             if probe.accepted():
                 return
-            stop_master(host, sock)
+            stop_master(sock)
             _fresh_error(host, stopped, "the host key probe failed")
         if probe is not None:
             probe.cancel()
@@ -195,17 +196,17 @@ def ensure_master(host: Host, sock: Path, stopped: threading.Event) -> None:
         _describe(host, sock)
 
 
-def master_alive(host: Host, sock: Path) -> bool:
+def master_alive(sock: Path) -> bool:
     """Whether a master answers on the socket (`ssh -O check`)."""
     if not sock.is_socket():
         return False
-    return _control(host, sock, "check").returncode == 0
+    return _control(sock, "check").returncode == 0
 
 
-def stop_master(host: Host | None, sock: Path) -> None:
+def stop_master(sock: Path) -> None:
     """End the master on the socket (`ssh -O exit`) and remove what it leaves."""
     if sock.is_socket():
-        _control(host, sock, "exit")
+        _control(sock, "exit")
     _remove_stale(sock)
 
 
@@ -215,7 +216,7 @@ def listing() -> list[dict]:
     for info in sorted(control_dir().glob("*.json")):
         sock = info.with_suffix(".sock")
         meta = _read_meta(info)
-        check = _control(None, sock, "check") if sock.is_socket() else None
+        check = _control(sock, "check") if sock.is_socket() else None
         alive = check is not None and check.returncode == 0
         rows.append({**meta, "socket": str(sock), "alive": alive,
                      "state": (check.stderr.strip() if alive and check else "gone (stale entry)")})
@@ -227,9 +228,9 @@ def close_all() -> int:
     ended = 0
     for info in sorted(control_dir().glob("*.json")):
         sock = info.with_suffix(".sock")
-        if sock.is_socket() and _control(None, sock, "check").returncode == 0:
+        if sock.is_socket() and _control(sock, "check").returncode == 0:
             ended += 1
-        stop_master(None, sock)
+        stop_master(sock)
         info.unlink(missing_ok=True)
         sock.with_suffix(".lock").unlink(missing_ok=True)
         sock.with_suffix(".used").unlink(missing_ok=True)
@@ -269,7 +270,7 @@ def _pin_command(pin: str) -> str:
     return f"/bin/sh -c 'test \"$1\" = \"$0\" && echo \"$2 $3 $4\"; exit 0' {pin} %f %H %t %K"
 
 
-def _control(host: Host | None, sock: Path, op: str) -> subprocess.CompletedProcess:
+def _control(sock: Path, op: str) -> subprocess.CompletedProcess:
     argv = ["ssh", "-o", f"ControlPath={sock}", "-O", op, "kdtree-warm"]
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL)
@@ -296,7 +297,8 @@ class _Probe:
     def __init__(self, host: Host):
         argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
                                    "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
-        self._limit = remote.client_timeout(host.timeout("connect"))
+        # a key exchange, bounded as a fresh connection's handshake is (connection.py), not as a command
+        self._limit = host.timeout("connect") + PROBE_MARGIN
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True)
 

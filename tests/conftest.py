@@ -7,8 +7,10 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,46 @@ def remote_dir(lab, request) -> str:
     path = lab.hosts["h1"].root / request.node.name.replace("[", "_").replace("]", "")
     shutil.rmtree(path, ignore_errors=True)
     return str(path)
+
+
+class Hostile:
+    """A listener on 127.0.0.1 that plays a broken SSH server, one connection at a time: `how`
+    (socket) -> None runs on each accepted connection; the connections stay open until the end."""
+
+    def __init__(self, how):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port, self.how, self.open = self.server.getsockname()[1], how, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.open.append(conn)
+            threading.Thread(target=self.how, args=(conn,), daemon=True).start()
+
+    def close(self):
+        for conn in [self.server, *self.open]:
+            conn.close()
+
+
+@pytest.fixture
+def hostile(make_inventory, tmp_path, monkeypatch):
+    """hostile(how, **entry) -> (host, listener): an inventory host at a Hostile listener, as user
+    kd-deployer, connect timeout 1 s, its own empty known_hosts and ssh config."""
+    listeners = []
+    (tmp_path / "known_hosts").touch()
+    (tmp_path / "ssh_config").touch()
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(tmp_path / "ssh_config"))
+
+    def make(how, **entry):
+        listeners.append(Hostile(how))
+        inv = make_inventory({"x": {"address": "127.0.0.1", "port": listeners[-1].port, "user": "kd-deployer",
+                                    "remote_dir": str(tmp_path / "d"), "known_hosts": str(tmp_path / "known_hosts"),
+                                    "timeouts": {"connect": 1}, "persist": False, **entry}})
+        return inv.hosts["x"], listeners[-1]
+    yield make
+    for listener in listeners:
+        listener.close()

@@ -10,14 +10,15 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, inventory as inventory_mod, parallel, warm
+from orchestrator import cli, inventory as inventory_mod, parallel, remote, warm
 from orchestrator.console import Console
-from orchestrator.errors import HostKeyError, InventoryError, UsageError
+from orchestrator.errors import HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
 
 _names = itertools.count(1)
@@ -43,7 +44,7 @@ def deploy(inv, name: str, persist: bool = True) -> tuple[int, str]:
 
 def masters(lab) -> list[Path]:
     """The live masters' sockets under the lab's control directory."""
-    return [s for s in lab.control_dir.glob("*.sock") if warm.master_alive(None, s)]
+    return [s for s in lab.control_dir.glob("*.sock") if warm.master_alive(s)]
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_a_warm_connection_is_kept_between_runs_and_reused(lab, warm_inventory):
     assert deploy(inv, "w")[0] == 0
     assert accepted(host) == before                 # no authentication: the master's connection
     sock = warm.socket_path(inv.hosts["w"])
-    assert warm.master_alive(inv.hosts["w"], sock)
+    assert warm.master_alive(sock)
     assert os.stat(lab.control_dir).st_mode & 0o777 == 0o700 and os.stat(sock).st_mode & 0o077 == 0
     rows = [r for r in warm.listing() if r["socket"] == str(sock)]
     assert rows and rows[0]["alive"] and rows[0]["host"] == "w" and rows[0]["persist"] == 30
@@ -81,9 +82,9 @@ def test_an_idle_master_ends_after_its_bound(lab, warm_inventory):
     assert deploy(inv, "w")[0] == 0
     sock = warm.socket_path(inv.hosts["w"])
     deadline = time.monotonic() + 15
-    while warm.master_alive(None, sock) and time.monotonic() < deadline:
+    while warm.master_alive(sock) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not warm.master_alive(None, sock)
+    assert not warm.master_alive(sock)
 
 
 def test_no_persist_leaves_no_master_behind(lab, warm_inventory):
@@ -118,16 +119,16 @@ def test_a_stale_socket_file_is_replaced(lab, warm_inventory):
     inv = warm_inventory(host)
     assert deploy(inv, "w")[0] == 0
     sock = warm.socket_path(inv.hosts["w"])
-    pid = int(re.search(r"pid=(\d+)", warm._control(None, sock, "check").stderr).group(1))
+    pid = int(re.search(r"pid=(\d+)", warm._control(sock, "check").stderr).group(1))
     os.kill(pid, 9)
-    assert sock.is_socket() and not warm.master_alive(None, sock)
+    assert sock.is_socket() and not warm.master_alive(sock)
     assert deploy(inv, "w")[0] == 0
-    assert warm.master_alive(None, sock)
-    warm.stop_master(None, sock)
+    assert warm.master_alive(sock)
+    warm.stop_master(sock)
     dead = socket.socket(socket.AF_UNIX)            # a socket file no master ever had
     dead.bind(str(sock))
     dead.close()
-    assert deploy(inv, "w")[0] == 0 and warm.master_alive(None, sock)
+    assert deploy(inv, "w")[0] == 0 and warm.master_alive(sock)
 
 
 def test_a_changed_host_key_under_a_live_master_fails_as_a_fresh_connection(lab, warm_inventory, source):
@@ -140,13 +141,13 @@ def test_a_changed_host_key_under_a_live_master_fails_as_a_fresh_connection(lab,
     sock = warm.socket_path(inv.hosts["w"])
     old = host.fingerprint()
     host.new_host_key()
-    assert warm.master_alive(None, sock)            # the old session lives on
+    assert warm.master_alive(sock)            # the old session lives on
     (source / "src" / "new.cpp").write_text("// must never arrive\n")
     code, out = deploy(inv, "w")
     assert code == 1
     assert f"HOST KEY CHANGED for {host.known_name}" in out and host.fingerprint() in out and old in out
     assert not (host.root / "engine" / "src" / "new.cpp").exists()
-    assert not warm.master_alive(None, sock)
+    assert not warm.master_alive(sock)
     with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
         open_transport(inv.hosts["w"]).connect()
 
@@ -234,3 +235,52 @@ def test_an_early_master_is_checked_again_unless_a_client_started_well_within_it
     ahead = time.time() + 60
     os.utime(sock.with_suffix(".used"), (ahead, ahead))
     assert not warm._idle_bound_far(Host(name="h", transport="ssh", remote_dir="/x", persist=600), sock)
+
+
+def test_a_key_probe_that_gets_no_key_exchange_is_refused_within_its_bound(hostile):
+    """A host that sends its banner and then nothing: the probe gives up at its connect bound and
+    does not vouch for a master."""
+    host, _ = hostile(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
+    verdict: list[bool] = []
+    thread = threading.Thread(target=lambda: verdict.append(warm._Probe(host).accepted()), daemon=True)
+    thread.start()
+    thread.join(remote.client_timeout(1) + 5)
+    assert not thread.is_alive(), "the key probe still waits"
+    assert verdict == [False]
+
+
+def test_an_interrupted_run_opens_no_warm_connection(lab, warm_inventory):
+    inv = warm_inventory(fresh(lab))
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(HostError, match="interrupted"):
+        warm.WarmTransport(inv.hosts["w"], stopped).connect()
+    assert not warm.socket_path(inv.hosts["w"]).exists()
+
+
+def test_an_early_master_is_asked_again_only_when_its_idle_bound_could_have_ended_it(lab, warm_inventory,
+                                                                                      monkeypatch):
+    """connect_soon() starts the master; the first command asks it again only when its idle bound
+    is near (then a master that ended meanwhile is replaced, and the command runs); a ready
+    transport asks nothing more for its later commands."""
+    host = fresh(lab)
+    asked: list[str] = []
+    masters_made: list[str] = []
+    control, ensure = warm._control, warm.ensure_master
+    monkeypatch.setattr(warm, "_control", lambda sock, op: asked.append(op) or control(sock, op))
+    monkeypatch.setattr(warm, "ensure_master", lambda h, sock, stopped: masters_made.append(h.name) or
+                        ensure(h, sock, stopped))
+    far = open_transport(warm_inventory(host, persist=600).hosts["w"])
+    far.connect_soon()
+    assert far.run("true", timeout=20).ok and far.run("true", timeout=20).ok
+    assert (masters_made, asked) == (["w"], [])     # a new master: nothing to ask, before or after
+    far.close()
+    near = open_transport(warm_inventory(host, persist=warm.IDLE_MARGIN).hosts["w"])
+    near.connect_soon()
+    near._early.join()
+    warm.stop_master(near.socket)             # its idle bound ended it while the run started
+    result = near.run("echo again", timeout=20)
+    assert result.ok and "again" in result.tail, result
+    assert masters_made == ["w", "w", "w"]
+    near.close()
+    warm.stop_master(near.socket)
