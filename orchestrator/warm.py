@@ -200,7 +200,7 @@ def master_alive(sock: Path) -> bool:
     """Whether a master answers on the socket (`ssh -O check`)."""
     if not sock.is_socket():
         return False
-    return _control(sock, "check").returncode == 0
+    return _control(sock, "check")[0]
 
 
 def stop_master(sock: Path) -> None:
@@ -216,10 +216,9 @@ def listing() -> list[dict]:
     for info in sorted(control_dir().glob("*.json")):
         sock = info.with_suffix(".sock")
         meta = _read_meta(info)
-        check = _control(sock, "check") if sock.is_socket() else None
-        alive = check is not None and check.returncode == 0
+        alive, said = _control(sock, "check") if sock.is_socket() else (False, "")
         rows.append({**meta, "socket": str(sock), "alive": alive,
-                     "state": (check.stderr.strip() if alive and check else "gone (stale entry)")})
+                     "state": said.strip() if alive else "gone (stale entry)"})
     return rows
 
 
@@ -228,7 +227,7 @@ def close_all() -> int:
     ended = 0
     for info in sorted(control_dir().glob("*.json")):
         sock = info.with_suffix(".sock")
-        if sock.is_socket() and _control(sock, "check").returncode == 0:
+        if sock.is_socket() and _control(sock, "check")[0]:
             ended += 1
         stop_master(sock)
         info.unlink(missing_ok=True)
@@ -270,12 +269,15 @@ def _pin_command(pin: str) -> str:
     return f"/bin/sh -c 'test \"$1\" = \"$0\" && echo \"$2 $3 $4\"; exit 0' {pin} %f %H %t %K"
 
 
-def _control(sock: Path, op: str) -> subprocess.CompletedProcess:
+def _control(sock: Path, op: str) -> tuple[bool, str]:
+    """`ssh -O op` to the master on `sock`: whether it said yes (a master that does not answer
+    within CHECK_TIMEOUT says no), and what it said."""
     argv = ["ssh", "-o", f"ControlPath={sock}", "-O", op, "kdtree-warm"]
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 255, "", f"no answer from the master within {CHECK_TIMEOUT} s")
+        return False, ""
+    return proc.returncode == 0, proc.stderr
 
 
 def _start_master(host: Host, sock: Path) -> str | None:

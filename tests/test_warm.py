@@ -119,7 +119,7 @@ def test_a_stale_socket_file_is_replaced(lab, warm_inventory):
     inv = warm_inventory(host)
     assert deploy(inv, "w")[0] == 0
     sock = warm.socket_path(inv.hosts["w"])
-    pid = int(re.search(r"pid=(\d+)", warm._control(sock, "check").stderr).group(1))
+    pid = int(re.search(r"pid=(\d+)", warm._control(sock, "check")[1]).group(1))
     os.kill(pid, 9)
     assert sock.is_socket() and not warm.master_alive(sock)
     assert deploy(inv, "w")[0] == 0
@@ -284,3 +284,19 @@ def test_an_early_master_is_asked_again_only_when_its_idle_bound_could_have_ende
     assert masters_made == ["w", "w", "w"]
     near.close()
     warm.stop_master(near.socket)
+
+
+def test_a_master_that_does_not_answer_is_not_alive_within_the_check_bound(tmp_path, monkeypatch):
+    """A control socket whose master hangs (it takes the connection and says nothing): `ssh -O
+    check` is given up after CHECK_TIMEOUT and the master counts as gone, to be replaced."""
+    monkeypatch.setattr(warm, "CHECK_TIMEOUT", 1)
+    hung = socket.socket(socket.AF_UNIX)
+    hung.bind(str(tmp_path / "m.sock"))
+    hung.listen()
+    start = time.monotonic()
+    try:
+        assert warm._control(tmp_path / "m.sock", "check") == (False, "")
+        assert not warm.master_alive(tmp_path / "m.sock")
+    finally:
+        hung.close()
+    assert time.monotonic() - start < 10
