@@ -142,10 +142,12 @@ class WarmTransport(ProcessTransport):
         return ssh_rsync_dest(self.host, path)
 
     def own_rsync_shell(self, connect: bool = True) -> str | None:
-        """rsync's `-e`: an ssh client of the master, never a connection of its own."""
+        """rsync's `-e`: an ssh client of the master, never a connection of its own (connect=False:
+        the line alone, for --dry-run)."""
         if connect:
             self.connect()
-            _note_use(self.socket or socket_path(self.host))
+            assert self.socket is not None
+            _note_use(self.socket)
         return remote.quote(client_argv(self.host, self.socket or socket_path(self.host))[:-1])   # rsync adds the host
 
     def _exec(self, command, stdin, sink, deadline):

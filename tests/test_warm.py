@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import cli, inventory as inventory_mod, parallel, remote, warm
 from orchestrator.console import Console
-from orchestrator.errors import HostError, HostKeyError, InventoryError, UsageError
+from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
 
 _names = itertools.count(1)
@@ -300,3 +300,47 @@ def test_a_master_that_does_not_answer_is_not_alive_within_the_check_bound(tmp_p
     finally:
         hung.close()
     assert time.monotonic() - start < 10
+
+
+def test_rsync_goes_over_the_master_and_a_dry_run_only_says_so(lab, warm_inventory):
+    host = warm_inventory(fresh(lab)).hosts["w"]
+    sock = warm.socket_path(host)
+    t = warm.WarmTransport(host)
+    dry = t.own_rsync_shell(connect=False)
+    assert dry == remote.quote(warm.client_argv(host, sock)[:-1]) and dry.endswith(" -T"), dry
+    assert f"ControlPath={sock}" in dry and "ProxyCommand=/bin/false" in dry and not sock.exists()
+    assert t.own_rsync_shell() == dry
+    assert warm.master_alive(sock) and sock.with_suffix(".used").exists()
+    t.close()
+    warm.stop_master(sock)
+
+
+def test_a_command_over_a_master_that_dies_is_a_lost_connection_and_its_own_exit_255_is_not(lab,
+                                                                                           warm_inventory):
+    """ssh exits 255 both for a command that exits 255 and for a master gone mid-command: only
+    the second is a lost connection; a command's deadline holds over the master too."""
+    host = warm_inventory(fresh(lab)).hosts["w"]
+    t = open_transport(host)
+    assert t.run("exit 255", timeout=20).exit_code == 255
+    start = time.monotonic()
+    late = t.run("sleep 30", timeout=1)
+    assert late.timed_out and time.monotonic() - start < 10, late
+    pid = int(re.search(r"pid=(\d+)", warm._control(t.socket, "check")[1]).group(1))
+    threading.Timer(1.0, os.kill, (pid, 9)).start()
+    with pytest.raises(ConnectError, match="connection lost while running a command"):
+        t.run("sleep 20", timeout=30)
+    t.close()
+
+
+def test_a_fresh_connection_that_fails_outside_the_host_errors_is_still_this_hosts_failure(lab, warm_inventory,
+                                                                                              monkeypatch):
+    from orchestrator.connection import SshConnection
+    host = warm_inventory(fresh(lab)).hosts["w"]
+
+    def broken(*args, **kwargs):
+        raise OSError("too many open files")
+    monkeypatch.setattr(SshConnection, "open", broken)
+    with pytest.raises(ConnectError) as e:
+        warm._fresh_error(host, threading.Event(), "the host key probe failed")
+    assert (e.value.message, e.value.host, e.value.retry) == \
+        ("the host key probe failed: too many open files", "w", False)
