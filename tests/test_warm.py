@@ -42,6 +42,19 @@ def deploy(inv, name: str, persist: bool = True) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process `pid` ends (or is a zombie) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def masters(lab) -> list[Path]:
     """The live masters' sockets under the lab's control directory."""
     return [s for s in lab.control_dir.glob("*.sock") if warm.master_alive(s)]
@@ -124,7 +137,9 @@ def test_a_stale_socket_file_is_replaced(lab, warm_inventory):
     assert sock.is_socket() and not warm.master_alive(sock)
     assert deploy(inv, "w")[0] == 0
     assert warm.master_alive(sock)
+    pid = int(re.search(r"pid=(\d+)", warm._control(sock, "check")[1]).group(1))
     warm.stop_master(sock)
+    assert not sock.exists() and gone_within(pid, 5), "stop_master left the master running"
     dead = socket.socket(socket.AF_UNIX)            # a socket file no master ever had
     dead.bind(str(sock))
     dead.close()
