@@ -58,7 +58,7 @@ PROBE_KEX = ("curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,
 PROBE_METHOD = "kdtree-key-probe"        # no such authentication method: the probe stops after the key check
 CHECK_TIMEOUT = 10                       # seconds for `ssh -O check|exit`: the master answers locally
 IDLE_MARGIN = 5                          # seconds: an idle bound this close is not trusted to hold (connect)
-PROBE_MARGIN = 2                         # seconds past the connect timeout for the probe's own ssh process
+START_MARGIN = 2                         # seconds past the connect timeout for an ssh process's own start
 MISSING_FROM_MUX = 255
 
 
@@ -288,7 +288,7 @@ def _start_master(host: Host, sock: Path) -> str | None:
                                "-o", f"ControlPersist={int(host.persist)}", str(host.address)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=remote.client_timeout(host.timeout("connect")))
+                              timeout=host.timeout("connect") + START_MARGIN)    # a handshake's bound (connection.py)
     except subprocess.TimeoutExpired:
         return f"no connection within {host.timeout('connect')} s"
     return None if proc.returncode == 0 else (proc.stderr.strip()[-500:] or f"ssh exited {proc.returncode}")
@@ -301,8 +301,7 @@ class _Probe:
     def __init__(self, host: Host):
         argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
                                    "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
-        # a key exchange, bounded as a fresh connection's handshake is (connection.py), not as a command
-        self._limit = host.timeout("connect") + PROBE_MARGIN
+        self._limit = host.timeout("connect") + START_MARGIN      # a handshake's bound, as a master's
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True)
 

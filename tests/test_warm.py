@@ -359,3 +359,69 @@ def test_a_fresh_connection_that_fails_outside_the_host_errors_is_still_this_hos
         warm._fresh_error(host, threading.Event(), "the host key probe failed")
     assert (e.value.message, e.value.host, e.value.retry) == \
         ("the host key probe failed: too many open files", "w", False)
+
+
+def test_a_master_start_that_gets_no_key_exchange_gives_up_within_its_bound(hostile, tmp_path):
+    host, _ = hostile(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"), persist=30)
+    said: list[str | None] = []
+    thread = threading.Thread(target=lambda: said.append(warm._start_master(host, tmp_path / "m.sock")), daemon=True)
+    thread.start()
+    thread.join(1 + warm.START_MARGIN + 5)
+    assert not thread.is_alive(), "the master's start still waits"
+    assert said == ["no connection within 1 s"]
+
+
+def test_a_control_path_ssh_cannot_bind_fails_with_what_ssh_said(lab, warm_inventory, monkeypatch, tmp_path):
+    """A socket path beyond the Unix limit (a deep KDTREE_CONTROL_DIR): the master cannot start
+    though the host answers; the error carries ssh's words and the way out, and is not retried."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv("KDTREE_CONTROL_DIR", str(deep))
+    host = warm_inventory(fresh(lab)).hosts["w"]
+    with pytest.raises(ConnectError) as e:
+        warm.WarmTransport(host).connect()
+    assert re.match(r"ssh could not start a warm connection: unix_listener: path \S+ too long", e.value.message), \
+        e.value.message
+    assert "(persist: false or --no-persist uses the run's own connection)" in e.value.message
+    assert (e.value.host, e.value.retry) == ("w", False)
+
+
+def test_a_master_that_fails_to_start_once_is_started_again_after_a_fresh_connection(lab, warm_inventory,
+                                                                                      monkeypatch):
+    """A host restarting while the master starts: the fresh connection settles it, the second
+    start holds, and `invoke connections` lists it. No key probe without a socket to vouch for."""
+    host = warm_inventory(fresh(lab)).hosts["w"]
+    start, starts, probes = warm._start_master, [], []
+    monkeypatch.setattr(warm, "_start_master", lambda h, sock: starts.append(h.name) or
+                        ("Connection reset by peer" if len(starts) == 1 else start(h, sock)))
+    monkeypatch.setattr(warm, "_Probe", lambda h, probe=warm._Probe: probes.append(h.name) or probe(h))
+    t = warm.WarmTransport(host)
+    assert t.run("echo up", timeout=20).ok and starts == ["w", "w"] and probes == []
+    assert [row["host"] for row in warm.listing() if row["socket"] == str(t.socket)] == ["w"]
+    t.close()
+    warm.stop_master(t.socket)
+
+
+@pytest.mark.parametrize("failing", ["probe", "start"])
+def test_a_fresh_connection_failing_oddly_after_the_warm_path_failed_says_which(lab, warm_inventory, monkeypatch,
+                                                                                failing):
+    """The warm path failed (the key probe under a live master, or the master's start), and the
+    fresh connection that should say why fails outside the host errors: the error names both."""
+    from orchestrator.connection import SshConnection
+    host = warm_inventory(fresh(lab)).hosts["w"]
+    t = warm.WarmTransport(host)
+    if failing == "probe":
+        assert t.run("true", timeout=20).ok
+        t.close()
+        monkeypatch.setattr(warm._Probe, "accepted", lambda self: self.cancel() or False)
+    else:
+        monkeypatch.setattr(warm, "_start_master", lambda h, sock: "Connection reset by peer")
+
+    def broken(*args, **kwargs):
+        raise OSError("too many open files")
+    monkeypatch.setattr(SshConnection, "open", broken)
+    with pytest.raises(ConnectError) as e:
+        warm.WarmTransport(host).connect()
+    why = {"probe": "the host key probe failed", "start": "Connection reset by peer"}[failing]
+    assert e.value.message == f"{why}: too many open files"
+    warm.stop_master(warm.socket_path(host))
