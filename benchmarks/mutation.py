@@ -67,7 +67,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
-    "orchestrator/warm.py": (["tests/test_warm.py"],
+    "orchestrator/warm.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
                              ["control_dir", "check_private", "uses_warm", "WarmTransport.*", "socket_path", "ensure_master",
                               "master_alive", "stop_master", "_base_argv", "client_argv", "_pin_command", "_control",
                               "_start_master", "_Probe.*", "_fresh_error", "_ssh_g", "_read_ssh_config",

@@ -163,8 +163,8 @@ def socket_path(host: Host) -> Path:
     found = _ssh_g(host)
     files = [Path(f) for f in hostkeys.known_hosts_files(host.known_hosts)]
     config = os.environ.get("KDTREE_SSH_CONFIG") or ""
-    parts = [str(os.geteuid()), str(host.address), found.get("hostname", ""), found.get("port", ""),
-             found.get("user", ""), host.identity or "", " ".join(found.get("identityfile", "").split()),
+    parts = [str(os.geteuid()), str(host.address), found["hostname"], found["port"], found["user"],    # ssh -G prints these
+             host.identity or "", " ".join(found.get("identityfile", "").split()),
              host.host_key or "", config, _content(Path(config)) if config else ""]
     parts += [f"{f}={_content(f)}" for f in files]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
@@ -365,7 +365,7 @@ def _pin_contradicted(host: Host, found: dict[str, str]) -> bool:
     refuses such a host, OpenSSH would accept either; it keeps Paramiko's connection."""
     if not host.host_key:
         return False
-    name = hostkeys.known_name(found.get("hostname", str(host.address)), int(found.get("port", 22)))
+    name = hostkeys.known_name(found["hostname"], int(found["port"]))      # ssh -G always prints both
     for file in hostkeys.known_hosts_files(host.known_hosts):
         if not Path(file).is_file():
             continue
