@@ -425,3 +425,33 @@ def test_a_fresh_connection_failing_oddly_after_the_warm_path_failed_says_which(
     why = {"probe": "the host key probe failed", "start": "Connection reset by peer"}[failing]
     assert e.value.message == f"{why}: too many open files"
     warm.stop_master(warm.socket_path(host))
+
+
+def test_the_socket_name_binds_everything_the_master_was_verified_against(lab, warm_inventory, tmp_path, monkeypatch):
+    """The same host, user, port, identity, pin, ssh config and known_hosts contents: the same
+    socket; any one of them changed: another socket (a freshly verified master)."""
+    host = fresh(lab)
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
+    known = tmp_path / "known_hosts"
+    known.write_text(lab.known_hosts.read_text())
+    base = {"known_hosts": str(known)}
+
+    def sock(**entry):
+        warm._read_ssh_config.cache_clear()
+        return warm.socket_path(warm_inventory(host, **{**base, **entry}).hosts["w"])
+    first = sock()
+    assert first == sock() and first.parent == lab.control_dir and re.fullmatch(r"[0-9a-f]{24}\.sock", first.name)
+    names = {first}
+    for entry in ({"user": "someone"}, {"port": host.port + 1}, {"identity": str(tmp_path / "other_key")},
+                  {"host_key": host.fingerprint()}, {"address": "localhost"}):
+        names.add(sock(**entry))
+    known.write_text(known.read_text() + "# a trusted key changed\n")
+    names.add(sock())
+    config.write_text("Host *\n  ServerAliveCountMax 3\n")
+    names.add(sock())
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(tmp_path / "nothing"))
+    (tmp_path / "nothing").write_text("")
+    names.add(sock())
+    assert len(names) == 9, names
