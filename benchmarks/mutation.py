@@ -63,7 +63,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                              ["sync_tree", "deployed_tree", "is_excluded", "_under_excluded", "_remote_hash",
                               "rsync_argv", "_tar_sync", "_local_listing"]),
     "orchestrator/state.py": (["tests/test_lock_modes.py", "tests/test_deploy.py", "tests/test_performance.py", "-k",
-                               "lock or bundle or build_step"], []),
+                               "lock or bundle or build_step or state_files"], []),
     "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
@@ -108,12 +108,21 @@ EQUIVALENT: dict[str, str] = {
         "the holder on the host takes any line as a heartbeat; only release, exclusive and shared are requests",
     "orchestrator.steps.build.x__records_path__mutmut_8":
         "33 hex digits of the key's sha256 instead of 32 name the record file: only this function ever names it",
+    "orchestrator.steps.build.x__hashes__mutmut_8":
+        "hashing every executable under build/ instead of the recorded paths: both hash executable regular files "
+        "only, and only the recorded paths are compared (more work, the same verdict, but for a recorded path that "
+        "runs through a symlinked directory inside build/, which find does not enter)",
     "orchestrator.steps.build.x__checked_version__mutmut_11":
         'no version line: parse_version("XXXX") is {} as parse_version("") is, and the error says (nothing) either way',
     **{f"orchestrator.steps.build.x__record__mutmut_{n}": "the indentation of this machine's build records: only "
        "json.loads reads them" for n in (32, 34, 39)},
     **{f"orchestrator.state.x_write_json__mutmut_{n}": "the indentation of a stamp on the host: every reader parses it"
        for n in (18, 20, 21)},
+    **{f"orchestrator.state.x_answers__mutmut_{n}":
+       "`result if result else ...`: readline gives None only once Process._run has returned, its result set (an "
+       "error is raised by readline instead), so close() finds that result at once; a helper that closes its output "
+       "and lives on is still running, and readline times out instead (the no-answer error, tested)"
+       for n in (25, 27, 29, 30)},
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
@@ -134,23 +143,7 @@ EQUIVALENT: dict[str, str] = {
 }
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
-ACCEPTED: dict[str, str] = {
-    "orchestrator.state.x_acquire__mutmut_30":
-        "a failed claim waits 2 s instead of 1 for the holder to go: bounded all the same (the unbounded mutant is "
-        "killed); telling 1 s from 2 s needs a timing test on a loaded machine",
-    **{f"orchestrator.state.x_answers__mutmut_{n}":
-       "the evidence of a lock helper that closed its output but did not end within close()'s 30 s (no result): "
-       "a test would wait those 30 s; the helper that dies is tested (tests/test_lock_modes.py)"
-       for n in (25, 27, 29, 30)},
-    "orchestrator.state.x_answers__mutmut_10": "the last wait for a line lasts at least 1 s, past the deadline by "
-                                               "less than a second: bounded all the same (the unbounded mutants are "
-                                               "killed)",
-    "orchestrator.steps.build.x__hashes__mutmut_8":
-        "hashing every executable under build/ instead of the recorded paths differs only for a recorded file that "
-        "has since lost its execute bit (its content unchanged): no test yet",
-    "orchestrator.state.x_answers__mutmut_37": "a lock helper that gave no answer in time gets 2 s instead of 1 to "
-                                               "go: bounded all the same (the unbounded mutant is killed)",
-}
+ACCEPTED: dict[str, str] = {}
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
 
@@ -203,6 +196,12 @@ def prepare(work: Path, module: str) -> None:
         if src.is_file():
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, work / rel, follow_symlinks=False)
+    write_section(work, module, files)
+
+
+def write_section(work: Path, module: str, files: list[str]) -> None:
+    """mutmut's [tool.mutmut] section for `module` at the end of the copy's pyproject.toml, in
+    place of the one a last run wrote (a resumed run picks up a changed test subset)."""
     tests, _ = MODULES[module]
     top = sorted({p.split("/")[0] for p in files if p and "/" in p} - {"orchestrator", "tests"})
     extra = sorted(p for p in files if p and "/" not in p and p != "pyproject.toml")
@@ -215,8 +214,9 @@ def prepare(work: Path, module: str) -> None:
         "use_git_change_detection": False,
         "process_isolation": "forkserver",   # the sshd fixtures start hosts in the stats run: a fork of that process reaps them as workers
     }
-    with open(work / "pyproject.toml", "a") as f:
-        f.write("\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
+    project = (work / "pyproject.toml").read_text().split("\n[tool.mutmut]\n")[0]
+    (work / "pyproject.toml").write_text(project + "\n[tool.mutmut]\n" +
+                                         "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
 
 
 def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
@@ -233,6 +233,7 @@ def resume_names(mutmut: str, work: Path, module: str) -> list[str]:
         for base in (work,) if rel == module else (work, work / "mutants"):
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, base / rel, follow_symlinks=False)
+    write_section(work, module, files)
     os.utime(work / module)                  # a new mtime: mutmut mutates the module again
     (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)     # which tests reach what: measured anew
     statuses = _statuses(mutmut, work, module)

@@ -257,13 +257,13 @@ def read_json(transport: Transport, name: str) -> dict | None:
 def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict | None]:
     """Several of the host's state documents (read_json's, each None when missing, not a
     mapping, not JSON or over RECORD_MAX_BYTES) in one round trip. An answer that does not
-    frame as asked (a file holding a NUL byte) makes every one None: nothing is reused then."""
+    frame as asked (a file holding a NUL byte), or none within the host's lock timeout (the bound
+    of its other state-directory commands), makes every one None: nothing is reused then."""
     try:
         raw = transport.capture(remote.script(_READ_JSONS_SCRIPT, transport.host.remote_dir,
-                                              str(RECORD_MAX_BYTES), *names, timeout=60,
-                                              what=f"reading {STATE_DIR}/ {' '.join(names)}"),
+                                              str(RECORD_MAX_BYTES), *names, timeout=transport.host.timeout("lock")),
                                 max_bytes=len(names) * (RECORD_MAX_BYTES + 300))
-    except CommandError:            # as read_json's unreadable file: none of them is trusted
+    except CommandError:            # as read_json's unreadable file: none of them is trusted (nor named)
         return dict.fromkeys(names)
     parts = raw.split(b"\0")
     if len(parts) != 2 * len(names) + 1 or parts[-1] or [p.decode(errors="replace") for p in parts[:-1:2]] != list(names):

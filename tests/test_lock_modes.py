@@ -231,15 +231,44 @@ def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
         client.wait()
 
 
-def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, fake_tool):
-    """A host whose `flock` hangs never answers the claim: it fails after the lock timeout (2 s)
-    and a second to let the holder go, not when the host wakes up; one whose holder dies says so,
-    with its command, exit status and output."""
-    fake_tool("flock", "exec sleep 10")
+class _Watched:
+    """A started lock helper (the real process) whose waits are recorded: the timeout of each
+    readline() and of each close()."""
+
+    def __init__(self, process):
+        self.process, self.reads, self.closes = process, [], []
+
+    def readline(self, timeout):
+        self.reads.append(timeout)
+        return self.process.readline(timeout)
+
+    def close(self, timeout=30):
+        self.closes.append(timeout)
+        return self.process.close(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.process, name)
+
+
+def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, fake_tool, monkeypatch):
+    """A host whose `flock` hangs, printing a line every 0.1 s, never answers the claim: it fails
+    after the lock timeout (2 s) and a second to let the holder go, not when the host wakes up
+    (no wait for a line runs past the deadline: the waits shrink to it; the helper is given one
+    second to go, by the answer's reader and again by the failed claim); one whose holder dies
+    says so, with its command, exit status and output."""
+    fake_tool("flock", "while :; do echo waiting; sleep 0.1; done")
+    transport = open_transport(local)
+    started: list[_Watched] = []
+    begin = transport.start
+    monkeypatch.setattr(transport, "start", lambda command: started.append(_Watched(begin(command))) or started[-1])
     start = time.monotonic()
     with pytest.raises(HostError, match="^h: no answer from the lock command within 2 s$"):
-        take(local, "validate", 1, EXCLUSIVE, wait=0)
+        state.acquire(transport, owner("validate", 1), EXCLUSIVE, 0)
     assert time.monotonic() - start < 8
+    (helper,) = started
+    assert len(helper.reads) > 3 and max(helper.reads) <= 2 and min(helper.reads) < 0.5, helper.reads
+    assert helper.closes == [1, 1]
+    transport.close()
     fake_tool("flock", "echo dying; kill -KILL $PPID")     # the holder dies mid-claim
     with pytest.raises(HostError) as died:
         take(local, "validate", 1, EXCLUSIVE, wait=0)
