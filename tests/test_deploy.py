@@ -212,12 +212,21 @@ def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventor
 
 
 def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, source):
+    """Symlinks are sent on every tar sync (even over a host file that looks the same by size and
+    mtime); a directory gone from the source is deleted with what it held."""
     deploy = deployer(rsync_path="/nonexistent/rsync")
     (source / "docs" / "old").mkdir(parents=True)
     (source / "docs" / "old" / "a.txt").write_text("a\n")
     os.symlink("README.md", source / "link")
     assert deploy().method == "tar"
     assert os.readlink(deploy.dir / "link") == "README.md" and (deploy.dir / "docs" / "old" / "a.txt").is_file()
+    # a regular file on the host where the source has the symlink, of the link's size and mtime: still replaced
+    (deploy.dir / "link").unlink()
+    (deploy.dir / "link").write_text("README.m\n")
+    mtime = os.lstat(source / "link").st_mtime_ns
+    os.utime(deploy.dir / "link", ns=(mtime, mtime))
+    assert os.path.getsize(deploy.dir / "link") == os.lstat(source / "link").st_size
+    assert deploy().method == "tar" and os.readlink(deploy.dir / "link") == "README.md"
     shutil.rmtree(source / "docs" / "old")
     assert deploy().deleted == 2 and not (deploy.dir / "docs" / "old").exists()
 

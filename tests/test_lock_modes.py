@@ -172,7 +172,8 @@ def local(make_inventory, tmp_path):
 def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, fake_tool):
     """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
     marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
-    within the lock timeout; a lock command waits 0 s unless told."""
+    within the lock timeout; a lock command waits 0 s unless told, and begins a sync only when
+    exclusive."""
     lock, transport = take(local, "validate", 1)
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
     assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
@@ -199,6 +200,8 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
     assert time.monotonic() - start < 1.5
     assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-5:-2] == ["exclusive", "0", ""]
+    with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
+        state.lock_command("/srv/kdtree", owner("deploy", 4), mode=SHARED, begin_sync=True)
 
 
 def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
