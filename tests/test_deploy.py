@@ -131,17 +131,20 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
                                                       begun_by_lock):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
     what was sent; the log says how it went. The same whether the lock command began the sync
-    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs)."""
+    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs); so
+    is the in-progress mark a sync that breaks leaves, naming its owner to the next, which repairs."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
     tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
-    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
-    with open_transport(inv.hosts["local"]) as t:
-        if begun_by_lock:
-            result = sync.deploy(t, inv.project, tree, owner, log.append)
-        else:
+
+    def deploy():
+        with open_transport(inv.hosts["local"]) as t:
+            if begun_by_lock:
+                return sync.deploy(t, inv.project, tree, owner, log.append)
             with state.acquire(t, owner):
-                result = sync.sync_tree(t, inv.project, tree, owner, log.append)
+                return sync.sync_tree(t, inv.project, tree, owner, log.append)
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    result = deploy()
     assert not (tmp_path / "host" / ".kdtree" / "sync.partial").exists()
     record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
     assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
@@ -153,6 +156,12 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
     assert result.bytes == record["bytes"] > 0 and 0 < result.seconds < 60 and result.seconds == round(result.seconds, 3)
     assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
     assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
+    (source / "scripts" / "tree_hash.sh").write_text("echo 0000\n")        # the next sync breaks after it began
+    with pytest.raises(SyncError):
+        deploy()
+    assert (tmp_path / "host" / ".kdtree" / "sync.partial").read_text() == f"started {owner}\n"
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    assert deploy().repaired == f"started {owner}"
 
 
 def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make_inventory, source, tmp_path,
