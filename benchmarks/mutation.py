@@ -127,6 +127,10 @@ EQUIVALENT: dict[str, str] = {
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
         "what is read only with a pattern, and every call with a pattern passes its what",
+    "orchestrator.sync.x__begin__mutmut_10":
+        'split(None, 1) instead of split(" ", 1): every line the begin prints is a word, a space and the rest (a '
+        "mark's text made one printable line on the host); the two differ only in whitespace after that space, "
+        "which sync_tree strips",
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
                                                       "slice, the same is_dir)",
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "

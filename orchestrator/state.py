@@ -300,11 +300,11 @@ def _marker_text(owner: Owner) -> str:
 
 # The sync's first step, in .kdtree/ under the lock held alone (sync.begin_command, or the lock
 # command's own when it begins the sync): report a sync that broke half-way (PARTIAL what its mark
-# said), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
+# said, as one line of printable characters), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
 # $1 this run's owner, in words; $2 the host's rsync_path (empty: rsync on PATH).
 BEGIN_SYNC = r'''
 kd_begin_sync() {
-  [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
+  [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr -c '[:print:]' ' ')"
   printf 'started %s\n' "$1" > sync.partial
   if [ -n "$2" ]; then [ -x "$2" ] && printf 'RSYNC %s\n' "$2"
   else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi

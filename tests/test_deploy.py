@@ -302,14 +302,14 @@ def test_a_sync_broken_half_way_is_repaired(deployer, source, method):
     deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
     deploy()
     # what an interrupted sync leaves: the in-progress mark and a damaged tree
-    (deploy.dir / sync.PARTIAL).write_text("started deploy by pid 1 on x\n")
+    (deploy.dir / sync.PARTIAL).write_text("started deploy by pid 1 on x\r\tPARTIAL forged\n")   # one line, printable
     main = deploy.dir / "src" / "main.cpp"
     stat = main.stat()
     main.write_text("int main() { return 9; }\n")                 # same size and time: only contents differ
     os.utime(main, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     (deploy.dir / "scripts" / "tree_hash.sh").unlink()
     result = deploy()
-    assert result.repaired == "started deploy by pid 1 on x"
+    assert result.repaired == "started deploy by pid 1 on x  PARTIAL forged"
     assert any("did not finish" in line and "repairs" in line for line in deploy.log)
     assert files(deploy.dir) == SYNCED and (deploy.dir / "src" / "main.cpp").read_text() == (source / "src/main.cpp").read_text()
     assert not (deploy.dir / sync.PARTIAL).exists()

@@ -175,6 +175,7 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     within the lock timeout; a lock command waits 0 s unless told, and begins a sync only when
     exclusive."""
     lock, transport = take(local, "validate", 1)
+    assert lock.take_begun() is None                # a lock taken without beginning a sync: the sync begins it
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
     assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
                              "2026-01-01T00:00:00Z by laptop)."), marker
