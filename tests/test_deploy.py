@@ -256,9 +256,10 @@ def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path)
     foreign = Path(remote_dir)
     foreign.mkdir(parents=True)
     (foreign / "precious").write_text("keep me\n")
-    with pytest.raises(DestinationError, match="is not empty and was not created by the orchestrator"):
+    with pytest.raises(DestinationError, match="^h: refusing to use remote_dir: .* is not empty and was not created by "
+                                               "the orchestrator") as refused:
         deployer()()
-    assert os.listdir(foreign) == ["precious"]
+    assert refused.value.host == "h" and os.listdir(foreign) == ["precious"]
 
     outside = tmp_path / "outside"
     outside.mkdir()
