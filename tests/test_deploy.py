@@ -176,6 +176,20 @@ def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make
     assert result.method == "tar" and log[0] == "no rsync on this machine: using a tar stream"
 
 
+def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inventory, source, tmp_path, fake_tool):
+    """rsync exits 12 (its connection dropped) on the first try: the sync retries, the log says
+    why, and the tree is deployed."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    dropped = tmp_path / "dropped"
+    fake_tool("rsync", f'[ -e {dropped} ] || {{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
+                       f'exec {shutil.which("rsync")} "$@"')
+    log: list[str] = []
+    with open_transport(inv.hosts["local"]) as t:
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
+    assert result.method == "rsync" and files(tmp_path / "host") == SYNCED
+    assert log[0] == "rsync failed with exit code 12, retrying: connection unexpectedly closed"
+
+
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
     """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
     over ssh only (a local host runs this machine's rsync)."""
