@@ -124,6 +124,24 @@ EQUIVALENT: dict[str, str] = {
        "error is raised by readline instead), so close() finds that result at once; a helper that closes its output "
        "and lives on is still running, and readline times out instead (the no-answer error, tested)"
        for n in (25, 27, 29, 30)},
+    **{f"orchestrator.state.x__answer__mutmut_{n}": "the message of a line never reached: answers() loops until "
+       "it raises, so _answer returns or raises inside its loop (the line is there for the type checker)"
+       for n in (55, 56, 57)},
+    "orchestrator.state.x_read_jsons__mutmut_21":
+        "a bound of RECORD_MAX_BYTES + 301 instead of + 300 a name: the script's answer holds at most a name "
+        "(state.STAMPS: 12 characters at most), a sign, two NULs and RECORD_MAX_BYTES + 1 bytes a name, never near",
+    **{f"orchestrator.state.x_read_jsons__mutmut_{n}":
+       "the framing check: a capture that returns has exited 0, so the script printed its last NUL (parts[-1] is "
+       "empty), and its 2n frame NULs plus one per NUL inside a file give 2n+1 parts only when no file holds one; "
+       "then the names at the even places are those sent, and any other count gives a list of another length: "
+       "the length check alone decides" for n in (26, 27)},
+    **{f"orchestrator.state.x_read_jsons__mutmut_{n}":
+       "the error handler of the names' decoding: it is consulted only on bytes that are not UTF-8, and with 2n+1 "
+       "parts the names decoded are the ASCII names sent" for n in (36, 37)},
+    "orchestrator.state.x_read_jsons__mutmut_39": "parts[:-2:2] and parts[:-1:2] are the same n names when there "
+                                                  "are 2n+1 parts, the only case where the names are compared",
+    "orchestrator.state.x_read_jsons__mutmut_60": "the name only labels bounded.loads's ValueError, which read_jsons "
+                                                  "turns into None",
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
@@ -132,6 +150,8 @@ EQUIVALENT: dict[str, str] = {
         'split(None, 1) instead of split(" ", 1): every line the begin prints is a word, a space and the rest (a '
         "mark's text made one printable line on the host); the two differ only in whitespace after that space, "
         "which sync_tree strips",
+    **{f"orchestrator.sync.x_sync_tree__mutmut_{n}": "Owner.now(command).started: only the time is used, the "
+       "command given is never read" for n in (75, 76)},
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "
                                                       "slice, the same is_dir)",
     "orchestrator.sync.x__tar_sync__mutmut_31": "the delete script removes a directory with rm -rf and anything else "

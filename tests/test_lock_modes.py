@@ -177,8 +177,9 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     lock, transport = take(local, "validate", 1)
     assert lock.take_begun() is None                # a lock taken without beginning a sync: the sync begins it
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
-    assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
-                             "2026-01-01T00:00:00Z by laptop)."), marker
+    assert marker.rstrip("\n") == ("This directory is a deploy target of kdtree-orchestrator (created "
+                                  "2026-01-01T00:00:00Z by laptop).\nIts content is replaced on every deploy "
+                                  "(rsync --delete); .kdtree/ holds the orchestrator's state."), marker
     time.sleep(1.5 * state.lock_silence(local))
     with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop") as busy:
         state.acquire(open_transport(local), owner("nightly", 2))        # waits 0 s unless told
