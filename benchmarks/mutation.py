@@ -150,6 +150,8 @@ EQUIVALENT: dict[str, str] = {
         'split(None, 1) instead of split(" ", 1): every line the begin prints is a word, a space and the rest (a '
         "mark's text made one printable line on the host); the two differ only in whitespace after that space, "
         "which sync_tree strips",
+    **{f"orchestrator.sync.x_sync_tree__mutmut_{n}": "the indentation of the deploy record on the host: only JSON "
+       "parsers read it (state.read_json, read_jsons)" for n in (95, 97, 98)},
     **{f"orchestrator.sync.x_sync_tree__mutmut_{n}": "Owner.now(command).started: only the time is used, the "
        "command given is never read" for n in (75, 76)},
     "orchestrator.sync.x__under_excluded__mutmut_21": "i = len(parts) + 1 repeats the call of i = len(parts) (the same "

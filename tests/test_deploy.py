@@ -156,10 +156,13 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
     assert result.bytes == record["bytes"] > 0 and 0 < result.seconds < 60 and result.seconds == round(result.seconds, 3)
     assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
     assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
-    (source / "scripts" / "tree_hash.sh").write_text("echo 0000\n")        # the next sync breaks after it began
-    with pytest.raises(SyncError):
-        deploy()
-    assert (tmp_path / "host" / ".kdtree" / "sync.partial").read_text() == f"started {owner}\n"
+    for script, why in (("echo 0000", f"the deployed tree hash 0000 differs from the local {'f' * 64}"),
+                        ("true", "the tree hash command printed nothing")):    # the next sync breaks after it began
+        (source / "scripts" / "tree_hash.sh").write_text(script + "\n")
+        with pytest.raises(SyncError) as broke:
+            deploy()
+        assert (broke.value.message, broke.value.host) == (why, "local")
+        assert (tmp_path / "host" / ".kdtree" / "sync.partial").read_text() == f"started {owner}\n"
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
     assert deploy().repaired == f"started {owner}"
 
