@@ -142,6 +142,8 @@ EQUIVALENT: dict[str, str] = {
                                                   "are 2n+1 parts, the only case where the names are compared",
     "orchestrator.state.x_read_jsons__mutmut_60": "the name only labels bounded.loads's ValueError, which read_jsons "
                                                   "turns into None",
+    **{f"orchestrator.state.xǁOwnerǁto_json__mutmut_{n}": "the order of the owner's keys: its JSON (a "
+       "holder file, a GPU claim) is only parsed back (Owner.parse), never compared as text" for n in (2, 4, 6)},
     "orchestrator.state.x_answers__mutmut_35":
         "now >= deadline instead of >: two monotonic clock readings equal to the nanosecond, then one line later",
     "orchestrator.inventory.xǁ_Validatorǁstring__mutmut_1":
