@@ -110,9 +110,9 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.steps.build.x__records_path__mutmut_8":
         "33 hex digits of the key's sha256 instead of 32 name the record file: only this function ever names it",
     "orchestrator.steps.build.x__hashes__mutmut_8":
-        "hashing every executable under build/ instead of the recorded paths: both hash executable regular files "
-        "only, and only the recorded paths are compared (more work, the same verdict, but for a recorded path that "
-        "runs through a symlinked directory inside build/, which find does not enter)",
+        "hashing every executable under build/ instead of those of them at the recorded paths: the same hashes "
+        "for every recorded path (the script picks the recorded ones out of that same list), and only those are "
+        "compared; more work, the same verdict",
     "orchestrator.steps.build.x__checked_version__mutmut_11":
         'no version line: parse_version("XXXX") is {} as parse_version("") is, and the error says (nothing) either way',
     **{f"orchestrator.steps.build.x__record__mutmut_{n}": "the indentation of this machine's build records: only "
