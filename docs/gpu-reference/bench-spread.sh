@@ -48,12 +48,12 @@ PYTHONUNBUFFERED=1 python3 benchmarks/bench_estimators.py --base "$work/base/bui
     --manifest "$work/base/tests/refs/manifest-spread.json" --nights "$nights" --min-time-ms "$min_time" --configs plain5,auto5 \
     --metrics tiny_fp32.ar_decode_tokens_per_s,tiny2_int4.ar_decode_tokens_per_s,k2mini_fp32.ar_decode_tokens_per_s \
     --json "$out/spread.json" 2>&1 | tee "$out/spread.log"
-# Which core the process runs on: the same plain bench pinned to four cores, twice each (a tiny
+# Which core the process runs on: the same plain bench pinned to four cores, PINNED_ROUNDS (2) times each (a tiny
 # bundle's step is bound by the host's launches; a core that is slower for the whole process would
 # show here as a figure that follows the core, not the moment).
 set +x
 command -v taskset >/dev/null || { echo "no taskset on this machine: the pinned runs are left out" | tee -a "$out/spread.log"; exit 0; }
-for round in 1 2; do
+for round in $(seq 1 "${PINNED_ROUNDS:-2}"); do
     for core in 0 5 10 15; do
         taskset -c "$core" "$work/base/build/kdtree" bench --manifest "$work/base/tests/refs/manifest-spread.json" \
             --out "$work/pinned.json" --budgets 4 --moe-tokens 1 --moe-experts 8 --repeats 5 >/dev/null
