@@ -7,11 +7,13 @@
 A script, not a test. Each "night" is a set of fresh `kdtree bench` processes, one after the
 other, on the machine as it is (other processes, load): the base binary with the bench's plain
 runs (`--repeats 5`, a run = one generation), with runs of at least --min-time-ms (`--repeats 5
---min-time-ms T`: autorange), and with many plain runs (`--repeats 15`); then the slow binary
-(the same engine with a slowing commit) with the same (--configs narrows them). Per
-metric and clock (wall, per CPU second) it prints each candidate estimator of a night's figure
-(the median of 5 plain runs, the median of 5 autorange runs, the best of 15 plain runs, their
-75th percentile, the best of 5 autorange runs), the robust spread of the base nights' figures
+--min-time-ms T`: what a run's figure is then depends on the engine: an engine before
+--min-time-ms reported the run's tokens over its summed seconds, this one its best generation),
+and with many plain runs (`--repeats 15`); then the slow binary (the same engine with a slowing
+commit) with the same (--configs narrows them). Per metric and clock (wall, per CPU second
+where the backend reports CPU seconds) it prints each candidate estimator of a night's figure
+(the median of 5 plain runs, the median and the best of 5 runs of T, the best of 15 plain runs,
+their 75th percentile and median), the robust spread of the base nights' figures
 (1.4826 x MAD / median) and the slow nights' step against the base nights' median with its
 robust z: the estimator to choose is the one whose step stands furthest above its spread.
 """
@@ -34,8 +36,8 @@ CONFIGS = {  # name: extra bench flags
 }
 ESTIMATORS = {  # name: (config, function of the samples; rates, higher is better)
     "median of 5 plain runs": ("plain5", statistics.median),
-    "median of 5 autorange runs": ("auto5", statistics.median),
-    "best of 5 autorange runs": ("auto5", max),
+    "median of 5 runs of >= T": ("auto5", statistics.median),
+    "best of 5 runs of >= T": ("auto5", max),
     "best of 15 plain runs": ("plain15", max),
     "75th percentile of 15 plain runs": ("plain15", lambda v: statistics.quantiles(v, n=4)[2]),
     "median of 15 plain runs": ("plain15", statistics.median),
@@ -85,6 +87,8 @@ def main() -> int:
     figures = {}
     for metric in args.metrics.split(","):
         for clock, key in (("wall", "samples"), ("per CPU second", "cpu_samples")):
+            if not all(key in n[k]["bench"]["metrics"][metric] for n in nights for k in n):
+                continue        # a GPU backend reports no CPU seconds
             print(f"\n{metric}, {clock}: estimator, base nights' figures, spread, slow nights / base median, robust z")
             for est, (config, fn) in ESTIMATORS.items():
                 if config not in chosen:
