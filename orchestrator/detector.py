@@ -253,16 +253,31 @@ def _judge(current: Point, history: Sequence[Point], tolerance: float, better: s
     return verdict
 
 
-def _per_cpu(point: Point) -> Point:
-    """A CPU timing's point per CPU second: the median and samples of its ``cpu_samples``."""
-    return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
+def _best(values: Sequence[float], better: str) -> float:
+    return max(values) if better == "higher" else min(values)
 
 
-def _calibrated(point: Point) -> Point:
-    """A CPU timing's point relative to the calibration probe: each repeat's figure per CPU second
-    over the probe's beside it (both in the metric's terms, so the direction stays)."""
-    ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
-    return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
+def _per_cpu(point: Point, better: str, few: bool) -> Point:
+    """A CPU timing's point per CPU second: the best of its ``cpu_samples`` (its least disturbed
+    run, as timeit advises). Measured on the same nights (BENCHMARKS.md, issue 23), the best of a
+    night's runs moved 0.2-5 % between nights where their median moved 1.7-12.7 %: other
+    processes slow most runs of a night by varying amounts and seldom speed one up, so the best is
+    the figure the code sets. With a history its noise is the spread of the earlier nights' bests
+    (the history rule's window), not of this night's runs, which measure the load; with few
+    points (``few``), where no spread between nights is known yet, the runs' MAD is kept as the
+    few-points rule's allowance."""
+    return Point(_best(point.cpu_samples, better), (), mad(point.cpu_samples) if few else None, point.run_id,
+                 point.commit, point.noisy)
+
+
+def _calibrated(point: Point, better: str, few: bool) -> Point:
+    """A CPU timing's point relative to the calibration probe: the best of its figures per CPU
+    second over the best of the probe's beside them (both in the metric's terms, so the direction
+    stays), each the least disturbed of its night, as ``_per_cpu``; with few points the MAD of the
+    runs' ratios is kept as the allowance."""
+    ratios = [c / k for c, k in zip(point.cpu_samples, point.cal_samples)]
+    return Point(_best(point.cpu_samples, better) / _best(point.cal_samples, better), (), mad(ratios) if few else None,
+                 point.run_id, point.commit, point.noisy)
 
 
 def _has_calibration(point: Point) -> bool:
@@ -285,7 +300,9 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
     earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
-    cpu = _judge_wall(_per_cpu(current), [_per_cpu(p) for p in earlier], verdict.tolerance, verdict.better, policy)
+    few = len(earlier[-policy.window:]) < policy.min_points
+    cpu = _judge_wall(_per_cpu(current, verdict.better, few), [_per_cpu(p, verdict.better, few) for p in earlier],
+                      verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
     probe = _probe_verdict(verdict, current, earlier, policy)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
@@ -330,7 +347,9 @@ def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], polic
     probed = [p for p in earlier if _has_calibration(p)]
     if not _has_calibration(current) or len(probed) < min(len(earlier), policy.window):
         return None
-    probe = _judge_wall(_calibrated(current), [_calibrated(p) for p in probed], verdict.tolerance, verdict.better, policy)
+    few = len(probed[-policy.window:]) < policy.min_points
+    probe = _judge_wall(_calibrated(current, verdict.better, few), [_calibrated(p, verdict.better, few) for p in probed],
+                        verdict.tolerance, verdict.better, policy)
     verdict.cal_change = probe.change
     verdict.calibration_change = _probe_change(current, probed[-policy.window:], verdict.better)
     return probe
