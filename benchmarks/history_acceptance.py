@@ -3,7 +3,7 @@
 
     python3 benchmarks/history_acceptance.py [--parts false-alarms,detection,bisect] [--runs 20]
         [--load-jobs 4] [--quiet-runs 6] [--detect-under-load] [--steps STEPS] [--bench-args ARGS]
-        [--bench-command CMD] [--slowdown cpu|wall] [--host local] [--inventory hosts.yaml]
+        [--bench-command CMD] [--slowdown work|wall] [--target METRIC] [--host local] [--inventory hosts.yaml]
         [--work-dir DIR] [--json out.json]
 
 A script, not a test (pytest never collects it). Everything happens in a scratch clone of this
@@ -39,7 +39,10 @@ machine's, docs/gpu-reference/history-detection.sh).
                 runs measured before the pairing show what it changes.
 
 More repeats per night narrow a night's own spread: --bench-args "... --repeats 5" (the bench's
-default is 3); the figures in BENCHMARKS.md say which each part used.
+default is 3), and "--min-time-ms 400" makes each run the best of the generations of 400 ms (a
+nightly's measurement); the figures in BENCHMARKS.md say which each part used. --target names
+the metric the detection part and the metric bisect must flag (the GPU machine's is
+k2mini_fp32.ar_decode_tokens_per_s, docs/gpu-reference/history-detection.sh).
 
 Prints a table per part and a summary; --json writes every figure.
 """
