@@ -90,6 +90,7 @@ class Point:
     noisy: bool = False
     cpu_samples: tuple[float, ...] = ()     # the samples per CPU second (CPU timings)
     cal_samples: tuple[float, ...] = ()     # the calibration probe beside each of those, same terms
+    ratio: bool = False                     # a speed-up: two timings' ratio, run by run (see _per_cpu)
 
     def sample_mad(self) -> float | None:
         """The MAD of the samples (or the MAD reported without them); None when unknown."""
@@ -265,7 +266,11 @@ def _per_cpu(point: Point, better: str, few: bool) -> Point:
     the figure the code sets. With a history its noise is the spread of the earlier nights' bests
     (the history rule's window), not of this night's runs, which measure the load; with few
     points (``few``), where no spread between nights is known yet, the runs' MAD is kept as the
-    few-points rule's allowance."""
+    few-points rule's allowance. A speed-up (``ratio``) is judged by the median of its runs and
+    their samples: load that slows one of its two timings moves it either way, so its best run is
+    the luckiest, not the least disturbed (a replayed night raised a false alarm that way)."""
+    if point.ratio:
+        return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
     return Point(_best(point.cpu_samples, better), (), mad(point.cpu_samples) if few else None, point.run_id,
                  point.commit, point.noisy)
 
@@ -274,8 +279,10 @@ def _calibrated(point: Point, better: str, few: bool) -> Point:
     """A CPU timing's point relative to the calibration probe: the best of its figures per CPU
     second over the best of the probe's beside them (both in the metric's terms, so the direction
     stays), each the least disturbed of its night, as ``_per_cpu``; with few points the MAD of the
-    runs' ratios is kept as the allowance."""
-    ratios = [c / k for c, k in zip(point.cpu_samples, point.cal_samples)]
+    runs' ratios is kept as the allowance; a speed-up's is the median of its runs' ratios."""
+    ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
+    if point.ratio:
+        return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
     return Point(_best(point.cpu_samples, better) / _best(point.cal_samples, better), (), mad(ratios) if few else None,
                  point.run_id, point.commit, point.noisy)
 
