@@ -72,6 +72,7 @@ class Policy:
     alpha: float = 0.01         # rank tests: p below this is significant
     sample_mads: float = 3.0    # few-points rule: change beyond this many MADs of the samples
     floor: float = 0.005        # noise never below this fraction of the baseline
+    best_of: int = 5            # per CPU second, nights of at least this many runs are judged by their best
 
 
 DEFAULT_POLICY = Policy()
@@ -258,7 +259,7 @@ def _best(values: Sequence[float], better: str) -> float:
     return max(values) if better == "higher" else min(values)
 
 
-def _per_cpu(point: Point, better: str, few: bool) -> Point:
+def _per_cpu(point: Point, better: str, few: bool, best: bool) -> Point:
     """A CPU timing's point per CPU second: the best of its ``cpu_samples`` (its least disturbed
     run, as timeit advises). Measured on the same nights (BENCHMARKS.md, issue 23), the best of a
     night's runs moved 0.2-5 % between nights where their median moved 1.7-12.7 %: other
@@ -268,20 +269,24 @@ def _per_cpu(point: Point, better: str, few: bool) -> Point:
     points (``few``), where no spread between nights is known yet, the runs' MAD is kept as the
     few-points rule's allowance. A speed-up (``ratio``) is judged by the median of its runs and
     their samples: load that slows one of its two timings moves it either way, so its best run is
-    the luckiest, not the least disturbed (a replayed night raised a false alarm that way)."""
-    if point.ratio:
+    the luckiest, not the least disturbed (a replayed night raised a false alarm that way). So is
+    a series whose nights have fewer than ``Policy.best_of`` runs (``best`` false): the best of 3
+    runs of a starved night is still a starved run (replayed: nights of 3 runs raised 5 false
+    alarms in 40 judged by their best, none by their median)."""
+    if point.ratio or not best:
         return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
     return Point(_best(point.cpu_samples, better), (), mad(point.cpu_samples) if few else None, point.run_id,
                  point.commit, point.noisy)
 
 
-def _calibrated(point: Point, better: str, few: bool) -> Point:
+def _calibrated(point: Point, better: str, few: bool, best: bool) -> Point:
     """A CPU timing's point relative to the calibration probe: the best of its figures per CPU
     second over the best of the probe's beside them (both in the metric's terms, so the direction
     stays), each the least disturbed of its night, as ``_per_cpu``; with few points the MAD of the
-    runs' ratios is kept as the allowance; a speed-up's is the median of its runs' ratios."""
+    runs' ratios is kept as the allowance; a speed-up's (or, without ``best``, any) is the median
+    of its runs' ratios."""
     ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
-    if point.ratio:
+    if point.ratio or not best:
         return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
     return Point(_best(point.cpu_samples, better) / _best(point.cal_samples, better), (), mad(ratios) if few else None,
                  point.run_id, point.commit, point.noisy)
@@ -308,10 +313,11 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
     if not earlier:
         return
     few = len(earlier[-policy.window:]) < policy.min_points
-    cpu = _judge_wall(_per_cpu(current, verdict.better, few), [_per_cpu(p, verdict.better, few) for p in earlier],
+    best = all(len(p.cpu_samples) >= policy.best_of for p in [current, *earlier[-2 * policy.window:]])
+    cpu = _judge_wall(_per_cpu(current, verdict.better, few, best), [_per_cpu(p, verdict.better, few, best) for p in earlier],
                       verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
-    probe = _probe_verdict(verdict, current, earlier, policy)
+    probe = _probe_verdict(verdict, current, earlier, policy, best)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
     regressed = cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance))
     if regressed and (probe is None or _probe_confirms(probe, cpu.method, verdict.tolerance)):
@@ -347,7 +353,7 @@ def _probe_confirms(probe: Verdict, method: str, tolerance: float) -> bool:
     return probe.change is not None and probe.change > tolerance
 
 
-def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy) -> Verdict | None:
+def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy, best: bool) -> Verdict | None:
     """The series relative to the calibration probe judged by the same rules, when this run and
     as many of the earlier runs as have CPU seconds (up to a window) carry the probe; its change
     and the probe's own go into the verdict's evidence."""
@@ -355,7 +361,7 @@ def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], polic
     if not _has_calibration(current) or len(probed) < min(len(earlier), policy.window):
         return None
     few = len(probed[-policy.window:]) < policy.min_points
-    probe = _judge_wall(_calibrated(current, verdict.better, few), [_calibrated(p, verdict.better, few) for p in probed],
+    probe = _judge_wall(_calibrated(current, verdict.better, few, best), [_calibrated(p, verdict.better, few, best) for p in probed],
                         verdict.tolerance, verdict.better, policy)
     verdict.cal_change = probe.change
     verdict.calibration_change = _probe_change(current, probed[-policy.window:], verdict.better)

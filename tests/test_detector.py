@@ -320,10 +320,12 @@ def test_a_speed_up_is_judged_per_cpu_second_by_the_median_of_its_runs_not_its_b
     is the luckiest one; an earlier night's lucky run must not make an unchanged night look worse."""
     def night(cpu, ratio):
         return Point(1.0, (0.99, 1.0, 1.01), run_id=f"r{cpu}", noisy=True, cpu_samples=cpu, ratio=ratio)
-    lucky, plain = (1.0, 1.0, 2.5), (1.0, 0.99, 1.01)
+    lucky, plain = (1.0, 1.0, 1.0, 1.0, 2.5), (1.0, 0.99, 1.01, 1.0, 1.0)
     assert judge(night(plain, True), [night(lucky, True)], 0.10).status == "same"
     # as a rate it would be judged by its best: 1.01 against 2.5 per CPU second, which the wall clock does not show
     assert judge(night(plain, False), [night(lucky, False)], 0.10).status == "unjudged"
+    # nights of fewer than Policy.best_of (5) runs are judged by their median: the best of 3 says too little
+    assert judge(night(plain[:3], False), [night(lucky[2:], False)], 0.10).status == "same"
 
 
 def probed_run(rng: random.Random, code_rate: float, share: float, contention: float, commit: str = "c",
