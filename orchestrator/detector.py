@@ -25,7 +25,9 @@ The method (README.md, "Regression detection", says why):
   when there are two or more).
 - per CPU second, for CPU timings that carry their figures per CPU second (``cpu_samples``:
   each repeat's figure over the CPU seconds per wall second the process had), the same rules
-  also judge the per-CPU-second series of the earlier runs that have one. With a history (the
+  also judge the per-CPU-second series of the earlier runs that have one, each night by its best
+  repeat where the series' nights have ``Policy.best_of`` repeats or more (not for speed-ups;
+  ``_per_cpu`` says why). With a history (the
   history or drift rule), a regression of that series is one when the wall clock too is worse
   than the tolerance, even where the wall clock's own noise on a loaded machine hides it (a
   50 % step, measured): the CPU seconds' noise is measured and other processes taking the cores
