@@ -582,6 +582,20 @@ std::string bench_moe(Context& ctx, bool quick, int& failures, int only_T = 0) {
             for (auto& g : graphs) cudaGraphExecDestroy(g);
             return us;
         };
+        // Time per call of work(i) when all n_inputs calls are one graph (as a forward's graph
+        // holds every layer): no graph-launch boundary between consecutive calls.
+        const auto one_graph_us = [&](const std::function<void(int)>& work) {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < n_inputs; ++i) work(i);
+            KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+            KD_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+            KD_CUDA_CHECK(cudaGraphDestroy(g));
+            const double us = tm.per_call_us(ctx.stream, reps, 1, [&](int) { KD_CUDA_CHECK(cudaGraphLaunch(ge, ctx.stream)); });
+            cudaGraphExecDestroy(ge);
+            return us / n_inputs;
+        };
         if (only_T) {
             std::printf("  T=%d nmse int4 %.1e fp32 %.1e, shared expert stacked == separate: %s %s\n", T, err_q, err_f32,
                         same ? "yes" : "NO", ok ? "" : "FAILED");
@@ -617,6 +631,12 @@ std::string bench_moe(Context& ctx, bool quick, int& failures, int only_T = 0) {
             });
             stage("layer, as the model runs it", [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); });
             stage("layer, shared expert separate", [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true, true); });
+            const auto layer = [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); };
+            std::printf("    %-44s %7.1f us\n", "layer, 8 inputs in one graph (per layer)", one_graph_us(layer));
+            std::printf("    %-44s %7.1f us\n", "layer, eager (8 calls back to back)", tm.per_call_us(ctx.stream, reps, n_inputs, layer));
+            std::printf("    %-44s %7.1f us\n", "moe_ffn routed+shared, 8 in one graph", one_graph_us([&](int i) {
+                moe_ffn(ctx, b.out, xi(i), b.idx, b.weight, T, L.k, ew);
+            }));
             continue;
         }
         const double t_graph = graph_us([&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); });
