@@ -16,8 +16,9 @@ the mutants killed, survived, not reached by the subset ("no tests"), timed out,
 budget, and the score = killed / (every mutant run - the equivalent ones); and each survivor with
 its diff and its reason: equivalent (EQUIVALENT below says why), left alive on purpose (ACCEPTED
 says why; still counted against the score) or a missing test. --resume continues a module's last
-run after new tests: it copies the checkout's tests over and runs that run's survivors again and
-the mutants it had no time for (the module itself must be unchanged).
+run after new tests: it copies the checkout over, writes the module's test subset as MODULES says
+now, and runs that run's survivors again, the mutants it had no time for and every mutant of a
+function changed since.
 
 mutmut: 3.x (pinned in the dev extra). Chosen over cosmic-ray because it runs each mutant only
 against the tests that reach the mutated function and forks instead of starting pytest anew; with
