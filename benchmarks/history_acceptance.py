@@ -3,7 +3,7 @@
 
     python3 benchmarks/history_acceptance.py [--parts false-alarms,detection,bisect] [--runs 20]
         [--load-jobs 4] [--quiet-runs 6] [--detect-under-load] [--steps STEPS] [--bench-args ARGS]
-        [--bench-command CMD] [--slowdown cpu|wall] [--host local] [--inventory hosts.yaml]
+        [--bench-command CMD] [--slowdown work|wall] [--target METRIC] [--host local] [--inventory hosts.yaml]
         [--work-dir DIR] [--json out.json]
 
 A script, not a test (pytest never collects it). Everything happens in a scratch clone of this
@@ -39,7 +39,10 @@ machine's, docs/gpu-reference/history-detection.sh).
                 runs measured before the pairing show what it changes.
 
 More repeats per night narrow a night's own spread: --bench-args "... --repeats 5" (the bench's
-default is 3); the figures in BENCHMARKS.md say which each part used.
+default is 3), and "--min-time-ms 400" makes each run the best of the generations of 400 ms (a
+nightly's measurement); the figures in BENCHMARKS.md say which each part used. --target names
+the metric the detection part and the metric bisect must flag (the GPU machine's is
+k2mini_fp32.ar_decode_tokens_per_s, docs/gpu-reference/history-detection.sh).
 
 Prints a table per part and a summary; --json writes every figure.
 """
@@ -53,6 +56,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +66,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-TARGET = "tiny_fp32.ar_decode_tokens_per_s"   # what the slowing commit slows by 15 %
+TARGET = "tiny_fp32.ar_decode_tokens_per_s"   # what the slowing commit slows by 15 % on the CPU (--target)
 TOLERANCE = 0.10                  # the old rule's default relative tolerance
 
 # A real code change: AR decoding runs 3 of every 17 steps' forward pass twice (the same token at
@@ -215,7 +219,8 @@ def reported(run: dict, host: str) -> list[str]:
     return [f"{r['metric']} {r['ratio']:.2f}x" for r in run.get("regressions", []) if r["host"] == host]
 
 
-def contended(history: Path, runs: list[dict], host: str) -> tuple[list[int], list[float | None], list[float | None]]:
+def contended(history: Path, runs: list[dict], host: str,
+              target: str = TARGET) -> tuple[list[int], list[float | None], list[float | None]]:
     """Per run, how many of its metrics the detector left unjudged as measured under contention
     (judged again from the history file, as nightly judged them), the target metric's CPU share and
     how much the calibration probe alone moved the target (> 0: the machine made it worse)."""
@@ -226,8 +231,8 @@ def contended(history: Path, runs: list[dict], host: str) -> tuple[list[int], li
         for run in runs:
             verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
             counts.append(sum(1 for _, v in verdicts if v.status == "unjudged" and "under contention" in v.reason))
-            shares.append(run["hosts"][host]["bench"]["metrics"].get(TARGET, {}).get("cpu_share"))
-            machine.append(next((v.calibration_change for p, v in verdicts if p.metric == TARGET), None))
+            shares.append(run["hosts"][host]["bench"]["metrics"].get(target, {}).get("cpu_share"))
+            machine.append(next((v.calibration_change for p, v in verdicts if p.metric == target), None))
     return counts, shares, machine
 
 
@@ -291,13 +296,28 @@ def false_alarms(args, work: Path) -> dict:
             "without_probe_regressions": without_total, "contended_verdicts": sum(unjudged), "pass": ok}
 
 
-def target_verdict(history: Path, run: dict) -> str:
+def target_verdict(history: Path, run: dict, target: str) -> str:
     """The detector's verdict on the target metric of a run, judged again from the history file."""
     sys.path.insert(0, str(REPO))
     from orchestrator import history as history_mod, regression
     with history_mod.HistoryStore.open(history) as store:
         verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
-    return next((f"{v.status} ({v.method}): {v.reason}" for p, v in verdicts if p.metric == TARGET), "no verdict")
+    return next((f"{v.status} ({v.method}): {v.reason}" for p, v in verdicts if p.metric == target), "no verdict")
+
+
+def night_median(run: dict, host: str, metric: str, key: str) -> float | None:
+    """The median of a night's samples of a metric (wall clock or per CPU second), None without them."""
+    samples = run["hosts"][host]["bench"]["metrics"].get(metric, {}).get(key)
+    return statistics.median(samples) if samples else None
+
+
+def spread(values: list[float | None]) -> str:
+    """The robust spread of the nights' figures, 1.4826 x MAD / median, as a percentage."""
+    kept = [v for v in values if v]
+    if len(kept) < 2:
+        return "-"
+    med = statistics.median(kept)
+    return f"{1.4826 * statistics.median(abs(v - med) for v in kept) / med:.1%}"
 
 
 def detection(args, work: Path) -> dict:
@@ -315,26 +335,33 @@ def detection(args, work: Path) -> dict:
     for i, q in enumerate(quiet, 1):
         print(f"  quiet night {i}: exit {q['rc']}, {q['seconds']:.0f} s, load {q['load']:.1f}, "
               f"regressions {', '.join(reported(q['run'], args.host)) or 'none'}")
-    before = [q["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"] for q in quiet]
-    value = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]["value"]
+    target = args.target
+    before = [q["run"]["hosts"][args.host]["bench"]["metrics"][target]["value"] for q in quiet]
+    value = after["run"]["hosts"][args.host]["bench"]["metrics"][target]["value"]
     flags = {r["metric"]: r for r in after["run"].get("regressions", []) if r["host"] == args.host}
-    ok = after["rc"] == 3 and TARGET in flags
+    ok = after["rc"] == 3 and target in flags
     ratio = value / sorted(before)[len(before) // 2]
-    metric = after["run"]["hosts"][args.host]["bench"]["metrics"][TARGET]
-    print(f"  {TARGET}: quiet runs {', '.join(f'{v:.0f}' for v in before)}; after {sha[:10]}: {value:.0f} "
+    metric = after["run"]["hosts"][args.host]["bench"]["metrics"][target]
+    medians = {clock: [night_median(r["run"], args.host, target, key) for r in quiet + [after]]
+               for clock, key in (("wall", "samples"), ("cpu", "cpu_samples"))}
+    print(f"  {target}: the nights' medians (what the detector judges), wall clock "
+          f"{' '.join(f'{v:.0f}' if v else '-' for v in medians['wall'])}, per CPU second "
+          f"{' '.join(f'{v:.0f}' if v else '-' for v in medians['cpu'])} (the last after the commit); "
+          f"spread of the quiet nights {spread(medians['wall'][:-1])} wall, {spread(medians['cpu'][:-1])} per CPU second")
+    print(f"  {target}: quiet runs {', '.join(f'{v:.0f}' for v in before)}; after {sha[:10]}: {value:.0f} "
           f"({ratio:.3f}x of the median, CPU share {metric.get('cpu_share')}, load {after['load']}); "
           f"nightly exit {after['rc']}; flagged: {', '.join(reported(after['run'], args.host)) or 'nothing'}")
-    if TARGET in flags:
-        evidence = flags[TARGET]
+    if target in flags:
+        evidence = flags[target]
         print(f"  evidence: {evidence.get('method')} rule, {(evidence.get('evidence') or {}).get('reason', '')}")
     else:
-        print(f"  {TARGET} not flagged: {target_verdict(history, after['run'])}")
+        print(f"  {target} not flagged: {target_verdict(history, after['run'], target)}")
     bisect_line = next((line for line in after["stdout"].splitlines() if "invoke bisect" in line), None)
     print(f"  bisect command printed: {bisect_line.strip() if bisect_line else 'NONE'}  -> {'PASS' if ok else 'FAIL'}")
     return {"before": before, "after": value, "ratio": ratio, "rc": after["rc"], "flagged": sorted(flags),
             "flagged_ratios": {name: r["ratio"] for name, r in sorted(flags.items())},
             "quiet_regressions": [reported(q["run"], args.host) for q in quiet], "slowdown": args.slowdown,
-            "evidence": flags.get(TARGET), "seconds": [q["seconds"] for q in quiet] + [after["seconds"]],
+            "target": target, "night_medians": medians, "evidence": flags.get(target), "seconds": [q["seconds"] for q in quiet] + [after["seconds"]],
             "loads": [q["load"] for q in quiet] + [after["load"]], "load_jobs": jobs,
             "bisect_command": bisect_line, "pass": ok and bisect_line is not None}
 
@@ -414,7 +441,7 @@ def bisect(args, work: Path) -> dict:
             path.write_text(path.read_text() + f"// history acceptance: comment-only commit {i}\n")
             shas.append(commit(repo, f"comment-only commit {i}"))
     results = {}
-    for mode, flag, guilty in (("golden", ["--golden"], shas[6]), ("metric", ["--metric", TARGET], shas[11])):
+    for mode, flag, guilty in (("golden", ["--golden"], shas[6]), ("metric", ["--metric", args.target], shas[11])):
         args_ = [sys.executable, "-m", "invoke", "bisect", "--host", args.host, "--good", shas[0], "--bad", shas[15], *flag]
         start = time.monotonic()
         proc = subprocess.run(args_, cwd=repo, env=clone_env(repo), capture_output=True,
@@ -455,6 +482,8 @@ def main() -> int:
     parser.add_argument("--slowdown", choices=sorted(SLOWDOWNS), default="work",
                         help="the slowing commit repeats 3 of every 17 AR forward passes (work) or spins 0.1765 x "
                              "each AR step's wall time (wall)")
+    parser.add_argument("--target", default=TARGET, help="the metric the detection part and the metric bisect "
+                        "must flag (default: %(default)s; the GPU machine's: k2mini_fp32.ar_decode_tokens_per_s)")
     parser.add_argument("--host", default="local")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)

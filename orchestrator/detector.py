@@ -25,7 +25,9 @@ The method (README.md, "Regression detection", says why):
   when there are two or more).
 - per CPU second, for CPU timings that carry their figures per CPU second (``cpu_samples``:
   each repeat's figure over the CPU seconds per wall second the process had), the same rules
-  also judge the per-CPU-second series of the earlier runs that have one. With a history (the
+  also judge the per-CPU-second series of the earlier runs that have one, each night by its best
+  repeat where the series' nights have ``Policy.best_of`` repeats or more (not for speed-ups;
+  ``_per_cpu`` says why). With a history (the
   history or drift rule), a regression of that series is one when the wall clock too is worse
   than the tolerance, even where the wall clock's own noise on a loaded machine hides it (a
   50 % step, measured): the CPU seconds' noise is measured and other processes taking the cores
@@ -72,6 +74,7 @@ class Policy:
     alpha: float = 0.01         # rank tests: p below this is significant
     sample_mads: float = 3.0    # few-points rule: change beyond this many MADs of the samples
     floor: float = 0.005        # noise never below this fraction of the baseline
+    best_of: int = 5            # per CPU second, nights of at least this many runs are judged by their best
 
 
 DEFAULT_POLICY = Policy()
@@ -90,6 +93,7 @@ class Point:
     noisy: bool = False
     cpu_samples: tuple[float, ...] = ()     # the samples per CPU second (CPU timings)
     cal_samples: tuple[float, ...] = ()     # the calibration probe beside each of those, same terms
+    ratio: bool = False                     # a speed-up: two timings' ratio, run by run (see _per_cpu)
 
     def sample_mad(self) -> float | None:
         """The MAD of the samples (or the MAD reported without them); None when unknown."""
@@ -253,16 +257,41 @@ def _judge(current: Point, history: Sequence[Point], tolerance: float, better: s
     return verdict
 
 
-def _per_cpu(point: Point) -> Point:
-    """A CPU timing's point per CPU second: the median and samples of its ``cpu_samples``."""
-    return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
+def _best(values: Sequence[float], better: str) -> float:
+    return max(values) if better == "higher" else min(values)
 
 
-def _calibrated(point: Point) -> Point:
-    """A CPU timing's point relative to the calibration probe: each repeat's figure per CPU second
-    over the probe's beside it (both in the metric's terms, so the direction stays)."""
+def _per_cpu(point: Point, better: str, few: bool, best: bool) -> Point:
+    """A CPU timing's point per CPU second: the best of its ``cpu_samples`` (its least disturbed
+    run, as timeit advises). Measured on the same nights (BENCHMARKS.md, issue 23), the best of a
+    night's runs moved 0.2-5 % between nights where their median moved 1.7-12.7 %: other
+    processes slow most runs of a night by varying amounts and seldom speed one up, so the best is
+    the figure the code sets. With a history its noise is the spread of the earlier nights' bests
+    (the history rule's window), not of this night's runs, which measure the load; with few
+    points (``few``), where no spread between nights is known yet, the runs' MAD is kept as the
+    few-points rule's allowance. A speed-up (``ratio``) is judged by the median of its runs and
+    their samples: load that slows one of its two timings moves it either way, so its best run is
+    the luckiest, not the least disturbed (a replayed night raised a false alarm that way). So is
+    a series whose nights have fewer than ``Policy.best_of`` runs (``best`` false): the best of 3
+    runs of a starved night is still a starved run (replayed: nights of 3 runs raised 5 false
+    alarms in 40 judged by their best, none by their median)."""
+    if point.ratio or not best:
+        return Point(median(point.cpu_samples), point.cpu_samples, None, point.run_id, point.commit, point.noisy)
+    return Point(_best(point.cpu_samples, better), (), mad(point.cpu_samples) if few else None, point.run_id,
+                 point.commit, point.noisy)
+
+
+def _calibrated(point: Point, better: str, few: bool, best: bool) -> Point:
+    """A CPU timing's point relative to the calibration probe: the best of its figures per CPU
+    second over the best of the probe's beside them (both in the metric's terms, so the direction
+    stays), each the least disturbed of its night, as ``_per_cpu``; with few points the MAD of the
+    runs' ratios is kept as the allowance; a speed-up's (or, without ``best``, any) is the median
+    of its runs' ratios."""
     ratios = tuple(c / k for c, k in zip(point.cpu_samples, point.cal_samples))
-    return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
+    if point.ratio or not best:
+        return Point(median(ratios), ratios, None, point.run_id, point.commit, point.noisy)
+    return Point(_best(point.cpu_samples, better) / _best(point.cal_samples, better), (), mad(ratios) if few else None,
+                 point.run_id, point.commit, point.noisy)
 
 
 def _has_calibration(point: Point) -> bool:
@@ -285,9 +314,12 @@ def _per_cpu_second(verdict: Verdict, current: Point, history: Sequence[Point], 
     earlier = [p for p in history if p.cpu_samples]
     if not earlier:
         return
-    cpu = _judge_wall(_per_cpu(current), [_per_cpu(p) for p in earlier], verdict.tolerance, verdict.better, policy)
+    few = len(earlier[-policy.window:]) < policy.min_points
+    best = all(len(p.cpu_samples) >= policy.best_of for p in [current, *earlier[-2 * policy.window:]])
+    cpu = _judge_wall(_per_cpu(current, verdict.better, few, best), [_per_cpu(p, verdict.better, few, best) for p in earlier],
+                      verdict.tolerance, verdict.better, policy)
     verdict.cpu_change = cpu.change
-    probe = _probe_verdict(verdict, current, earlier, policy)
+    probe = _probe_verdict(verdict, current, earlier, policy, best)
     beyond_tolerance = verdict.change is not None and verdict.change > verdict.tolerance
     regressed = cpu.status == "regressed" and (verdict.status == "regressed" or (cpu.method != "few-points" and beyond_tolerance))
     if regressed and (probe is None or _probe_confirms(probe, cpu.method, verdict.tolerance)):
@@ -323,14 +355,16 @@ def _probe_confirms(probe: Verdict, method: str, tolerance: float) -> bool:
     return probe.change is not None and probe.change > tolerance
 
 
-def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy) -> Verdict | None:
+def _probe_verdict(verdict: Verdict, current: Point, earlier: list[Point], policy: Policy, best: bool) -> Verdict | None:
     """The series relative to the calibration probe judged by the same rules, when this run and
     as many of the earlier runs as have CPU seconds (up to a window) carry the probe; its change
     and the probe's own go into the verdict's evidence."""
     probed = [p for p in earlier if _has_calibration(p)]
     if not _has_calibration(current) or len(probed) < min(len(earlier), policy.window):
         return None
-    probe = _judge_wall(_calibrated(current), [_calibrated(p) for p in probed], verdict.tolerance, verdict.better, policy)
+    few = len(probed[-policy.window:]) < policy.min_points
+    probe = _judge_wall(_calibrated(current, verdict.better, few, best), [_calibrated(p, verdict.better, few, best) for p in probed],
+                        verdict.tolerance, verdict.better, policy)
     verdict.cal_change = probe.change
     verdict.calibration_change = _probe_change(current, probed[-policy.window:], verdict.better)
     return probe

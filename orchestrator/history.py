@@ -102,9 +102,9 @@ class StoredPoint:
     cal_samples: tuple[float, ...] = ()
 
     def point(self) -> Point:
-        """The detector's view of this point."""
+        """The detector's view of this point (a speed-up, unit ``x``, is a ratio of two timings)."""
         return Point(self.value, self.samples, self.mad, self.run_id, self.git_rev, self.noisy, self.cpu_samples,
-                     self.cal_samples)
+                     self.cal_samples, ratio=self.unit == "x")
 
 
 # --------------------------------------------------------------------------------------------

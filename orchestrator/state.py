@@ -257,13 +257,13 @@ def read_json(transport: Transport, name: str) -> dict | None:
 def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict | None]:
     """Several of the host's state documents (read_json's, each None when missing, not a
     mapping, not JSON or over RECORD_MAX_BYTES) in one round trip. An answer that does not
-    frame as asked (a file holding a NUL byte) makes every one None: nothing is reused then."""
+    frame as asked (a file holding a NUL byte), or none within the host's lock timeout (the bound
+    of its other state-directory commands), makes every one None: nothing is reused then."""
     try:
         raw = transport.capture(remote.script(_READ_JSONS_SCRIPT, transport.host.remote_dir,
-                                              str(RECORD_MAX_BYTES), *names, timeout=60,
-                                              what=f"reading {STATE_DIR}/ {' '.join(names)}"),
+                                              str(RECORD_MAX_BYTES), *names, timeout=transport.host.timeout("lock")),
                                 max_bytes=len(names) * (RECORD_MAX_BYTES + 300))
-    except CommandError:            # as read_json's unreadable file: none of them is trusted
+    except CommandError:            # as read_json's unreadable file: none of them is trusted (nor named)
         return dict.fromkeys(names)
     parts = raw.split(b"\0")
     if len(parts) != 2 * len(names) + 1 or parts[-1] or [p.decode(errors="replace") for p in parts[:-1:2]] != list(names):
@@ -300,11 +300,11 @@ def _marker_text(owner: Owner) -> str:
 
 # The sync's first step, in .kdtree/ under the lock held alone (sync.begin_command, or the lock
 # command's own when it begins the sync): report a sync that broke half-way (PARTIAL what its mark
-# said), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
+# said, as one line of printable characters), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
 # $1 this run's owner, in words; $2 the host's rsync_path (empty: rsync on PATH).
 BEGIN_SYNC = r'''
 kd_begin_sync() {
-  [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr '\n' ' ')"
+  [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr -c '[:print:]' ' ')"
   printf 'started %s\n' "$1" > sync.partial
   if [ -n "$2" ]; then [ -x "$2" ] && printf 'RSYNC %s\n' "$2"
   else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi

@@ -131,17 +131,22 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
                                                       begun_by_lock):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
     what was sent; the log says how it went. The same whether the lock command began the sync
-    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs)."""
+    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs); so
+    is the in-progress mark a sync that breaks leaves, naming its owner to the next, which repairs."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
     tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
-    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
-    with open_transport(inv.hosts["local"]) as t:
-        if begun_by_lock:
-            result = sync.deploy(t, inv.project, tree, owner, log.append)
-        else:
+
+    def deploy():
+        with open_transport(inv.hosts["local"]) as t:
+            if begun_by_lock:
+                return sync.deploy(t, inv.project, tree, owner, log.append)
             with state.acquire(t, owner):
-                result = sync.sync_tree(t, inv.project, tree, owner, log.append)
+                return sync.sync_tree(t, inv.project, tree, owner, log.append)
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    start = time.monotonic()
+    result = deploy()
+    took = time.monotonic() - start
     assert not (tmp_path / "host" / ".kdtree" / "sync.partial").exists()
     record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
     assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
@@ -150,9 +155,19 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["deployed_at"])
     assert (result.host, result.method, result.files, result.tree_hash, result.repaired, result.stale_lock) == \
         ("local", method, len(SYNCED), "f" * 64, None, None)
-    assert result.bytes == record["bytes"] > 0 and 0 < result.seconds < 60 and result.seconds == round(result.seconds, 3)
+    assert result.bytes == record["bytes"] > 0 and isinstance(result.seconds, float) and 0 < result.seconds <= took
+    assert result.seconds == round(result.seconds, 3)
     assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
     assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
+    for script, why in (("echo 0000", f"the deployed tree hash 0000 differs from the local {'f' * 64}"),
+                        ("true", "the tree hash command printed nothing")):    # the next sync breaks after it began
+        (source / "scripts" / "tree_hash.sh").write_text(script + "\n")
+        with pytest.raises(SyncError) as broke:
+            deploy()
+        assert (broke.value.message, broke.value.host) == (why, "local")
+        assert (tmp_path / "host" / ".kdtree" / "sync.partial").read_text() == f"started {owner}\n"
+    (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    assert deploy().repaired == f"started {owner}"
 
 
 def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make_inventory, source, tmp_path,
@@ -165,6 +180,20 @@ def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make
         monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None)
         result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
     assert result.method == "tar" and log[0] == "no rsync on this machine: using a tar stream"
+
+
+def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inventory, source, tmp_path, fake_tool):
+    """rsync exits 12 (its connection dropped) on the first try: the sync retries, the log says
+    why, and the tree is deployed."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    dropped = tmp_path / "dropped"
+    fake_tool("rsync", f'[ -e {dropped} ] || {{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
+                       f'exec {shutil.which("rsync")} "$@"')
+    log: list[str] = []
+    with open_transport(inv.hosts["local"]) as t:
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
+    assert result.method == "rsync" and files(tmp_path / "host") == SYNCED
+    assert log[0] == "rsync failed with exit code 12, retrying: connection unexpectedly closed"
 
 
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
@@ -212,12 +241,21 @@ def test_a_tar_sync_whose_host_hangs_fails_within_the_sync_timeout(make_inventor
 
 
 def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, source):
+    """Symlinks are sent on every tar sync (even over a host file that looks the same by size and
+    mtime); a directory gone from the source is deleted with what it held."""
     deploy = deployer(rsync_path="/nonexistent/rsync")
     (source / "docs" / "old").mkdir(parents=True)
     (source / "docs" / "old" / "a.txt").write_text("a\n")
     os.symlink("README.md", source / "link")
     assert deploy().method == "tar"
     assert os.readlink(deploy.dir / "link") == "README.md" and (deploy.dir / "docs" / "old" / "a.txt").is_file()
+    # a regular file on the host where the source has the symlink, of the link's size and mtime: still replaced
+    (deploy.dir / "link").unlink()
+    (deploy.dir / "link").write_text("README.m\n")
+    mtime = os.lstat(source / "link").st_mtime_ns
+    os.utime(deploy.dir / "link", ns=(mtime, mtime))
+    assert os.path.getsize(deploy.dir / "link") == os.lstat(source / "link").st_size
+    assert deploy().method == "tar" and os.readlink(deploy.dir / "link") == "README.md"
     shutil.rmtree(source / "docs" / "old")
     assert deploy().deleted == 2 and not (deploy.dir / "docs" / "old").exists()
 
@@ -238,9 +276,10 @@ def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path)
     foreign = Path(remote_dir)
     foreign.mkdir(parents=True)
     (foreign / "precious").write_text("keep me\n")
-    with pytest.raises(DestinationError, match="is not empty and was not created by the orchestrator"):
+    with pytest.raises(DestinationError, match="^h: refusing to use remote_dir: .* is not empty and was not created by "
+                                               "the orchestrator") as refused:
         deployer()()
-    assert os.listdir(foreign) == ["precious"]
+    assert refused.value.host == "h" and os.listdir(foreign) == ["precious"]
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -284,14 +323,14 @@ def test_a_sync_broken_half_way_is_repaired(deployer, source, method):
     deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
     deploy()
     # what an interrupted sync leaves: the in-progress mark and a damaged tree
-    (deploy.dir / sync.PARTIAL).write_text("started deploy by pid 1 on x\n")
+    (deploy.dir / sync.PARTIAL).write_text("started deploy by pid 1 on x\r\tPARTIAL forged\n")   # one line, printable
     main = deploy.dir / "src" / "main.cpp"
     stat = main.stat()
     main.write_text("int main() { return 9; }\n")                 # same size and time: only contents differ
     os.utime(main, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     (deploy.dir / "scripts" / "tree_hash.sh").unlink()
     result = deploy()
-    assert result.repaired == "started deploy by pid 1 on x"
+    assert result.repaired == "started deploy by pid 1 on x  PARTIAL forged"
     assert any("did not finish" in line and "repairs" in line for line in deploy.log)
     assert files(deploy.dir) == SYNCED and (deploy.dir / "src" / "main.cpp").read_text() == (source / "src/main.cpp").read_text()
     assert not (deploy.dir / sync.PARTIAL).exists()

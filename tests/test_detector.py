@@ -286,6 +286,48 @@ def test_the_contention_check_only_looks_at_earlier_runs_with_cpu_seconds():
     assert verdict.status == "unjudged" and "measured under contention" in verdict.reason
 
 
+def loaded_night(rng: random.Random, code_rate: float, commit: str, runs: int = 8) -> Point:
+    """A night of a CPU timing on a shared machine: other processes slow each run per CPU second by
+    0-40 % (never speed one up) and one run of the night meets a quiet moment; the wall clock
+    follows at a share of 0.8."""
+    slowed = [0.0] + [rng.uniform(0.0, 0.4) for _ in range(runs - 1)]
+    cpu = tuple(code_rate * (1 - s) * rng.gauss(1, 0.005) for s in slowed)
+    wall = tuple(c * 0.8 for c in cpu)
+    return Point(median(wall), wall, run_id=f"run{rng.getrandbits(32):08x}", commit=commit, noisy=True, cpu_samples=cpu)
+
+
+def test_per_cpu_second_a_night_is_judged_by_its_best_run():
+    """Load slows most runs of a night by varying amounts: their median wanders from night to
+    night, the best run does not, so a 15 % slower code stands out against the best runs of the
+    earlier nights where it would hide in their medians' spread."""
+    rng = random.Random(23)
+    history = [loaded_night(rng, 1000.0, f"c{i}") for i in range(6)]
+    medians = [median(p.cpu_samples) for p in history]
+    assert (max(medians) - min(medians)) / median(medians) > 0.1    # the medians wander
+    verdict = judge(loaded_night(rng, 850.0, "slow"), history, 0.10)
+    assert verdict.regressed and verdict.method == "history" and verdict.reason.startswith("per CPU second: "), verdict.reason
+    assert verdict.cpu_change == pytest.approx(0.15, abs=0.02)
+    for i in range(10):     # unchanged code on nights as loaded: never a regression
+        assert not judge(loaded_night(rng, 1000.0, f"q{i}"), history, 0.10).regressed
+    # with one earlier night the runs' own spread stays the allowance: a night whose runs were all
+    # slowed but whose best moved less than the tolerance is no regression
+    starved = Point(800.0, (800.0,) * 3, run_id="s", noisy=True, cpu_samples=(950.0, 700.0, 650.0))
+    assert not judge(starved, history[:1], 0.10).regressed
+
+
+def test_a_speed_up_is_judged_per_cpu_second_by_the_median_of_its_runs_not_its_best():
+    """A speed-up is the ratio of two timings: load on either moves it either way, so its best run
+    is the luckiest one; an earlier night's lucky run must not make an unchanged night look worse."""
+    def night(cpu, ratio):
+        return Point(1.0, (0.99, 1.0, 1.01), run_id=f"r{cpu}", noisy=True, cpu_samples=cpu, ratio=ratio)
+    lucky, plain = (1.0, 1.0, 1.0, 1.0, 2.5), (1.0, 0.99, 1.01, 1.0, 1.0)
+    assert judge(night(plain, True), [night(lucky, True)], 0.10).status == "same"
+    # as a rate it would be judged by its best: 1.01 against 2.5 per CPU second, which the wall clock does not show
+    assert judge(night(plain, False), [night(lucky, False)], 0.10).status == "unjudged"
+    # nights of fewer than Policy.best_of (5) runs are judged by their median: the best of 3 says too little
+    assert judge(night(plain[:3], False), [night(lucky[2:], False)], 0.10).status == "same"
+
+
 def probed_run(rng: random.Random, code_rate: float, share: float, contention: float, commit: str = "c",
                better: str = "higher") -> Point:
     """A CPU timing measured beside the calibration probe: cache and memory contention slows the

@@ -154,3 +154,40 @@ def test_returning_to_an_earlier_tree_restores_its_build_without_compiling(engin
     finally:
         source.write_text(original)
     assert _build(copy)["tree"] == first["tree"]
+
+
+def _bench(copy: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`kdtree bench` on the first tiny2 bundle alone, 8 tokens, one budget, the smallest MoE layer."""
+    manifest = json.loads((copy / "tests" / "refs" / "manifest.json").read_text())
+    manifest["bundles"] = [next(b for b in manifest["bundles"] if b["name"].startswith("tiny2"))]
+    small = copy / "tests" / "refs" / "manifest-one.json"
+    small.write_text(json.dumps(manifest))
+    return subprocess.run([str(copy / "build" / "kdtree"), "bench", "--manifest", str(small), "--out",
+                           str(tmp_path / "bench.json"), "-n", "8", "--budgets", "2", "--repeats", "2",
+                           "--moe-experts", "8", "--moe-tokens", "1", *flags], capture_output=True, text=True, timeout=300)
+
+
+def test_bench_runs_last_the_min_time(engine_run, tmp_path):
+    """--min-time-ms: each run of a timing repeats its generation until the run has lasted that
+    long, its figure its best generation's; without it a run is one generation."""
+    copy, _ = engine_run
+    for flags, at_least in (((), None), (("--min-time-ms", "40"), 40)):
+        proc = _bench(copy, tmp_path, *flags)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        bench = json.loads((tmp_path / "bench.json").read_text())
+        (name, bundle), = bench["bundles"].items()
+        assert bench["repeats"] == 2 and bench["min_time_ms"] == (at_least or 0)
+        ar, tree = bundle["ar"], bundle["ddtree"][0]
+        if at_least is None:
+            assert ar["generations"] == tree["generations"] == [1, 1]
+            continue
+        # an 8-token decode of tiny2 takes a few milliseconds: 40 ms is several generations a run
+        assert min(ar["generations"]) > 1 and min(tree["generations"]) > 1 and tree["equals_ar"]
+        # each run lasted the time, and its figure is its best generation's: at least the run's
+        # mean (its tokens, 8 a generation, over its seconds)
+        assert min(ar["run_seconds"]) >= at_least / 1e3 and min(tree["run_seconds"]) >= at_least / 1e3
+        samples = bench["metrics"][f"{name}.ar_tokens_per_s"]["samples"]
+        assert len(samples) == 2
+        assert all(s >= 8 * g / t for s, g, t in zip(samples, ar["generations"], ar["run_seconds"])), samples
+    proc = _bench(copy, tmp_path, "--min-time-ms", "10001")
+    assert proc.returncode == 1 and "--min-time-ms" in proc.stderr

@@ -172,11 +172,14 @@ def local(make_inventory, tmp_path):
 def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, fake_tool):
     """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
     marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
-    within the lock timeout; a lock command waits 0 s unless told."""
+    within the lock timeout; a lock command waits 0 s unless told, and begins a sync only when
+    exclusive."""
     lock, transport = take(local, "validate", 1)
+    assert lock.take_begun() is None                # a lock taken without beginning a sync: the sync begins it
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
-    assert marker.startswith("This directory is a deploy target of kdtree-orchestrator (created "
-                             "2026-01-01T00:00:00Z by laptop)."), marker
+    assert marker.rstrip("\n") == ("This directory is a deploy target of kdtree-orchestrator (created "
+                                  "2026-01-01T00:00:00Z by laptop).\nIts content is replaced on every deploy "
+                                  "(rsync --delete); .kdtree/ holds the orchestrator's state."), marker
     time.sleep(1.5 * state.lock_silence(local))
     with pytest.raises(LockError, match="is locked by another run: validate by pid 1 on laptop") as busy:
         state.acquire(open_transport(local), owner("nightly", 2))        # waits 0 s unless told
@@ -199,6 +202,8 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
     assert time.monotonic() - start < 1.5
     assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-5:-2] == ["exclusive", "0", ""]
+    with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
+        state.lock_command("/srv/kdtree", owner("deploy", 4), mode=SHARED, begin_sync=True)
 
 
 def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
@@ -231,15 +236,44 @@ def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
         client.wait()
 
 
-def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, fake_tool):
-    """A host whose `flock` hangs never answers the claim: it fails after the lock timeout (2 s)
-    and a second to let the holder go, not when the host wakes up; one whose holder dies says so,
-    with its command, exit status and output."""
-    fake_tool("flock", "exec sleep 10")
+class _Watched:
+    """A started lock helper (the real process) whose waits are recorded: the timeout of each
+    readline() and of each close()."""
+
+    def __init__(self, process):
+        self.process, self.reads, self.closes = process, [], []
+
+    def readline(self, timeout):
+        self.reads.append(timeout)
+        return self.process.readline(timeout)
+
+    def close(self, timeout=30):
+        self.closes.append(timeout)
+        return self.process.close(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.process, name)
+
+
+def test_a_lock_claim_whose_host_hangs_fails_in_bounded_time(local, fake_tool, monkeypatch):
+    """A host whose `flock` hangs, printing a line every 0.1 s, never answers the claim: it fails
+    after the lock timeout (2 s) and a second to let the holder go, not when the host wakes up
+    (no wait for a line runs past the deadline: the waits shrink to it; the helper is given one
+    second to go, by the answer's reader and again by the failed claim); one whose holder dies
+    says so, with its command, exit status and output."""
+    fake_tool("flock", "while :; do echo waiting; sleep 0.1; done")
+    transport = open_transport(local)
+    started: list[_Watched] = []
+    begin = transport.start
+    monkeypatch.setattr(transport, "start", lambda command: started.append(_Watched(begin(command))) or started[-1])
     start = time.monotonic()
     with pytest.raises(HostError, match="^h: no answer from the lock command within 2 s$"):
-        take(local, "validate", 1, EXCLUSIVE, wait=0)
+        state.acquire(transport, owner("validate", 1), EXCLUSIVE, 0)
     assert time.monotonic() - start < 8
+    (helper,) = started
+    assert len(helper.reads) > 3 and max(helper.reads) <= 2 and min(helper.reads) < 0.5, helper.reads
+    assert helper.closes == [1, 1]
+    transport.close()
     fake_tool("flock", "echo dying; kill -KILL $PPID")     # the holder dies mid-claim
     with pytest.raises(HostError) as died:
         take(local, "validate", 1, EXCLUSIVE, wait=0)

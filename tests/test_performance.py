@@ -256,7 +256,8 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     key reused with the run it came from; --no-cache rebuilds with KD_REBUILD=1; the stamp of
     another build key matched by executables this machine recorded for the first key only is
     not trusted (they are removed before the build); a build the engine's own cache restored
-    is `cached` and says so; a build key is the same whatever the order of its fields."""
+    is `cached` and says so; a build key is the same whatever the order of its fields; a recorded
+    executable that lost its execute bit is not reused."""
     root = context.root
     (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
 
@@ -290,6 +291,10 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     (root / "restore-me").unlink()
     assert build(build_key={"cxx": "g++", "arch": "sm_90"})[0].status == "passed"
     assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "cached"    # the same key, told in another order
+    (root / "build" / "kdtree").chmod(0o644)            # recorded, its content unchanged, but no longer executable
+    assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "passed"
+    assert said("the build stamp").startswith("the build stamp matches, but the executables under build/ are not")
+    assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "cached"
 
 
 @pytest.mark.parametrize("printed, version, what", [
@@ -409,6 +414,38 @@ def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path
     assert time.monotonic() - start < 10
     assert "local: writing .kdtree/build.json timed out" in str(caught.value), caught.value
     assert not (tmp_path / "host" / ".kdtree" / "build.json").exists()
+
+
+def test_the_state_files_are_read_up_to_their_size_limit(context):
+    """Every stamp at RECORD_MAX_BYTES exactly is read, all six in one answer; one a byte larger
+    is no stamp (as read_json)."""
+    ctx = context()
+    kd = context.root / ".kdtree"
+
+    def document(size: int) -> bytes:
+        return b'{"a": "' + b"x" * (size - 9) + b'"}'
+    for name in state.STAMPS:
+        (kd / name).write_bytes(document(state.RECORD_MAX_BYTES))
+    big = {"a": "x" * (state.RECORD_MAX_BYTES - 9)}
+    assert state.read_jsons(ctx.transport, state.STAMPS) == dict.fromkeys(state.STAMPS, big)
+    (kd / "test.json").write_bytes(document(state.RECORD_MAX_BYTES + 1))
+    assert state.read_jsons(ctx.transport, state.STAMPS) == {**dict.fromkeys(state.STAMPS, big), "test.json": None}
+    assert state.read_json(ctx.transport, "test.json") is None
+
+
+def test_reading_the_state_files_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, fake_tool):
+    """A host whose `head` hangs while the stamps are read: within the host's lock timeout (1 s
+    here) every stamp is None (nothing is reused), as when the read fails."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    "timeouts": {"lock": 1}}})
+    (tmp_path / "host" / ".kdtree").mkdir(parents=True)
+    (tmp_path / "host" / ".kdtree" / "build.json").write_text('{"key": 1}')
+    host = transport.open_transport(inv.hosts["local"])
+    assert state.read_jsons(host, state.STAMPS)["build.json"] == {"key": 1}
+    fake_tool("head", "exec sleep 30")
+    start = time.monotonic()
+    assert state.read_jsons(host, state.STAMPS) == dict.fromkeys(state.STAMPS)
+    assert time.monotonic() - start < 10
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):

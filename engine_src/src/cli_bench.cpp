@@ -157,32 +157,81 @@ Json metric(double value, const std::string& unit, const std::string& better,
 }
 
 
-// A timing's runs so far: the best (least disturbed) one, every run's tokens/s (whole, decode,
-// prefill), the same per CPU second, and its CPU share (the prefill's only for runs with a prefill time).
+// One run of a timing (a sample): its generation run back to back, on one model, until the run
+// has lasted --min-time-ms (once when 0), its figures those of its best generation on each clock
+// (the most tokens per second, and per CPU second). A tiny bundle decodes in a few milliseconds,
+// and on a shared machine most of its generations are slowed by something else (another
+// process's turn on the core, its evictions from the caches): the best of many short ones is
+// the one least disturbed, as Python's timeit advises. Measured before choosing
+// (BENCHMARKS.md, issue 23): between nights under load the best of 15 generations per CPU second
+// moved 0.2-5 %, the median of 5 single-generation runs 1.7-12.7 %, and runs of 250 ms summed
+// (autorange alone: every disturbance averaged in) 3.8-10.7 %; the best kept the step of a 15 %
+// slower commit at 0.84-0.87x on every night. The run's CPU share is over all its generations.
+struct Sample {
+    Generation first;  // the first generation (its tokens, per-step counters and acceptance)
+    double seconds = 0, cpu_seconds = 0;  // summed over the generations
+    double tokens_per_s = 0, decode_tokens_per_s = 0, prefill_tokens_per_s = 0;  // the best generation's
+    double cpu_tokens_per_s = 0, cpu_decode_tokens_per_s = 0, cpu_prefill_tokens_per_s = 0;
+    double prefill_seconds = 0, prefill_cpu_seconds = 0;
+    int generations = 0;
+
+    void add(const Generation& g, size_t prompt) {
+        if (generations++ == 0) first = g;
+        seconds += g.prefill_seconds + g.decode_seconds;
+        cpu_seconds += g.prefill_cpu_seconds + g.decode_cpu_seconds;
+        prefill_seconds += g.prefill_seconds;
+        prefill_cpu_seconds += g.prefill_cpu_seconds;
+        tokens_per_s = std::max(tokens_per_s, g.tokens_per_second());
+        decode_tokens_per_s = std::max(decode_tokens_per_s, g.decode_tokens_per_second());
+        prefill_tokens_per_s = std::max(prefill_tokens_per_s, g.prefill_tokens_per_second(prompt));
+        cpu_tokens_per_s = std::max(cpu_tokens_per_s, g.tokens_per_cpu_second());
+        cpu_decode_tokens_per_s = std::max(cpu_decode_tokens_per_s, g.decode_tokens_per_cpu_second());
+        cpu_prefill_tokens_per_s = std::max(cpu_prefill_tokens_per_s, g.prefill_tokens_per_cpu_second(prompt));
+    }
+    double tokens_per_second() const { return tokens_per_s; }
+    double decode_tokens_per_second() const { return decode_tokens_per_s; }
+    double prefill_tokens_per_second() const { return prefill_tokens_per_s; }
+    double cpu_share() const { return seconds > 0 ? cpu_seconds / seconds : 0.0; }
+};
+
+// A timing's runs so far: the best (least disturbed) one, every run's tokens/s
+// (whole, decode, prefill), the same per CPU second, and its CPU share (the prefill's only for
+// runs with a prefill time).
 struct Repeats {
-    Generation best;
+    Sample best;
+    std::vector<double> generations, seconds;  // each run's generations (1 without --min-time-ms) and their seconds
     std::vector<double> tokens_per_s, decode_tokens_per_s, prefill_tokens_per_s, shares, prefill_shares;
     std::vector<double> cpu_tokens_per_s, cpu_decode_tokens_per_s, cpu_prefill_tokens_per_s;
     std::vector<double> probe_seconds, prefill_probe_seconds;  // the probe beside each run (CPU backend)
 };
 
-// One more run of a timing (AR, or DDTree with `budget` > 0) into `r`, with the probe after it.
-void run_once(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget, Repeats& r) {
+// One more run of a timing (AR, or DDTree with `budget` > 0) into `r`, lasting at least
+// `min_time` seconds of generation (Sample), with the probe after it.
+void run_once(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget,
+              double min_time, Repeats& r) {
     Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
-    Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
-    r.tokens_per_s.push_back(g.tokens_per_second());
-    r.decode_tokens_per_s.push_back(g.decode_tokens_per_second());
-    r.cpu_tokens_per_s.push_back(g.tokens_per_cpu_second());
-    r.cpu_decode_tokens_per_s.push_back(g.decode_tokens_per_cpu_second());
-    r.shares.push_back(g.cpu_share());
-    if (g.prefill_seconds > 0) {
-        r.prefill_tokens_per_s.push_back(g.prefill_tokens_per_second(prompt.size()));
-        r.cpu_prefill_tokens_per_s.push_back(g.prefill_tokens_per_cpu_second(prompt.size()));
-        r.prefill_shares.push_back(g.prefill_cpu_seconds / g.prefill_seconds);
+    Sample s;
+    do {
+        const Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
+        if (s.generations > 0 && g.tokens != s.first.tokens)
+            throw std::runtime_error("bench: bundle " + printable(b.path, 200) + " decoded other tokens when run again on the same model");
+        s.add(g, prompt.size());
+    } while (s.seconds < min_time);
+    r.tokens_per_s.push_back(s.tokens_per_s);
+    r.decode_tokens_per_s.push_back(s.decode_tokens_per_s);
+    r.cpu_tokens_per_s.push_back(s.cpu_tokens_per_s);
+    r.cpu_decode_tokens_per_s.push_back(s.cpu_decode_tokens_per_s);
+    r.shares.push_back(s.cpu_share());
+    r.generations.push_back(s.generations);
+    r.seconds.push_back(s.seconds);
+    if (s.prefill_seconds > 0) {
+        r.prefill_tokens_per_s.push_back(s.prefill_tokens_per_s);
+        r.cpu_prefill_tokens_per_s.push_back(s.cpu_prefill_tokens_per_s);
+        r.prefill_shares.push_back(s.prefill_cpu_seconds / s.prefill_seconds);
     }
     r.probe_seconds.push_back(probe.next());
-    if (g.prefill_seconds > 0) r.prefill_probe_seconds.push_back(r.probe_seconds.back());
-    if (r.tokens_per_s.size() == 1 || g.tokens_per_second() > r.best.tokens_per_second()) r.best = g;
+    if (s.prefill_seconds > 0) r.prefill_probe_seconds.push_back(r.probe_seconds.back());
+    if (r.tokens_per_s.size() == 1 || s.tokens_per_second() > r.best.tokens_per_second()) r.best = s;
 }
 
 // Run by run: over[r] / under[r] (the runs of two timings in the same round, side by side in time).
@@ -260,11 +309,11 @@ void profile_once(Backend& be, Probe& probe, BundleRuns& runs) {
 // One round of a bundle: one run of AR, of DDTree at each budget, and of the profiled decode.
 // The bench runs its repeats in rounds over every bundle, so that a burst of contention on the
 // machine falls on one run of each timing, not on all the runs of the bundles measured then.
-void bundle_round(Backend& be, Probe& probe, const std::vector<int>& budgets, BundleRuns& runs) {
+void bundle_round(Backend& be, Probe& probe, const std::vector<int>& budgets, double min_time, BundleRuns& runs) {
     const Bundle& b = *runs.bundle;
-    run_once(be, probe, b, b.prompt, runs.n, 0, runs.ar);
+    run_once(be, probe, b, b.prompt, runs.n, 0, min_time, runs.ar);
     runs.trees.resize(budgets.size());
-    for (size_t i = 0; i < budgets.size(); ++i) run_once(be, probe, b, b.prompt, runs.n, budgets[i], runs.trees[i]);
+    for (size_t i = 0; i < budgets.size(); ++i) run_once(be, probe, b, b.prompt, runs.n, budgets[i], min_time, runs.trees[i]);
     profile_once(be, probe, runs);
 }
 
@@ -276,7 +325,7 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
     Json out = Json::object();
     const bool noisy = be.name() == "cpu";
     const Repeats& ar_runs = runs.ar;
-    const Generation& ar = ar_runs.best;
+    const Sample& ar = ar_runs.best;
     const auto cpu = [&](const std::vector<double>& rates, const std::vector<double>& shares, const std::vector<double>& cal) {
         return noisy ? CpuView{rates, shares, cal} : CpuView{};
     };
@@ -291,10 +340,11 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
     // replayed on the same runs).
     const std::vector<double> ar_cal = probe_rates(ar_runs.probe_seconds);
     Json arj = Json::object();
-    arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.prefill_seconds);
-    arj.set("decode_seconds", ar.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
+    arj.set("tokens_per_second", ar.tokens_per_second()).set("n", n).set("prefill_seconds", ar.first.prefill_seconds);
+    arj.set("decode_seconds", ar.first.decode_seconds).set("decode_tokens_per_second", ar.decode_tokens_per_second());
+    arj.set("generations", Json::array_of(ar_runs.generations)).set("run_seconds", Json::array_of(ar_runs.seconds));
     arj.set("prompt_tokens", static_cast<int>(b.prompt.size()));
-    const Json ar_step = per_step(ar);
+    const Json ar_step = per_step(ar.first);
     arj.set("per_step", ar_step);
     out.set("ar", arj);
     metrics.set(name + ".ar_tokens_per_s", timed(ar.tokens_per_second(), "tokens/s", ar_runs.tokens_per_s,
@@ -303,7 +353,7 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
     metrics.set(name + ".ar_decode_tokens_per_s", timed(ar.decode_tokens_per_second(), "tokens/s", ar_runs.decode_tokens_per_s,
                                                         cpu(ar_runs.cpu_decode_tokens_per_s, ar_runs.shares, ar_cal)));
     metrics.set(name + ".prefill_tokens_per_s",
-                timed(ar.prefill_tokens_per_second(b.prompt.size()), "tokens/s", ar_runs.prefill_tokens_per_s,
+                timed(ar.prefill_tokens_per_second(), "tokens/s", ar_runs.prefill_tokens_per_s,
                       cpu(ar_runs.cpu_prefill_tokens_per_s, ar_runs.prefill_shares, probe_rates(ar_runs.prefill_probe_seconds))));
     Json trees = Json::array();
     double best_speedup = 0, best_accept = 0, best_decode = 0;
@@ -315,24 +365,24 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
         const int budget = budgets[bi];
         const Repeats& tree = runs.trees[bi];
         const std::vector<double> cal = probe_rates(tree.probe_seconds);
-        const Generation& g = tree.best;
+        const Sample& g = tree.best;
         Json t = Json::object();
         t.set("budget", budget).set("block", b.drafter_block).set("tokens_per_second", g.tokens_per_second());
-        t.set("accept_mean", g.accept_mean()).set("rounds", static_cast<int>(g.accepted.size()));
+        t.set("accept_mean", g.first.accept_mean()).set("rounds", static_cast<int>(g.first.accepted.size()));
         t.set("speedup_over_ar", g.tokens_per_second() / ar.tokens_per_second());
         t.set("decode_tokens_per_second", g.decode_tokens_per_second());
-        t.set("equals_ar", g.tokens == ar.tokens);
-        const Json step = per_step(g);
+        t.set("equals_ar", g.first.tokens == ar.first.tokens).set("generations", Json::array_of(tree.generations)).set("run_seconds", Json::array_of(tree.seconds));
+        const Json step = per_step(g.first);
         t.set("per_step", step);
         trees.push(t);
         if (g.tokens_per_second() / ar.tokens_per_second() > best_speedup) {
             best_speedup = g.tokens_per_second() / ar.tokens_per_second();
             best_step = step;
-            best_speedup_accept = g.accept_mean();
+            best_speedup_accept = g.first.accept_mean();
             best_speedups = paired(tree.tokens_per_s, ar_runs.tokens_per_s);
             best_speedups_cpu = cpu(paired(tree.cpu_tokens_per_s, ar_runs.cpu_tokens_per_s), tree.shares, paired(cal, ar_cal));
         }
-        best_accept = std::max(best_accept, g.accept_mean());
+        best_accept = std::max(best_accept, g.first.accept_mean());
         if (g.decode_tokens_per_second() > best_decode) {
             best_decode = g.decode_tokens_per_second();
             best_decodes = tree.decode_tokens_per_s;
@@ -341,7 +391,7 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
         }
         std::printf("  %s ddtree budget %3d: %8.1f tokens/s (AR %8.1f), decode %8.1f tokens/s (AR %8.1f), accept_mean %.2f\n",
                     name.c_str(), budget, g.tokens_per_second(), ar.tokens_per_second(), g.decode_tokens_per_second(),
-                    ar.decode_tokens_per_second(), g.accept_mean());
+                    ar.decode_tokens_per_second(), g.first.accept_mean());
     }
     out.set("ddtree", trees);
     metrics.set(name + ".ddtree_best_speedup", timed(best_speedup, "x", best_speedups, best_speedups_cpu));
@@ -396,7 +446,8 @@ void upload_random(Backend& be, void* dst, size_t n, uint64_t seed, float scale,
 
 // One K2-width MoE FFN (router, routed experts, shared expert) for M tokens, FP32 or INT4, as the
 // model runs it: the shared expert stacked after the routed ones (ExpertWeights::shared).
-Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector<int>& token_counts, int repeats, Json& metrics) {
+Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector<int>& token_counts, int repeats, double min_time,
+                     Json& metrics) {
     const int D = 7168, I = 2048, top_k = 8;
     if (n_experts < top_k) throw std::runtime_error("--moe-experts must be at least 8 (top-8 routing)");
     const size_t per = static_cast<size_t>(I) * D;
@@ -459,12 +510,19 @@ Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector
             be.synchronize();
             Timed t;
             for (int i = 0; i < repeats; ++i) {
-                const Stopwatch watch;
-                layer(M, int4);
-                be.synchronize();
-                t.ms.push_back((now_seconds() - watch.wall) * 1e3);
-                t.shares.push_back(watch.share());
-                t.cpu_ms.push_back(t.ms.back() * t.shares.back());
+                const Stopwatch run;
+                double best_ms = 0, best_cpu_ms = 0;
+                do {  // a repeat lasts at least --min-time-ms, its figures its best call's (Sample)
+                    const Stopwatch call;
+                    layer(M, int4);
+                    be.synchronize();
+                    const double ms = (now_seconds() - call.wall) * 1e3, cpu_ms = ms * call.share();
+                    best_ms = best_ms > 0 ? std::min(best_ms, ms) : ms;
+                    best_cpu_ms = best_cpu_ms > 0 ? std::min(best_cpu_ms, cpu_ms) : cpu_ms;
+                } while (now_seconds() - run.wall < min_time);
+                t.ms.push_back(best_ms);
+                t.shares.push_back(run.share());
+                t.cpu_ms.push_back(best_cpu_ms);
                 t.probe_ms.push_back(probe.next() * 1e3);
             }
             return t;
@@ -510,6 +568,7 @@ struct BenchOptions {
     std::string backend, manifest, out;
     std::vector<int> budgets, moe_tokens;
     int repeats = 3, n = 0, experts = 0;  // n 0: each bundle's golden length
+    double min_time = 0;                  // seconds a run lasts at least (Sample); 0: one generation
     uint64_t max_memory = kDefaultMaxMemory;
 };
 
@@ -521,6 +580,7 @@ BenchOptions read_bench_options(const Args& a) {
     o.out = a.str("--out", "build/bench.json");
     o.budgets = a.int_list_or("--budgets", {4, 8, 16, 32, 64}, 1, kMaxBudget);
     o.repeats = a.integer("--repeats", 3, 1, 1000);
+    o.min_time = a.integer("--min-time-ms", 0, 0, 10000) / 1e3;
     o.n = a.integer("-n", 0, 1, kMaxTokens);
     // Top-8 routing needs 8 experts; the CUDA gate takes up to 1024 (a thread each).
     o.experts = a.integer("--moe-experts", gpu ? 384 : 16, 8, 1024);
@@ -533,7 +593,7 @@ BenchOptions read_bench_options(const Args& a) {
 
 int cmd_bench(int argc, char** argv) {
     const Args a(argc, argv, 2,
-                 {"--manifest", "--out", "--budgets", "--repeats", "--moe-experts", "--moe-tokens", "--backend", "-n", "--max-memory"}, {});
+                 {"--manifest", "--out", "--budgets", "--repeats", "--min-time-ms", "--moe-experts", "--moe-tokens", "--backend", "-n", "--max-memory"}, {});
     const BenchOptions o = read_bench_options(a);
     const std::vector<ManifestEntry> entries = read_manifest(o.manifest);
     auto be = make_backend(o.backend);
@@ -556,7 +616,7 @@ int cmd_bench(int argc, char** argv) {
         runs.push_back(BundleRuns{&b, name, tokens, {}, {}, {}, {}, {}, Json::array()});
     }
     for (int round = 0; round < o.repeats; ++round)
-        for (BundleRuns& r : runs) bundle_round(*be, probe, o.budgets, r);
+        for (BundleRuns& r : runs) bundle_round(*be, probe, o.budgets, o.min_time, r);
     for (const BundleRuns& r : runs) {
         std::printf("bundle %s (%d tokens)\n", r.name.c_str(), r.n);
         bundles.set(r.name, bench_bundle(*be, r, o.budgets, metrics));
@@ -591,13 +651,14 @@ int cmd_bench(int argc, char** argv) {
             metrics.set(name + ".moe_ffn_speedup_over_fp32", metric(tf / tq, "x", "higher", speedups, !gpu, cpu_speedups, {}, cal_speedups));
     }
     std::printf("K2-width MoE layer, random weights\n");
-    const Json moe = bench_moe_layer(*be, probe, o.experts, o.moe_tokens, o.repeats, metrics);
+    const Json moe = bench_moe_layer(*be, probe, o.experts, o.moe_tokens, o.repeats, o.min_time, metrics);
 
     Json host = Json::object();
     host.set("cpu", be->name() == "cpu" ? be->device_description() : make_cpu_backend()->device_description());
     host.set("gpu", gpu ? be->device_description() : "none");
     Json out = Json::object();
     out.set("version", 1).set("backend", be->name()).set("tree", source_tree_hash()).set("host", host);
+    out.set("repeats", o.repeats).set("min_time_ms", static_cast<int>(o.min_time * 1e3 + 0.5));
     out.set("metrics", metrics).set("bundles", bundles).set("moe_layer", moe);
     if (!gpu) out.set("calibration_probe", probe.summary());
     std::ofstream f(o.out);

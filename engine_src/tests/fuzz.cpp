@@ -615,7 +615,7 @@ Case make_flags(Rng& r) {
     for (size_t i = 0; i < n; ++i) {
         static const std::vector<std::string> run_flags = {"-n", "--budget", "--block", "--prompt", "--mode", "--backend", "--expect", "--json"};
         static const std::vector<std::string> outputs_flags = {"--budget", "--block", "--backend"};
-        static const std::vector<std::string> bench_flags = {"--budgets", "--repeats", "-n", "--moe-experts", "--moe-tokens", "--backend"};
+        static const std::vector<std::string> bench_flags = {"--budgets", "--repeats", "--min-time-ms", "-n", "--moe-experts", "--moe-tokens", "--backend"};
         const std::vector<std::string>& own = cmd == "outputs" ? outputs_flags : cmd == "bench" ? bench_flags : run_flags;
         const std::string f = r.chance(85) ? r.pick(own) : r.pick(flags);
         if (f == "--max-memory" && !r.chance(20)) continue;

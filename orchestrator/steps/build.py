@@ -82,7 +82,8 @@ def _record(ctx: StepContext, key: dict) -> None:
 
 
 def _hashes(ctx: StepContext, paths: list[str]) -> dict[str, str]:
-    """sha256 of `paths` (relative to remote_dir) on the host; none given: of every executable file under build/."""
+    """sha256 of every executable file under build/ on the host; `paths` given (relative to
+    remote_dir): of those of them only."""
     command = remote.script(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step),
                             what="hashing the build's executables")
     out = ctx.transport.capture(command, max_bytes=HASHES_MAX_BYTES)
@@ -127,8 +128,8 @@ def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:
 
 _HASH_SCRIPT = ownership.guard(r'''
 cd -- "$1" || exit 3; shift
-if [ $# -eq 0 ]; then find build -type f -perm /111 -print0 | sort -z | xargs -0 -r sha256sum --
-else sha256sum -- "$@" 2>/dev/null; fi
+find build -type f -perm /111 -print0 | sort -z |
+  if [ $# -eq 0 ]; then cat; else grep -zxF -f <(printf '%s\n' "$@"); fi | xargs -0 -r sha256sum --
 exit 0
 ''')
 

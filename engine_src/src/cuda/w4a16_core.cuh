@@ -364,13 +364,19 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
         }
+        // The warp's stores, ordered before lane 0's count by the warp barrier, published by
+        // its release; the last finisher's acquire, ordered before the other lanes' reads by the
+        // next warp barrier (CUTLASS's semaphore, per warp): no fence.sc in every lane.
         __syncwarp();
-        __threadfence();
         unsigned last = 0;
         unsigned* done = p.tile_done + (static_cast<long>(slot) * p.max_passes + pass) * n_tiles + tile;
-        if (lane == 0) last = atomicAdd(done, 1u) == static_cast<unsigned>(p.n_sc - 1);
+        if (lane == 0) {
+            unsigned old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(done) : "memory");
+            last = old == static_cast<unsigned>(p.n_sc - 1);
+        }
         if (!__shfl_sync(0xffffffffu, last, 0)) return;
-        __threadfence();
+        __syncwarp();
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             const int tok = 4 * q + t;
