@@ -3,6 +3,7 @@ runs and reused; a host restarted or rebooted between runs, a changed host key u
 master, a stale socket, a second user, --no-persist, the socket directory's checks."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, inventory as inventory_mod, parallel, remote, warm
+from orchestrator import cli, hostkeys, inventory as inventory_mod, parallel, remote, warm
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
@@ -342,8 +343,10 @@ def test_a_command_over_a_master_that_dies_is_a_lost_connection_and_its_own_exit
     assert late.timed_out and time.monotonic() - start < 10, late
     pid = int(re.search(r"pid=(\d+)", warm._control(t.socket, "check")[1]).group(1))
     threading.Timer(1.0, os.kill, (pid, 9)).start()
-    with pytest.raises(ConnectError, match="connection lost while running a command"):
+    with pytest.raises(ConnectError, match="connection lost while running a command") as e:
         t.run("sleep 20", timeout=30)
+    assert (e.value.message, e.value.host, e.value.command, e.value.retry) == \
+        ("connection lost while running a command (the warm connection ended)", "w", "sleep 20", False)
     t.close()
 
 
@@ -455,3 +458,75 @@ def test_the_socket_name_binds_everything_the_master_was_verified_against(lab, w
     (tmp_path / "nothing").write_text("")
     names.add(sock())
     assert len(names) == 9, names
+
+
+def test_the_ssh_options_are_the_key_checks_and_nothing_weaker_as_ssh_reads_them(tmp_path, monkeypatch):
+    """OpenSSH's own reading (`ssh -G`) of every warm ssh process's options: strict key checks
+    against our known_hosts only (or the pin), no forwarding, no local command, no tty, bounded."""
+    from orchestrator.inventory import Host
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", "/dev/null")
+    known = tmp_path / "known_hosts"
+    (tmp_path / "key").write_text("")           # ssh -G leaves out an identity file that is not there
+    pin = "SHA256:" + "A" * 43
+    host = Host(name="w", transport="ssh", remote_dir="/x", address="127.0.0.1", port=2222, user="kd",
+                identity=str(tmp_path / "key"), known_hosts=str(known), host_key=pin,
+                timeouts={"connect": 7, "keepalive": 4})
+    argv = warm._base_argv(host)
+    out = subprocess.run(argv[:1] + ["-G"] + argv[1:] + ["127.0.0.1"], capture_output=True, text=True, check=True).stdout
+    read: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        read.setdefault(key, value)
+    assert str(tmp_path / "key") in [line[len("identityfile "):] for line in out.splitlines()
+                                     if line.startswith("identityfile ")]
+    assert {k: read.get(k) for k in (
+        "batchmode", "stricthostkeychecking", "userknownhostsfile", "globalknownhostsfile", "updatehostkeys",
+        "verifyhostkeydns", "checkhostip", "clearallforwardings", "forwardagent", "forwardx11",
+        "permitlocalcommand", "requesttty", "loglevel", "connecttimeout", "serveraliveinterval",
+        "serveralivecountmax", "port", "user")} == {
+        "batchmode": "yes", "stricthostkeychecking": "true",
+        "userknownhostsfile": " ".join(map(str, hostkeys.known_hosts_files(str(known)))),
+        "globalknownhostsfile": "none", "updatehostkeys": "false", "verifyhostkeydns": "false",
+        "checkhostip": "no", "clearallforwardings": "yes", "forwardagent": "no", "forwardx11": "no",
+        "permitlocalcommand": "no", "requesttty": "false", "loglevel": "ERROR", "connecttimeout": "7",
+        "serveraliveinterval": "4", "serveralivecountmax": "3", "port": "2222", "user": "kd"}
+    assert read["knownhostscommand"] == warm._pin_command(pin) and pin in read["knownhostscommand"]
+    assert "knownhostscommand" not in subprocess.run(
+        ["ssh", "-G"] + warm._base_argv(dataclasses.replace(host, host_key=None))[1:] + ["127.0.0.1"],
+        capture_output=True, text=True, check=True).stdout.split()
+
+
+@pytest.mark.parametrize("where", ["KDTREE_CONTROL_DIR", "XDG_RUNTIME_DIR", "neither"])
+def test_the_control_directory_is_chosen_created_private_and_checked(tmp_path, monkeypatch, where):
+    monkeypatch.delenv("KDTREE_CONTROL_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    expected = {"KDTREE_CONTROL_DIR": tmp_path / "ctl", "XDG_RUNTIME_DIR": tmp_path / "kdtree-ssh",
+                "neither": Path("/tmp") / f"kdtree-ssh-{os.geteuid()}"}[where]
+    if where != "neither":
+        monkeypatch.setenv(where, str(tmp_path / "ctl" if where == "KDTREE_CONTROL_DIR" else tmp_path))
+    assert warm.control_dir(create=False) == expected if expected.exists() else True
+    assert warm.control_dir() == expected and os.stat(expected).st_mode & 0o777 == 0o700
+    if where != "neither":
+        expected.rmdir()
+        expected.write_text("")
+        with pytest.raises(UsageError, match=f"control socket directory {expected} is not a directory: refusing"):
+            warm.control_dir()
+
+
+def test_a_host_behind_a_jump_or_a_proxy_command_keeps_its_own_connection(lab, warm_inventory, tmp_path,
+                                                                           monkeypatch):
+    host = fresh(lab)
+    config = tmp_path / "ssh_config"
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
+    for line in ("", "ProxyJump nobody@127.0.0.1:1", "ProxyCommand /bin/false"):
+        config.write_text(f"Host *\n  {line}\n" if line else "")
+        warm._read_ssh_config.cache_clear()
+        assert warm.uses_warm(warm_inventory(host).hosts["w"]) is (not line), line
+    config.write_text("Host *\n  NoSuchOption yes\n")
+    warm._read_ssh_config.cache_clear()
+    entry = warm_inventory(host).hosts["w"]
+    with pytest.raises(ConnectError) as e:
+        warm.uses_warm(entry)
+    assert e.value.message.startswith(f"ssh -G cannot read the ssh config for {entry.address}: ") and \
+        "bad configuration option" in e.value.message and (e.value.host, e.value.retry) == ("w", False)
+    warm._read_ssh_config.cache_clear()
