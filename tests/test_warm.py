@@ -530,3 +530,18 @@ def test_a_host_behind_a_jump_or_a_proxy_command_keeps_its_own_connection(lab, w
     assert e.value.message.startswith(f"ssh -G cannot read the ssh config for {entry.address}: ") and \
         "bad configuration option" in e.value.message and (e.value.host, e.value.retry) == ("w", False)
     warm._read_ssh_config.cache_clear()
+
+
+def test_a_tight_connect_timeout_still_leaves_the_probe_and_the_master_their_time(lab, warm_inventory, tmp_path):
+    """connect: 1 on a live host: the key probe accepts and the master starts (their bound is the
+    connect timeout plus START_MARGIN, never less than the timeout itself)."""
+    host = warm_inventory(fresh(lab), timeouts={"connect": 1, "keepalive": 5}).hosts["w"]
+    assert warm._Probe(host).accepted()
+    sock = tmp_path / "m.sock"
+    assert warm._start_master(host, sock) is None and warm.master_alive(sock)
+    warm.stop_master(sock)
+
+
+def test_a_pin_that_agrees_with_known_hosts_keeps_the_warm_connection(lab, warm_inventory):
+    host = fresh(lab)
+    assert warm.uses_warm(warm_inventory(host, host_key=host.fingerprint()).hosts["w"])
