@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+W = "orchestrator.warm."
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
@@ -176,10 +177,49 @@ EQUIVALENT: dict[str, str] = {
        "never compared (symlinks are always sent, directories always listed)" for n in (5, 6, 12, 13)},
     "orchestrator.sync.x_deployed_tree__mutmut_12": "any mark, readable or too large, means a broken sync: the read's "
                                                     "bound changes nothing",
+    # warm.py
+    f"{W}x__content__mutmut_2": "the marker of a missing file: a constant in the socket name's hash either way",
+    **{f"{W}x__control__mutmut_{n}": "`ssh -O` reads nothing from stdin" for n in (15, 20)},
+    **{f"{W}x__control__mutmut_{n}": "the host word of `ssh -O` with an explicit ControlPath (no % tokens) only "
+       "names the request: the master on the socket answers it whatever it is" for n in (8, 9)},
+    **{f"{W}x__idle_bound_far__mutmut_{n}": "`.used` lives in the user's own 0700 directory (check_private): "
+       "nobody else can put a symlink there, and ours are files" for n in (6, 10)},
+    **{f"{W}x__idle_bound_far__mutmut_{n}": "a bound of float seconds between two clock readings: equality has "
+       "no width" for n in (13, 14)},
+    **{f"{W}{name}": "OpenSSH reads option names, and yes/no values, without regard to case" for name in (
+        "x__start_master__mutmut_15", "x__start_master__mutmut_16", "x_client_argv__mutmut_6",
+        "x_client_argv__mutmut_7", "xǁ_Probeǁ__init____mutmut_7")},
+    f"{W}xǁ_Probeǁ__init____mutmut_8": "ControlPath NONE is a relative path to OpenSSH, where no master "
+                                        "listens: with ControlMaster off the probe connects itself, as with none",
+    **{f"{W}{name}": "ssh -f -N (the master) and the key probe (BatchMode, stopped before authentication) read "
+       "nothing from stdin" for name in ("x__start_master__mutmut_25", "x__start_master__mutmut_30",
+                                         "xǁ_Probeǁ__init____mutmut_23", "xǁ_Probeǁ__init____mutmut_28")},
+    **{f"{W}xǁ_Probeǁ__init____mutmut_{n}": "the probe's command never runs (no authentication method is "
+       "offered), so it prints nothing" for n in (24, 29)},
+    f"{W}x_client_argv__mutmut_17": "a client of the master with an explicit ControlPath and ProxyCommand "
+                                     "/bin/false: the host word resolves nothing, the master's connection is used",
+    **{f"{W}x_socket_path__mutmut_{n}": "a constant for an absent part (no ssh config, no identity, no pin): "
+       "the name still changes whenever the part does" for n in (11, 22, 31, 33, 38)},
+    f"{W}x_socket_path__mutmut_13": "the directory is the user's own (check_private): the uid in the name "
+                                     "never separates two sockets that the directory does not",
+    f"{W}x_socket_path__mutmut_35": "_content of the empty path is a constant (a directory): the same as the "
+                                     "constant for no ssh config",
+    f"{W}x_socket_path__mutmut_45": "the parts' separator: no part holds a NUL, so either separator keeps "
+                                     "them apart",
+    **{f"{W}{name}": "None is as falsy as False for _ready" for name in (
+        "xǁWarmTransportǁ__init____mutmut_5", "xǁWarmTransportǁconnect__mutmut_14")},
+    f"{W}xǁWarmTransportǁ__init____mutmut_8": "socket is read only after connect() set it (argv, _exec, "
+                                               "own_rsync_shell's connect), or through `or` where '' is as None",
 }
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
-ACCEPTED: dict[str, str] = {}
+ACCEPTED: dict[str, str] = {
+    **{f"orchestrator.warm.xǁ_Probeǁ{m}": "only a host that asks no authentication runs the probe's command: "
+       "then the probe is not accepted, the master is ended and the fresh connection checks the key, the same "
+       "verdict one connection later" for m in ("__init____mutmut_14", "__init____mutmut_15", "accepted__mutmut_6")},
+    "orchestrator.warm.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
+                                                    "still bounded",
+}
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name
 
