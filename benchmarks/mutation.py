@@ -189,6 +189,12 @@ EQUIVALENT: dict[str, str] = {
     **{f"{W}{name}": "OpenSSH reads option names, and yes/no values, without regard to case" for name in (
         "x__start_master__mutmut_15", "x__start_master__mutmut_16", "x_client_argv__mutmut_6",
         "x_client_argv__mutmut_7", "xǁ_Probeǁ__init____mutmut_7")},
+    **{f"{W}x__base_argv__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
+       "reads both without regard to case (tests/test_warm.py reads the options back with ssh -G, which catches "
+       "every other change)" for n in (20, 21, 23, 25, 26, 28, 30, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46, 48,
+                                       49, 51, 54, 56, 58, 59, 61, 63, 64, 66, 68, 69, 71, 73, 74, 76, 78, 79,
+                                       81, 83, 84, 96, 97, 109, 113, 114, 119)},
+    f"{W}x_check_private__mutmut_4": "'' is as falsy as None for `why`",
     f"{W}xǁ_Probeǁ__init____mutmut_8": "ControlPath NONE is a relative path to OpenSSH, where no master "
                                         "listens: with ControlMaster off the probe connects itself, as with none",
     **{f"{W}{name}": "ssh -f -N (the master) and the key probe (BatchMode, stopped before authentication) read "
@@ -219,6 +225,9 @@ ACCEPTED: dict[str, str] = {
        "verdict one connection later" for m in ("__init____mutmut_14", "__init____mutmut_15", "accepted__mutmut_6")},
     "orchestrator.warm.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
                                                     "still bounded",
+    **{f"orchestrator.warm.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
+       "~/.ssh/config (no KDTREE_SSH_CONFIG) are in the name; a test would have to edit that file. They choose "
+       "how we authenticate, not which host key is checked" for n in (24, 25, 26, 28, 29, 30)},
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name

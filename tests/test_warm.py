@@ -208,8 +208,9 @@ def test_an_unsafe_socket_directory_is_refused(lab, warm_inventory, tmp_path, mo
     monkeypatch.setenv("KDTREE_CONTROL_DIR", str(unsafe))
     with pytest.raises(UsageError, match=f"control socket directory {unsafe} is .*refusing") as e:
         cli.deploy(inv, list(inv.hosts.values()), Console(io.StringIO()))
-    assert {"group-writable": "mode 0770", "someone else's": "owned by uid 65534",
-            "a symlink": "a symlink"}[problem] in str(e.value)
+    why = {"group-writable": "open to group or others (mode 0770, not 0700)",
+           "someone else's": f"owned by uid 65534, not by you (uid {os.geteuid()})", "a symlink": "a symlink"}[problem]
+    assert f"control socket directory {unsafe} is {why}: refusing" in str(e.value)
 
 
 def test_persist_in_the_inventory(lab, make_inventory):
@@ -491,6 +492,10 @@ def test_the_ssh_options_are_the_key_checks_and_nothing_weaker_as_ssh_reads_them
         "permitlocalcommand": "no", "requesttty": "false", "loglevel": "ERROR", "connecttimeout": "7",
         "serveraliveinterval": "4", "serveralivecountmax": "3", "port": "2222", "user": "kd"}
     assert read["knownhostscommand"] == warm._pin_command(pin) and pin in read["knownhostscommand"]
+    small = warm._base_argv(dataclasses.replace(host, timeouts={"connect": 0.5, "keepalive": 0.5}))
+    assert {"ConnectTimeout=1", "ServerAliveInterval=1"} <= set(small)        # whole seconds, at least one
+    monkeypatch.delenv("KDTREE_SSH_CONFIG")
+    assert "-F" not in warm._base_argv(host)                                   # the user's own ssh config
     assert "knownhostscommand" not in subprocess.run(
         ["ssh", "-G"] + warm._base_argv(dataclasses.replace(host, host_key=None))[1:] + ["127.0.0.1"],
         capture_output=True, text=True, check=True).stdout.split()
@@ -545,3 +550,17 @@ def test_a_tight_connect_timeout_still_leaves_the_probe_and_the_master_their_tim
 def test_a_pin_that_agrees_with_known_hosts_keeps_the_warm_connection(lab, warm_inventory):
     host = fresh(lab)
     assert warm.uses_warm(warm_inventory(host, host_key=host.fingerprint()).hosts["w"])
+
+
+def test_two_aliases_of_one_host_get_two_masters(lab, warm_inventory, tmp_path, monkeypatch):
+    """Aliases of the same hostname and port may differ in what ssh checks (HostKeyAlias): each
+    has its own socket, verified on its own."""
+    host = fresh(lab)
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(f"Host {alias}\n  HostName 127.0.0.1\n  Port {host.port}\n" for alias in ("a1", "a2")))
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
+    warm._read_ssh_config.cache_clear()
+    first, second = (warm.socket_path(warm_inventory(host, address=alias).hosts["w"])
+                     for alias in ("a1", "a2"))
+    warm._read_ssh_config.cache_clear()
+    assert first != second
