@@ -564,3 +564,17 @@ def test_two_aliases_of_one_host_get_two_masters(lab, warm_inventory, tmp_path, 
                      for alias in ("a1", "a2"))
     warm._read_ssh_config.cache_clear()
     assert first != second
+
+
+def test_a_pin_contradicted_by_the_users_known_hosts_keeps_its_own_connection(lab, warm_inventory, tmp_path,
+                                                                               monkeypatch):
+    """The project's known_hosts file missing, the user's holding another key than the pin: the
+    contradiction is still found (every file is read), and the host keeps Paramiko's connection."""
+    host = fresh(lab)
+    users = tmp_path / "user_known_hosts"
+    users.write_text(lab.known_hosts.read_text())
+    monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", str(users))
+    warm._read_ssh_config.cache_clear()
+    entry = warm_inventory(host, known_hosts=str(tmp_path / "missing"), host_key="SHA256:" + "A" * 43).hosts["w"]
+    assert not warm.uses_warm(entry)
+    assert warm.uses_warm(dataclasses.replace(entry, host_key=host.fingerprint()))
