@@ -229,7 +229,7 @@ def close_all() -> int:
     ended = 0
     for info in sorted(control_dir().glob("*.json")):
         sock = info.with_suffix(".sock")
-        if sock.is_socket() and _control(sock, "check")[0]:
+        if master_alive(sock):
             ended += 1
         stop_master(sock)
         info.unlink(missing_ok=True)
