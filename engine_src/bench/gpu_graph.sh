@@ -42,37 +42,14 @@ for m in "${modes[2]}"; do
     done
     echo "checks $1: $ok ok, $bad failed ($((SECONDS - t0)) s)"
 done
-"$PYTHON" - <<'EOF'
-import json
-m = json.load(open("tests/refs/manifest.json"))
-m["bundles"] = [b for b in m["bundles"] if b["name"].startswith("tiny")]
-json.dump(m, open("tests/refs/manifest_tiny.json", "w"))
-EOF
+"$PYTHON" bench/tiny_manifest.py
 for m in "${modes[@]}"; do
     set -- $m
     env "$2" timeout 120 build/kdtree bench --manifest tests/refs/manifest_tiny.json --out "$out/bench_$1.json" \
         --budgets 2,4,8,16,32 --repeats 3 --moe-experts 8 --moe-tokens 1 >"$out/bench_$1.log" 2>&1
     echo "bench $1 rc=$? ($((SECONDS - t0)) s)"
 done
-"$PYTHON" - "$out" <<'EOF'
-import json, sys
-out = sys.argv[1]
-for mode in ("before", "units", "graph"):
-    try:
-        j = json.load(open(f"{out}/bench_{mode}.json"))
-    except Exception as e:
-        print(mode, "no report:", e); continue
-    for name, b in j["bundles"].items():
-        ar = b["ar"]
-        best = max(b["ddtree"], key=lambda t: t["speedup_over_ar"])
-        s, a = ar["per_step"], best["per_step"]
-        print(f"{mode:6} {name:10} AR {ar['tokens_per_second']:7.0f} tok/s {s['us']:6.1f} us/step {s['launches']:5.1f} launches "
-              f"{s['kernels']:5.1f} kernels {s['copies']:4.1f} copies {s['syncs']:3.1f} syncs | DDTree B={best['budget']:2} "
-              f"{best['tokens_per_second']:7.0f} tok/s x{best['speedup_over_ar']:.2f} accept {best['accept_mean']:.2f} "
-              f"(accept/speedup {best['accept_mean'] / best['speedup_over_ar']:.2f}) {a['us']:6.1f} us/round "
-              f"{a['launches']:5.1f} launches {a['kernels']:5.1f} kernels {a['copies']:4.1f} copies {a['syncs']:3.1f} syncs "
-              f"equals_ar={all(t['equals_ar'] for t in b['ddtree'])}")
-EOF
+"$PYTHON" bench/per_step_table.py "$out" before units graph
 tiny="tests/refs/model_tiny_int4.kdtr"
 KD_CUDA_GRAPH=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/kdtree check --bundle "$tiny" \
     --mode ddtree --expect ar --budget 8 >"$out/memcheck_graph.log" 2>&1

@@ -112,6 +112,16 @@ struct HostInts {
     int n = 0;
 };
 
+// tree_accept's result, int32 values in backend memory: [kCount] n, the accepted nodes (root
+// included, >= 1); [kLast] the last accepted node; [kBonus] post of it (the next bonus token);
+// then path[M] from kPath (the first n valid: the accepted node indices, ascending from 0), then
+// post[M] (the argmax of every node's logits).
+struct AcceptedPath {
+    static constexpr int kCount = 0, kLast = 1, kBonus = 2, kPath = 3;
+    static constexpr int post(int M) { return kPath + M; }
+    static constexpr int size(int M) { return kPath + 2 * M; }
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -140,8 +150,8 @@ public:
     // of them (the same pointer, at most as many values) reads that copy. With record_key >= 0
     // a backend may also record the unit's ops instead of running them, run the recording at
     // end_unit, and for a later unit of the same key run the recording again instead of its ops:
-    // so the ops issue nothing that waits for the device (no download, synchronize, argmax or
-    // top-k), and a unit with the same key issues the same ops with the same arguments, only the
+    // so the ops issue nothing that waits for the device (no download, synchronize or
+    // argmax), and a unit with the same key issues the same ops with the same arguments, only the
     // values in its staged arrays differ. end_unit(false) closes a unit whose op threw (its work
     // is dropped). Units do not nest. The CPU backend ignores both.
     virtual void begin_unit(std::initializer_list<HostInts> inputs, int record_key) {
@@ -215,11 +225,19 @@ public:
     virtual void mla_attention(float* out, const float* q, const float* wkv_b, const float* cache,
                                const Visibility& vis, int M, const MlaDims& dims) = 0;
 
-    // KV compaction after a DDTree verify: for j < n, cache row start + j = row start + keep_host[j]
-    // (row_width floats each). keep_host is strictly ascending with keep_host[j] >= j, so an
-    // ascending in-place copy is correct. Rows past start + n are left as they are (dead).
-    virtual void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host,
-                            int n) = 0;
+    // KV compaction after a DDTree verify, in `layers` caches spaced layer_stride floats apart
+    // (cache l at caches + l * layer_stride): for j < n, cache row vis.committed + j = row
+    // vis.committed + path[j] (row_width floats each), where n and path are tree_accept's result
+    // `accepted` (a backend pointer: AcceptedPath layout). The path is strictly ascending with
+    // path[j] >= j, so an ascending in-place copy is correct. Rows past committed + n are left as
+    // they are (dead). vis.committed is a host input (a unit may stage it).
+    virtual void kv_compact(float* caches, long layer_stride, int layers, int row_width, const Visibility& vis,
+                            const int32_t* accepted) = 0;
+
+    // dst[i][:width] = src[index[i]][:width] for i < n; index is a backend pointer (a value another
+    // op wrote, e.g. tree_accept's last node); dst rows dst_stride apart, src rows width apart.
+    virtual void gather_rows(float* dst, int dst_stride, const float* src, int width, const int32_t* index,
+                             int n) = 0;
 
     // ---- MoE ----------------------------------------------------------------------------------
     // noaux_tc gate over logits [M][E] (= x gate.weight^T, from matmul_f32) and bias [E]:
@@ -239,15 +257,22 @@ public:
     virtual void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight,
                          int M, int top_k, const ExpertWeights& experts) = 0;
 
-    // ---- sampling / drafting (results land on the host) ---------------------------------------
-    // out_host[m] = argmax_j x[m][j], j < N; ties go to the lower j.
+    // ---- sampling / drafting -------------------------------------------------------------------
+    // out_host[m] = argmax_j x[m][j], j < N; ties go to the lower j (a host output).
     virtual void argmax(int32_t* out_host, const float* x, int M, int N) = 0;
 
     // For each row m: lq = log_softmax(x[m]) (max-subtracted, sum of exp in ascending j, in
-    // fp32); the K best entries by lq, descending (ties: lower token first), go to
-    // tokens_host[m][K] and logprob_host[m][K]. K <= N.
-    virtual void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x,
-                                  int M, int N, int K) = 0;
+    // fp32); the K best entries by lq, descending (ties: lower token first), go to tokens[m][K]
+    // and logprob[m][K] (backend pointers). K <= N.
+    virtual void log_softmax_topk(int32_t* tokens, float* logprob, const float* x, int M, int N, int K) = 0;
+
+    // Greedy acceptance of a verified draft tree of M nodes (node 0 the root, parents_host[i] < i,
+    // -1 for the root): post[i] = argmax_j logits[i][j] (j < V, ties to the lower j); from the
+    // root, while a child c of the current node carries tokens_host[c] == post[current] (the
+    // first such c in index order), move there. Writes `accepted` (a backend pointer,
+    // AcceptedPath::size(M) ints) without waiting: nothing reaches the host.
+    virtual void tree_accept(int32_t* accepted, const float* logits, int V, const int32_t* tokens_host,
+                             const int32_t* parents_host, int M) = 0;
 };
 
 // Backend names this binary can create, e.g. "cpu" or "cpu,cuda".

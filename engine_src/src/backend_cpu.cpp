@@ -3,6 +3,7 @@
 // independent of how many rows share the call (the DDTree == AR invariant holds bit for bit).
 #include "backend.h"
 #include "cpu_kernels.h"
+#include "tree.h"
 
 #include <algorithm>
 #include <cmath>
@@ -242,15 +243,27 @@ public:
                         sizeof(float) * static_cast<size_t>(M) * row_width);
     }
 
-    void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
-        for (int j = 0; j < n; ++j) {
-            if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))
-                throw std::runtime_error("kv_compact: keep list must be strictly ascending with keep[j] >= j");
-            if (keep_host[j] != j)
-                std::memcpy(cache + static_cast<long>(start + j) * row_width,
-                            cache + static_cast<long>(start + keep_host[j]) * row_width,
-                            sizeof(float) * static_cast<size_t>(row_width));
+    void kv_compact(float* caches, long layer_stride, int layers, int row_width, const Visibility& vis,
+                    const int32_t* accepted) override {
+        const int n = accepted[AcceptedPath::kCount];
+        const int32_t* keep = accepted + AcceptedPath::kPath;
+        for (int j = 0; j < n; ++j)
+            if (keep[j] < j || (j > 0 && keep[j] <= keep[j - 1]))
+                throw std::runtime_error("kv_compact: the accepted path must be strictly ascending with path[j] >= j");
+        for (int l = 0; l < layers; ++l) {
+            float* cache = caches + l * layer_stride;
+            for (int j = 0; j < n; ++j)
+                if (keep[j] != j)
+                    std::memcpy(cache + static_cast<long>(vis.committed + j) * row_width,
+                                cache + static_cast<long>(vis.committed + keep[j]) * row_width,
+                                sizeof(float) * static_cast<size_t>(row_width));
         }
+    }
+
+    void gather_rows(float* dst, int dst_stride, const float* src, int width, const int32_t* index, int n) override {
+        for (int i = 0; i < n; ++i)
+            std::memcpy(dst + static_cast<long>(i) * dst_stride, src + static_cast<long>(index[i]) * width,
+                        sizeof(float) * static_cast<size_t>(width));
     }
 
     void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
@@ -358,7 +371,7 @@ public:
         }
     }
 
-    void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x, int M, int N, int K) override {
+    void log_softmax_topk(int32_t* tokens, float* logprob, const float* x, int M, int N, int K) override {
         std::vector<float> lq(static_cast<size_t>(N));
         for (int m = 0; m < M; ++m) {
             const float* r = x + static_cast<long>(m) * N;
@@ -369,10 +382,21 @@ public:
             for (int j = 0; j < N; ++j) lq[j] = r[j] - lse;
             const std::vector<int> order = top_k(lq.data(), N, K);
             for (int k = 0; k < K; ++k) {
-                tokens_host[static_cast<long>(m) * K + k] = order[k];
-                logprob_host[static_cast<long>(m) * K + k] = lq[order[k]];
+                tokens[static_cast<long>(m) * K + k] = order[k];
+                logprob[static_cast<long>(m) * K + k] = lq[order[k]];
             }
         }
+    }
+
+    void tree_accept(int32_t* accepted, const float* logits, int V, const int32_t* tokens_host,
+                     const int32_t* parents_host, int M) override {
+        int32_t* post = accepted + AcceptedPath::post(M);
+        argmax(post, logits, M, V);
+        const std::vector<int32_t> path = accept_path(tokens_host, parents_host, M, post);
+        std::copy(path.begin(), path.end(), accepted + AcceptedPath::kPath);
+        accepted[AcceptedPath::kCount] = static_cast<int32_t>(path.size());
+        accepted[AcceptedPath::kLast] = path.back();
+        accepted[AcceptedPath::kBonus] = post[path.back()];
     }
 };
 

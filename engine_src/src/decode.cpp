@@ -128,45 +128,32 @@ Generation generate_ddtree(Model& model, const std::vector<int32_t>& prompt, int
     const int K = std::min(budget, V);
     Generation g;
     const double t0 = now_seconds(), c0 = cpu_seconds();
-    int32_t bonus = prefill(model, prompt);
-    g.tokens.push_back(bonus);
-    // h_T of the bonus lives in the model's hidden buffer, overwritten by the next forward: keep a copy.
-    void* h_T = be.alloc(sizeof(float) * D);
-    be.copy(h_T, model.hidden() + static_cast<long>(prompt.size() - 1) * D, sizeof(float) * D);
+    g.tokens.push_back(prefill(model, prompt));
     be.synchronize();
     const double t1 = now_seconds(), c1 = cpu_seconds();
     const BackendCounters k1 = be.counters();
-    try {
-        std::vector<int32_t> draft_tokens, pos, post;
-        std::vector<float> draft_logprobs;
-        int start = static_cast<int>(prompt.size());
-        while (static_cast<int>(g.tokens.size()) < n) {
-            model.draft(static_cast<const float*>(h_T), bonus, block, K, draft_tokens, draft_logprobs);
-            const DraftTree tree = build_tree(bonus, draft_tokens, draft_logprobs, block, K, budget);
-            const int M = static_cast<int>(tree.tokens.size());
-            pos.resize(static_cast<size_t>(M));
-            for (int i = 0; i < M; ++i) pos[i] = start + tree.depths[i];
-            Visibility vis;
-            vis.committed = start;
-            vis.parent_host = tree.parents.data();
-            model.forward(tree.tokens.data(), pos.data(), M, vis);
-            ++g.forwards;
-            post.resize(static_cast<size_t>(M));
-            be.argmax(post.data(), model.logits(), M, V);
-            const std::vector<int32_t> path = accept_path(tree, post);
-            model.compact(start, path.data(), static_cast<int>(path.size()));
-            for (size_t j = 1; j < path.size(); ++j) g.tokens.push_back(tree.tokens[path[j]]);
-            bonus = post[path.back()];
-            g.tokens.push_back(bonus);
-            be.copy(h_T, model.hidden() + static_cast<long>(path.back()) * D, sizeof(float) * D);
-            g.accepted.push_back(static_cast<int32_t>(path.size()));
-            start += static_cast<int>(path.size());
-        }
-    } catch (...) {
-        be.release(h_T);
-        throw;
+    // The first draft starts from the prompt's last state; every round ends with the next one.
+    Model::Round r;
+    r.bonus = g.tokens.back();
+    model.draft(model.hidden() + static_cast<long>(prompt.size() - 1) * D, r.bonus, block, K, r.draft_tokens,
+                r.draft_logprobs);
+    std::vector<int32_t> pos;
+    int start = static_cast<int>(prompt.size());
+    while (static_cast<int>(g.tokens.size()) < n) {
+        const DraftTree tree = build_tree(r.bonus, r.draft_tokens, r.draft_logprobs, block, K, budget);
+        const int M = static_cast<int>(tree.tokens.size());
+        pos.resize(static_cast<size_t>(M));
+        for (int i = 0; i < M; ++i) pos[i] = start + tree.depths[i];
+        Visibility vis;
+        vis.committed = start;
+        vis.parent_host = tree.parents.data();
+        model.round(tree.tokens.data(), pos.data(), M, vis, block, K, r);
+        ++g.forwards;
+        for (size_t j = 1; j < r.path.size(); ++j) g.tokens.push_back(tree.tokens[r.path[j]]);
+        g.tokens.push_back(r.bonus);
+        g.accepted.push_back(static_cast<int32_t>(r.path.size()));
+        start += static_cast<int>(r.path.size());
     }
-    be.release(h_T);
     be.synchronize();
     g.decode_counters = be.counters() - k1;
     g.tokens.resize(static_cast<size_t>(n));

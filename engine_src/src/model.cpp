@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 namespace kd {
@@ -172,9 +173,12 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
                     }
                 }
             }
-            L.cache = scratch(static_cast<size_t>(cache_rows_) * row_width);
             layers_.push_back(L);
         }
+        // One buffer for every layer's cache: a compaction moves rows in all of them at once.
+        cache_stride_ = static_cast<long>(cache_rows_) * row_width;
+        caches_ = scratch(static_cast<size_t>(cache_stride_) * layers_.size());
+        for (size_t i = 0; i < layers_.size(); ++i) layers_[i].cache = caches_ + static_cast<long>(i) * cache_stride_;
         const size_t M = static_cast<size_t>(max_batch);
         const int ffn_width = std::max(c.inter_dim, c.n_shared_experts * c.moe_inter_dim);
         const int top_k = std::max(c.n_activated_experts, 1);
@@ -195,6 +199,8 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
         logits_ = scratch(M * V);
         feature_ = scratch(2 * static_cast<size_t>(D));
         draft_logits_ = scratch(static_cast<size_t>(drafter_block_) * V);
+        const size_t draft_ints = 2 * static_cast<size_t>(drafter_block_) * std::min(V, max_batch);
+        round_ints_ = reinterpret_cast<int32_t*>(scratch(draft_ints + AcceptedPath::size(max_batch)));
     } catch (...) {
         for (void* p : owned_) be_.release(p);
         throw;
@@ -273,7 +279,7 @@ void Model::ffn(LayerWeights& L, int M) {
     be_.add(x_, x_, moe_out_, n);
 }
 
-void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis) {
+void Model::check_batch(const int32_t* tokens_host, int M, const Visibility& vis) const {
     if (M < 1 || M > max_batch_)
         throw std::runtime_error("forward: batch of " + std::to_string(M) + " rows, this model takes 1.." + std::to_string(max_batch_));
     if (vis.committed + M > cache_rows_)
@@ -283,17 +289,14 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
         if (tokens_host[m] < 0 || tokens_host[m] >= cfg_.vocab_size)
             throw std::runtime_error("forward: token " + std::to_string(tokens_host[m]) + " outside the vocabulary [0, " +
                                      std::to_string(cfg_.vocab_size) + ")");
+}
+
+void Model::forward_ops(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& v) {
     const int D = cfg_.dim;
     if (profile && times.attention.empty()) {
         times.attention.assign(layers_.size(), 0.0);
         times.ffn.assign(layers_.size(), 0.0);
     }
-    // Every op below gets these host inputs and the same arguments for a row count (recorded and
-    // replayed where the backend does), except when profiling synchronises them.
-    Visibility v = vis;
-    v.capacity = cache_rows_;
-    Unit unit(be_, {{tokens_host, M}, {pos_host, M}, {v.parent_host, M}, {&v.committed, 1}},
-              profile ? -1 : record_key_base_ + M);
     be_.embedding(x_, D, embed_, D, tokens_host, M);
     for (size_t i = 0; i < layers_.size(); ++i) {
         double t0 = 0;
@@ -305,32 +308,96 @@ void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, 
     }
     be_.rmsnorm(hidden_, D, x_, D, norm_, M, D, cfg_.norm_eps);
     be_.matmul_f32(logits_, hidden_, head_, nullptr, M, cfg_.vocab_size, D);
+}
+
+void Model::forward(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis) {
+    check_batch(tokens_host, M, vis);
+    // Every op gets these host inputs and the same arguments for a row count (recorded and
+    // replayed where the backend does), except when profiling synchronises them.
+    Visibility v = vis;
+    v.capacity = cache_rows_;
+    Unit unit(be_, {{tokens_host, M}, {pos_host, M}, {v.parent_host, M}, {&v.committed, 1}},
+              profile ? -1 : record_key_base_ + M);
+    forward_ops(tokens_host, pos_host, M, v);
     unit.done();
 }
 
-void Model::compact(int start, const int32_t* keep_host, int n) {
-    bool moves = false;  // an accepted chain of the first nodes is in place already
-    for (int j = 0; j < n; ++j) moves = moves || keep_host[j] != j;
-    if (!moves) return;
+int Model::round_key(int M, int block, int K) {
+    const auto it = round_keys_.find({M, block, K});
+    if (it != round_keys_.end()) return it->second;
+    const int key = next_record_key.fetch_add(1);
+    round_keys_[{M, block, K}] = key;
+    return key;
+}
+
+void Model::round(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis, int block, int K,
+                  Round& out) {
+    check_batch(tokens_host, M, vis);
+    check_draft(block, K);
+    const int D = cfg_.dim, V = cfg_.vocab_size;
     const int row_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
-    Unit unit(be_, {{keep_host, n}}, -1);
-    for (LayerWeights& L : layers_) be_.kv_compact(L.cache, row_width, start, keep_host, n);
-    unit.done();
+    int32_t* accepted = round_ints_ + 2 * block * K;
+    Visibility v = vis;
+    v.capacity = cache_rows_;
+    {
+        Unit unit(be_, {{tokens_host, M}, {pos_host, M}, {v.parent_host, M}, {&v.committed, 1}},
+                  profile ? -1 : round_key(M, block, K));
+        forward_ops(tokens_host, pos_host, M, v);
+        be_.tree_accept(accepted, logits_, V, tokens_host, v.parent_host, M);
+        be_.kv_compact(caches_, cache_stride_, static_cast<int>(layers_.size()), row_width, v, accepted);
+        // f = [h of the last accepted node ; embed[its post token]]: the next draft's input.
+        be_.gather_rows(feature_, D, hidden_, D, accepted + AcceptedPath::kLast, 1);
+        be_.gather_rows(feature_ + D, D, embed_, D, accepted + AcceptedPath::kBonus, 1);
+        propose(block, K);
+        unit.done();
+    }
+    fetch_round(block, K, AcceptedPath::size(M), out.draft_tokens, out.draft_logprobs);
+    const int32_t* a = round_host_.data() + 2 * static_cast<size_t>(block) * K;
+    const int n = a[AcceptedPath::kCount];
+    bool sane = n >= 1 && n <= M && a[AcceptedPath::kPath] == 0 && a[AcceptedPath::kLast] == a[AcceptedPath::kPath + n - 1];
+    for (int j = 1; sane && j < n; ++j) sane = a[AcceptedPath::kPath + j] > a[AcceptedPath::kPath + j - 1];
+    if (!sane || a[AcceptedPath::kBonus] < 0 || a[AcceptedPath::kBonus] >= V)
+        throw std::runtime_error("round: the backend's accepted path is not a path of the " + std::to_string(M) +
+                                 "-node tree (" + std::to_string(n) + " nodes, bonus " + std::to_string(a[AcceptedPath::kBonus]) + ")");
+    out.path.assign(a + AcceptedPath::kPath, a + AcceptedPath::kPath + n);
+    out.bonus = a[AcceptedPath::kBonus];
+}
+
+void Model::check_draft(int block, int K) const {
+    if (block < 1 || block > drafter_block_)
+        throw std::runtime_error("draft: block size " + std::to_string(block) + " outside 1.." + std::to_string(drafter_block_) +
+                                 " (the bundle's drafter block)");
+    const int k_max = std::min(cfg_.vocab_size, max_batch_);
+    if (K < 1 || K > k_max)
+        throw std::runtime_error("draft: K = " + std::to_string(K) + " outside 1.." + std::to_string(k_max) +
+                                 " (the vocabulary and the model's batch rows)");
+}
+
+void Model::propose(int block, int K) {
+    const int D = cfg_.dim, V = cfg_.vocab_size;
+    // The first `block` drafter rows are one [block * V][2D] matrix.
+    be_.matmul_f32(draft_logits_, feature_, drafter_w_, drafter_b_, 1, block * V, 2 * D);
+    be_.log_softmax_topk(round_ints_, reinterpret_cast<float*>(round_ints_ + block * K), draft_logits_, block, V, K);
+}
+
+void Model::fetch_round(int block, int K, int accepted_ints, std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+    const size_t n = static_cast<size_t>(block) * K;
+    round_host_.resize(2 * n + static_cast<size_t>(accepted_ints));
+    be_.download(round_host_.data(), round_ints_, sizeof(int32_t) * round_host_.size());
+    tokens.assign(round_host_.begin(), round_host_.begin() + static_cast<long>(n));
+    logprobs.resize(n);
+    std::memcpy(logprobs.data(), round_host_.data() + n, sizeof(float) * n);
 }
 
 void Model::draft(const float* h_T, int32_t bonus, int block, int K, std::vector<int32_t>& tokens,
                   std::vector<float>& logprobs) {
-    if (block < 1 || block > drafter_block_)
-        throw std::runtime_error("draft: block size " + std::to_string(block) + " outside 1.." + std::to_string(drafter_block_) +
-                                 " (the bundle's drafter block)");
-    const int D = cfg_.dim, V = cfg_.vocab_size;
-    // f = [h_T ; embed[b]]; the first `block` drafter rows are one [block * V][2D] matrix.
+    check_draft(block, K);
+    const int D = cfg_.dim;
+    // f = [h_T ; embed[b]]
     be_.copy(feature_, h_T, sizeof(float) * D);
     be_.embedding(feature_ + D, D, embed_, D, &bonus, 1);
-    be_.matmul_f32(draft_logits_, feature_, drafter_w_, drafter_b_, 1, block * V, 2 * D);
-    tokens.resize(static_cast<size_t>(block) * K);
-    logprobs.resize(static_cast<size_t>(block) * K);
-    be_.log_softmax_topk(tokens.data(), logprobs.data(), draft_logits_, block, V, K);
+    propose(block, K);
+    fetch_round(block, K, 0, tokens, logprobs);
 }
 
 }  // namespace kd

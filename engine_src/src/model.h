@@ -5,7 +5,9 @@
 #include "backend.h"
 #include "bundle.h"
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace kd {
@@ -57,19 +59,39 @@ public:
     const float* hidden() const { return hidden_; }
     const float* logits() const { return logits_; }
 
-    // Keeps cache rows start + keep_host[j] as rows start + j, j < n, in every layer.
-    void compact(int start, const int32_t* keep_host, int n);
-
     // Drafter: from the final hidden state h_T (backend pointer, dim floats) and the bonus token,
     // the K best tokens and their log-probabilities for each of the first `block` depths,
-    // [block][K] each, on the host.
+    // [block][K] each, on the host. K is at most min(vocab, max_batch).
     void draft(const float* h_T, int32_t bonus, int block, int K, std::vector<int32_t>& tokens,
                std::vector<float>& logprobs);
+
+    // What a DDTree round brings back to the host.
+    struct Round {
+        std::vector<int32_t> path;          // the accepted tree nodes, root first (ascending)
+        int32_t bonus = 0;                  // the target's token after the last accepted node
+        std::vector<int32_t> draft_tokens;  // the next draft from there, as draft() gives it
+        std::vector<float> draft_logprobs;
+    };
+    // A DDTree round in one backend unit (so one recording per M, block and K where the backend
+    // records): forward() of the M tree nodes (vis.parent_host their parents), greedy acceptance
+    // (Backend::tree_accept), every layer's cache compacted to the accepted path, then draft()
+    // from the last accepted node's state and its post token, all without a host wait; then one
+    // download brings back `out`.
+    void round(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis, int block, int K,
+               Round& out);
 
     bool profile = false;
     LayerTimes times;
 
 private:
+    void check_batch(const int32_t* tokens_host, int M, const Visibility& vis) const;
+    void check_draft(int block, int K) const;
+    void forward_ops(const int32_t* tokens_host, const int32_t* pos_host, int M, const Visibility& vis);
+    void propose(int block, int K);  // drafter logits of feature_ and their top-K into round_ints_
+    // Downloads the draft [block][K] and the next `accepted_ints` ints of round_ints_ into
+    // round_host_ in one copy, and hands the draft out.
+    void fetch_round(int block, int K, int accepted_ints, std::vector<int32_t>& tokens, std::vector<float>& logprobs);
+    int round_key(int M, int block, int K);
     void linear(float* y, const float* x, const Linear& l, int M);
     void attention(LayerWeights& L, const int32_t* pos_host, int M, const Visibility& vis);
     void ffn(LayerWeights& L, int M);
@@ -93,6 +115,13 @@ private:
     int32_t* route_idx_ = nullptr;
     float* kv_new_ = nullptr;    // [max_batch][d_c + d_r]: a forward's latent rows before kv_append
     float *hidden_ = nullptr, *logits_ = nullptr, *feature_ = nullptr, *draft_logits_ = nullptr;
+    float* caches_ = nullptr;    // every layer's KV cache, cache_stride_ floats apart
+    long cache_stride_ = 0;
+    // A round's results in backend memory, as one download: draft tokens [block][K], their
+    // log-probabilities (float bits), then tree_accept's AcceptedPath; and their host copy.
+    int32_t* round_ints_ = nullptr;
+    std::vector<int32_t> round_host_;
+    std::map<std::array<int, 3>, int> round_keys_;  // (M, block, K) -> record key
 };
 
 }  // namespace kd

@@ -56,14 +56,14 @@ DraftTree build_tree(int32_t bonus, const std::vector<int32_t>& tokens, const st
     return t;
 }
 
-std::vector<int32_t> accept_path(const DraftTree& tree, const std::vector<int32_t>& post) {
+std::vector<int32_t> accept_path(const int32_t* tokens, const int32_t* parents, int M, const int32_t* post) {
     std::vector<int32_t> path{0};
     for (;;) {
         const int32_t cur = path.back();
         int32_t next = -1;
         // Children come after their parent; siblings carry distinct tokens, so at most one matches.
-        for (size_t i = static_cast<size_t>(cur) + 1; i < tree.tokens.size() && next < 0; ++i)
-            if (tree.parents[i] == cur && tree.tokens[i] == post[static_cast<size_t>(cur)]) next = static_cast<int32_t>(i);
+        for (int32_t i = cur + 1; i < M && next < 0; ++i)
+            if (parents[i] == cur && tokens[i] == post[cur]) next = i;
         if (next < 0) return path;
         path.push_back(next);
     }

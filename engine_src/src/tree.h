@@ -20,8 +20,10 @@ struct DraftTree {
 DraftTree build_tree(int32_t bonus, const std::vector<int32_t>& tokens, const std::vector<float>& logprobs,
                      int depth, int K, int budget);
 
-// Greedy walk from the root: while a child of cur carries post[cur], move there. Returns the
-// accepted node indices, root first (strictly ascending, so path[j] >= j).
-std::vector<int32_t> accept_path(const DraftTree& tree, const std::vector<int32_t>& post);
+// Greedy walk from the root of a tree of M nodes (tokens, parents as in DraftTree; post[i] the
+// target's token after node i): while a child of cur carries post[cur], move there. Returns the
+// accepted node indices, root first (strictly ascending, so path[j] >= j). Backend::tree_accept's
+// contract; the CPU backend runs it.
+std::vector<int32_t> accept_path(const int32_t* tokens, const int32_t* parents, int M, const int32_t* post);
 
 }  // namespace kd

@@ -445,17 +445,41 @@ void test_attention(Backend& be, const std::string& p) {
 
     const int W = d.d_c + d.d_r;
     const std::vector<float> cache = rng.vec(static_cast<size_t>(24) * W);
-    // kv_compact equals a gather of the kept rows.
+    // kv_compact equals a gather of the accepted rows in every layer; the rows before the
+    // committed length and past the path stay as they were.
+    const int layers = 2, rows_per_layer = 24, start = 5;
+    const long stride = static_cast<long>(rows_per_layer) * W;
+    const std::vector<float> caches = rng.vec(static_cast<size_t>(layers) * stride);
     const std::vector<int32_t> keep = {0, 2, 3, 7};
-    const int start = 5;
-    float* c2 = buf.put(cache);
-    be.kv_compact(c2, W, start, keep.data(), static_cast<int>(keep.size()));
-    const std::vector<float> after = buf.get(c2, cache.size());
-    bool gathered = std::equal(after.begin(), after.begin() + static_cast<long>(start) * W, cache.begin());
-    for (size_t j = 0; j < keep.size(); ++j)
-        gathered = gathered && std::equal(after.begin() + static_cast<long>(start + j) * W, after.begin() + static_cast<long>(start + j + 1) * W,
-                                          cache.begin() + static_cast<long>(start + keep[j]) * W);
-    report(p + "kv_compact", gathered, "equals a gather of the accepted rows");
+    std::vector<int32_t> accepted(AcceptedPath::size(9), -1);
+    accepted[AcceptedPath::kCount] = static_cast<int32_t>(keep.size());
+    std::copy(keep.begin(), keep.end(), accepted.begin() + AcceptedPath::kPath);
+    float* c2 = buf.put(caches);
+    Visibility verified;
+    verified.committed = start;
+    be.kv_compact(c2, stride, layers, W, verified, buf.put(accepted));
+    const std::vector<float> after = buf.get(c2, caches.size());
+    bool gathered = true;
+    for (int l = 0; l < layers; ++l) {
+        const auto row = [&](const std::vector<float>& c, long r) { return c.begin() + l * stride + r * W; };
+        for (long r = 0; r < rows_per_layer; ++r) {
+            const long j = r - start;
+            const long from = j >= 0 && j < static_cast<long>(keep.size()) ? start + keep[j] : r;
+            gathered = gathered && std::equal(row(after, r), row(after, r) + W, row(caches, from));
+        }
+    }
+    report(p + "kv_compact", gathered, "equals a gather of the accepted rows in every layer");
+
+    // gather_rows with device indices, into a strided destination.
+    const std::vector<int32_t> index = {3, 0, 3};
+    float* g = buf.zeros<float>(static_cast<size_t>(3) * (W + 2));
+    be.gather_rows(g, W + 2, buf.put(caches), W, buf.put(index), 3);
+    const std::vector<float> got = buf.get(g, static_cast<size_t>(3) * (W + 2));
+    bool rows_ok = true;
+    for (int i = 0; i < 3; ++i)
+        rows_ok = rows_ok && std::equal(got.begin() + i * (W + 2), got.begin() + i * (W + 2) + W, caches.begin() + index[i] * W) &&
+                  got[i * (W + 2) + W] == 0.0f && got[i * (W + 2) + W + 1] == 0.0f;
+    report(p + "gather_rows", rows_ok, "rows by device index, the stride's gap untouched");
 
     // kv_append writes the rows at the committed length and nothing else.
     const std::vector<float> rows = rng.vec(static_cast<size_t>(3) * W);
@@ -609,9 +633,11 @@ void test_sampling(Backend& be, const std::string& p) {
     for (int m = 0; m < M; ++m) ok = ok && am[m] == std::max_element(x.begin() + m * N, x.begin() + (m + 1) * N) - (x.begin() + m * N);
     report(p + "argmax", ok, "ties go to the lower index");
 
-    std::vector<int32_t> tok(static_cast<size_t>(M) * K);
-    std::vector<float> lp(static_cast<size_t>(M) * K);
-    be.log_softmax_topk(tok.data(), lp.data(), xb, M, N, K);
+    int32_t* tok_b = buf.zeros<int32_t>(static_cast<size_t>(M) * K);
+    float* lp_b = buf.zeros<float>(static_cast<size_t>(M) * K);
+    be.log_softmax_topk(tok_b, lp_b, xb, M, N, K);
+    const std::vector<int32_t> tok = buf.get(tok_b, static_cast<size_t>(M) * K);
+    const std::vector<float> lp = buf.get(lp_b, static_cast<size_t>(M) * K);
     std::vector<double> ref;
     bool same = true;
     for (int m = 0; m < M; ++m) {
@@ -628,6 +654,26 @@ void test_sampling(Backend& be, const std::string& p) {
     }
     const double e = nmse(lp, ref);
     report(p + "log_softmax_topk", same && e < 1e-7, std::string(same ? "same tokens" : "DIFFERENT TOKENS") + " nmse=" + fmt("%.2e", e));
+
+    // tree_accept: post is each node's argmax; the walk follows post through matching children
+    // (node 4 carries post[1] too but is no child of node 1), against the host walk and by hand.
+    const std::vector<int32_t> tokens = {5, 10, 11, 20, 21, 30, 21};
+    const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 4, 1};
+    const int T = static_cast<int>(tokens.size()), V = 40;
+    for (const auto& [post, want] : std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>{
+             {{11, 0, 21, 0, 30, 7, 0}, {0, 2, 4, 5}}, {{12, 0, 0, 0, 0, 0, 0}, {0}}, {{10, 21, 0, 0, 0, 0, 0}, {0, 1, 6}}}) {
+        std::vector<float> logits = rng.vec(static_cast<size_t>(T) * V);
+        for (int i = 0; i < T; ++i) logits[static_cast<size_t>(i) * V + post[i]] = 5.0f;
+        int32_t* acc = buf.zeros<int32_t>(AcceptedPath::size(T));
+        be.tree_accept(acc, buf.put(logits), V, tokens.data(), parents.data(), T);
+        const std::vector<int32_t> a = buf.get(acc, AcceptedPath::size(T));
+        const int n = a[AcceptedPath::kCount];
+        const std::vector<int32_t> path(a.begin() + AcceptedPath::kPath, a.begin() + AcceptedPath::kPath + std::clamp(n, 0, T));
+        const bool ok = path == want && path == accept_path(tokens.data(), parents.data(), T, post.data()) &&
+                        a[AcceptedPath::kLast] == want.back() && a[AcceptedPath::kBonus] == post[want.back()] &&
+                        std::equal(post.begin(), post.end(), a.begin() + AcceptedPath::post(T));
+        report(p + "tree_accept.path" + std::to_string(want.size()), ok, "post, path, last node and bonus as the host walk");
+    }
 }
 
 // ---- host-side DDTree -------------------------------------------------------------------
@@ -670,16 +716,6 @@ void test_tree() {
                  index.count(up) && t.parents[i] == index[up] && t.parents[i] < static_cast<int>(i);
         }
         report("tree.heap_equals_brute_force.B" + std::to_string(B), ok, "top-B prefixes in score order, ties by rank tuple");
-    }
-    {  // greedy walk
-        DraftTree t;
-        t.tokens = {5, 10, 11, 20, 21, 30};
-        t.parents = {-1, 0, 0, 1, 2, 4};
-        t.depths = {0, 1, 1, 2, 2, 3};
-        const std::vector<int32_t> path = accept_path(t, {11, 0, 21, 0, 31, 0});
-        const std::vector<int32_t> none = accept_path(t, {12, 0, 0, 0, 0, 0});
-        report("tree.accept_path", path == std::vector<int32_t>{0, 2, 4} && none == std::vector<int32_t>{0},
-               "follows post[cur] through matching children, stops at the first miss");
     }
 }
 

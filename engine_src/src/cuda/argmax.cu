@@ -1,4 +1,5 @@
-// argmax.cu: per-row arg-max and the drafter's log-softmax top-K, one block per row.
+// argmax.cu: per-row arg-max and the drafter's log-softmax top-K, one block per row, and the
+// greedy walk of a verified draft tree.
 #include "ops.cuh"
 
 namespace kd::cuda {
@@ -48,6 +49,25 @@ __global__ void log_softmax_topk_kernel(int32_t* tokens, float* logprob, const f
     }
 }
 
+// One thread walks the tree (backend.h tree_accept): M is a tree's size, a few hundred at most.
+__global__ void tree_walk_kernel(int32_t* accepted, const int32_t* tokens, const int32_t* parents, int M) {
+    int32_t* path = accepted + AcceptedPath::kPath;
+    const int32_t* post = path + M;  // AcceptedPath::post(M) (a host function)
+    int n = 1, cur = 0;
+    path[0] = 0;
+    for (;;) {
+        int next = -1;
+        for (int i = cur + 1; i < M && next < 0; ++i)
+            if (parents[i] == cur && tokens[i] == post[cur]) next = i;
+        if (next < 0) break;
+        path[n++] = next;
+        cur = next;
+    }
+    accepted[AcceptedPath::kCount] = n;
+    accepted[AcceptedPath::kLast] = cur;
+    accepted[AcceptedPath::kBonus] = post[cur];
+}
+
 }  // namespace
 
 void argmax(Context& ctx, int32_t* out, const float* x, int M, int N) {
@@ -61,6 +81,14 @@ void log_softmax_topk(Context& ctx, int32_t* tokens, float* logprob, const float
     if (K > N) throw std::runtime_error("log_softmax_topk: K = " + std::to_string(K) + " > N = " + std::to_string(N));
     log_softmax_topk_kernel<<<M, kRowThreads, 0, ctx.stream>>>(tokens, logprob, x, N, K);
     KD_CUDA_LAUNCH_CHECK("log_softmax_topk_kernel");
+}
+
+void tree_accept(Context& ctx, int32_t* accepted, const float* logits, int V, const int32_t* tokens,
+                 const int32_t* parents, int M) {
+    if (M <= 0) return;
+    argmax(ctx, accepted + AcceptedPath::post(M), logits, M, V);
+    tree_walk_kernel<<<1, 1, 0, ctx.stream>>>(accepted, tokens, parents, M);
+    KD_CUDA_LAUNCH_CHECK("tree_walk_kernel");
 }
 
 }  // namespace kd::cuda

@@ -276,12 +276,15 @@ public:
         if (replaying_) return;
         cuda::kv_append(ctx_, cache, row_width, ctx_.upload_ints(&vis.committed, 1, &ctx_.host_committed), rows, M);
     }
-    void kv_compact(float* cache, int row_width, int start, const int32_t* keep_host, int n) override {
+    void kv_compact(float* caches, long layer_stride, int layers, int row_width, const Visibility& vis,
+                    const int32_t* accepted) override {
         if (replaying_) return;
-        for (int j = 0; j < n; ++j)
-            if (keep_host[j] < j || (j > 0 && keep_host[j] <= keep_host[j - 1]))
-                throw std::runtime_error("kv_compact: keep list must be strictly ascending with keep[j] >= j");
-        cuda::kv_compact(ctx_, cache, row_width, start, ctx_.upload_ints(keep_host, n), n);
+        cuda::kv_compact(ctx_, caches, layer_stride, layers, row_width,
+                         ctx_.upload_ints(&vis.committed, 1, &ctx_.host_committed), accepted);
+    }
+    void gather_rows(float* dst, int dst_stride, const float* src, int width, const int32_t* index, int n) override {
+        if (replaying_) return;
+        cuda::gather_rows(ctx_, dst, dst_stride, src, width, index, n);
     }
 
     void moe_gate(int32_t* idx, float* weight, const float* logits, const float* bias, int M,
@@ -301,22 +304,20 @@ public:
         cuda::argmax(ctx_, d, x, M, N);
         download(out_host, d, sizeof(int32_t) * M);
     }
-    void log_softmax_topk(int32_t* tokens_host, float* logprob_host, const float* x, int M, int N, int K) override {
-        if (M <= 0 || K <= 0) return;
-        const size_t n = static_cast<size_t>(M) * K;
-        auto* tok = ctx_.small.get<int32_t>(2 * n);
-        auto* lp = reinterpret_cast<float*>(tok + n);
-        cuda::log_softmax_topk(ctx_, tok, lp, x, M, N, K);
-        topk_host_.resize(2 * n);  // both results in one copy
-        download(topk_host_.data(), tok, sizeof(int32_t) * 2 * n);
-        std::memcpy(tokens_host, topk_host_.data(), sizeof(int32_t) * n);
-        std::memcpy(logprob_host, topk_host_.data() + n, sizeof(float) * n);
+    void log_softmax_topk(int32_t* tokens, float* logprob, const float* x, int M, int N, int K) override {
+        if (replaying_) return;
+        cuda::log_softmax_topk(ctx_, tokens, logprob, x, M, N, K);
+    }
+    void tree_accept(int32_t* accepted, const float* logits, int V, const int32_t* tokens_host,
+                     const int32_t* parents_host, int M) override {
+        if (replaying_) return;
+        cuda::tree_accept(ctx_, accepted, logits, V, ctx_.upload_ints(tokens_host, M),
+                          ctx_.upload_ints(parents_host, M, &ctx_.host_parents), M);
     }
 
 private:
     int device_ = 0;
     Context ctx_;
-    std::vector<int32_t> topk_host_;
     // Units (begin_unit): the pinned buffer of their host inputs and the event after its copy.
     int32_t* pinned_ = nullptr;
     size_t pinned_cap_ = 0;  // ints

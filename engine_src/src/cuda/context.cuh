@@ -69,8 +69,9 @@ struct Context {
     Scratch cublas_x{stream}, cublas_y{stream};                // matmul_f32 padding for cuBLAS
     Scratch host_ints{stream};                                 // *_host int arrays copied to the device
     Scratch host_committed{stream};                            // Visibility::committed beside them
+    Scratch host_parents{stream};                              // tree_accept's parents beside its tokens
     Scratch w4_staging{stream};                                // upload_w4a16: weights before tiling
-    Scratch small{stream};                                     // argmax / top-k results before download
+    Scratch small{stream};                                     // argmax results before download
     Scratch staged_dev{stream};                                // a unit's host inputs (backend.h begin_unit)
 
     // The host inputs of the open unit: where each array was sent in staged_dev, and the

@@ -22,11 +22,24 @@ __global__ void embedding_kernel(float* out, int out_stride, const float* table,
     for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
 }
 
-// Row j of dst = row keep[j] of src (width floats each), one block per row.
-__global__ void gather_rows_kernel(float* dst, const float* src, int width, const int32_t* keep) {
-    const float* s = src + static_cast<long>(keep ? keep[blockIdx.x] : blockIdx.x) * width;
-    float* d = dst + static_cast<long>(blockIdx.x) * width;
+// Row i of dst = row index[i] of src, one block per row.
+__global__ void gather_rows_kernel(float* dst, int dst_stride, const float* src, int width, const int32_t* index) {
+    const float* s = src + static_cast<long>(index[blockIdx.x]) * width;
+    float* d = dst + static_cast<long>(blockIdx.x) * dst_stride;
     for (int j = threadIdx.x; j < width; j += blockDim.x) d[j] = s[j];
+}
+
+// One block per (layer, column slice): each thread owns columns and copies rows in ascending j,
+// so a row is read (path[j] >= j) before any later j of the same column overwrites it.
+__global__ void kv_compact_kernel(float* caches, long layer_stride, int width, const int32_t* committed,
+                                  const int32_t* accepted) {
+    const int n = accepted[AcceptedPath::kCount];
+    const int32_t* path = accepted + AcceptedPath::kPath;
+    float* base = caches + blockIdx.y * layer_stride + static_cast<long>(*committed) * width;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    for (int j = 1; j < n; ++j)  // path[0] is the root, always row 0
+        if (path[j] != j) base[static_cast<long>(j) * width + c] = base[static_cast<long>(path[j]) * width + c];
 }
 
 // Row blockIdx.x of rows goes to cache row *committed + blockIdx.x.
@@ -56,14 +69,18 @@ void embedding(Context& ctx, float* out, int out_stride, const float* table, int
     KD_CUDA_LAUNCH_CHECK("embedding_kernel");
 }
 
-void kv_compact(Context& ctx, float* cache, int row_width, int start, const int32_t* keep, int n) {
+void kv_compact(Context& ctx, float* caches, long layer_stride, int layers, int row_width, const int32_t* committed,
+                const int32_t* accepted) {
+    if (layers <= 0) return;
+    constexpr int kThreads = 128;
+    kv_compact_kernel<<<dim3(ceil_div(row_width, kThreads), layers), kThreads, 0, ctx.stream>>>(caches, layer_stride,
+                                                                                             row_width, committed, accepted);
+    KD_CUDA_LAUNCH_CHECK("kv_compact_kernel");
+}
+
+void gather_rows(Context& ctx, float* dst, int dst_stride, const float* src, int width, const int32_t* index, int n) {
     if (n <= 0) return;
-    // Gather the kept rows into scratch, then write them back in place: rows never race.
-    float* tmp = ctx.moe_h.get<float>(static_cast<size_t>(n) * row_width);
-    float* base = cache + static_cast<long>(start) * row_width;
-    gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(tmp, base, row_width, keep);
-    KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
-    gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(base, tmp, row_width, nullptr);
+    gather_rows_kernel<<<n, 128, 0, ctx.stream>>>(dst, dst_stride, src, width, index);
     KD_CUDA_LAUNCH_CHECK("gather_rows_kernel");
 }
 

@@ -46,16 +46,20 @@ void rmsnorm(Context& ctx, float* out, int out_stride, const float* x, int x_str
 void rope(Context& ctx, float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
           const int32_t* pos, const RopeTable& table);
 
-// elementwise.cu (tokens, keep: device)
+// elementwise.cu (tokens, committed, accepted, index: device)
 void silu_mul(Context& ctx, float* out, const float* a, const float* b, size_t n);
 void add(Context& ctx, float* out, const float* a, const float* b, size_t n);
 void embedding(Context& ctx, float* out, int out_stride, const float* table, int dim, const int32_t* tokens, int M);
-void kv_compact(Context& ctx, float* cache, int row_width, int start, const int32_t* keep, int n);
+void kv_compact(Context& ctx, float* caches, long layer_stride, int layers, int row_width, const int32_t* committed,
+                const int32_t* accepted);
+void gather_rows(Context& ctx, float* dst, int dst_stride, const float* src, int width, const int32_t* index, int n);
 // cache rows [*committed, *committed + M) = rows (committed: device)
 void kv_append(Context& ctx, float* cache, int row_width, const int32_t* committed, const float* rows, int M);
 
 // argmax.cu (results in device memory)
 void argmax(Context& ctx, int32_t* out, const float* x, int M, int N);
 void log_softmax_topk(Context& ctx, int32_t* tokens, float* logprob, const float* x, int M, int N, int K);
+void tree_accept(Context& ctx, int32_t* accepted, const float* logits, int V, const int32_t* tokens,
+                 const int32_t* parents, int M);
 
 }  // namespace kd::cuda
