@@ -4,8 +4,9 @@
 # in parallel, and the bundles once (BASE reads the same files); CUDA op tests; `kdtree bench`
 # on the tiny bundles, BASE and this tree interleaved, with units (the default) and with
 # KD_CUDA_GRAPH=1 (launches, copies, syncs and microseconds per decode step; DDTree's
-# speed-up over AR); compute-sanitizer memcheck of a DDTree run with and without graphs; then
-# run_tests.sh (CUDA backend) with graphs and without while time is left.
+# speed-up over AR); compute-sanitizer memcheck of a DDTree run with and without graphs;
+# run_tests.sh (CUDA backend) with graphs and without; then, while time is left, the benchmarks
+# a second time.
 #   bench/gpu_round.sh BASE [OUT_DIR]   (from engine_src/; env KD_ARCH as for build.sh;
 #   KD_ROUND_BUDGET_S, default 420: the steps after it are skipped, and said so)
 set -uo pipefail
@@ -32,10 +33,10 @@ echo "test_ops cuda rc=$? ok=$(grep -c '^ok' "$out/test_ops.log") $(grep -E '^FA
 "$PYTHON" bench/tiny_manifest.py
 manifest="$PWD/tests/refs/manifest_tiny.json"
 modes=()
-for pass in 1 2; do
+bench_pass() {  # base and this tree, interleaved, with graphs and with units
+    local pass=$1 m tree bin mode
     for m in "graph KD_CUDA_GRAPH=1" "units KD_CUDA_GRAPH=0"; do
         set -- $m
-        (( $(left) > 150 )) || { echo "bench pass $pass $1: skipped, $(left) s of the budget left"; continue; }
         for tree in base new; do
             bin=build/kdtree
             [[ $tree == base ]] && bin="$base/build/kdtree"
@@ -46,8 +47,9 @@ for pass in 1 2; do
             modes+=("$mode")
         done
     done
-done
-"$PYTHON" bench/per_step_table.py "$out" "${modes[@]}" | tee "$out/per_step.txt"
+}
+bench_pass 1
+"$PYTHON" bench/per_step_table.py "$out" "${modes[@]}"
 tiny="tests/refs/model_tiny_int4.kdtr"
 for g in 1 0; do
     KD_CUDA_GRAPH=$g timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/kdtree check --bundle "$tiny" \
@@ -60,3 +62,5 @@ for g in 1 0; do
         bash scripts/run_tests.sh >"$out/run_tests_graph$g.log" 2>&1
     echo "run_tests KD_CUDA_GRAPH=$g rc=$? ($((SECONDS - t0)) s): $(grep -E '^FAIL|TESTS (PASSED|FAILED)' "$out/run_tests_graph$g.log" | head -n 8 | tr '\n' ';')"
 done
+if (( $(left) > 120 )); then bench_pass 2; else echo "bench pass 2: skipped, $(left) s of the budget left"; fi
+"$PYTHON" bench/per_step_table.py "$out" "${modes[@]}" | tee "$out/per_step.txt"
