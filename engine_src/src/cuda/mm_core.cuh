@@ -234,13 +234,28 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         return st;
     };
 
-    // Stages activation rows mc0 .. mc0 + mc, inputs kc .. kc_end, into shared memory.
+    // Stages activation rows mc0 .. mc0 + mc, inputs kc .. kc_end, into shared memory. The rows
+    // are one flat range, and a thread issues a batch of its loads before their stores, so the
+    // rows' load latencies overlap (row by row, a small matmul's time grew by about a load
+    // latency per row: Nsight Compute, tiny bundles, README "A DDTree round in one unit").
     const auto stage = [&](int kc, int kc_end, int mc0, int mc) {
-        for (int m = 0; m < mc; ++m) {
-            const long prow = m_begin + mc0 + m;
-            const float* xr = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kc;
-            float* dst = xs + m * p.kch;
-            for (int kk = threadIdx.x; kk < kc_end - kc; kk += KD_MM_THREADS) dst[kk] = xr[kk];
+        constexpr int kBatch = 4;
+        const int len = kc_end - kc, total = mc * len;
+        for (int base = threadIdx.x; base < total; base += kBatch * KD_MM_THREADS) {
+            float v[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+                const int i = base + u * KD_MM_THREADS, m = i / len;
+                if (i < total) {
+                    const long prow = m_begin + mc0 + m;
+                    v[u] = p.x[(p.row_in ? p.row_in[prow] : prow) * p.ldx + kc + (i - m * len)];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+                const int i = base + u * KD_MM_THREADS, m = i / len;
+                if (i < total) xs[m * p.kch + (i - m * len)] = v[u];
+            }
         }
     };
 
