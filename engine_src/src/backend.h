@@ -144,7 +144,7 @@ public:
     virtual void synchronize() = 0;
 
     // ---- units: host inputs sent at once, and recorded op sequences (optional) ----------------
-    // A unit is a run of ops the model issues together (a forward, a compaction). begin_unit
+    // A unit is a run of ops the model issues together (a forward, a DDTree round). begin_unit
     // names every `*_host` array its ops will get; the arrays must keep their values until
     // end_unit. A backend may send them to its memory in one copy, and an op that then gets one
     // of them (the same pointer, at most as many values) reads that copy. With record_key >= 0

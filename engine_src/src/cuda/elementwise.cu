@@ -1,4 +1,4 @@
-// elementwise.cu: silu_mul, the residual add, the embedding gather, KV compaction and append.
+// elementwise.cu: silu_mul, the residual add, the embedding and row gathers, KV compaction and append.
 #include "ops.cuh"
 
 namespace kd::cuda {
