@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 
 from . import pipeline, record, report
-from .bisect import BisectError, Commit, ProbeResult, Worktree
+from .bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
 from .console import Console
-from .detector import median
 from .errors import UsageError
 from .inventory import Host, Inventory, Project
 
@@ -76,11 +75,14 @@ class Prober:
                               f"(it has {', '.join(sorted(metrics)[:12]) or 'none'})", host=self.host.name)
         m = metrics[self.metric]
         reused = " (a reused result)" if host.steps["bench"].status == "cached" else ""
-        cpu = m.get("cpu_samples")
-        per_cpu = f", {median(cpu):g} per CPU second" if cpu else ""
+        cpu = tuple(m.get("cpu_samples") or ())
+        ratio = m["unit"] == "x"
+        per_cpu = ""
+        if cpu:
+            figure, _ = per_cpu_figure(cpu, m["better"], ratio)
+            per_cpu = f", {figure:g} per CPU second ({'best' if judged_by_best(cpu, ratio) else 'median'} of {len(cpu)} runs)"
         return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{per_cpu}{reused}", m["value"],
-                           tuple(m.get("samples") or ()), built, better=m["better"],
-                           cpu_samples=tuple(m.get("cpu_samples") or ()))
+                           tuple(m.get("samples") or ()), built, better=m["better"], cpu_samples=cpu, ratio=ratio)
 
     def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
         self._failed(commit, host, run_dir, allowed="golden")
