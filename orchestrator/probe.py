@@ -86,11 +86,21 @@ class Prober:
 
     def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
         self._failed(commit, host, run_dir, allowed="golden")
-        failed = [(name, g) for name, g in host.golden.items() if g.status != "passed"]
-        if host.steps["golden"].status == "passed" and not failed:
-            return ProbeResult(False, f"golden tokens of {len(host.golden)} bundle(s) match", built=built)
-        if not failed:
-            return ProbeResult(True, f"golden step {host.steps['golden'].status}: {host.steps['golden'].message}", built=built)
-        name, g = failed[0]
-        where = f"{g.mismatch.check} @ {g.mismatch.position}" if g.mismatch else g.detail
-        return ProbeResult(True, f"golden: {len(failed)} bundle(s) differ, first {name}: {where}", built=built)
+        return golden_verdict(host, built)
+
+
+def golden_verdict(host: record.HostRecord, built: bool) -> ProbeResult:
+    """A golden probe's verdict from its host record: good when every bundle's checks passed, in a
+    golden step that passed or was `cached` (the engine's outputs reused from a run of the same
+    executables, build key, bundles and scripts, and checked again against this commit's expected
+    manifest: the evidence says so); else bad, naming the first bundle that differs."""
+    step = host.steps["golden"]
+    failed = [(name, g) for name, g in host.golden.items() if g.status != "passed"]
+    if step.status in ("passed", "cached") and not failed:
+        reused = f" (the engine's outputs reused from run {step.reused_from})" if step.status == "cached" else ""
+        return ProbeResult(False, f"golden tokens of {len(host.golden)} bundle(s) match{reused}", built=built)
+    if not failed:
+        return ProbeResult(True, f"golden step {step.status}: {step.message}", built=built)
+    name, g = failed[0]
+    where = f"{g.mismatch.check} @ {g.mismatch.position}" if g.mismatch else g.detail
+    return ProbeResult(True, f"golden: {len(failed)} bundle(s) differ, first {name}: {where}", built=built)

@@ -12,6 +12,8 @@ import pytest
 from orchestrator.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
                                  max_probes, search)
 from orchestrator.errors import UsageError
+from orchestrator.probe import golden_verdict
+from orchestrator.record import GoldenRecord, HostRecord, StepRecord
 
 
 def git(repo: Path, *args: str) -> str:
@@ -185,3 +187,21 @@ def test_the_bisect_command_is_exact_and_quoted():
         f"invoke bisect --host ct200 --good {'a' * 40} --bad {'b' * 40} --metric tiny_fp32.ar_tokens_per_s"
     assert command_for("h", "odd metric;rm", "a", "b").endswith("--metric 'odd metric;rm'")
     assert command_for("h", "m", None, "b") is None and command_for("h", "m", "a", "a") is None
+
+
+def test_a_golden_probe_whose_outputs_were_reused_and_checked_again_is_judged_by_the_checks():
+    """A commit whose executables equal an earlier probe's gets a `cached` golden step (the
+    outputs reused, the checks made again against its own expected manifest): good when they
+    pass, saying the outputs were reused; bad when a bundle differs. (A bisect under load named a
+    good comment-only commit bad when `cached` counted as a failure.)"""
+    def host(step: str, *bundles: str) -> HostRecord:
+        return HostRecord(steps={"golden": StepRecord(step, reused_from="20261202-064619-059b" if step == "cached" else None,
+                                                      message="a message")},
+                          golden={name: GoldenRecord(status) for name, status in zip(("tiny", "tiny2"), bundles)})
+    reused = golden_verdict(host("cached", "passed", "passed"), built=True)
+    assert not reused.bad and reused.evidence == \
+        "golden tokens of 2 bundle(s) match (the engine's outputs reused from run 20261202-064619-059b)"
+    assert golden_verdict(host("cached", "passed", "failed"), built=False).bad
+    assert golden_verdict(host("passed", "passed", "passed"), built=True).evidence == "golden tokens of 2 bundle(s) match"
+    failed = golden_verdict(host("failed", "passed", "passed"), built=True)
+    assert failed.bad and failed.evidence == "golden step failed: a message"
