@@ -121,13 +121,15 @@ def scratch_clone(work: Path, args) -> Path:
     data = yaml.safe_load((args.inventory or inventory).read_text())
     if args.inventory:
         data["project"]["source"] = str(repo / "engine_src")
+    commands = data["project"]["commands"]
     if args.bench_command:
-        data["project"]["commands"]["bench"] = args.bench_command
+        commands["bench"] = commands["bench_nightly"] = args.bench_command
     elif args.bench_args:
-        if data["project"]["commands"].get("bench") != "bash scripts/bench.sh":
+        if commands.get("bench") != "bash scripts/bench.sh":
             raise SystemExit(f"{args.inventory or inventory}: the bench command is not `bash scripts/bench.sh`; "
                              "give --bench-command instead of --bench-args")
-        data["project"]["commands"]["bench"] = f"KD_BENCH_ARGS={shlex.quote(args.bench_args)} bash scripts/bench.sh"
+        # validate (bisect's probes) and nightly measure alike here
+        commands["bench"] = commands["bench_nightly"] = f"KD_BENCH_ARGS={shlex.quote(args.bench_args)} bash scripts/bench.sh"
     if args.inventory or args.bench_command or args.bench_args:
         inventory.write_text(yaml.safe_dump(data, sort_keys=False))
         commit(repo, "hosts.yaml: the acceptance runs' inventory and bench")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from .detector import mad, median
+from .detector import Policy, mad, median
 from .errors import KdError, UsageError
 
 
@@ -65,6 +65,7 @@ class ProbeResult:
     seconds: float = 0.0
     better: str = "higher"          # a metric's direction
     cpu_samples: tuple[float, ...] = ()   # a CPU timing's samples per CPU second
+    ratio: bool = False             # a speed-up (two timings' ratio): judged by its median, as the detector does
 
     def pooled(self, again: ProbeResult) -> ProbeResult:
         """This probe and a second measurement of the same commit as one: samples pooled, the
@@ -73,7 +74,7 @@ class ProbeResult:
         value = (max(values) if self.better == "higher" else min(values)) if values else None
         return ProbeResult(again.bad, f"{self.evidence}; again: {again.evidence}", value, self.samples + again.samples,
                            self.built or again.built, self.seconds + again.seconds, self.better,
-                           self.cpu_samples + again.cpu_samples)
+                           self.cpu_samples + again.cpu_samples, self.ratio)
 
 
 class Judge(Protocol):
@@ -220,12 +221,30 @@ def search(commits: Sequence[Commit], probe: Callable[[Commit], ProbeResult],
     return BisectResult(commits[bad], commits[good], probes, round(time.monotonic() - start, 3))
 
 
+def judged_by_best(cpu_samples: Sequence[float], ratio: bool = False) -> bool:
+    """Whether a probe's figure per CPU second is its best run (else the median of its runs)."""
+    return not ratio and len(cpu_samples) >= Policy.best_of
+
+
+def per_cpu_figure(cpu_samples: Sequence[float], better: str, ratio: bool = False) -> tuple[float, tuple[float, ...]]:
+    """A probe's figure per CPU second and the samples behind it: with ``Policy.best_of`` runs or
+    more (not a speed-up) its best run, with the better half of its runs as the samples (the
+    runs the load disturbed least: their spread is the best's noise, where the other half's
+    measures the load); else the median of its runs, with all of them."""
+    if not judged_by_best(cpu_samples, ratio):
+        return median(cpu_samples), tuple(cpu_samples)
+    ranked = sorted(cpu_samples, reverse=better == "higher")
+    return ranked[0], tuple(ranked[: len(ranked) // 2 + 1])
+
+
 class MetricJudge:
     """Bad or good for a metric: closer to the bad end's measurement than to the good end's.
 
-    The threshold is the midpoint of the two ends' figures: per CPU second (the median of the
-    ``cpu_samples``) when both ends report them, else their values. The ends must differ by more
-    than 3 x the larger MAD of their samples, or there is no step to find. A probe within
+    The threshold is the midpoint of the two ends' figures: per CPU second when both ends report
+    ``cpu_samples``, else their values. Per CPU second a probe of ``Policy.best_of`` runs or more
+    is judged by its best run and a smaller one (or a speed-up) by the median of its runs, as the
+    detector judges a night (``detector._per_cpu`` says why). The ends must differ by more than
+    3 x the larger MAD of the samples behind their figures, or there is no step to find. A probe within
     UNSURE_BAND of the gap around the midpoint is too close to call (``unsure``). Use it as
     ``search``'s ``classify``: ``search(commits, probe, lambda good, bad: MetricJudge(good, bad, "higher"))``.
     """
@@ -234,8 +253,8 @@ class MetricJudge:
         if good.value is None or bad.value is None:
             raise BisectError("a metric probe returned no value")
         self.per_cpu = bool(good.cpu_samples and bad.cpu_samples)
-        (g, good_samples), (b, bad_samples) = self._figure(good), self._figure(bad)
         self.better = better
+        (g, good_samples), (b, bad_samples) = self._figure(good), self._figure(bad)
         noise = max([mad(s) for s in (good_samples, bad_samples) if len(s) >= 2] or [0.0])
         self.gap = abs(b - g)
         worse = (b < g) if better == "higher" else (b > g)
@@ -246,11 +265,11 @@ class MetricJudge:
         self.threshold = (g + b) / 2
 
     def _figure(self, result: ProbeResult) -> tuple[float, tuple[float, ...]]:
-        """The figure a probe is judged by, and its samples."""
+        """The figure a probe is judged by, and the samples its noise is read from."""
         if self.per_cpu:
             if not result.cpu_samples:
                 raise BisectError(f"a probe reported no figures per CPU second, the ends did ({result.evidence})")
-            return median(result.cpu_samples), result.cpu_samples
+            return per_cpu_figure(result.cpu_samples, self.better, result.ratio)
         if result.value is None:
             raise BisectError(f"a metric probe returned no value ({result.evidence})")
         return result.value, result.samples

@@ -32,7 +32,8 @@ MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
 PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled")
 OPTIONAL_PROJECT_KEYS = ("compiled",)
-REQUIRED_COMMANDS = ("build", "bundles", "generate", "test", "bench", "tree_hash")
+# Every step reads one of these (optional: stress, bench_nightly; README, "The inventory").
+REQUIRED_COMMANDS = ("build", "build_key", "bundles", "bundles_key", "generate", "test", "bench", "tree_hash", "version")
 GROUP_KEYS = ("description",)
 
 MAX_NAME = 64           # host and group names (they name files and folders of the run)

@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 
 from . import pipeline, record, report
-from .bisect import BisectError, Commit, ProbeResult, Worktree
+from .bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
 from .console import Console
-from .detector import median
 from .errors import UsageError
 from .inventory import Host, Inventory, Project
 
@@ -76,19 +75,32 @@ class Prober:
                               f"(it has {', '.join(sorted(metrics)[:12]) or 'none'})", host=self.host.name)
         m = metrics[self.metric]
         reused = " (a reused result)" if host.steps["bench"].status == "cached" else ""
-        cpu = m.get("cpu_samples")
-        per_cpu = f", {median(cpu):g} per CPU second" if cpu else ""
+        cpu = tuple(m.get("cpu_samples") or ())
+        ratio = m["unit"] == "x"
+        per_cpu = ""
+        if cpu:
+            figure, _ = per_cpu_figure(cpu, m["better"], ratio)
+            per_cpu = f", {figure:g} per CPU second ({'best' if judged_by_best(cpu, ratio) else 'median'} of {len(cpu)} runs)"
         return ProbeResult(False, f"{self.metric} {m['value']:g} {m['unit']}{per_cpu}{reused}", m["value"],
-                           tuple(m.get("samples") or ()), built, better=m["better"],
-                           cpu_samples=tuple(m.get("cpu_samples") or ()))
+                           tuple(m.get("samples") or ()), built, better=m["better"], cpu_samples=cpu, ratio=ratio)
 
     def _golden(self, commit: Commit, host: record.HostRecord, built: bool, run_dir) -> ProbeResult:
         self._failed(commit, host, run_dir, allowed="golden")
-        failed = [(name, g) for name, g in host.golden.items() if g.status != "passed"]
-        if host.steps["golden"].status == "passed" and not failed:
-            return ProbeResult(False, f"golden tokens of {len(host.golden)} bundle(s) match", built=built)
-        if not failed:
-            return ProbeResult(True, f"golden step {host.steps['golden'].status}: {host.steps['golden'].message}", built=built)
-        name, g = failed[0]
-        where = f"{g.mismatch.check} @ {g.mismatch.position}" if g.mismatch else g.detail
-        return ProbeResult(True, f"golden: {len(failed)} bundle(s) differ, first {name}: {where}", built=built)
+        return golden_verdict(host, built)
+
+
+def golden_verdict(host: record.HostRecord, built: bool) -> ProbeResult:
+    """A golden probe's verdict from its host record: good when every bundle's checks passed, in a
+    golden step that passed or was `cached` (the engine's outputs reused from a run of the same
+    executables, build key, bundles and scripts, and checked again against this commit's expected
+    manifest: the evidence says so); else bad, naming the first bundle that differs."""
+    step = host.steps["golden"]
+    failed = [(name, g) for name, g in host.golden.items() if g.status != "passed"]
+    if step.status in ("passed", "cached") and not failed:
+        reused = f" (the engine's outputs reused from run {step.reused_from})" if step.status == "cached" else ""
+        return ProbeResult(False, f"golden tokens of {len(host.golden)} bundle(s) match{reused}", built=built)
+    if not failed:
+        return ProbeResult(True, f"golden step {step.status}: {step.message}", built=built)
+    name, g = failed[0]
+    where = f"{g.mismatch.check} @ {g.mismatch.position}" if g.mismatch else g.detail
+    return ProbeResult(True, f"golden: {len(failed)} bundle(s) differ, first {name}: {where}", built=built)

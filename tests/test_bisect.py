@@ -2,6 +2,7 @@
 (the probe reads the engine's files at each commit, checked out in the bisect worktree)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import subprocess
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 from orchestrator.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
                                  max_probes, search)
 from orchestrator.errors import UsageError
+from orchestrator.probe import golden_verdict
+from orchestrator.record import GoldenRecord, HostRecord, StepRecord
 
 
 def git(repo: Path, *args: str) -> str:
@@ -139,6 +142,26 @@ def test_metric_judge_compares_per_cpu_second_when_the_ends_report_it():
         judge(ProbeResult(False, "", 1000.0))
 
 
+def test_metric_judge_takes_the_best_run_per_cpu_second_from_five_runs_as_the_detector_does():
+    """Under load most runs of a probe are slowed by varying amounts: the medians of these ends
+    (1500 and 1300, MAD 200 each) cannot separate a 15 % step, their best runs can (2000 and 1700;
+    the better halves' MAD 10). With fewer than Policy.best_of runs, or for a speed-up, the median."""
+    good = ProbeResult(False, "", 900.0, cpu_samples=(2000.0, 1500.0, 1400.0, 1990.0, 1300.0))
+    bad = ProbeResult(False, "", 800.0, cpu_samples=(1700.0, 1690.0, 1200.0, 1100.0, 1300.0))
+    judge = MetricJudge(good, bad, "higher")
+    assert judge.threshold == 1850.0
+    assert judge(ProbeResult(False, "", 0.0, cpu_samples=(1710.0, 1000.0, 1100.0, 1200.0, 1300.0)))
+    assert not judge(ProbeResult(False, "", 0.0, cpu_samples=(1995.0, 1000.0, 1100.0, 1200.0, 1300.0)))
+    with pytest.raises(BisectError, match="beyond 3 x"):     # a speed-up: the medians
+        MetricJudge(dataclasses.replace(good, ratio=True), dataclasses.replace(bad, ratio=True), "higher")
+    with pytest.raises(BisectError, match="beyond 3 x"):     # four runs: the medians
+        MetricJudge(dataclasses.replace(good, cpu_samples=good.cpu_samples[:4]),
+                    dataclasses.replace(bad, cpu_samples=bad.cpu_samples[:4]), "higher")
+    slower = MetricJudge(ProbeResult(False, "", 0.0, cpu_samples=(2.0, 2.5, 2.6, 2.01, 2.7)),
+                         ProbeResult(False, "", 0.0, cpu_samples=(2.4, 2.41, 3.0, 3.1, 2.9)), "lower")
+    assert slower.threshold == 2.2
+
+
 def test_a_probe_too_close_to_call_is_measured_again_and_pooled():
     commits = [Commit(f"{i:040x}", f"commit {i}", f"tree{i}") for i in range(16)]
     disturbed = {7: [920.0]}        # commit 7 is good, but its first measurement was disturbed
@@ -164,3 +187,21 @@ def test_the_bisect_command_is_exact_and_quoted():
         f"invoke bisect --host ct200 --good {'a' * 40} --bad {'b' * 40} --metric tiny_fp32.ar_tokens_per_s"
     assert command_for("h", "odd metric;rm", "a", "b").endswith("--metric 'odd metric;rm'")
     assert command_for("h", "m", None, "b") is None and command_for("h", "m", "a", "a") is None
+
+
+def test_a_golden_probe_whose_outputs_were_reused_and_checked_again_is_judged_by_the_checks():
+    """A commit whose executables equal an earlier probe's gets a `cached` golden step (the
+    outputs reused, the checks made again against its own expected manifest): good when they
+    pass, saying the outputs were reused; bad when a bundle differs. (A bisect under load named a
+    good comment-only commit bad when `cached` counted as a failure.)"""
+    def host(step: str, *bundles: str) -> HostRecord:
+        return HostRecord(steps={"golden": StepRecord(step, reused_from="20261202-064619-059b" if step == "cached" else None,
+                                                      message="a message")},
+                          golden={name: GoldenRecord(status) for name, status in zip(("tiny", "tiny2"), bundles)})
+    reused = golden_verdict(host("cached", "passed", "passed"), built=True)
+    assert not reused.bad and reused.evidence == \
+        "golden tokens of 2 bundle(s) match (the engine's outputs reused from run 20261202-064619-059b)"
+    assert golden_verdict(host("cached", "passed", "failed"), built=False).bad
+    assert golden_verdict(host("passed", "passed", "passed"), built=True).evidence == "golden tokens of 2 bundle(s) match"
+    failed = golden_verdict(host("failed", "passed", "passed"), built=True)
+    assert failed.bad and failed.evidence == "golden step failed: a message"

@@ -92,7 +92,10 @@ def test_other_validation_messages(tmp_path):
     assert error(tmp_path, {"h": SSH}, defaults={"pyton": "x"}) == \
         "FILE: host 'defaults': key 'pyton': unknown key (did you mean 'python'?)"
     assert error(tmp_path, {"h": SSH}, project={"commands": {"build": "make"}}) == \
-        "FILE: key 'project.commands.bundles': is missing"
+        "FILE: key 'project.commands.build_key': is missing"
+    shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["commands"]
+    assert error(tmp_path, {"h": SSH}, project={"commands": {k: v for k, v in shipped.items() if k != "version"}}) == \
+        "FILE: key 'project.commands.version': is missing"     # the build step runs it
     assert error(tmp_path, {"h": SSH}, project={"compiled": "src/"}) == \
         "FILE: key 'project.compiled': must be a list, not a string"
     assert error(tmp_path, {"h": SSH}, project={"compiled": ["../src/"]}) == \

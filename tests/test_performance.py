@@ -90,6 +90,28 @@ def test_results_key_is_the_content_of_what_the_results_depend_on(context):
     assert context(command="nightly").results_key() is None
 
 
+def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_its_results_by_it(context):
+    """The shipped project names `bench_nightly`: a nightly's and a bisect's bench run it, and a
+    bisect's results key holds it, so a validate's cached bench (measured otherwise) is never a
+    bisect probe's figure; validate, the other steps and a project without it keep their own."""
+    commands = {}
+    for command in ("validate", "nightly", "bisect"):
+        ctx = context(command=command)
+        ctx.step = "bench"
+        commands[command] = ctx.step_command()
+        if command != "nightly":
+            assert ctx.results_key()["command"] == ctx.project.commands[commands[command]]
+    assert commands == {"validate": "bench", "nightly": "bench_nightly", "bisect": "bench_nightly"}
+    assert "--min-time-ms" in context().project.commands["bench_nightly"]
+    ctx = context(command="nightly")
+    assert ctx.step_command() == "test"
+    ctx.step = "golden"
+    assert ctx.step_command() == "generate"
+    ctx.step, ctx.project = "bench", dataclasses.replace(ctx.project, commands={
+        k: v for k, v in ctx.project.commands.items() if k != "bench_nightly"})
+    assert ctx.step_command() == "bench"
+
+
 def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
     ctx = context()
     assert ctx.cached_result("tests") is None                     # no stamp yet: the step runs

@@ -58,10 +58,16 @@ def workdir(tmp_path_factory, reference_bundles) -> Path:
     return path
 
 
+# The nightlies here measure as validate does (the shipped bench_nightly's longer runs cost CI minutes),
+# through a command of their own, so that a test can see which one ran.
+NIGHTLY_BENCH = 'KD_BENCH_ARGS="--repeats 3" bash scripts/bench.sh'
+
+
 def write_inventory(workdir: Path, name: str, hosts: dict, source: Path | None = None) -> Path:
     """An inventory like the shipped one, with `hosts` and the engine `source` (default: the snapshot)."""
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     data["project"]["source"] = str(source or workdir / "engine_src")
+    data["project"]["commands"]["bench_nightly"] = NIGHTLY_BENCH
     data["hosts"] = hosts
     data.pop("groups", None)
     path = workdir / f"{name}.yaml"
@@ -487,6 +493,7 @@ def test_nightly_flags_a_benchmark_regression_and_exits_3(lab, workdir, full_run
         assert stress["message"] == NO_GPU
     assert [(r["host"], r["metric"]) for r in run["regressions"]] == [("h1", metric)]
     assert f"REGRESSION h1 {metric}" in proc.stdout
+    assert f"$ {NIGHTLY_BENCH}" in (run_dir / "h1" / "bench.log").read_text()     # the nightly's own bench command
     assert metric in (run_dir / "report.md").read_text()
 
 

@@ -28,8 +28,9 @@ def run(ctx: StepContext) -> Outcome:
         ctx.record.bench = _bench(ctx, reused.data)
         return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {reused.run_id} "
                                  f"({reused.why}; not a new measurement)", reused.run_id)
+    command = ctx.step_command()
     if not ctx.gpus:
-        ctx.engine("bench")
+        ctx.engine(command)
         data = ctx.pull_json("bench")
         ctx.record.bench = _bench(ctx, data)
         _annotate(ctx, busy=bool(ctx.record.fingerprint.gpus_busy))
@@ -37,7 +38,7 @@ def run(ctx: StepContext) -> Outcome:
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
     gpu = ctx.gpus[0]
     with _Sampler(ctx, gpu.uuid) as sampler:
-        ctx.engine("bench", {**ctx.gpu_env(gpu), OWNER_VARIABLE: sampler.owner})
+        ctx.engine(command, {**ctx.gpu_env(gpu), OWNER_VARIABLE: sampler.owner})
     ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
     others = gpus.co_tenants(sampler.samples, gpu.uuid, sampler.own)
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,

@@ -25,6 +25,8 @@ from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named otherwise (results_key)
+# A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
+HISTORY_BENCH = "bench_nightly"
 T = TypeVar("T")
 
 
@@ -153,12 +155,20 @@ class StepContext:
         except KdError as e:            # nothing reused, nothing stamped: the step itself decides
             self.log(f"not reused: {e.message}")
             return None
-        key = {"command": self.project.commands.get(STEP_COMMANDS.get(self.step, self.step)), "build": build,
+        key = {"command": self.project.commands.get(self.step_command()), "build": build,
                "env": {**remote.host_env(self.host), **self.gpu_env()},
                "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
                "executables": found.executables, "files": found.files}
         self.inputs_digest = inputs.digest(key)
         return key
+
+    def step_command(self) -> str:
+        """The project command the current step runs: its own name, `generate` for golden, and
+        for a nightly's or a bisect's bench `bench_nightly` when the project names it (README,
+        "Benchmark history")."""
+        if self.step == "bench" and self.owner.command in ("nightly", "bisect") and HISTORY_BENCH in self.project.commands:
+            return HISTORY_BENCH
+        return STEP_COMMANDS.get(self.step, self.step)
 
     def current_inputs(self) -> inputs.Inputs:
         """The content hashes of the deployment's executables and other files (steps.inputs),
