@@ -443,7 +443,8 @@ def bisect(args, work: Path) -> dict:
             path.write_text(path.read_text() + f"// history acceptance: comment-only commit {i}\n")
             shas.append(commit(repo, f"comment-only commit {i}"))
     results = {}
-    for mode, flag, guilty in (("golden", ["--golden"], shas[6]), ("metric", ["--metric", args.target], shas[11])):
+    modes = (("golden", ["--golden"], shas[6]), ("metric", ["--metric", args.target], shas[11]))
+    for mode, flag, guilty in (m for m in modes if m[0] in args.bisect_modes.split(",")):
         args_ = [sys.executable, "-m", "invoke", "bisect", "--host", args.host, "--good", shas[0], "--bad", shas[15], *flag]
         start = time.monotonic()
         proc = subprocess.run(args_, cwd=repo, env=clone_env(repo), capture_output=True,
@@ -487,6 +488,7 @@ def main() -> int:
     parser.add_argument("--target", default=TARGET, help="the metric the detection part and the metric bisect "
                         "must flag (default: %(default)s; the GPU machine's: k2mini_fp32.ar_decode_tokens_per_s)")
     parser.add_argument("--host", default="local")
+    parser.add_argument("--bisect-modes", default="golden,metric", help="the bisect part's searches (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

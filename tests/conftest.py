@@ -18,6 +18,7 @@ import yaml
 
 from orchestrator import inventory as inventory_mod
 
+from early_builds import cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
 from fake_gpus import FakeGpus
 from sshd import SshLab
 
@@ -52,6 +53,11 @@ class ReferenceBundles:
         folder.mkdir(parents=True, exist_ok=True)
         for path in self.folder.iterdir():
             shutil.copy2(path, folder / path.name)
+
+
+def pytest_collection_modifyitems(items):
+    """The modules whose work starts in the background (tests/early_builds.py) run last."""
+    run_late(items)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 machine with nvcc, whether or not it has a GPU or the cuBLAS headers (CI has neither), so a CUDA
 compile error cannot land; every kernel's ptxas resource usage is recorded for both arches with no
 register spill; and the sanitized build (KD_SANITIZE=1, host code under ASan + UBSan) compiles and
-links. The builds run once per session in copies of engine_src/: sm_90 plain, sm_120 sanitized
+links. The builds run once per session in copies of engine_src/, started in the background when
+the session begins (tests/early_builds.py): sm_90 plain, sm_120 sanitized
 (the sanitizer flags reach the host compiler alone, so its kernels and their ptxas figures are the
 plain build's: one build fewer for CI)."""
 from __future__ import annotations
@@ -15,27 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from engine_copies import cuda_home, engine_copy
+from early_builds import CUDA_ARCHES, CUDA_SANITIZED
+from engine_copies import cuda_home
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
-ARCHES = ("sm_120", "sm_90")
-SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (see the module docstring)
+ARCHES, SANITIZED = CUDA_ARCHES, CUDA_SANITIZED   # built by the session fixture cuda_builds
 CUDA_HOME = cuda_home()
 pytestmark = pytest.mark.skipif(CUDA_HOME is None, reason="nvcc not found (no CUDA_HOME/bin/nvcc, none on PATH)")
-
-
-@pytest.fixture(scope="session")
-def cuda_builds(tmp_path_factory):
-    """arch -> (completed build.sh process, engine copy), sm_120 sanitized (SANITIZED)."""
-    results = {}
-    for arch in ARCHES:
-        tree = engine_copy(tmp_path_factory.mktemp(f"engine_{arch}"))
-        env = dict(os.environ, KD_BACKEND="cuda", KD_ARCH=arch, KD_SANITIZE="1" if arch == SANITIZED else "0",
-                   CUDA_HOME=str(CUDA_HOME), PATH=f"{CUDA_HOME / 'bin'}:{os.environ.get('PATH', '')}")
-        build = subprocess.run(["bash", "scripts/build.sh"], cwd=tree, env=env, capture_output=True, text=True,
-                               timeout=900)
-        results[arch] = (build, tree)
-    return results
 
 
 @pytest.mark.parametrize("arch", ARCHES)

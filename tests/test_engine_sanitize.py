@@ -2,7 +2,8 @@
 `KD_SANITIZE=1 scripts/run_tests.sh` in a temporary copy of engine_src/ (with the session's
 reference bundles) builds the instrumented CPU engine, runs its whole suite (op tests, model tests,
 loader negatives, every reproducer in tests/fuzz/regress) and a bounded fuzz run (KD_FUZZ_SECONDS)
-over bundles, manifests, JSON and flags, once per session. Any crash, sanitizer report, hang or
+over bundles, manifests, JSON and flags, once per session, started in the background when the
+session begins (tests/early_builds.py). Any crash, sanitizer report, hang or
 runaway allocation fails it.
 """
 from __future__ import annotations
@@ -11,34 +12,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from engine_copies import engine_copy
-
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
-FUZZ_SECONDS = 60          # CI time is shared; the long runs are in engine_src/README.md
 
-# The session fixture builds and runs the whole instrumented suite (several minutes on 2 cores).
+# The session fixture (tests/early_builds.py) builds and runs the whole instrumented suite (minutes on 2 cores).
 pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"), pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="session")
-def sanitized_run(tmp_path_factory, reference_bundles):
-    """(engine copy, completed run, fuzz seed) of the sanitized suite with a bounded fuzz run."""
-    copy = engine_copy(tmp_path_factory.mktemp("engine_sanitize"))
-    reference_bundles.copy_to(copy / "tests" / "refs")
-    seed = str(int(time.time()))  # a new stretch of cases each run; the summary names the seed
-    env = dict(os.environ, KD_BACKEND="cpu", KD_SANITIZE="1", KD_FUZZ_SECONDS=str(FUZZ_SECONDS), KD_FUZZ_SEED=seed,
-               PYTHON=sys.executable)
-    for name in ("KD_ARCH", "ASAN_OPTIONS", "UBSAN_OPTIONS"):
-        env.pop(name, None)
-    run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=env, capture_output=True, text=True,
-                         timeout=1500)
-    return copy, run, seed
 
 
 def _results(copy: Path) -> dict:

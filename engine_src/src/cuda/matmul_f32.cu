@@ -16,6 +16,9 @@
 
 namespace kd::cuda {
 
+template void mm_launch<false>(MmParams, int, int, int, cudaStream_t);
+template void mm_launch<true>(MmParams, int, int, int, cudaStream_t);
+
 namespace {
 
 #ifdef KD_HAVE_CUBLAS

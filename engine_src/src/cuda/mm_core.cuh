@@ -495,6 +495,10 @@ void mm_launch(MmParams p, int max_rows, int grid_y, int num_sms, cudaStream_t s
     }
 }
 
+// Instantiated once, in matmul_f32.cu: moe_ffn.cu uses both without compiling the kernels again.
+extern template void mm_launch<false>(MmParams, int, int, int, cudaStream_t);
+extern template void mm_launch<true>(MmParams, int, int, int, cudaStream_t);
+
 // Sets the input rows (x, ldx floats apart), the output rows (y, ldy apart) and the N x K shape.
 inline void mm_set_rows(MmParams& p, const float* x, long ldx, float* y, long ldy, int N, int K) {
     p.x = x;

@@ -499,4 +499,8 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     else w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
 }
 
+// Instantiated once, in matmul_w4a16.cu: moe_ffn.cu uses both without compiling the kernels again.
+extern template void w4_run<false>(Context&, W4Params, int, int, int);
+extern template void w4_run<true>(Context&, W4Params, int, int, int);
+
 }  // namespace kd::cuda
