@@ -15,6 +15,7 @@ connect nor start a command again: a retry would resume the interrupted work.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 from . import gpu_claims, state
 from .errors import HostError
@@ -33,32 +34,46 @@ class Run:
         self.stopped = threading.Event()
         self._guard = threading.Lock()
         self._transports: list[Transport] = []
-        self._prepared: dict[str, Transport] = {}
+        self._prepared: dict[str, Future[Transport]] = {}
         self._locks: list[state.HostLock] = []
         self._claims: list[gpu_claims.GpuClaim] = []
 
     def transport(self, host: Host) -> Transport:
         """A transport to `host` owned by this run (nothing opened until it is used, unless
-        prepare() started it)."""
+        prepare() started it: then it waits for that and raises what it raised)."""
         with self._guard:
-            prepared = self._prepared.pop(host.name, None)
-        if prepared is not None:
-            return prepared
+            pending = self._prepared.pop(host.name, None)
+        if pending is not None:
+            return pending.result()
+        return self._open(host)
+
+    def prepare(self, hosts: list[Host]) -> None:
+        """Start opening `hosts`' transports (reading their ssh config: warm.uses_warm) and
+        connecting them (Transport.connect_soon), in the background, for transport() to hand out
+        (the hosts that run first, while this machine hashes the source); a failure is raised by
+        transport() or the first command."""
+        for host in hosts:
+            if host.is_local:
+                continue
+            pending: Future[Transport] = Future()
+            threading.Thread(target=self._open_early, args=(host, pending), daemon=True).start()
+            with self._guard:
+                self._prepared[host.name] = pending
+
+    def _open_early(self, host: Host, pending: "Future[Transport]") -> None:
+        try:
+            transport = self._open(host)
+            transport.connect_soon()
+        except BaseException as e:      # noqa: BLE001 - raised by transport(host)
+            pending.set_exception(e)
+            return
+        pending.set_result(transport)
+
+    def _open(self, host: Host) -> Transport:
         transport = open_transport(host, self.stopped)
         with self._guard:
             self._transports.append(transport)
         return transport
-
-    def prepare(self, hosts: list[Host]) -> None:
-        """Start connecting to `hosts` in the background (Transport.connect_soon: the hosts that
-        run first), for transport() to hand out; a failure is raised by the first command."""
-        for host in hosts:
-            if host.is_local:
-                continue
-            transport = self.transport(host)
-            transport.connect_soon()
-            with self._guard:
-                self._prepared[host.name] = transport
 
     def lock(self, transport: Transport, owner: state.Owner, mode: str = state.EXCLUSIVE,
              wait: float = 0, begin_sync: bool = False) -> state.HostLock:

@@ -537,6 +537,21 @@ def test_a_host_behind_a_jump_or_a_proxy_command_keeps_its_own_connection(lab, w
     warm._read_ssh_config.cache_clear()
 
 
+def test_a_host_whose_ssh_config_cannot_be_read_fails_in_the_run_record(lab, warm_inventory, tmp_path, monkeypatch):
+    """The hosts that run first read their ssh config in the background (Run.prepare): ssh -G's
+    error is that host's failure, recorded and shown, not an error that ends the run unrecorded."""
+    inv = warm_inventory(fresh(lab))
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  NoSuchOption yes\n")
+    monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
+    warm._read_ssh_config.cache_clear()
+    try:
+        code, out = deploy(inv, "w")
+    finally:
+        warm._read_ssh_config.cache_clear()
+    assert code == 1 and re.search(r"w\s+FAILED.*sync: ssh -G cannot read the ssh config for ", out), out
+
+
 def test_a_tight_connect_timeout_still_leaves_the_probe_and_the_master_their_time(lab, warm_inventory, tmp_path):
     """connect: 1 on a live host: the key probe accepts and the master starts (their bound is the
     connect timeout plus START_MARGIN, never less than the timeout itself)."""
