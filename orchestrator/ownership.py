@@ -67,8 +67,9 @@ kd_owned() {
     if [ "$owner" != 0 ] && [ "$owner" != "$uid" ]; then
       kd_unsafe "$name (a parent of remote_dir) is owned by uid $owner, not by root or this user (uid $uid): that user could swap remote_dir"
     fi
+    [ "$owner" = 0 ] && (( mode & 8#1000 )) && continue    # root's sticky /tmp: whoever may write there, nobody swaps U's entries
     if (( mode & 8#020 )); then kd_private_gid; [ "$group" = "$KD_PGID" ] && mode=$(( mode & ~8#020 )); fi
-    if (( mode & 8#022 )) && ! { [ "$owner" = 0 ] && (( mode & 8#1000 )); }; then
+    if (( mode & 8#022 )); then
       kd_unsafe "$name (a parent of remote_dir) is writable by group or others (mode $(printf %o "$mode")) and not a root-owned sticky directory: they could swap remote_dir"
     fi
   done < <(stat -c '%u %g %a %n' -- "${parents[@]}")

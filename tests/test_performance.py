@@ -4,6 +4,7 @@ steps, and the local tree hash kept by its files' stat."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -88,6 +89,53 @@ def test_results_key_is_the_content_of_what_the_results_depend_on(context):
     assert key["env"]["KD_BACKEND"] and "PYTHON" in key["env"]
     assert context(use_cache=False).results_key() is None
     assert context(command="nightly").results_key() is None
+
+
+def _host_cache(root: Path) -> dict:
+    return json.loads((root / ".kdtree" / "inputs-cache.json").read_text())
+
+
+def test_the_host_reuses_the_hashes_of_unchanged_files_and_sees_a_rewrite_that_keeps_the_mtime(context):
+    """The host keeps each file's hash with its stat (steps/hash_inputs.py): a file is hashed again
+    when its ctime moves, which a rewrite cannot avoid even when it puts the mtime back; files
+    changed within the racy window are not kept at all."""
+    root = context.root
+    context().current_inputs()
+    assert not (root / ".kdtree" / "inputs-cache.json").exists()     # every file is younger than the racy window
+    time.sleep(2.2)
+    first = context().current_inputs()
+    cache = _host_cache(root)
+    assert set(cache["f"]) == {"scripts/run_tests.sh", "tests/refs/model_tiny.kdtr", "src/tree.cpp"}
+    assert set(cache["x"]) == {"build/kdtree", "build/test_ops"} and cache["mask"] == TREE
+    cache["f"]["scripts/run_tests.sh"][1] = "e" * 64     # what the host kept is what it reports
+    (root / ".kdtree" / "inputs-cache.json").write_text(json.dumps(cache))
+    assert context().current_inputs().files["scripts/run_tests.sh"] == "e" * 64
+    bundle = root / "tests/refs/model_tiny.kdtr"
+    before = bundle.stat()
+    bundle.write_text("WEIGHTS")                         # same size, and the old mtime put back
+    os.utime(bundle, ns=(before.st_atime_ns, before.st_mtime_ns))
+    again = context().current_inputs()
+    assert again.files["tests/refs/model_tiny.kdtr"] == hashlib.sha256(b"WEIGHTS").hexdigest() \
+        != first.files["tests/refs/model_tiny.kdtr"]
+    assert again.executables == first.executables
+
+
+@pytest.mark.parametrize("damage", ["not json", "[1, 2]", '{"mask": "", "f": {"src/x": 1}, "x": []}',
+                                    '{"mask": "' + TREE + '", "f": {"tests/refs/model_tiny.kdtr": [[1], "f00"]}, "x": {}}'])
+def test_a_damaged_hash_cache_on_the_host_is_ignored(context, damage):
+    fresh = context().current_inputs()
+    (context.root / ".kdtree" / "inputs-cache.json").write_text(damage)
+    assert context().current_inputs() == fresh
+
+
+def test_file_names_with_a_newline_or_a_backslash_are_hashed_too(context):
+    """Such a name is written escaped, so the file is part of the key (a change to it shows)."""
+    odd = context.root / "scripts" / "a\nb\\c"
+    odd.write_text("one")
+    name = "scripts/a\\nb\\\\c"
+    assert context().current_inputs().files[name] == hashlib.sha256(b"one").hexdigest()
+    odd.write_text("two")
+    assert context().current_inputs().files[name] == hashlib.sha256(b"two").hexdigest()
 
 
 def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_its_results_by_it(context):

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from pathlib import Path
 
 from .. import ownership, remote
 from ..inventory import Project
@@ -43,7 +44,8 @@ def measure(transport: Transport, project: Project, tree: str) -> Inputs:
     masked) and every file of the deployed tree outside build/, .kdtree/, .git/, __pycache__/
     and *.pyc, leaving out project.compiled; CommandError when the host cannot."""
     mask = tree if _TREE.match(tree) else ""
-    command = remote.script_command(_SCRIPT, transport.host.remote_dir, mask, timeout=SECONDS)
+    command = remote.script_command(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask,
+                                    timeout=SECONDS)
     out = transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
                             what="hashing what the results depend on").decode(errors="replace")
     found: dict[str, dict[str, str]] = {"x": {}, "f": {}}
@@ -79,19 +81,10 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
     return ", ".join(str(n)[:200] for n in names[:shown]) + more + " changed" if names else "nothing changed"
 
 
-# sha256sum prints `\<hash>  <escaped name>` for a name with a newline or backslash: such a line
-# does not parse and that file counts as absent, which changes the key (never a false reuse of it).
-_SCRIPT = ownership.guard(r'''
+# The hashing runs in the host's Python (hash_inputs.py, standard library only), which keeps the
+# hashes of unchanged files between runs: a no-change validate no longer reads every bundle.
+_SCRIPT = ownership.guard('''
 cd -- "$1" || exit 3
-tree=$2 zeros=0000000000000000000000000000000000000000000000000000000000000000
-if [ -d build ]; then
-  find build -maxdepth 1 -type f -perm /111 -print0 | LC_ALL=C sort -z |
-    while IFS= read -r -d '' f; do
-      if [ -n "$tree" ]; then h=$(LC_ALL=C sed "s/$tree/$zeros/g" -- "$f" | sha256sum) || exit 4
-      else h=$(sha256sum < "$f") || exit 4; fi
-      printf 'x %s %s\n' "${h%% *}" "$f"
-    done || exit 4
-fi
-find . \( -type d \( -path ./build -o -name .git -o -name .kdtree -o -name __pycache__ \) -prune \) -o \
-       \( -type f ! -name '*.pyc' -printf '%P\0' \) | LC_ALL=C sort -z | xargs -0 -r sha256sum -- | sed 's/^\([0-9a-f]\{64\}\) [ *]/f \1 /'
+exec "$2" -I -S -c "$3" "$4"
 ''')
+_HOST_SIDE = (Path(__file__).parent / "hash_inputs.py").read_text()
