@@ -35,6 +35,7 @@ from .safe_text import visible
 from .run import Run
 from .steps import ORDER, RUNNERS, StepContext
 from .steps import preflight as preflight_step
+from .steps.context import READERS
 
 OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -247,6 +248,8 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                         and not _hold(ctx, run, plan, step, out):
                     stopped_by = step
                     continue
+                if step == next((s for s in plan.listed if s in plan.steps and s in READERS), None):
+                    ctx.read_ahead(tuple(s for s in plan.listed if s in plan.steps and s in READERS))
                 rec.steps[step] = _run_step(ctx, run, step, out)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step

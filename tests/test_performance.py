@@ -138,6 +138,48 @@ def test_file_names_with_a_newline_or_a_backslash_are_hashed_too(context):
     assert context().current_inputs().files[name] == hashlib.sha256(b"two").hexdigest()
 
 
+def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own(context):
+    """The reads of a no-change build, bundles, golden and test start together (each a command of
+    its own on the host, so they overlap), and each step takes its read from there: the same
+    values as reading one after the other."""
+    (context.root / "scripts" / "slow.sh").write_text("sleep 1; echo '{\"cxx\": \"g++\"}'\n")
+    ctx = context()
+    ctx.deployed_tree_hash = TREE
+    ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands, "build_key": "bash scripts/slow.sh",
+                                                             "bundles_key": "bash scripts/slow.sh"})
+    expected = context().current_inputs(), state.read_jsons(ctx.transport, state.STAMPS)
+    start = time.monotonic()
+    ctx.read_ahead(("build", "bundles", "golden", "test"))
+    assert set(ctx.ahead) == {("engine", "build_key"), ("engine", "bundles_key"), "stamps", "inputs",
+                              *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
+    assert ctx.engine_output("build_key").strip() == ctx.engine_output("bundles_key").strip() == '{"cxx": "g++"}'
+    assert time.monotonic() - start < 1.9          # two 1 s commands, side by side
+    assert (ctx.current_inputs(), ctx.stamp("deploy.json")) == (expected[0], expected[1]["deploy.json"])
+    assert ctx.pull_json("tests") == TESTS
+
+
+def test_an_engine_command_drops_what_was_read_ahead(context):
+    """An engine command may change what was read ahead (a rebuild, regenerated results): what
+    comes after it is read again."""
+    ctx = context()
+    ctx.deployed_tree_hash = TREE
+    ctx.read_ahead(("test",))
+    assert ctx.ahead and ctx.pull_json("tests") == TESTS
+    changed = dict(TESTS, passed=1)
+    ctx.project = dataclasses.replace(ctx.project, commands={
+        **ctx.project.commands, "test": f"echo '{json.dumps(changed)}' > build/test_results.json"})
+    ctx.engine("test")
+    assert not ctx.ahead and ctx.pull_json("tests") == changed
+    assert ctx.current_inputs() == context().current_inputs()
+
+
+def test_nothing_is_read_ahead_for_results_that_cannot_be_reused(context):
+    for ctx in (context(use_cache=False), context(command="nightly")):
+        ctx.deployed_tree_hash = TREE
+        ctx.read_ahead(("golden", "test"))
+        assert set(ctx.ahead) == {"stamps"}
+
+
 def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_its_results_by_it(context):
     """The shipped project names `bench_nightly`: a nightly's and a bisect's bench run it, and a
     bisect's results key holds it, so a validate's cached bench (measured otherwise) is never a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import threading
@@ -24,6 +25,9 @@ from ..sync import SourceId
 from ..transport import Result, Transport
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
+# The result files each step pulls when it reuses an earlier run's results (read_ahead)
+REUSED_FILES = {"golden": ("outputs", "manifest"), "test": ("tests",), "bench": ("bench",)}
+READERS = ("build", "bundles", "golden", "test", "bench")     # the steps whose reads read_ahead starts
 STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named otherwise (results_key)
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
 HISTORY_BENCH = "bench_nightly"
@@ -83,6 +87,7 @@ class StepContext:
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
     measured: Any = None                # inputs.Inputs on the host since its last engine command
     stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
+    ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
 
     def hold_tree(self, mode: str, wait: float = 0) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds);
@@ -91,6 +96,37 @@ class StepContext:
         if self.lock.stale:
             self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
 
+    def read_ahead(self, steps: tuple[str, ...]) -> None:
+        """Start, side by side, the host reads that `steps` make one after the other when nothing
+        changed (the build and bundles keys, the state files, the input hashes, the result files
+        a reuse pulls), so a no-change run waits about one round trip for all of them. Each is
+        the command the step would run, taken from here only until the next engine command (which
+        may change what it read); the binary itself (--version) runs only once the build step has
+        checked it, as before."""
+        reads: dict[Any, Callable[[], Any]] = {}
+        for step, name in (("build", "build_key"), ("bundles", "bundles_key")):
+            if step in steps:
+                reads[("engine", name)] = functools.partial(self._output_of, name, self.gpu_env(), step)
+        if set(READERS) & set(steps):
+            reads["stamps"] = functools.partial(state.read_jsons, self.transport, state.STAMPS)
+        reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
+            if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
+        tree = self.deployed_tree_hash
+        if tree and (reusable or "bundles" in steps):
+            reads["inputs"] = functools.partial(inputs.measure, self.transport, self.project, tree)
+        for result in reusable:
+            path = self.project.results[result]
+            reads[("file", path)] = functools.partial(self.transport.read_file, path, max_bytes=RESULT_MAX_BYTES)
+        if reads:
+            pool = ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix=f"read-ahead-{self.host.name}")
+            self.ahead = {key: pool.submit(read) for key, read in reads.items()}
+            pool.shutdown(wait=False)
+
+    def _ahead(self, key, read: Callable[[], T]) -> T:
+        """The read started ahead under `key`, once done; else `read()` now."""
+        future = self.ahead.get(key)
+        return future.result() if future is not None else read()
+
     def stamp(self, name: str) -> dict | None:
         """The host's state file `name` (one of state.STAMPS: the deploy record, a step's stamp),
         as this run last read or wrote it: all of them are read at the first ask, in one round
@@ -98,7 +134,7 @@ class StepContext:
         written only under the lock held alone, or not used: GPUs), and this run's own writes
         go through write_stamp; a sync reads them again (forget_stamps)."""
         if self.stamps is None:
-            self.stamps = state.read_jsons(self.transport, state.STAMPS)
+            self.stamps = self._ahead("stamps", lambda: state.read_jsons(self.transport, state.STAMPS))
         return self.stamps[name]
 
     def write_stamp(self, name: str, data: dict) -> None:
@@ -174,7 +210,7 @@ class StepContext:
         """The content hashes of the deployment's executables and other files (steps.inputs),
         measured on the host, once until the next engine command."""
         if self.measured is None:
-            self.measured = inputs.measure(self.transport, self.project, self.tree_hash())
+            self.measured = self._ahead("inputs", lambda: inputs.measure(self.transport, self.project, self.tree_hash()))
         return self.measured
 
     def cached_result(self, result: str) -> Reused | None:
@@ -246,7 +282,7 @@ class StepContext:
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
         env = self._pinned(env)
-        self.measured = None            # the command may change what results depend on
+        self.measured, self.ahead = None, {}       # the command may change what results depend on
         command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
         self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
         result = self.transport.run(command, on_output=self.log)
@@ -268,8 +304,11 @@ class StepContext:
 
     def engine_output(self, name: str, max_bytes: int = 1 << 20) -> str:
         """The standard output of a short project command (e.g. build_key, tree_hash)."""
-        command = remote.step(self.host, self.project.commands[name], self.host.timeout(self.step), what=name,
-                              env=self._pinned(None))
+        env = self._pinned(None)
+        return self._ahead(("engine", name), lambda: self._output_of(name, env, self.step, max_bytes))
+
+    def _output_of(self, name: str, env: dict[str, str], step: str, max_bytes: int = 1 << 20) -> str:
+        command = remote.step(self.host, self.project.commands[name], self.host.timeout(step), what=name, env=env)
         return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
 
     def pull_json(self, result: str, gpu=None) -> dict:
@@ -282,7 +321,8 @@ class StepContext:
         if gpu is not None:
             remote_path, name = f"{results_dir(gpu)}/{name}", f"gpu-{gpu.index}.{name}"
         local = self.run_dir.host_file(self.host.name, name)
-        raw = self.transport.read_file(remote_path, max_bytes=RESULT_MAX_BYTES)
+        raw = self._ahead(("file", remote_path) if gpu is None else None,
+                          lambda: self.transport.read_file(remote_path, max_bytes=RESULT_MAX_BYTES))
         text = redact(raw.decode("utf-8", errors="replace"), self.secrets)
         try:
             data = redact_tree(bounded.loads(text, remote_path, max_bytes=RESULT_MAX_BYTES), self.secrets)
