@@ -131,13 +131,24 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
+// ld_stream that the compiler may not move or speculate: for a load behind a test of its
+// address's validity (a plain asm without side effects may be hoisted above the test).
+__device__ __forceinline__ uint4 ld_stream_guarded(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <bool GUARDED = false>
 __device__ __forceinline__ W4Step w4_fetch(const W4Rows& r, int step) {
     W4Step st;
     const int b = step * 64;  // uint4s per step of a half-tile: 2 loads x 32 lanes
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        st.wa[j] = ld_stream(r.qa + b + 32 * j);
-        st.wb[j] = ld_stream(r.qb + b + 32 * j);
+        st.wa[j] = GUARDED ? ld_stream_guarded(r.qa + b + 32 * j) : ld_stream(r.qa + b + 32 * j);
+        st.wb[j] = GUARDED ? ld_stream_guarded(r.qb + b + 32 * j) : ld_stream(r.qb + b + 32 * j);
     }
     st.sa = __ldg(r.sa + step * 32);
     st.sb = __ldg(r.sb + step * 32);
@@ -374,14 +385,17 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         m_count = min(4 * Q, slot_rows - 4 * Q * pass);
         ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         int tile = blockIdx.x * KD_W4_WARPS + warp;
-        // The rows of a warp without a tile are the last tile's (never read): ld_stream is an
-        // asm the compiler may hoist above the `tile < n_tiles` test (it did at Q = 4 once the
-        // split-K count was gone: compute-sanitizer saw reads past the weights), so even a
-        // hoisted fetch has a valid address. (Fetching unconditionally instead cost 4 registers
-        // and 5-10 % at M = 1 to 4 on the H200.)
-        W4Rows rows = tile_rows(min(tile, n_tiles - 1));
+        // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
+        // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
+        // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
+        // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
+        // a tile spilled on sm_120.
+        W4Rows rows{};
         W4Step cur{}, other;
-        if (tile < n_tiles) cur = w4_fetch(rows, 0);
+        if (tile < n_tiles) {
+            rows = tile_rows(tile);
+            cur = w4_fetch<true>(rows, 0);
+        }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
