@@ -433,6 +433,109 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         for (int i = 0; i < n_my; ++i) split_reduce<ROWS>(p, blockIdx.x + i * gridDim.x);
 }
 
+// One activation row, narrow outputs (mm_run_plain where split-K would be chosen: row blocks
+// alone would leave SMs idle; the MoE router, 384 x 7168): a warp per (output, super-chunk)
+// loads all its weights of the super-chunk at once (16 steps x 4 words a lane: one load latency
+// where mm_kernel's warps wait for 16 steps in turn), the block's warps take rpb outputs x n_sc
+// super-chunks, and the block adds the super-chunk values itself (no workspace, no count, no
+// second launch). The arithmetic is mm_kernel's: a lane's inputs k + lane + 32u (steps of 128,
+// u = 0..3) in ascending order from 0, the xor butterfly, then 0 + value_0 + value_1 + ...
+// (+ bias): the same bits as every other path.
+constexpr int KD_MM_NARROW_STEPS = KD_MM_SCHUNK / 128;
+
+// Outputs per block of mm_narrow_kernel for n_sc super-chunks: a warp per (output, super-chunk),
+// at most KD_MM_WARPS warps (more super-chunks: a warp takes several in turn).
+inline int mm_narrow_rows(int n_sc) { return std::max(1, KD_MM_WARPS / n_sc); }
+
+template <int STEPS>
+__global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_narrow_kernel(MmParams p, int rpb) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);  // [K] the row's activations, then [units] values
+    const int K = p.K, N = p.N, n_sc = (K + KD_MM_SCHUNK - 1) / KD_MM_SCHUNK, units = rpb * n_sc;
+    float* val = xs + K;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    const int r0 = blockIdx.x * rpb;
+    chain_acquire();
+    chain_release();
+    float w[STEPS][4];
+    // Weights of unit u (output r0 + u / n_sc, super-chunk u % n_sc), all issued before any use.
+    const auto load = [&](int u) {
+        const int n = r0 + u / n_sc, kb = (u % n_sc) * KD_MM_SCHUNK, ke = min(K, kb + KD_MM_SCHUNK);
+        const float* wr = p.a.w + static_cast<long>(min(n, N - 1)) * K;  // a clamped row is never stored
+#pragma unroll
+        for (int st = 0; st < STEPS; ++st)
+#pragma unroll
+            for (int u4 = 0; u4 < 4; ++u4) {
+                const int kk = kb + st * 128 + lane + 32 * u4;
+                w[st][u4] = kk < ke ? __ldg(wr + kk) : 0.0f;
+            }
+    };
+    int u = warp;
+    if (u < units) load(u);
+    // The activations, while the weights are on their way.
+    if (K % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(p.x);
+        float4* xs4 = reinterpret_cast<float4*>(xs);
+        for (int i = threadIdx.x; i < K / 4; i += 8 * blockDim.x) {
+            float4 v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if (i + j * blockDim.x < K / 4) v[j] = __ldg(x4 + i + j * blockDim.x);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if (i + j * blockDim.x < K / 4) xs4[i + j * blockDim.x] = v[j];
+        }
+    } else {
+        for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = __ldg(p.x + i);
+    }
+    __syncthreads();
+    for (; u < units; u += n_warps) {
+        if (u != warp) load(u);
+        const int kb = (u % n_sc) * KD_MM_SCHUNK, ke = min(K, kb + KD_MM_SCHUNK);
+        float part = 0.0f;
+#pragma unroll
+        for (int st = 0; st < STEPS; ++st)
+#pragma unroll
+            for (int u4 = 0; u4 < 4; ++u4) {
+                const int kk = kb + st * 128 + lane + 32 * u4;
+                if (kk < ke) part = fmaf(w[st][u4], xs[kk], part);
+            }
+        part = warp_sum(part);
+        if (lane == 0) val[u] = part;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rpb; r += blockDim.x) {
+        const int n = r0 + r;
+        if (n >= N) continue;
+        float v = 0.0f;
+        for (int c = 0; c < n_sc; ++c) v += val[r * n_sc + c];
+        if (p.bias) v += p.bias[n];
+        p.y[n] = v;
+    }
+}
+
+// Whether mm_run_plain takes mm_narrow_kernel: one row, split-K would be chosen, and the row and
+// the values fit the kernel's shared memory.
+inline bool mm_narrow_fits(int M, int splits, int K) {
+    const int n_sc = ceil_div(K, KD_MM_SCHUNK);
+    return M == 1 && splits > 1 && K + mm_narrow_rows(n_sc) * n_sc <= KD_MM_SMEM_FLOATS;
+}
+
+inline void mm_narrow_launch(const MmParams& p, cudaStream_t stream) {
+    const auto kernel = mm_narrow_kernel<KD_MM_NARROW_STEPS>;
+    static bool configured = false;
+    if (!configured) {
+        KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
+        configured = true;
+    }
+    const int n_sc = ceil_div(p.K, KD_MM_SCHUNK), rpb = mm_narrow_rows(n_sc);
+    const int warps = std::min(KD_MM_WARPS, rpb * n_sc);
+    const int smem = static_cast<int>(sizeof(float)) * (p.K + rpb * n_sc);
+    launch_chained("mm_narrow_kernel launch", kernel, dim3(ceil_div(p.N, rpb)), dim3(32 * warps), smem, stream,
+                   p, rpb);
+}
+
 // Rows per pass for a call whose largest row count is max_rows.
 inline int mm_pass_rows(int max_rows) {
     return max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : max_rows <= 4 ? 4 : KD_MM_MAX_PASS;
@@ -516,6 +619,10 @@ inline void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, in
     mm_set_rows(p, x, K, y, N, N, K);
     p.M = M;
     p.splits = mm_split_count(ctx.num_sms, N, K, M);
+    if (mm_narrow_fits(M, p.splits, K)) {
+        mm_narrow_launch(p, ctx.stream);
+        return;
+    }
     if (p.splits > 1) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.splits) * M * N);
         p.counters = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(N, KD_MM_WARPS)));

@@ -34,7 +34,7 @@
 //   e_lo)) + (-24 X) with d, e the mma sums of the group's two k-steps, part = fma(scale, v, part) from part = 0; the super-chunk's
 //   value is part * 2^-e (its activation scale); the output is 0 + value_0 + value_1 + ... in
 //   ascending super-chunk order (one super-chunk: written directly; more: through a workspace,
-//   summed by the tile's last finisher). Nothing depends on M, on the token's place among the
+//   summed by w4_sum_kernel, the launch after). Nothing depends on M, on the token's place among the
 //   rows, on the row's place in the tile, on the schedule or on grouping, so matmul_w4a16 and
 //   moe_ffn give bit-identical rows at every M.
 #pragma once
@@ -78,7 +78,6 @@ struct W4Params {
     const int* row_in = nullptr;
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
-    unsigned* tile_done = nullptr;  // n_sc > 1: [slots][max_passes][tiles] super-chunks done, zero between launches
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
 };
 
@@ -132,13 +131,24 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
+// ld_stream that the compiler may not move or speculate: for a load behind a test of its
+// address's validity (a plain asm without side effects may be hoisted above the test).
+__device__ __forceinline__ uint4 ld_stream_guarded(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <bool GUARDED = false>
 __device__ __forceinline__ W4Step w4_fetch(const W4Rows& r, int step) {
     W4Step st;
     const int b = step * 64;  // uint4s per step of a half-tile: 2 loads x 32 lanes
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        st.wa[j] = ld_stream(r.qa + b + 32 * j);
-        st.wb[j] = ld_stream(r.qb + b + 32 * j);
+        st.wa[j] = GUARDED ? ld_stream_guarded(r.qa + b + 32 * j) : ld_stream(r.qa + b + 32 * j);
+        st.wb[j] = GUARDED ? ld_stream_guarded(r.qb + b + 32 * j) : ld_stream(r.qb + b + 32 * j);
     }
     st.sa = __ldg(r.sa + step * 32);
     st.sb = __ldg(r.sb + step * 32);
@@ -345,8 +355,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             if (out_row(n0, 1) < N) yr[out_row(n0, 1)] = v1;
         }
     };
-    // The tile's super-chunk values: stored, or (more super-chunks) put in the workspace, the
-    // tile's last finisher adding all of them in ascending order.
+    // The tile's super-chunk values: stored, or (more super-chunks) put in the workspace with
+    // plain stores (no fence, no count: w4_sum_kernel, the next launch, adds them).
     const auto finish = [&](int tile, const float (&part)[Q][2]) {
         const int n0 = tile * TILE;
         if (p.n_sc == 1) {
@@ -364,33 +374,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
         }
-        // The warp's stores, ordered before lane 0's count by the warp barrier, published by
-        // its release; the last finisher's acquire, ordered before the other lanes' reads by the
-        // next warp barrier (CUTLASS's semaphore, per warp): no fence.sc in every lane.
-        __syncwarp();
-        unsigned last = 0;
-        unsigned* done = p.tile_done + (static_cast<long>(slot) * p.max_passes + pass) * n_tiles + tile;
-        if (lane == 0) {
-            unsigned old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(done) : "memory");
-            last = old == static_cast<unsigned>(p.n_sc - 1);
-        }
-        if (!__shfl_sync(0xffffffffu, last, 0)) return;
-        __syncwarp();
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-            const int tok = 4 * q + t;
-            if (tok >= m_count) continue;
-            float v[2] = {0.0f, 0.0f};
-            for (int c = 0; c < p.n_sc; ++c) {
-                const float* wr = p.ws + (static_cast<long>(c) * p.M + m_begin + tok) * NW;
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    if (out_row(n0, h) < N) v[h] += __ldcg(wr + ws_col(n0, h));
-            }
-            store(n0, tok, v[0], v[1]);
-        }
-        if (lane == 0) *done = 0;
     };
 
     // A warp's first tile is its place in the wave; then it asks the counter (which counts
@@ -402,11 +385,16 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         m_count = min(4 * Q, slot_rows - 4 * Q * pass);
         ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         int tile = blockIdx.x * KD_W4_WARPS + warp;
+        // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
+        // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
+        // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
+        // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
+        // a tile spilled on sm_120.
         W4Rows rows{};
         W4Step cur{}, other;
         if (tile < n_tiles) {
             rows = tile_rows(tile);
-            cur = w4_fetch(rows, 0);
+            cur = w4_fetch<true>(rows, 0);
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -452,6 +440,30 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
 }
 
 
+// Split-K (n_sc > 1), launched after w4_kernel by launch_chained: y = 0 + value_0 + value_1 + ...
+// (the super-chunks' values in the workspace, ascending), SwiGLU applied with it; a thread per
+// (row, output). Its griddepcontrol.wait (chain_acquire) returns once w4_kernel has finished and
+// its stores are visible, so the streaming kernel stores its values with no fence and no count.
+// Grouped: the rows are the slots' pairs [0, slot_start[*n_active]); y row row_out[p] (null: p).
+template <bool GLU>
+__global__ void w4_sum_kernel(W4Params p) {
+    chain_acquire();
+    chain_release();
+    const int N = p.N, NW = GLU ? 2 * N : N;
+    const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
+    const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
+    if (i >= static_cast<long>(rows) * N) return;
+    const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int c = 0; c < p.n_sc; ++c) {
+        const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
+        v0 += __ldcg(wr + n);
+        if (GLU) v1 += __ldcg(wr + N + n);
+    }
+    float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
+    yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
+}
+
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
 // (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
 constexpr int w4_smem_bytes(int Q) {
@@ -489,14 +501,16 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
-        const int tiles = ceil_div(p.N, GLU ? 8 : 16);
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
-        p.tile_done = ctx.split_counters.get<unsigned>(static_cast<size_t>(slots) * p.max_passes * tiles);
     }
     p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
     if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    if (p.n_sc > 1) {
+        const long n = static_cast<long>(p.M) * p.N;
+        launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
+    }
 }
 
 // Instantiated once, in matmul_w4a16.cu: moe_ffn.cu uses both without compiling the kernels again.
