@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import signal
 import sys
@@ -236,7 +237,9 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
     from . import parallel, pipeline, record, regression, remote
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
-        from . import dashboard, history as history_mod
+        from . import history as history_mod
+        # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
+        threading.Thread(target=importlib.import_module, args=(f"{__package__}.dashboard",), daemon=True).start()
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
@@ -264,6 +267,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         paths = pipeline.finish(run_dir, run, runs_root, secrets)
         if store is not None:
             store.index_run(record.load_run(run_dir.path), run_dir.path)
+            from . import dashboard
             dashboard.render_history(store, board, tolerance)
     run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
