@@ -28,6 +28,9 @@ median of --repeats runs of:
   warm       one host, side by side, interleaved: bare `rsync` alone (the seed's command), `invoke
              deploy` with its warm connection (no change), the same with --no-persist, and a no-op
              `invoke validate --skip bench` (warm); each as a ratio to the bare rsync of that run.
+             Also, each alone, what any warm `invoke deploy` must do (`bound:` rows): `invoke
+             --list`, the key probe, rsync over the warm master with no change; their sum bounds
+             a warm no-change deploy from below.
              Use --files 0 for the real engine tree.
   scale      `invoke doctor` and a warm `invoke deploy` on every --hosts count: peak open file
              descriptors and peak memory (RSS) of the invoke process, of its whole process tree,
@@ -357,6 +360,7 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
             f"invoke validate --skip bench (no-op, warm){label}": (
                 invoke + ["validate", "--inventory", str(validate_inv), "--host", host.name, "--skip", "bench",
                           "--report-dir"], repo)}
+    cases |= floor_cases(deploy_inv, lab, host, bare, invoke)
     if baseline:            # one full validate (it builds), its deployment copied for the baseline's
         argv, repo = cases["invoke validate --skip bench (no-op, warm)"]
         runner.run(argv + [str(work / "runs" / "warm-settle-first")], cwd=repo, what="settle validate")
@@ -374,8 +378,36 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
         print(f"  warm repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()),
               file=sys.stderr)
     base = median(times["bare rsync"])
-    return {name: {"median": median(v), "runs": [round(x, 3) for x in v], "ratio_to_bare_rsync":
-                   round(median(v) / base, 2), "client_cpu": median(cpu[name])} for name, v in times.items()}
+    result = {name: {"median": median(v), "runs": [round(x, 3) for x in v], "ratio_to_bare_rsync":
+                     round(median(v) / base, 2), "client_cpu": median(cpu[name])} for name, v in times.items()}
+    bound = sum(result[name]["median"] for name in result if name.startswith(FLOOR))
+    result[f"{FLOOR} sum: a warm deploy's lower bound"] = {"median": round(bound, 3), "runs": [],
+                                                           "ratio_to_bare_rsync": round(bound / base, 2), "client_cpu": "-"}
+    return result
+
+
+FLOOR = "bound:"
+
+
+def floor_cases(inventory: Path, lab, host, bare, invoke: list[str]) -> dict[str, tuple[list, Path]]:
+    """What any `invoke deploy` with a warm connection must do, each alone: start the interpreter
+    with Invoke and the tasks (`invoke --list`), probe the host key (every run does, before its
+    first command: a live master would hide a changed key), and rsync over the warm master with
+    nothing to send. Their sum bounds a warm no-change deploy from below, whatever else it does."""
+    sys.path.insert(0, str(REPO))
+    os.environ.update(lab.env())        # the lab's ssh config, known_hosts and socket directory, as the runs see them
+    from orchestrator import inventory as inventory_mod, warm
+    entry = inventory_mod.load(inventory).hosts[host.name]
+    probe = warm._base_argv(entry) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={warm.PROBE_KEX}", "-o",
+                                      f"PreferredAuthentications={warm.PROBE_METHOD}", str(entry.address), "true"]
+    over_master = shlex.join(warm.client_argv(entry, warm.socket_path(entry))[:-1])
+    rsync = bare.rsync_argv(host)
+    rsync[rsync.index("-e") + 1] = over_master
+    rsync[-1] = f"{host.name}:{host.root / 'warm-bound'}/"
+    # the key probe is refused for want of an authentication method (255): that is its success
+    return {f"{FLOOR} invoke --list (interpreter, Invoke, tasks)": (invoke + ["--list"], REPO),
+            f"{FLOOR} key probe": (["bash", "-c", f"{shlex.join(probe)} 2>&1 | grep -q 'Permission denied'"], REPO),
+            f"{FLOOR} rsync over the warm master, no change": (rsync, REPO)}
 
 
 class Sampler:
