@@ -47,7 +47,8 @@ def load_cache(mask: str) -> tuple[dict, dict]:
 
 
 def tree_files() -> list[bytes]:
-    """The tree's regular files (relative names), as find lists them in steps.inputs."""
+    """The tree's regular files (relative names): all but the top-level build/, any .git/, .kdtree/,
+    __pycache__/ and *.pyc."""
     found = []
     for root, dirs, names in os.walk(b"."):
         dirs[:] = [d for d in dirs if d not in PRUNED and not (root == b"." and d == b"build")]
