@@ -20,7 +20,7 @@ import yaml
 from orchestrator import connection, record, state, sync, transport
 from orchestrator.errors import CommandError, UsageError
 from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
-    bundles as bundles_step, test as test_step
+    bundles as bundles_step, context as context_module, test as test_step
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,6 +79,12 @@ def deploy(root: Path, tree: str, code: bytes = b"\x7fELF code") -> None:
     for name in ("kdtree", "test_ops"):
         (root / "build" / name).write_bytes(code + b"\0tree=" + tree.encode() + b"\0rest")
         (root / "build" / name).chmod(0o755)
+
+
+def built(root: Path, tree: str) -> None:
+    """The build stamp of a build of `tree`."""
+    (root / ".kdtree" / "build.json").write_text(json.dumps({"key": {"tree": tree, "build": {"cxx": "g++"}},
+                                                              "run_id": "r0"}))
 
 
 def test_results_key_is_the_content_of_what_the_results_depend_on(context):
@@ -143,6 +149,7 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
     its own on the host, so they overlap), and each step takes its read from there: the same
     values as reading one after the other."""
     (context.root / "scripts" / "slow.sh").write_text("sleep 1; echo '{\"cxx\": \"g++\"}'\n")
+    built(context.root, TREE)
     ctx = context()
     ctx.deployed_tree_hash = TREE
     ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands, "build_key": "bash scripts/slow.sh",
@@ -154,17 +161,32 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
                               *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
     assert ctx.engine_output("build_key").strip() == ctx.engine_output("bundles_key").strip() == '{"cxx": "g++"}'
     assert time.monotonic() - start < 1.9          # two 1 s commands, side by side
+    assert ctx.ahead["inputs"].result() is not context_module.NOT_READ       # the build stamp names TREE
     assert (ctx.current_inputs(), ctx.stamp("deploy.json")) == (expected[0], expected[1]["deploy.json"])
     assert ctx.pull_json("tests") == TESTS
+
+
+def test_the_input_hashes_and_result_files_wait_for_a_build_of_the_deployed_tree(context):
+    """A run that will rebuild (the build stamp names another tree) does not hash the inputs or
+    pull result files ahead, only to throw them away: the steps read them when they need them."""
+    built(context.root, OTHER_TREE)
+    ctx = context()
+    ctx.deployed_tree_hash = TREE
+    ctx.read_ahead(("golden", "test"))
+    skipped = {"inputs", *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
+    assert {key for key, future in ctx.ahead.items() if future.result() is context_module.NOT_READ} == skipped
+    assert ctx.pull_json("tests") == TESTS and ctx.current_inputs() == context().current_inputs()
 
 
 def test_an_engine_command_drops_what_was_read_ahead(context):
     """An engine command may change what was read ahead (a rebuild, regenerated results): what
     comes after it is read again."""
+    built(context.root, TREE)
     ctx = context()
     ctx.deployed_tree_hash = TREE
     ctx.read_ahead(("test",))
-    assert ctx.ahead and ctx.pull_json("tests") == TESTS
+    assert ctx.ahead[("file", ctx.project.results["tests"])].result() is not context_module.NOT_READ
+    assert ctx.pull_json("tests") == TESTS
     changed = dict(TESTS, passed=1)
     ctx.project = dataclasses.replace(ctx.project, commands={
         **ctx.project.commands, "test": f"echo '{json.dumps(changed)}' > build/test_results.json"})

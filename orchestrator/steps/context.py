@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import typing
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, remote, state
@@ -32,6 +32,7 @@ STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
 HISTORY_BENCH = "bench_nightly"
 T = TypeVar("T")
+NOT_READ = object()      # a read ahead that was not made (the step makes it itself)
 
 
 class StepError(HostError):
@@ -102,30 +103,35 @@ class StepContext:
         a reuse pulls), so a no-change run waits about one round trip for all of them. Each is
         the command the step would run, taken from here only until the next engine command (which
         may change what it read); the binary itself (--version) runs only once the build step has
-        checked it, as before."""
-        reads: dict[Any, Callable[[], Any]] = {}
-        for step, name in (("build", "build_key"), ("bundles", "bundles_key")):
-            if step in steps:
-                reads[("engine", name)] = functools.partial(self._output_of, name, self.gpu_env(), step)
-        if set(READERS) & set(steps):
-            reads["stamps"] = functools.partial(state.read_jsons, self.transport, state.STAMPS)
+        checked it, as before. The input hashes and the result files are read only once the state
+        files show a build of the deployed tree: a run that rebuilds would throw them away."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
-        if tree and (reusable or "bundles" in steps):
-            reads["inputs"] = functools.partial(inputs.measure, self.transport, self.project, tree)
-        for result in reusable:
-            path = self.project.results[result]
-            reads[("file", path)] = functools.partial(self.transport.read_file, path, max_bytes=RESULT_MAX_BYTES)
-        if reads:
-            pool = ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix=f"read-ahead-{self.host.name}")
-            self.ahead = {key: pool.submit(read) for key, read in reads.items()}
-            pool.shutdown(wait=False)
+        # every read has a thread of its own: those that wait for the state files never hold up another
+        pool = ThreadPoolExecutor(max_workers=4 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
+        ahead: dict[Any, Future] = {}
+        for step, name in (("build", "build_key"), ("bundles", "bundles_key")):
+            if step in steps:
+                ahead[("engine", name)] = pool.submit(self._output_of, name, self.gpu_env(), step)
+        if set(READERS) & set(steps):
+            stamps = ahead["stamps"] = pool.submit(state.read_jsons, self.transport, state.STAMPS)
+            if tree and (reusable or "bundles" in steps):
+                ahead["inputs"] = pool.submit(_once_built, stamps, tree, inputs.measure, self.transport,
+                                              self.project, tree)
+            for result in reusable:
+                path = self.project.results[result]
+                ahead[("file", path)] = pool.submit(_once_built, stamps, tree, self.transport.read_file, path,
+                                                    max_bytes=RESULT_MAX_BYTES)
+        pool.shutdown(wait=False)
+        self.ahead = ahead
 
     def _ahead(self, key, read: Callable[[], T]) -> T:
-        """The read started ahead under `key`, once done; else `read()` now."""
+        """The read started ahead under `key`, once done (unless it was not made: NOT_READ);
+        else `read()` now."""
         future = self.ahead.get(key)
-        return future.result() if future is not None else read()
+        value = future.result() if future is not None else NOT_READ
+        return read() if value is NOT_READ else typing.cast(T, value)
 
     def stamp(self, name: str) -> dict | None:
         """The host's state file `name` (one of state.STAMPS: the deploy record, a step's stamp),
@@ -334,6 +340,17 @@ class StepContext:
         if not isinstance(data, dict):
             raise StepError(f"{remote_path} does not hold a JSON object", host=self.host.name)
         return data
+
+
+def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *args, **kwargs) -> Any:
+    """`read(*args, **kwargs)` once the state files (`stamps`) show a build of `tree`; NOT_READ
+    when they do not (the build step will rebuild) or could not be read."""
+    try:
+        build = stamps.result().get("build.json")
+    except Exception:       # the stamp() that needs them reads them again and reports it
+        return NOT_READ
+    key = build.get("key") if isinstance(build, dict) else None
+    return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
 
 
 def gpu_run(ctx: StepContext, gpu) -> GpuRun:
