@@ -103,8 +103,9 @@ class StepContext:
         a reuse pulls), so a no-change run waits about one round trip for all of them. Each is
         the command the step would run, taken from here only until the next engine command (which
         may change what it read); the binary itself (--version) runs only once the build step has
-        checked it, as before. The input hashes and the result files are read only once the state
-        files show a build of the deployed tree: a run that rebuilds would throw them away."""
+        checked it, as before. A run that will rebuild would throw the input hashes and the result
+        files away: the host hashes the inputs only when its build stamp names the deployed tree,
+        and the result files are pulled once the state files show that."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
@@ -116,9 +117,9 @@ class StepContext:
                 ahead[("engine", name)] = pool.submit(self._output_of, name, self.gpu_env(), step)
         if set(READERS) & set(steps):
             stamps = ahead["stamps"] = pool.submit(state.read_jsons, self.transport, state.STAMPS)
-            if tree and (reusable or "bundles" in steps):
-                ahead["inputs"] = pool.submit(_once_built, stamps, tree, inputs.measure, self.transport,
-                                              self.project, tree)
+            if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
+                ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
+                                              or NOT_READ)
             for result in reusable:
                 path = self.project.results[result]
                 ahead[("file", path)] = pool.submit(_once_built, stamps, tree, self.transport.read_file, path,

@@ -3,6 +3,8 @@ remote_dir, after the ownership check), standard library only; never imported by
 
     python -I -S -c "$(cat hash_inputs.py)" TREE     # prints `x <sha256> build/kdtree` lines
                                                         # and `f <sha256> scripts/bench.sh` lines
+    python -I -S -c "$(cat hash_inputs.py)" TREE if-built   # the same, or `not built` when the
+                                                        # build stamp names another tree
 
 x: every top-level regular executable under build/, hashed with each occurrence of TREE (the
 deployed tree hash, or empty) replaced by zeros; f: every regular file of the tree outside the
@@ -26,6 +28,7 @@ import sys
 import time
 
 CACHE = ".kdtree/inputs-cache.json"
+BUILD_STAMP = ".kdtree/build.json"      # steps/build.py's stamp: {"key": {"tree": TREE, ...}, ...}
 CACHE_MAX_BYTES = 64 << 20
 RACY_NS = 2_000_000_000          # timestamps coarser than this are not trusted to show a change
 CHUNK = 1 << 20
@@ -110,8 +113,20 @@ def escaped(path: bytes) -> bytes:
     return path.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
 
 
+def built(tree: str) -> bool:
+    """Whether the build stamp names `tree` (a run that will rebuild has no use for the hashes)."""
+    try:
+        with open(BUILD_STAMP, "rb") as f:
+            return json.load(f)["key"]["tree"] == tree
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+
+
 def main() -> None:
     mask = sys.argv[1] if len(sys.argv) > 1 else ""
+    if sys.argv[2:] == ["if-built"] and not built(mask):
+        print("not built")
+        return
     start_ns = time.time_ns()
     files, execs = load_cache(mask)
     kept: dict = {"mask": mask, "f": {}, "x": {}}

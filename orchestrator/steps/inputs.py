@@ -28,6 +28,7 @@ from ..transport import Transport
 OUTPUT_MAX_BYTES = 4 << 20
 SECONDS = 120
 _TREE = re.compile(r"[0-9a-f]{64}\Z")
+NOT_BUILT = "not built\n"      # hash_inputs.py's answer to if-built when the build stamp names another tree
 _LINE = re.compile(r"^(x|f) ([0-9a-f]{64}) (.+)$", re.M)
 
 
@@ -43,11 +44,25 @@ def measure(transport: Transport, project: Project, tree: str) -> Inputs:
     """Hash, on the host, every top-level executable under build/ (the deployed `tree` hash in it
     masked) and every file of the deployed tree outside build/, .kdtree/, .git/, __pycache__/
     and *.pyc, leaving out project.compiled; CommandError when the host cannot."""
+    return _parsed(project, _hash_on_host(transport, tree))
+
+
+def measure_if_built(transport: Transport, project: Project, tree: str) -> Inputs | None:
+    """measure(), or None without hashing when the host's build stamp names another tree than
+    `tree` (the build step will rebuild: a read ahead of it would be thrown away)."""
+    out = _hash_on_host(transport, tree, "if-built")
+    return None if out == NOT_BUILT else _parsed(project, out)
+
+
+def _hash_on_host(transport: Transport, tree: str, *condition: str) -> str:
     mask = tree if _TREE.match(tree) else ""
     command = remote.script_command(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask,
-                                    timeout=SECONDS)
-    out = transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
-                            what="hashing what the results depend on").decode(errors="replace")
+                                    *condition, timeout=SECONDS)
+    return transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
+                             what="hashing what the results depend on").decode(errors="replace")
+
+
+def _parsed(project: Project, out: str) -> Inputs:
     found: dict[str, dict[str, str]] = {"x": {}, "f": {}}
     for kind, digest, path in _LINE.findall(out):
         if kind == "x" or not compiled(project, path):
@@ -85,6 +100,6 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
 # hashes of unchanged files between runs: a no-change validate no longer reads every bundle.
 _SCRIPT = ownership.guard('''
 cd -- "$1" || exit 3
-exec "$2" -I -S -c "$3" "$4"
+exec "$2" -I -S -c "$3" "${@:4}"
 ''')
 _HOST_SIDE = (Path(__file__).parent / "hash_inputs.py").read_text()
