@@ -11,6 +11,7 @@ numpy). The validate pipeline's preflight step reuses diagnose().
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 
 from . import remote
 from .errors import AuthError, ConnectError, HostError, HostKeyError
@@ -36,13 +37,15 @@ def diagnose(transport: Transport) -> list[Finding]:
         return [Finding("reachable", "fail", e.message)]
 
 
-def examine(transport: Transport) -> tuple[list[Finding], dict[str, list[str]]]:
+def examine(transport: Transport, started: Future | None = None,
+            import_numpy: bool = True) -> tuple[list[Finding], dict[str, list[str]]]:
     """Every check's finding and the probe's facts (none when the host could not be reached:
     a connection, host key or authentication failure is a finding). Other errors (the probe
-    failed or timed out, the run was interrupted) are raised."""
+    failed or timed out, the run was interrupted) are raised. `started`: the probe already
+    under way (Run.prepare), else it runs now (`import_numpy`: as probe())."""
     host = transport.host
     try:
-        facts = probe(transport)
+        facts = started.result() if started is not None else probe(transport, import_numpy)
     except HostKeyError as e:
         return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)], {}
     except AuthError as e:
@@ -62,16 +65,20 @@ def failed(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.status == "fail"]
 
 
-def probe_command(host: Host) -> remote.Command:
-    """The one command that gathers every fact the checks need (key=value lines)."""
+def probe_command(host: Host, import_numpy: bool = True) -> remote.Command:
+    """The one command that gathers every fact the checks need (key=value lines); numpy's version
+    from importing it, or (not `import_numpy`) from its installed metadata when it has some."""
     return remote.script(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
-                         host.python, timeout=host.timeout("preflight"), what="the doctor probe")
+                         host.python, "import" if import_numpy else "find", timeout=host.timeout("preflight"),
+                         what="the doctor probe")
 
 
-def probe(transport: Transport) -> dict[str, list[str]]:
-    """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU)."""
+def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str]]:
+    """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU).
+    `import_numpy` False (a validate's preflight, whose later steps import it where they use it):
+    numpy's version is read from its installed metadata, a tenth of the time of importing it."""
     host = transport.host
-    result = transport.check(probe_command(host))
+    result = transport.check(probe_command(host, import_numpy))
     facts: dict[str, list[str]] = {}
     for line in result.tail.splitlines():
         key, sep, value = line.partition("=")
@@ -147,11 +154,21 @@ def check_python(host: Host, facts) -> Finding:
 CHECKS = (check_rsync, check_nvcc, check_gpu, check_arch, check_disk, check_python)
 
 _PROBE_SCRIPT = r'''
-d=$1 rsync_path=$2 cuda=$3 py=$4
+d=$1 rsync_path=$2 cuda=$3 py=$4 numpy=$5
 # the slowest checks start first and run beside the others: the interpreter (its version, then
-# numpy: one process) and nvcc; their lines are printed at the end
+# numpy's: one process) and nvcc; their lines are printed at the end
 exec 5< <("$py" -c 'import sys; print("python_version=%d.%d.%d" % sys.version_info[:3], flush=True)
-import numpy; print("numpy_version=" + numpy.__version__)' 2>/dev/null)
+version = None
+if sys.argv[1] == "find":
+    import importlib.metadata, importlib.util
+    try:
+        version = importlib.util.find_spec("numpy") and importlib.metadata.version("numpy")
+    except Exception:
+        pass
+if not version:
+    import numpy
+    version = numpy.__version__
+print("numpy_version=" + version)' "$numpy" 2>/dev/null)
 if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
 [ -n "$n" ] && exec 6< <(echo "nvcc=$n"; echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')")
 if [ -n "$rsync_path" ]; then [ -x "$rsync_path" ] && r=$rsync_path; else r=$(command -v rsync); fi

@@ -18,6 +18,7 @@ first step that needs it. preflight takes it (after its checks) with the GPUs; d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import gpus, ownership, parallel, record, remote, state, sync
+from . import doctor, gpus, ownership, parallel, record, remote, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -162,8 +163,11 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
     # the reports' templates are compiled (Jinja2) meanwhile, for `finish`: the hosts' work is mostly waiting
     threading.Thread(target=_prepare_reports, daemon=True).start()
     with Run(plan.command) as run:
-        # the first hosts connect (warm: the master checked, the key probed) while the source is hashed here
-        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()])
+        # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
+        # probe (read-only) while the source is hashed here
+        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
+                    functools.partial(doctor.probe, import_numpy=plan.command == "doctor")
+                    if "preflight" in plan.steps else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
@@ -233,7 +237,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                       take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None)
+                      if plan.claims_gpus else None, probe=run.first_result(host))
     stopped_by = None
     try:
         for step in plan.listed:

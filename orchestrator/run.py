@@ -1,7 +1,7 @@
 """A run: one command (doctor, deploy, validate, nightly) over its hosts, and everything it holds.
 
     with Run("validate") as run:
-        run.prepare(hosts[:8])                   # start connecting while this machine works
+        run.prepare(hosts[:8], doctor.probe)     # start connecting (and probing) while this machine works
         transport = run.transport(host)          # closed when the run ends
         lock = run.lock(transport, owner)        # released when the run ends (or run.release(lock))
         claim = run.claim_gpus(transport, request, owner)   # GPUs, released when the run ends
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from typing import Callable
 
 from . import gpu_claims, state
 from .errors import HostError
@@ -35,6 +36,7 @@ class Run:
         self._guard = threading.Lock()
         self._transports: list[Transport] = []
         self._prepared: dict[str, Future[Transport]] = {}
+        self._first: dict[str, Future] = {}
         self._locks: list[state.HostLock] = []
         self._claims: list[gpu_claims.GpuClaim] = []
 
@@ -47,27 +49,44 @@ class Run:
             return pending.result()
         return self._open(host)
 
-    def prepare(self, hosts: list[Host]) -> None:
+    def prepare(self, hosts: list[Host], first: Callable[[Transport], object] | None = None) -> None:
         """Start opening `hosts`' transports (reading their ssh config: warm.uses_warm) and
         connecting them (Transport.connect_soon), in the background, for transport() to hand out
         (the hosts that run first, while this machine hashes the source); a failure is raised by
-        transport() or the first command."""
+        transport() or the first command. Given `first` (a read-only command: the doctor probe),
+        also run it on each as soon as its connection is up, for first_result()."""
         for host in hosts:
-            if host.is_local:
+            if host.is_local and first is None:
                 continue
             pending: Future[Transport] = Future()
-            threading.Thread(target=self._open_early, args=(host, pending), daemon=True).start()
+            started: Future[object] | None = Future() if first is not None else None
+            threading.Thread(target=self._open_early, args=(host, pending, first, started), daemon=True).start()
             with self._guard:
                 self._prepared[host.name] = pending
+                if started is not None:
+                    self._first[host.name] = started
 
-    def _open_early(self, host: Host, pending: "Future[Transport]") -> None:
+    def first_result(self, host: Host) -> Future | None:
+        """The outcome of prepare()'s `first` command on `host` (None when it was not started)."""
+        with self._guard:
+            return self._first.pop(host.name, None)
+
+    def _open_early(self, host: Host, pending: "Future[Transport]", first, started: Future | None) -> None:
         try:
             transport = self._open(host)
-            transport.connect_soon()
+            if not host.is_local:
+                transport.connect_soon()
         except BaseException as e:      # noqa: BLE001 - raised by transport(host)
             pending.set_exception(e)
+            if started is not None:
+                started.set_exception(e)
             return
         pending.set_result(transport)
+        if started is not None:
+            try:
+                started.set_result(first(transport))
+            except BaseException as e:      # noqa: BLE001 - raised to whoever takes the result
+                started.set_exception(e)
 
     def _open(self, host: Host) -> Transport:
         transport = open_transport(host, self.stopped)

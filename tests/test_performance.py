@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import connection, record, state, sync, transport
-from orchestrator.errors import CommandError, UsageError
+from orchestrator import connection, doctor, record, state, sync, transport
+from orchestrator.errors import AuthError, CommandError, UsageError
+from orchestrator.run import Run
 from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
     bundles as bundles_step, context as context_module, test as test_step
 from orchestrator.sync import SourceId
@@ -176,6 +177,50 @@ def test_the_input_hashes_and_result_files_wait_for_a_build_of_the_deployed_tree
     skipped = {"inputs", *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
     assert {key for key, future in ctx.ahead.items() if future.result() is context_module.NOT_READ} == skipped
     assert ctx.pull_json("tests") == TESTS and ctx.current_inputs() == context().current_inputs()
+
+
+def test_the_doctor_probe_runs_as_the_host_connects_beside_this_machines_work(make_inventory, tmp_path):
+    """Run.prepare starts the probe (read-only) as soon as the host is open, so preflight waits
+    for what is left of it, not all of it; an error it met is the finding it always was."""
+    slow_python = tmp_path / "python"
+    slow_python.write_text(f"#!/bin/sh\nsleep 1\nexec {sys.executable} \"$@\"\n")
+    slow_python.chmod(0o755)
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
+                                    "python": str(slow_python)}})
+    host = inv.hosts["local"]
+    with Run("validate") as run:
+        start = time.monotonic()
+        run.prepare([host], doctor.probe)
+        time.sleep(1)                   # this machine's own work: the source hash
+        findings, _ = doctor.examine(run.transport(host), run.first_result(host))
+        assert time.monotonic() - start < 1.9        # the 1 s probe ran beside it
+        assert {f.check: f.status for f in findings}["python"] == "ok" and run.first_result(host) is None
+
+    def refused(transport):
+        raise AuthError("permission denied (publickey)", host="local")
+    with Run("validate") as run:
+        run.prepare([host], refused)
+        findings, facts = doctor.examine(run.transport(host), run.first_result(host))
+    assert [(f.check, f.status) for f in findings][-1] == ("auth", "fail") and facts == {}
+
+
+def test_a_validate_preflight_reads_numpys_version_from_its_metadata_and_doctor_imports_it(make_inventory, tmp_path):
+    """The import costs most of the probe: a validate's preflight reads the installed version
+    (the steps that use numpy import it), while `invoke doctor` imports it, so a numpy that is
+    installed but cannot be imported is a failed check there."""
+    site = tmp_path / "site"
+    (site / "numpy").mkdir(parents=True)
+    (site / "numpy" / "__init__.py").write_text("raise ImportError('numpy is broken')\n")
+    (site / "numpy-9.9.dist-info").mkdir()
+    (site / "numpy-9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 9.9\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"), "python": str(python)}})
+    with transport.open_transport(inv.hosts["local"]) as t:
+        checks = {deep: {f.check: f for f in doctor.examine(t, import_numpy=deep)[0]} for deep in (False, True)}
+    assert (checks[False]["python"].status, checks[False]["python"].detail.endswith("numpy 9.9")) == ("ok", True)
+    assert checks[True]["python"].status == "fail" and "has no numpy" in checks[True]["python"].detail
 
 
 def test_an_engine_command_drops_what_was_read_ahead(context):

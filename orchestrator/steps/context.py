@@ -83,6 +83,7 @@ class StepContext:
     gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
     claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
     claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
+    probe: Any = None                   # Future of the doctor probe started as the host connected (Run.prepare)
     gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
     devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)

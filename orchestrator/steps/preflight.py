@@ -3,6 +3,8 @@ GPUs: the table of what nvidia-smi reports, the ones this run claims (validate, 
 take (doctor, which is this step alone)."""
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from .. import doctor, gpu_claims, gpus, state
 from ..record import Fingerprint
 from .context import Outcome, StepContext, StepError
@@ -10,8 +12,13 @@ from .context import Outcome, StepContext, StepError
 
 def run(ctx: StepContext) -> Outcome:
     """Probe the host once, log every finding (reachable, host key and auth included), record its
-    fingerprint; fail on a failed check."""
-    findings, facts = doctor.examine(ctx.transport)
+    fingerprint; fail on a failed check. A run that claims GPUs asks for them meanwhile."""
+    query = None
+    if ctx.claim_gpus is not None:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu-query-{ctx.host.name}")
+        query = pool.submit(gpus.query, ctx.transport)
+        pool.shutdown(wait=False)
+    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.owner.command == "doctor")
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)
@@ -19,14 +26,14 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx)]))
+    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx, query)]))
 
 
-def take_gpus(ctx: StepContext) -> str:
+def take_gpus(ctx: StepContext, query: Future | None = None) -> str:
     """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
-    (hold_tree_and_gpus). What happened, in words."""
+    (hold_tree_and_gpus; `query`: the GPU query under way). What happened, in words."""
     if ctx.claim_gpus is not None:
-        return hold_tree_and_gpus(ctx)
+        return hold_tree_and_gpus(ctx, query)
     found, choice = gpu_claims.preview(ctx.transport, ctx.gpu_request)
     _record(ctx, found, ())
     if not found.gpus:
@@ -35,12 +42,12 @@ def take_gpus(ctx: StepContext) -> str:
     return f"a run would take GPU {taken}" if choice.enough else f"a run would not start: {choice.shortage()}"
 
 
-def hold_tree_and_gpus(ctx: StepContext) -> str:
+def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None) -> str:
     """Take the tree lock and the run's GPUs for the rest of the run: on a host with GPUs the lock
     shared (waiting up to timeouts.lock for a run changing the tree) and the GPUs claimed (waiting
     up to gpu_wait for enough: GpuSelectionError naming each GPU not taken and why); on a host
     without, the lock alone, as one run at a time. Records every GPU and the selection."""
-    found = gpus.query(ctx.transport)
+    found = query.result() if query is not None else gpus.query(ctx.transport)
     if not found.gpus:
         gpus.choose((), ctx.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
         ctx.hold_tree(state.EXCLUSIVE)
