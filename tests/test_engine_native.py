@@ -63,6 +63,17 @@ def test_results_file_lists_every_test(engine_run):
     assert all(set(t) == {"name", "status", "seconds", "message"} for t in results["tests"])
 
 
+def test_a_bundle_selection_naming_no_bundle_of_the_manifest_is_refused(engine_run):
+    """KD_TEST_BUNDLES with a typo must not select nothing and pass: exit 2 naming the manifest's bundles."""
+    copy, _ = engine_run
+    run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, capture_output=True, text=True, timeout=120,
+                         env=dict(_env(), KD_NO_BUILD="1", KD_TEST_BUNDLES="tiny_fp32,tiny_fp23",
+                                  KD_TEST_RESULTS=str(copy / "build" / "selection.json")))
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "KD_TEST_BUNDLES names 'tiny_fp23', which is not a bundle of tests/refs/manifest.json" in run.stderr
+    assert " tiny_fp32 " in run.stderr.rsplit("its bundles:", 1)[1] + " "
+
+
 def test_version_names_the_source_tree(engine_run):
     copy, _ = engine_run
     version = subprocess.run([str(copy / "build" / "kdtree"), "--version"], capture_output=True, text=True,

@@ -18,6 +18,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 ENGINE = REPO / "engine_src"
 BUSY = (4242, "python3 -m sglang.launch_server", 30000)      # a co-tenant's model server
+# The engine's tests once per GPU, the model tests on the tiny bundles only (the whole suite is
+# tests/test_engine_native.py's and tests/test_validate.py's): what is tested here is where they run.
+SELECTED = ("tiny_fp32", "tiny_int4")
+LIGHT_TEST = f"KD_TEST_BUNDLES={','.join(SELECTED)} bash scripts/run_tests.sh"
 
 # The engine's generate command, saying which GPUs it was given (CUDA_VISIBLE_DEVICES reaching
 # the engine's commands) and, on GPU 1 only when FLIP_ON is that GPU, changing one output token.
@@ -52,6 +56,7 @@ def write_inventory(workdir: Path, lab, host, name: str, flip_on: str = "", **ke
     data["project"]["commands"]["generate"] = (f"FLIP_ON={flip_on} " if flip_on else "") + "bash -c " + \
         "'" + GENERATE.replace("'", "'\"'\"'") + "'"
     data["project"]["commands"]["bench"] = 'KD_BENCH_ARGS="--budgets 4 --repeats 1 --moe-tokens 1" bash scripts/bench.sh'
+    data["project"]["commands"]["test"] = LIGHT_TEST
 
     data["hosts"] = {"g1": lab.inventory_entry(host, remote_dir=str(host.root / "engine"), backend="cpu",
                                                **keys)}
@@ -123,6 +128,9 @@ def test_golden_and_test_ran_once_per_gpu(full_run, workdir):
             (fake.uuid(i), f"build/gpu-{i}", "passed", "passed")
         assert set(r["golden"]) == bundles and "tiny_fp32" in bundles
         assert r["tests"]["failed"] == 0 and r["tests"]["passed"] >= 10
+        skipped = {c["name"] for c in rec["tests"]["cases"]
+                   if c["status"] == "skipped" and c["name"].startswith(f"gpu{i}.")}
+        assert skipped == {f"gpu{i}.model.cpu.{b}" for b in bundles - set(SELECTED)}       # said, not hidden
     names = [c["name"] for c in rec["tests"]["cases"]]
     assert len(names) == runs[0]["tests"]["passed"] + runs[1]["tests"]["passed"] + \
         runs[0]["tests"]["skipped"] + runs[1]["tests"]["skipped"]

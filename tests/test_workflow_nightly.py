@@ -24,6 +24,8 @@ WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
 EXPRESSION = re.compile(r"\$\{\{\s*(\w+)\.(\w+)\s*\}\}")
 # A light bench (one budget, one repeat, the fewest MoE experts, one token count): the figures only need to exist.
 LIGHT_BENCH = 'KD_BENCH_ARGS="--budgets 4 --repeats 1 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
+# Likewise the engine's tests: the model tests on the tiny bundles (the whole suite runs in test_engine_native.py).
+LIGHT_TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
 # The injected regression: every higher-is-better figure of the bench result (value, samples and
 # figures per CPU second) cut to a tenth: code ten times slower, not a run starved of CPU.
 TENTH = ("python3 -c 'import json; p = \"build/bench.json\"; d = json.load(open(p)); "
@@ -107,10 +109,11 @@ def check_out(checkout: Path) -> None:
 
 def write_hosts(checkout: Path, entry: dict, bench: str) -> None:
     """The checkout's hosts.yaml: the shipped project section with `bench` as its bench commands
-    (validate's and the nightly's), and one host, h1 (the nightly validates every host but `local`)."""
+    (validate's and the nightly's) and LIGHT_TEST as its test command, and one host, h1 (the nightly validates every host but `local`)."""
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     assert "bench_nightly" in data["project"]["commands"]         # the shipped nightly measures with its own
     data["project"]["commands"]["bench"] = data["project"]["commands"]["bench_nightly"] = bench
+    data["project"]["commands"]["test"] = LIGHT_TEST
     data["hosts"] = {"h1": entry}
     data.pop("groups", None)
     (checkout / "hosts.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

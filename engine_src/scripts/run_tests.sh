@@ -12,6 +12,8 @@
 # unless KD_NO_BUILD is set: then the build and the bundles are used as they are (several runs at
 # once, one per GPU, share them).
 #   KD_TEST_BACKENDS  comma-separated backends to test (default: every backend of the build)
+#   KD_TEST_BUNDLES   comma-separated bundle names: the per-bundle model tests run on these only, each
+#                     other bundle recorded as one skipped test (default: every bundle of the manifest)
 #   KD_TEST_RESULTS   the results file (default $KD_RESULTS_DIR/test_results.json)
 #   KD_GPU_LOAD       SHAPES[@SHARE] (scripts/gpu_load.sh): the op and model tests run with
 #                     build/gpu_load on the GPU, recorded as load.gpu_load (skipped without a GPU)
@@ -148,6 +150,15 @@ import json, sys
 for b in json.load(open(sys.argv[1]))["bundles"]:
     print(b["name"], b["file"], b["config"], b["quant"], ",".join(map(str, b["golden"])))' "$manifest")"
 
+# KD_TEST_BUNDLES: every name must be a bundle of the manifest (a typo must not select nothing)
+selected_bundle() { [[ -z "${KD_TEST_BUNDLES:-}" || ",${KD_TEST_BUNDLES}," == *",$1,"* ]]; }
+if [[ -n "${KD_TEST_BUNDLES:-}" ]]; then
+    names=" $(awk '{printf "%s ", $1}' <<<"$bundle_list")"
+    for want in ${KD_TEST_BUNDLES//,/ }; do
+        [[ "$names" == *" $want "* ]] || { echo "run_tests.sh: KD_TEST_BUNDLES names '$want', which is not a bundle of $manifest (its bundles:$names)" >&2; exit 2; }
+    done
+fi
+
 # ---- op tests: one line of build/test_ops per test ------------------------------------------
 for be in "${backends[@]}"; do
     t0=$(now_ms)
@@ -172,6 +183,10 @@ done
 # ---- model tests ------------------------------------------------------------------------------
 for be in "${backends[@]}"; do
     while read -r name file config quant golden; do
+        if ! selected_bundle "$name"; then
+            record "model.$be.$name" skipped 0 "not selected: KD_TEST_BUNDLES=$KD_TEST_BUNDLES"
+            continue
+        fi
         bundle="$refs/$file"
         # The bundle's own golden tokens (prompt from the bundle, n = golden length).
         check "model.$be.$name.ar_equals_golden" "$kdtree" check --backend "$be" --bundle "$bundle" --expect golden
