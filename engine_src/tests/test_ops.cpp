@@ -333,13 +333,14 @@ bool rows_match_single(const std::vector<float>& batched, const std::function<st
 void test_matmuls(Backend& be, const std::string& p) {
     Rng rng(2);
     Buffers buf(be);
-    // {3, 700, 1024} is large enough for the CPU backend to split it over threads; {2, 1100, 160}
-    // wide enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it; {3, 100, 4096}
+    // {3, 700, 1024} is large enough for the CPU backend to split it over threads; {2, 1100, 4096}
+    // wide and large enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it,
+    // {2, 1100, 160} wide but small (the drafter's case: the CUDA kernel); {3, 100, 4096}
     // long enough (4 warp steps) for the CUDA kernel's three-buffer loop at one row; {2, 384, 7168}
     // (the K2 router) and {2, 80, 4800} (a short last super-chunk, a partial warp step) put the
     // single rows on the CUDA backend's narrow one-row kernel and the pair on mm_kernel's split-K.
-    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {3, 100, 4096},
-                             {2, 384, 7168}, {2, 80, 4800}};
+    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {2, 1100, 4096},
+                             {3, 100, 4096}, {2, 384, 7168}, {2, 80, 4800}};
     for (const auto& shape : shapes) {
         const int M = shape[0], N = shape[1], K = shape[2];
         const std::vector<float> x = rng.vec(static_cast<size_t>(M) * K), W = rng.vec(static_cast<size_t>(N) * K, 0.1f),
