@@ -55,9 +55,6 @@ constexpr int KD_W4_SCHUNK = 2048;                       // inputs per super-chu
 constexpr int KD_W4_GROUPS = KD_W4_SCHUNK / 32;          // quantisation groups per super-chunk
 constexpr int KD_W4_STEP = 8;                            // groups per warp step
 constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launch (per slot when grouped)
-// Activation rows w4_stage loads at once: 4 in 8- and 16-row passes; one at a time in 4-row
-// passes (2 or 4 spilled 4-16 bytes at the 128 registers of w4_kernel<1>, sm_90).
-__host__ __device__ constexpr int w4_stage_rows(int Q) { return Q == 1 ? 1 : 4; }
 constexpr int KD_W4_ROW_BYTES = KD_W4_GROUPS * 64 + 64;  // one staged B row; the pad keeps LDS.128 conflict-free
 
 struct W4Params {
@@ -242,74 +239,50 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
         const long prow = m_begin + j;
         return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
     };
-    // Rows go w4_stage_rows(Q) at a time, their loads issued before any is used (issue 21, fifth
-    // pass: one row after the other, a pass of 5 rows waited for 10 load latencies in turn).
-    constexpr int RB = w4_stage_rows(Q);
-    for (int j0 = 0; j0 < m_count; j0 += RB) {  // each warp's largest |x| of each row
-        float v[RB][PER_WARP];
+    for (int j = 0; j < m_count; ++j) {  // each warp's largest |x| of each row
+        const float* xr = row(j);
+        float v[PER_WARP];
 #pragma unroll
-        for (int jj = 0; jj < RB; ++jj) {
-            const bool ok = j0 + jj < m_count;
-            const float* xr = ok ? row(j0 + jj) : p.x;
-#pragma unroll
-            for (int i = 0; i < PER_WARP; ++i) {
-                const int G = warp + KD_W4_WARPS * i;
-                v[jj][i] = ok && G < n_groups ? fabsf(xr[32 * G + lane]) : 0.0f;
-            }
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            v[i] = G < n_groups ? fabsf(xr[32 * G + lane]) : 0.0f;
         }
+        float mx = 0.0f;
 #pragma unroll
-        for (int jj = 0; jj < RB; ++jj) {
-            if (j0 + jj >= m_count) break;
-            float mx = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PER_WARP; ++i) mx = fmaxf(mx, v[jj][i]);
-            mx = warp_max(mx);
-            if (lane == 0) pmax[(j0 + jj) * KD_W4_WARPS + warp] = mx;
-        }
+        for (int i = 0; i < PER_WARP; ++i) mx = fmaxf(mx, v[i]);
+        mx = warp_max(mx);
+        if (lane == 0) pmax[j * KD_W4_WARPS + warp] = mx;
     }
     __syncthreads();
     // Lane l holds input l of a group: word l / 8, nibble e8 = l % 8, at half 2 (e8 % 4) + e8 / 4
     // of the lane-(l / 8) fragment.
     const int off = (lane >> 3) * 16 + 2 * (2 * (lane & 3) + ((lane >> 2) & 1));
-    for (int j0 = 0; j0 < m_count; j0 += RB) {
-        float v[RB][PER_WARP];
+    for (int j = 0; j < m_count; ++j) {
+        float mx = 0.0f;
+        for (int w = 0; w < KD_W4_WARPS; ++w) mx = fmaxf(mx, pmax[j * KD_W4_WARPS + w]);
+        int ex = 0;
+        frexpf(mx, &ex);  // mx = f 2^ex, f in [0.5, 1)
+        const int e = max(-126, min(126, 14 - ex));
+        const float up = ldexpf(1.0f, e);
+        if (threadIdx.x == 0) fac[j] = ldexpf(1.0f, -e);
+        unsigned char* hi = bsm + 2 * j * KD_W4_ROW_BYTES;
+        unsigned char* lo = hi + KD_W4_ROW_BYTES;
+        const float* xr = row(j);
+        float v[PER_WARP];
 #pragma unroll
-        for (int jj = 0; jj < RB; ++jj) {
-            const int j = j0 + jj;
-            const bool ok = j < m_count;
-            float up = 0.0f;
-            if (ok) {
-                float mx = 0.0f;
-                for (int w = 0; w < KD_W4_WARPS; ++w) mx = fmaxf(mx, pmax[j * KD_W4_WARPS + w]);
-                int ex = 0;
-                frexpf(mx, &ex);  // mx = f 2^ex, f in [0.5, 1)
-                const int e = max(-126, min(126, 14 - ex));
-                up = ldexpf(1.0f, e);
-                if (threadIdx.x == 0) fac[j] = ldexpf(1.0f, -e);
-            }
-            const float* xr = ok ? row(j) : p.x;
-#pragma unroll
-            for (int i = 0; i < PER_WARP; ++i) {
-                const int G = warp + KD_W4_WARPS * i;
-                v[jj][i] = ok && G < n_groups ? xr[32 * G + lane] * up : 0.0f;
-            }
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            v[i] = G < n_groups ? xr[32 * G + lane] * up : 0.0f;
         }
 #pragma unroll
-        for (int jj = 0; jj < RB; ++jj) {
-            const int j = j0 + jj;
-            if (j >= m_count) break;
-            unsigned char* hi = bsm + 2 * j * KD_W4_ROW_BYTES;
-            unsigned char* lo = hi + KD_W4_ROW_BYTES;
-#pragma unroll
-            for (int i = 0; i < PER_WARP; ++i) {
-                const int G = warp + KD_W4_WARPS * i;
-                if (G >= n_groups) break;
-                const float X = warp_sum(v[jj][i]);
-                if (lane == 0) xneg[j * xstride + G] = -24.0f * X;
-                const __half h = __float2half_rn(v[jj][i]);
-                *reinterpret_cast<__half*>(hi + G * 64 + off) = h;
-                *reinterpret_cast<__half*>(lo + G * 64 + off) = __float2half_rn(v[jj][i] - __half2float(h));
-            }
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int G = warp + KD_W4_WARPS * i;
+            if (G >= n_groups) break;
+            const float X = warp_sum(v[i]);
+            if (lane == 0) xneg[j * xstride + G] = -24.0f * X;
+            const __half h = __float2half_rn(v[i]);
+            *reinterpret_cast<__half*>(hi + G * 64 + off) = h;
+            *reinterpret_cast<__half*>(lo + G * 64 + off) = __float2half_rn(v[i] - __half2float(h));
         }
     }
     __syncthreads();
