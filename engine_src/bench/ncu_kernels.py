@@ -7,7 +7,7 @@ run, per decode step: which kernels a step's GPU time goes to, and which grow wi
     python3 bench/ncu_kernels.py run.csv MARKER [TOP]
 
 MARKER is a kernel name that runs once per step (AR: argmax_kernel; a DDTree round:
-tree_walk_kernel): the window's steps are its count. Prints the TOP (default 25) rows by time.
+tree_accept_kernel, tree_walk_kernel before issue 21's fifth pass): the window's steps are its count. Prints the TOP (default 25) rows by time.
 """
 import csv
 import sys

@@ -333,13 +333,14 @@ bool rows_match_single(const std::vector<float>& batched, const std::function<st
 void test_matmuls(Backend& be, const std::string& p) {
     Rng rng(2);
     Buffers buf(be);
-    // {3, 700, 1024} is large enough for the CPU backend to split it over threads; {2, 1100, 160}
-    // wide enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it; {3, 100, 4096}
+    // {3, 700, 1024} is large enough for the CPU backend to split it over threads; {2, 1100, 4096}
+    // wide and large enough for the CUDA backend's matmul_f32 to take cuBLAS where it has it,
+    // {2, 1100, 160} wide but small (the drafter's case: the CUDA kernel); {3, 100, 4096}
     // long enough (4 warp steps) for the CUDA kernel's three-buffer loop at one row; {2, 384, 7168}
     // (the K2 router) and {2, 80, 4800} (a short last super-chunk, a partial warp step) put the
     // single rows on the CUDA backend's narrow one-row kernel and the pair on mm_kernel's split-K.
-    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {3, 100, 4096},
-                             {2, 384, 7168}, {2, 80, 4800}};
+    const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {2, 1100, 4096},
+                             {3, 100, 4096}, {2, 384, 7168}, {2, 80, 4800}};
     for (const auto& shape : shapes) {
         const int M = shape[0], N = shape[1], K = shape[2];
         const std::vector<float> x = rng.vec(static_cast<size_t>(M) * K), W = rng.vec(static_cast<size_t>(N) * K, 0.1f),
@@ -552,31 +553,35 @@ void test_moe(Backend& be, const std::string& p) {
                                                     std::to_string(r.topk_groups) + "_top" + std::to_string(r.top_k);
         report(p + gate_name, same_idx && e < 1e-7, std::string(same_idx ? "same experts" : "DIFFERENT EXPERTS") + " weights nmse=" + fmt("%.2e", e));
     }
-    // {M, E, skewed}: skewed routes rows 0..9 to expert 0 first (more rows than one pass of the
-    // CUDA INT4 kernel at this mean load), and M = 19 takes two passes of the layer on CUDA.
-    const int configs[][3] = {{6, 5, 0}, {19, 24, 1}};
+    // {M, E, skewed, shared}: skewed routes rows 0..9 to expert 0 first (more rows than one pass
+    // of the CUDA INT4 kernel at this mean load), and M = 19 takes two passes of the layer on
+    // CUDA; shared stacks a shared expert after the E routed ones (ExpertWeights::shared), which
+    // the CUDA backend runs as one more slot of its grouped launches at any row count when it is
+    // this small (16 rows of it in passes of 4 there).
+    const int configs[][4] = {{6, 5, 0, 0}, {19, 24, 1, 0}, {19, 24, 1, 1}};
     for (const auto& cfg : configs)
     for (const bool int4 : {false, true}) {
         const int M = cfg[0], E = cfg[1], D = 64, I = 96, k = 2;
-        const bool skewed = cfg[2] != 0;
+        const bool skewed = cfg[2] != 0, shared = cfg[3] != 0;
+        const int n_sets = E + (shared ? 1 : 0);
         ExpertWeights w;
-        w.n_experts = E; w.dim = D; w.inter = I; w.int4 = int4;
+        w.n_experts = E; w.dim = D; w.inter = I; w.int4 = int4; w.shared = shared;
         std::vector<float> deq[3];
         for (int j = 0; j < 3; ++j) {
             const int out = j == 1 ? D : I, in = j == 1 ? I : D;
             Quantized q;
             if (int4) {
-                for (int e = 0; e < E; ++e) {
+                for (int e = 0; e < n_sets; ++e) {
                     const Quantized qe = random_int4(rng, out, in);
                     q.qw.insert(q.qw.end(), qe.qw.begin(), qe.qw.end());
                     q.sc.insert(q.sc.end(), qe.sc.begin(), qe.sc.end());
                     q.dequant.insert(q.dequant.end(), qe.dequant.begin(), qe.dequant.end());
                 }
-                const auto [qb, sb] = buf.put_w4a16(q.qw, q.sc, out, in, E);
+                const auto [qb, sb] = buf.put_w4a16(q.qw, q.sc, out, in, n_sets);
                 (j == 0 ? w.q1 : j == 1 ? w.q2 : w.q3) = qb;
                 (j == 0 ? w.s1 : j == 1 ? w.s2 : w.s3) = sb;
             } else {
-                q.dequant = rng.vec(static_cast<size_t>(E) * out * in, 0.15f);
+                q.dequant = rng.vec(static_cast<size_t>(n_sets) * out * in, 0.15f);
                 (j == 0 ? w.w1 : j == 1 ? w.w2 : w.w3) = buf.put(q.dequant);
             }
             deq[j] = q.dequant;
@@ -590,8 +595,8 @@ void test_moe(Backend& be, const std::string& p) {
         }
         std::vector<double> ref(static_cast<size_t>(M) * D, 0.0);
         for (int m = 0; m < M; ++m)
-            for (int j = 0; j < k; ++j) {
-                const size_t e = static_cast<size_t>(idx[m * k + j]), per = static_cast<size_t>(I) * D;
+            for (int j = 0; j < k + (shared ? 1 : 0); ++j) {  // j = k: the shared expert, weight 1
+                const size_t e = static_cast<size_t>(j < k ? idx[m * k + j] : E), per = static_cast<size_t>(I) * D;
                 std::vector<double> h(I);
                 for (int i = 0; i < I; ++i) {
                     double a = 0, b = 0;
@@ -604,7 +609,7 @@ void test_moe(Backend& be, const std::string& p) {
                 for (int c = 0; c < D; ++c) {
                     double y = 0;
                     for (int i = 0; i < I; ++i) y += deq[1][e * per + c * I + i] * h[i];
-                    ref[m * D + c] += wt[m * k + j] * y;
+                    ref[m * D + c] += (j < k ? wt[m * k + j] : 1.0) * y;
                 }
             }
         float* xb = buf.put(x);
@@ -619,7 +624,7 @@ void test_moe(Backend& be, const std::string& p) {
             be.moe_ffn(o1, xb + m * D, ib + m * k, wb + m * k, 1, k, w);
             return buf.get(o1, D);
         }, M, D);
-        report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32") + (skewed ? ".M19_skewed" : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+        report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32") + (skewed ? ".M19_skewed" : "") + (shared ? "_shared" : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
     }
 }
 

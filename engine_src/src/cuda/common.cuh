@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -94,11 +95,23 @@ inline int device_smem_optin() {
     return bytes;
 }
 
+// Whether the small kernels of the other ops (rmsnorm, rope, add, attention, ...) are chained
+// too (launch_op): on unless KD_CUDA_CHAIN_ALL=0 (then only the matmul and MoE kernels are, as
+// before issue 21's fifth pass; kept to measure what chaining the rest is worth).
+inline bool chain_all_ops() {
+    static const bool on = [] {
+        const char* v = std::getenv("KD_CUDA_CHAIN_ALL");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start while the previous kernel in
-// the stream finishes (see chain_acquire); `what` names the kernel in a launch error.
+// the stream finishes (see chain_acquire); `what` names the kernel in a launch error. `chain`
+// false: a plain launch (the kernel's chain_acquire / chain_release are then no-ops).
 template <class... Params, class... Args>
-void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                    cudaStream_t stream, Args&&... args) {
+void launch_chained_if(bool chain, const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -108,9 +121,26 @@ void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
-    cfg.numAttrs = device_is_sm90_or_later() ? 1 : 0;
+    cfg.numAttrs = chain && device_is_sm90_or_later() ? 1 : 0;
     count_launch();
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
+}
+
+// The matmul and MoE kernels: always chained.
+template <class... Params, class... Args>
+void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                    cudaStream_t stream, Args&&... args) {
+    launch_chained_if(true, what, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// Every other op's kernel (issue 21, fifth pass): chained unless KD_CUDA_CHAIN_ALL=0. Such a kernel
+// calls chain_acquire before it reads or writes anything and chain_release right after, as the
+// matmul kernels do, so a round's GPU time loses a launch latency per kernel boundary while what
+// runs in which order stays the same.
+template <class... Params, class... Args>
+void launch_op(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+               Args&&... args) {
+    launch_chained_if(chain_all_ops(), what, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // Dynamic tile scheduling: ctr[0] hands out work, ctr[1] counts blocks done. Called by every

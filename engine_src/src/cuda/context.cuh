@@ -72,6 +72,7 @@ struct Context {
     Scratch host_parents{stream};                              // tree_accept's parents beside its tokens
     Scratch w4_staging{stream};                                // upload_w4a16: weights before tiling
     Scratch small{stream};                                     // argmax results before download
+    Scratch accept_count{stream};                              // tree_accept: rows done (zero between launches)
     Scratch staged_dev{stream};                                // a unit's host inputs (backend.h begin_unit)
 
     // The host inputs of the open unit: where each array was sent in staged_dev, and the

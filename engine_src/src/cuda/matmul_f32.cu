@@ -1,11 +1,12 @@
 // matmul_f32.cu: y[M][N] = x[M][K] W[N][K]^T (+ bias), fp32 end to end (no TF32).
 // cuBLAS SGEMM where the cuBLAS headers exist at build time and ctx.use_cublas is set, for
-// outputs wider than kKernelMaxN; our mm_core.cuh kernel otherwise. cuBLAS picks its algorithm
-// by shape, so to keep a row's result independent of M (backend.h) it is always called on
-// passes of exactly 16 rows: a short last pass goes through a zero-padded copy. Narrow outputs
+// outputs wider than kKernelMaxN with at least kCublasMinWeights weights; our mm_core.cuh kernel
+// otherwise. cuBLAS picks its algorithm by shape, so to keep a row's result independent of M
+// (backend.h) it is always called on passes of exactly 16 rows: a short last pass goes through a zero-padded copy. Narrow outputs
 // (MoE routers: 256-384 experts) stay on our kernel: there a 16-row pass runs on a dozen 32x32
 // tiles in two cuBLAS kernels (H200, 384 x 7168 in a CUDA graph: 22.8 us at one row, against
-// 10.7 us for the kernel's split-K). The choice depends on the shape only, not on M.
+// 10.7 us for the kernel's split-K), and so do small wide ones (the drafter). The choice depends on
+// the shape only, not on M.
 #include "mm_core.cuh"
 #include "ops.cuh"
 
@@ -23,12 +24,18 @@ namespace {
 
 #ifdef KD_HAVE_CUBLAS
 __global__ void add_bias_kernel(float* y, const float* bias, int M, int N) {
+    chain_acquire();
+    chain_release();
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i < static_cast<long>(M) * N) y[i] += bias[i % N];
 }
 
 constexpr int kPassRows = 16;
 constexpr int kKernelMaxN = 1024;
+// Wide outputs with fewer weights than this stay on our kernel too (issue 21, fifth pass): the
+// drafter, 3200 x 384 on the tiny bundles, took a padded 16-row cuBLAS pass (two copies, two
+// cuBLAS kernels and the bias kernel, 13 us of a round's GPU time) where mm_kernel needs one launch.
+constexpr long kCublasMinWeights = 1L << 22;
 constexpr size_t kCublasWorkspace = 32u << 20;
 
 void cublas_check(cublasStatus_t st, const char* what) {
@@ -62,8 +69,8 @@ void matmul_cublas(Context& ctx, float* y, const float* x, const float* W, const
     }
     if (bias) {
         const long n = static_cast<long>(M) * N;
-        add_bias_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(y, bias, M, N);
-        KD_CUDA_LAUNCH_CHECK("add_bias_kernel");
+        launch_op("add_bias_kernel launch", add_bias_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, y, bias, M,
+                  N);
     }
 }
 #endif
@@ -105,13 +112,14 @@ void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, c
     MmParams p;
     p.a.w = W;
     p.bias = bias;
+    p.weights_early = true;  // W is a weight (see ops.cuh)
     mm_run_plain(ctx, p, y, x, M, N, K);
 }
 
 void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
 #ifdef KD_HAVE_CUBLAS
-    if (ctx.use_cublas && ctx.cublas && N > kKernelMaxN) {
+    if (ctx.use_cublas && ctx.cublas && N > kKernelMaxN && static_cast<long>(N) * K >= kCublasMinWeights) {
         matmul_cublas(ctx, y, x, W, bias, M, N, K);
         return;
     }

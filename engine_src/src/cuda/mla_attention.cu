@@ -22,6 +22,8 @@ constexpr size_t kAttnMaxSmem = 200 * 1024;  // at most; less where the device a
 __global__ void mla_attention_kernel(float* out, const float* q, const float* wkv_b, const float* cache,
                                      const int32_t* committed_dev, const int32_t* parent, int H, int d_c, int d_n, int d_r,
                                      int d_v, float scale) {
+    chain_acquire();
+    chain_release();
     const int committed = *committed_dev;  // a device value, so that a recorded launch stays valid
     extern __shared__ float sm[];
     const int m = blockIdx.x / H, h = blockIdx.x % H;
@@ -124,9 +126,8 @@ void mla_attention(Context& ctx, float* out, const float* q, const float* wkv_b,
         throw std::runtime_error("mla_attention: " + std::to_string(max_rows) +
                                  " visible rows exceed the kernel's shared memory (" +
                                  std::to_string(attn_smem_limit()) + " bytes on this device)");
-    mla_attention_kernel<<<M * d.n_heads, kAttnThreads, smem, ctx.stream>>>(
-        out, q, wkv_b, cache, committed, parent, d.n_heads, d.d_c, d.d_n, d.d_r, d.d_v, d.scale);
-    KD_CUDA_LAUNCH_CHECK("mla_attention_kernel");
+    launch_op("mla_attention_kernel launch", mla_attention_kernel, dim3(M * d.n_heads), dim3(kAttnThreads), smem,
+              ctx.stream, out, q, wkv_b, cache, committed, parent, d.n_heads, d.d_c, d.d_n, d.d_r, d.d_v, d.scale);
 }
 
 }  // namespace kd::cuda

@@ -70,6 +70,10 @@ struct MmParams {
     unsigned* counters = nullptr; // [row blocks]: blocks done per row block, zero between launches
     // Dynamic scheduling: two counters per slot (next unit, blocks done), zero between launches.
     unsigned* sched = nullptr;
+    // Plain mode: the weights are constants that nothing queued on the stream writes while a
+    // decode runs (a model's matrices; matmul_f32_kernel sets it), so a one-chunk (dynamic mode)
+    // launch may issue its first weight loads before chain_acquire.
+    bool weights_early = false;
 };
 
 // Weight rows a warp streams together: more rows, more bytes in flight; fewer, fewer registers.
@@ -81,6 +85,9 @@ __host__ __device__ constexpr int mm_warp_step() { return 128; }
 // Staged K chunk for MT activation rows and a K range of klen inputs: a multiple of the
 // super-chunk (so a super-chunk never spans two chunks), as much of K as the budget holds.
 inline int mm_stage_chunk(int mt, int klen) {
+    // One super-chunk or less: one chunk of what K needs (a multiple of 32 floats), not a whole
+    // super-chunk per row (8-row passes of the tiny models asked for 64 KiB to stage 6 KiB).
+    if (klen <= KD_MM_SCHUNK) return (klen + 31) / 32 * 32;
     const int budget = KD_MM_SMEM_FLOATS / mt / KD_MM_SCHUNK * KD_MM_SCHUNK;
     const int need = (klen + KD_MM_SCHUNK - 1) / KD_MM_SCHUNK * KD_MM_SCHUNK;
     return std::min(budget, need);
@@ -193,6 +200,30 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
     constexpr int ROWS = GLU ? R / 2 : R;  // output rows per warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int K = p.K, N = p.N;
+    // Dynamic mode's units of ROWS rows, and a warp's first one (its place in the wave).
+    const int n_units = (N + ROWS - 1) / ROWS, unit0 = blockIdx.x * KD_MM_WARPS + warp;
+    // The lane's pointers for the rows n0 .. n0 + ROWS of weights a (and b) at input kb.
+    const auto unit_ptrs = [&](const MmWeights& a, const MmWeights& b, int n0, int kb) {
+        WPtr<R> ptr;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
+            const MmWeights& w = (GLU && r >= ROWS) ? b : a;
+            ptr.w[r] = w.w + n * K + kb + lane;
+        }
+        return ptr;
+    };
+    // Dynamic mode's first weight step (issue 21, fifth pass): requested before the activations
+    // are staged, so the two load latencies overlap, and in plain mode with constant weights
+    // (p.weights_early) even before chain_acquire, while the kernel before this one drains.
+    // fetch<R, false> gives the same values as the FULL variant of the loop below.
+    const bool early = p.weights_early && !p.slot_expert && p.splits == 1 && K <= p.kch && p.M <= MT;
+    WPtr<R> ptr0{};
+    WStep<R> first{};
+    if (early && unit0 < n_units) {
+        ptr0 = unit_ptrs(p.a, p.b, unit0 * ROWS, 0);
+        first = fetch<R, false>(ptr0, 0, K, lane);
+    }
     chain_acquire();
     chain_release();
 
@@ -263,6 +294,10 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         // Dynamic mode: all of K and all rows fit one staged chunk. Stage it once; then each
         // warp takes units of ROWS rows from a counter until none are left, so every warp
         // streams weights until the very end (no block-level imbalance).
+        if (!early && unit0 < n_units) {
+            ptr0 = unit_ptrs(wa, wb, unit0 * ROWS, kb);
+            first = fetch<R, false>(ptr0, kb, ke, lane);
+        }
         __shared__ long y_row[MT];  // output row offsets, read once rather than per unit
         if (threadIdx.x < m_count) {
             const long prow = m_begin + threadIdx.x;
@@ -271,7 +306,6 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
         stage(kb, ke, 0, m_count);
         __syncthreads();
         unsigned* ctr = p.sched + 2 * (p.slot_expert ? blockIdx.y : 0);
-        const int n_units = (N + ROWS - 1) / ROWS;
         // A warp's first unit is its place in the wave; then it asks the counter (which counts
         // from there) when it starts a unit, and reads the answer at the unit's last step.
         // Short units: the next one is a wave further (round-robin).
@@ -282,27 +316,12 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
             return dealt ? unit + wave_units : lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_units : 0;
         };
         const auto answer = [&](int ticket) { return dealt ? ticket : __shfl_sync(0xffffffffu, ticket, 0); };
-        // The lane's pointers for the rows n0 .. n0 + ROWS at input kb.
-        const auto unit_ptrs = [&](int n0) {
-            WPtr<R> ptr;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const long n = min(n0 + (GLU ? r % ROWS : r), N - 1);  // clamped rows are never stored
-                const MmWeights& w = (GLU && r >= ROWS) ? wb : wa;
-                ptr.w[r] = w.w + n * K + kb + lane;
-            }
-            return ptr;
-        };
         // FULL: every step lies wholly inside K, so no lane needs a bounds check.
         const auto run = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
-            int unit = blockIdx.x * KD_MM_WARPS + warp;
-            WPtr<R> ptr;
-            WStep<R> cur{};
-            if (unit < n_units) {
-                ptr = unit_ptrs(unit * ROWS);
-                cur = fetch<R, FULL>(ptr, kb, ke, lane);
-            }
+            int unit = unit0;
+            WPtr<R> ptr = ptr0;
+            WStep<R> cur = first;
             WStep<R> other;
             while (unit < n_units) {
                 const int ticket = ask(unit), n0 = unit * ROWS;
@@ -318,7 +337,7 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
                 // (a wasted load, never used), so that every fetch is unconditional.
                 const auto next_ptrs = [&]() {
                     next = answer(ticket);
-                    return unit_ptrs((next < n_units ? next : unit) * ROWS);
+                    return unit_ptrs(wa, wb, (next < n_units ? next : unit) * ROWS, kb);
                 };
                 for (int st = 0; st < n_steps; st += 2) {
                     const int k = kb + st * WS;

@@ -6,9 +6,10 @@
 //      mm_core.cuh's grouped mm_kernel; a row comes out bit-identical to matmul_w4a16 /
 //      matmul_f32_kernel on one row;
 //   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending, + the shared
-//      expert's row. At one row the shared expert is one more slot of the grouped launches; at
-//      more rows it has two plain launches of its own (a slot would take passes over all rows
-//      at the grouped launch's small pass size). Same rows either way.
+//      expert's row. At one row the shared expert is one more slot of the grouped launches, and
+//      so it is at any row count when it is small (kSmallExpert); else at more rows it has two
+//      plain launches of its own (a slot would take passes over all rows at the grouped
+//      launch's small pass size). Same rows either way.
 #include "mm_core.cuh"
 #include "ops.cuh"
 #include "w4a16_core.cuh"
@@ -18,6 +19,11 @@ namespace kd::cuda {
 namespace {
 
 constexpr int kListThreads = 256;
+// A shared expert with at most this many weights per projection (inter x dim) stays a slot of the
+// grouped launches at any row count (issue 21, fifth pass): its second pass over weights this
+// small costs less than the two launches of its own it would take (a tiny bundle's DDTree round
+// lost 10 launches; K2's 2048 x 7168 keeps its own launches above one row).
+constexpr long kSmallExpert = 1L << 20;
 
 // Pair i = m * top_k + j (i < n_routed) routes row m to expert idx[i]; pair n_routed + m
 // (m < n_pairs - n_routed) row m to expert E - 1, the shared one. Outputs: for each slot
@@ -98,9 +104,10 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
 void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
                   const ExpertWeights& w) {
     const int E = w.n_experts, D = w.dim, I = w.inter;
-    // The grouped launches' pairs: the routed ones, then at one row the shared expert's.
+    // The grouped launches' pairs: the routed ones, then at one row (or a small shared expert)
+    // the shared expert's.
     const int n_routed = M * top_k;
-    const bool shared_slot = w.shared && M == 1;
+    const bool shared_slot = w.shared && (M == 1 || static_cast<long>(I) * D <= kSmallExpert);
     const int n_pairs = n_routed + (shared_slot ? M : 0), n_sets = E + (shared_slot ? 1 : 0);
     const int max_slots = std::min(n_sets, n_pairs);
 

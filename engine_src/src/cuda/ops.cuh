@@ -17,7 +17,9 @@ size_t w4a16_tiled_scales(int N, int K);
 // at q_out, s_out.
 void w4a16_tile(Context& ctx, uint32_t* q_out, float* s_out, const uint32_t* qw, const float* sc, int N, int K);
 
-// matmul_f32.cu: cuBLAS SGEMM (no TF32) when ctx.use_cublas, else matmul_f32_kernel.
+// matmul_f32.cu: cuBLAS SGEMM (no TF32) when ctx.use_cublas (wide, large shapes), else
+// matmul_f32_kernel. W is a weight: the kernel may read it before the kernel queued just before
+// it has finished (MmParams::weights_early), so that kernel must not write W.
 void matmul_f32(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N, int K);
 void matmul_f32_kernel(Context& ctx, float* y, const float* x, const float* W, const float* bias, int M, int N,
                        int K);

@@ -10,6 +10,8 @@ constexpr int kNormThreads = 256;
 
 __global__ void rmsnorm_kernel(float* out, int out_stride, const float* x, int x_stride, const float* w, int n,
                                float eps) {
+    chain_acquire();
+    chain_release();
     const float* xr = x + static_cast<long>(blockIdx.x) * x_stride;
     float* yr = out + static_cast<long>(blockIdx.x) * out_stride;
     float ss = 0.0f;
@@ -24,8 +26,8 @@ __global__ void rmsnorm_kernel(float* out, int out_stride, const float* x, int x
 void rmsnorm(Context& ctx, float* out, int out_stride, const float* x, int x_stride, const float* w, int M, int n,
              float eps) {
     if (M <= 0 || n <= 0) return;
-    rmsnorm_kernel<<<M, kNormThreads, 0, ctx.stream>>>(out, out_stride, x, x_stride, w, n, eps);
-    KD_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+    launch_op("rmsnorm_kernel launch", rmsnorm_kernel, dim3(M), dim3(kNormThreads), 0, ctx.stream, out, out_stride, x,
+              x_stride, w, n, eps);
 }
 
 }  // namespace kd::cuda

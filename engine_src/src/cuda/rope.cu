@@ -10,6 +10,8 @@ namespace {
 
 __global__ void rope_kernel(float* x, int M, int row_stride, int n_vec, int vec_stride, int offset, int d_r,
                             const int32_t* pos, const RopeTable table) {
+    chain_acquire();
+    chain_release();
     const int half = d_r / 2;
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * n_vec * half) return;
@@ -31,9 +33,8 @@ void rope(Context& ctx, float* x, int M, int row_stride, int n_vec, int vec_stri
     if (d_r / 2 > RopeTable::kMaxPairs) throw std::runtime_error("rope: d_r = " + std::to_string(d_r) + " exceeds the table");
     const long n = static_cast<long>(M) * n_vec * (d_r / 2);
     if (n <= 0) return;
-    rope_kernel<<<ceil_div(n, 256), 256, 0, ctx.stream>>>(x, M, row_stride, n_vec, vec_stride, offset, d_r, pos,
-                                                         table);
-    KD_CUDA_LAUNCH_CHECK("rope_kernel");
+    launch_op("rope_kernel launch", rope_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, x, M, row_stride, n_vec,
+              vec_stride, offset, d_r, pos, table);
 }
 
 }  // namespace kd::cuda

@@ -288,6 +288,22 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
     __syncthreads();
 }
 
+// How w4_kernel's warps get their tiles. Block ticket (issue 21, fifth pass; passes of 4 and 8
+// rows on sm_90): the block's tiles are blockIdx.x + k gridDim.x (k = 0, 1, ...: a balanced share
+// of the slot's tiles), warp w starts at k = w and asks the block's shared-memory counter for the
+// next k, so a tile costs no global round trip and the block no end-of-pass count (H200, 28672 x
+// 8192: M = 1 48.4 -> 46.1 us). Global ticket otherwise: a counter per (slot, super-chunk, pass)
+// in global memory shared by the whole grid; it stays in 16-row passes, which run one block per
+// SM and lost 1-3 % with the block ticket (the grid cannot even out slower SMs), and on sm_120,
+// where the block ticket spilled 24 bytes at w4_kernel<1, false> (and nothing was measured).
+__device__ constexpr bool w4_block_ticket(int Q) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+    return false && Q;
+#else
+    return Q <= 2;
+#endif
+}
+
 template <int Q, bool GLU>
 __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
@@ -323,7 +339,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     }
     // The pass's token rows [m_begin, m_begin + m_count), its counters and its number.
     int m_begin = slot_begin, m_count = 0, pass = 0;
-    unsigned* ctr = nullptr;
+    unsigned* ctr = nullptr;           // global ticket
+    __shared__ unsigned block_ctr;     // block ticket: the next k
+    constexpr bool BT = w4_block_ticket(Q);
     const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
 
     constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
@@ -376,15 +394,20 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         }
     };
 
-    // A warp's first tile is its place in the wave; then it asks the counter (which counts
-    // from there) when it starts a tile and reads the answer at the tile's last step.
+    // A warp's first tile is its place in the wave (global ticket) or in the block's share (block
+    // ticket); then it asks the counter (which counts from there) when it starts a tile and reads
+    // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
     for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
         m_begin = slot_begin + 4 * Q * pass;
         m_count = min(4 * Q, slot_rows - 4 * Q * pass);
-        ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
-        int tile = blockIdx.x * KD_W4_WARPS + warp;
+        if constexpr (BT) {
+            if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
+        } else {
+            ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
+        }
+        int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
         // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
         // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
@@ -403,7 +426,10 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         const auto run_tiles = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
             while (tile < n_tiles) {
-                const int ticket = lane == 0 ? static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles : 0;
+                int ticket = 0;
+                if (lane == 0)
+                    ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
+                                : static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles;
                 int next = 0;
                 float part[Q][2];
 #pragma unroll
@@ -435,7 +461,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         };
         if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
         else run_tiles(std::false_type{});
-        sched_block_done(ctr);  // its barrier also frees the staged rows for the next pass
+        if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
+        else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
     }
 }
 
