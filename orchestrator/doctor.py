@@ -160,10 +160,10 @@ d=$1 rsync_path=$2 cuda=$3 py=$4 numpy=$5
 exec 5< <("$py" -c 'import sys; print("python_version=%d.%d.%d" % sys.version_info[:3], flush=True)
 version = None
 if sys.argv[1] == "find":
-    import importlib.metadata, importlib.util
     try:
+        import importlib.metadata, importlib.util
         version = importlib.util.find_spec("numpy") and importlib.metadata.version("numpy")
-    except Exception:
+    except Exception:       # an older Python, no metadata: the import below tells
         pass
 if not version:
     import numpy
