@@ -64,7 +64,8 @@ def test_results_file_lists_every_test(engine_run):
 
 
 def test_a_bundle_selection_naming_no_bundle_of_the_manifest_is_refused(engine_run):
-    """KD_TEST_BUNDLES with a typo must not select nothing and pass: exit 2 naming the manifest's bundles."""
+    """KD_TEST_BUNDLES with a typo, or naming nothing, must not select nothing and pass: exit 2 naming the
+    manifest's bundles."""
     copy, _ = engine_run
     run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, capture_output=True, text=True, timeout=120,
                          env=dict(_env(), KD_NO_BUILD="1", KD_TEST_BUNDLES="tiny_fp32,tiny_fp23",
@@ -72,6 +73,10 @@ def test_a_bundle_selection_naming_no_bundle_of_the_manifest_is_refused(engine_r
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
     assert "KD_TEST_BUNDLES names 'tiny_fp23', which is not a bundle of tests/refs/manifest.json" in run.stderr
     assert " tiny_fp32 " in run.stderr.rsplit("its bundles:", 1)[1] + " "
+    empty = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, capture_output=True, text=True, timeout=120,
+                           env=dict(_env(), KD_NO_BUILD="1", KD_TEST_BUNDLES=",",
+                                    KD_TEST_RESULTS=str(copy / "build" / "selection.json")))
+    assert empty.returncode == 2 and "KD_TEST_BUNDLES=',' names no bundle" in empty.stderr, empty.stderr[-2000:]
 
 
 def test_version_names_the_source_tree(engine_run):

@@ -154,6 +154,7 @@ for b in json.load(open(sys.argv[1]))["bundles"]:
 selected_bundle() { [[ -z "${KD_TEST_BUNDLES:-}" || ",${KD_TEST_BUNDLES}," == *",$1,"* ]]; }
 if [[ -n "${KD_TEST_BUNDLES:-}" ]]; then
     names=" $(awk '{printf "%s ", $1}' <<<"$bundle_list")"
+    [[ -n "${KD_TEST_BUNDLES//,/}" ]] || { echo "run_tests.sh: KD_TEST_BUNDLES='$KD_TEST_BUNDLES' names no bundle (its bundles:$names)" >&2; exit 2; }
     for want in ${KD_TEST_BUNDLES//,/ }; do
         [[ "$names" == *" $want "* ]] || { echo "run_tests.sh: KD_TEST_BUNDLES names '$want', which is not a bundle of $manifest (its bundles:$names)" >&2; exit 2; }
     done
