@@ -29,7 +29,7 @@ import time
 from typing import Iterator
 
 from . import bounded, ownership, remote
-from .errors import CommandError, DestinationError, FetchError, HostError, KdError, LockError
+from .errors import DestinationError, FetchError, HostError, KdError, LockError
 from .transport import Transport
 
 STATE_DIR = ".kdtree"
@@ -256,28 +256,25 @@ def read_json(transport: Transport, name: str) -> dict | None:
 
 def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict | None]:
     """Several of the host's state documents (read_json's, each None when missing, not a
-    mapping, not JSON or over RECORD_MAX_BYTES) in one round trip. An answer that does not
-    frame as asked (a file holding a NUL byte), or none within the host's lock timeout (the bound
-    of its other state-directory commands), makes every one None: nothing is reused then."""
+    mapping, not JSON or over RECORD_MAX_BYTES) in one round trip (Transport.read_files). When
+    the read fails as a whole (no answer within the host's lock timeout, the bound of its other
+    state-directory commands), every one is None: nothing is reused then."""
     try:
-        raw = transport.capture(remote.script(_READ_JSONS_SCRIPT, transport.host.remote_dir,
-                                              str(RECORD_MAX_BYTES), *names, timeout=transport.host.timeout("lock")),
-                                max_bytes=len(names) * (RECORD_MAX_BYTES + 300))
-    except CommandError:            # as read_json's unreadable file: none of them is trusted (nor named)
+        found = transport.read_files([(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES) for name in names],
+                                     timeout=transport.host.timeout("lock"))
+    except FetchError:
         return dict.fromkeys(names)
-    parts = raw.split(b"\0")
-    if len(parts) != 2 * len(names) + 1 or parts[-1] or [p.decode(errors="replace") for p in parts[:-1:2]] != list(names):
-        return dict.fromkeys(names)
-    found: dict[str, dict | None] = {}
-    for name, body in zip(names, parts[1::2]):
-        found[name] = None
-        if body.startswith(b"+") and len(body) <= RECORD_MAX_BYTES + 1:
+    documents: dict[str, dict | None] = {}
+    for name in names:
+        documents[name] = None
+        body = found[f"{STATE_DIR}/{name}"]
+        if isinstance(body, bytes):
             try:
-                data = bounded.loads(body[1:], name)
+                data = bounded.loads(body, name)
             except ValueError:
                 continue
-            found[name] = data if isinstance(data, dict) else None
-    return found
+            documents[name] = data if isinstance(data, dict) else None
+    return documents
 
 
 def read_deploy_record(transport: Transport) -> dict | None:
@@ -385,19 +382,6 @@ while IFS= read -r "${t[@]}" reply; do
 done
 exit 0
 '''
-
-# $1 remote_dir, $2 the size limit, then the names: for each, NAME NUL, then + and its content (at
-# most limit + 1 bytes: the client judges) or - (no regular file), NUL. (No symlink lies in
-# .kdtree: the check refuses one.)
-_READ_JSONS_SCRIPT = ownership.guard(r'''
-cd -- "$1/.kdtree" || exit 3
-max=$2; shift 2
-for f in "$@"; do
-  printf '%s\0' "$f"
-  if [ -f "$f" ] && [ ! -L "$f" ]; then printf +; head -c "$((max + 1))" -- "$f"; else printf -; fi
-  printf '\0'
-done
-''')
 
 _WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"

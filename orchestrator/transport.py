@@ -27,13 +27,14 @@ import errno
 import os
 import posixpath
 import queue
+import secrets
 import select
 import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Protocol
+from typing import Any, BinaryIO, Callable, Protocol, Sequence
 
 from . import ownership, remote
 from .connection import SshConnection
@@ -208,12 +209,45 @@ class Transport:
         code, data = self._capture(command.line, command.deadline, max_bytes)
         if code == 0 and len(data) <= max_bytes:
             return data
-        why = f"is larger than {max_bytes} bytes" if code == 6 or len(data) > max_bytes \
-            else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
         if code == ownership.UNSAFE_EXIT:
             why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}"
-        raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
-                         tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
+            raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
+                             tail=data[-2000:].decode(errors="replace"))
+        raise self._unread(path, code, data, max_bytes, command.line)
+
+    def read_files(self, paths: Sequence[tuple[str, int]], timeout: float = 60) -> dict[str, bytes | FetchError]:
+        """Several files as read_file reads each (path, max_bytes), in one command: each path's
+        content, or the FetchError read_file would raise for it. The command failing as a whole
+        (the ownership check, a timeout, an answer that does not frame as asked) raises FetchError."""
+        root = self.host.remote_dir
+        mark = b"\n" + secrets.token_hex(16).encode() + b" "     # after each file: its exit status, then a newline
+        command = remote.script(_READ_FILES_SCRIPT, root, mark[1:-1].decode(),
+                                *(w for path, most in paths for w in (posixpath.join(root, path), str(most))),
+                                timeout=timeout, what="reading files")
+        limit = sum(most + 1 + len(mark) + 8 for _, most in paths)
+        code, data = self._capture(command.line, command.deadline, limit)
+        found: dict[str, bytes | FetchError] = {}
+        rest = data if code == 0 and len(data) <= limit else b""
+        for path, most in paths:
+            content, sep, rest = rest.partition(mark)
+            status, newline, rest = rest.partition(b"\n")
+            if not sep or not newline or not status.isdigit():
+                break
+            found[path] = content if status == b"0" and len(content) <= most else \
+                self._unread(posixpath.join(root, path), int(status), content, most, command.line)
+        if len(found) != len(paths) or rest:
+            why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}" \
+                if code == ownership.UNSAFE_EXIT else f"could not be read (exit code {code}, an answer of {len(data)} bytes)"
+            raise FetchError(f"{', '.join(p for p, _ in paths)} {why}", host=self.host.name, command=command.line,
+                             exit_status=code, tail=data[-2000:].decode(errors="replace"))
+        return found
+
+    def _unread(self, path: str, code: int | None, data: bytes, max_bytes: int, line: str) -> FetchError:
+        """read_file's error for `path`, read with exit status `code` (`data`: what it printed)."""
+        why = f"is larger than {max_bytes} bytes" if len(data) > max_bytes \
+            else _READ_ERRORS.get(code, f"cannot be read (exit code {code})")
+        return FetchError(f"{path} {why}", host=self.host.name, command=line, exit_status=code,
+                          tail="" if code in _READ_ERRORS or code == 0 else data[-2000:].decode(errors="replace"))
 
     def _capture(self, command: str, timeout: float | None, max_bytes: int) -> tuple[int | None, bytes]:
         """Run a command line keeping at most max_bytes + 1 bytes of its output."""
@@ -459,14 +493,28 @@ def open_transport(host: Host, stopped: threading.Event | None = None) -> Transp
     return warm.WarmTransport(host, stopped) if warm.uses_warm(host) else SshTransport(host, stopped)
 
 
-_READ_SCRIPT = ownership.guard(r'''
-[ -L "$1" ] && exit 3
-real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$(realpath -m -- "$3")"/*) ;; *) exit 7;; esac
-[ -e "$1" ] || exit 4
-[ -f "$1" ] || exit 5
-[ "$(stat -c %s -- "$1")" -le "$2" ] || exit 6
-exec head -c "$(($2 + 1))" -- "$1"
-''', '"$3"')
+# kd_read FILE MAX ROOT (ROOT resolved): FILE's first MAX + 1 bytes (more than MAX: the client
+# refuses it), when it is a regular file inside ROOT and not a symlink; else an exit status of _READ_ERRORS.
+_READ_FUNCTION = r'''
+kd_read() {
+  [ -L "$1" ] && return 3
+  local real; real=$(realpath -e -- "$1" 2>/dev/null) && case $real in "$3"/*) ;; *) return 7;; esac
+  [ -e "$1" ] || return 4
+  [ -f "$1" ] || return 5
+  head -c "$(($2 + 1))" -- "$1"
+}
+'''
+_READ_SCRIPT = ownership.guard(_READ_FUNCTION + 'kd_read "$1" "$2" "$(realpath -m -- "$3")"\n', '"$3"')
+# $1 remote_dir, $2 a mark, then FILE MAX pairs: for each, what kd_read printed, a newline, the
+# mark, a space, kd_read's exit status and a newline.
+_READ_FILES_SCRIPT = ownership.guard(_READ_FUNCTION + r'''
+d=$(realpath -m -- "$1") mark=$2; shift 2
+while [ $# -ge 2 ]; do
+  kd_read "$1" "$2" "$d"
+  printf '\n%s %s\n' "$mark" "$?"
+  shift 2
+done
+''')
 READ_MISSING = 4         # read_file's FetchError.exit_status when the file does not exist
 _READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", READ_MISSING: "does not exist",
                 5: "is not a regular file; refusing to read it",

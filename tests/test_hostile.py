@@ -242,7 +242,7 @@ def tampered_local_host(tmp_path) -> Host:
 def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     """Every kind of command the orchestrator runs under remote_dir, with its stdin."""
     from orchestrator import sync, transport
-    from orchestrator.steps import build
+    from orchestrator.steps import executables
     owner = state.Owner.now("test")
     d = host.remote_dir
     return {
@@ -253,10 +253,14 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
                         b"{}"),
         "read file": (remote.script_command(transport._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),
                       None),
+        "read files": (remote.script_command(transport._READ_FILES_SCRIPT, d, "mark", f"{d}/.kdtree/build.json", "100",
+                                             timeout=10), None),
         "list (tar)": (remote.script_command(sync._LIST_SCRIPT, d, timeout=10), None),
         "delete (tar)": (remote.script_command(sync._DELETE_SCRIPT, d, timeout=10, reads_stdin=True), b"build\0"),
         "extract (tar)": (remote.script_command(sync._EXTRACT_SCRIPT, d, timeout=10, reads_stdin=True), b""),
-        "hash build": (remote.script_command(build._HASH_SCRIPT, d, timeout=10), None),
+        "hash build": (remote.script_command(executables._HASH_SCRIPT, d, timeout=10), None),
+        "check build, run --version": (executables.check_command(d, [{"build/kdtree": "0" * 64}],
+                                                                 remote.step(host, "touch executed", 10)), None),
         "engine command": (remote.step_command(host, "touch executed", 10), None),
     }
 

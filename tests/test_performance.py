@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from orchestrator import connection, doctor, record, state, sync, transport
-from orchestrator.errors import AuthError, CommandError, UsageError
+from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
 from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
-    bundles as bundles_step, context as context_module, test as test_step
+    bundles as bundles_step, context as context_module, executables, test as test_step
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,8 +158,9 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
     expected = context().current_inputs(), state.read_jsons(ctx.transport, state.STAMPS)
     start = time.monotonic()
     ctx.read_ahead(("build", "bundles", "golden", "test"))
-    assert set(ctx.ahead) == {("engine", "build_key"), ("engine", "bundles_key"), "stamps", "inputs",
+    assert set(ctx.ahead) == {("engine", "build_key"), ("engine", "bundles_key"), "stamps", "inputs", "built",
                               *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
+    assert ctx.ahead["built"].result() is context_module.NOT_READ      # no build of it recorded here
     assert ctx.engine_output("build_key").strip() == ctx.engine_output("bundles_key").strip() == '{"cxx": "g++"}'
     assert time.monotonic() - start < 1.9          # two 1 s commands, side by side
     assert ctx.ahead["inputs"].result() is not context_module.NOT_READ       # the build stamp names TREE
@@ -392,10 +393,34 @@ def test_a_bundle_or_build_stamp_that_is_not_a_mapping_reads_as_no_stamp(context
     assert state.read_json(ctx.transport, "bundles.json") == {"key": {"generator": "g"}}
 
 
+def test_files_read_at_once_are_each_what_read_file_gives(context):
+    """Transport.read_files reads several files in one command: each path's content, or the
+    FetchError (message and exit status) that read_file raises for it: missing, a symlink, not a
+    regular file, over its own limit, outside remote_dir; a NUL byte or an empty file read as
+    they are."""
+    root = context.root
+    (root / "nul").write_bytes(b"a\0b\n\n")
+    (root / "empty").write_bytes(b"")
+    (root / "link").symlink_to(root / "nul")
+    (root / "big").write_bytes(b"x" * 11)
+    t = context().transport
+    paths = [("nul", 100), ("empty", 1), ("missing", 10), ("link", 100), ("build", 100), ("big", 10), ("..", 10)]
+    found = t.read_files(paths)
+    assert list(found) == [p for p, _ in paths]
+    for path, most in paths:
+        try:
+            alone: bytes | tuple = t.read_file(path, most)
+        except FetchError as e:
+            alone = (e.message, e.exit_status)
+        got = found[path]
+        assert (got if isinstance(got, bytes) else (got.message, got.exit_status)) == alone, path
+    assert found["nul"] == b"a\0b\n\n" and found["empty"] == b"" and found["missing"].exit_status == transport.READ_MISSING
+
+
 def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     """One round trip for every stamp (state.read_jsons): each as read_json gives it (a missing,
-    broken, non-mapping or oversized one is None); an answer that cannot be framed (a NUL byte
-    in a file) makes all of them None; the step context keeps them and its own writes."""
+    broken, non-mapping or oversized one is None), a NUL byte or a line like the framing's in
+    one file leaving the others as they are; the step context keeps them and its own writes."""
     ctx = context()
     kd = context.root / ".kdtree"
     (kd / "build.json").write_text('{"key": 1}')
@@ -407,7 +432,8 @@ def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     assert {n: found[n] == state.read_json(ctx.transport, n) for n in state.STAMPS} == dict.fromkeys(state.STAMPS, True)
     assert found["build.json"] == {"key": 1} and found["bundles.json"] is found["test.json"] is None
     (kd / "golden.json").write_bytes(b'{"a": 1}\0x')
-    assert state.read_jsons(ctx.transport, state.STAMPS) == dict.fromkeys(state.STAMPS)
+    (kd / "test.json").write_bytes(b'{"a":\n0 \n}')        # the framing's status line, without the mark
+    assert state.read_jsons(ctx.transport, state.STAMPS) == {**found, "test.json": {"a": 0}}
     (kd / "golden.json").unlink()
     assert ctx.stamp("build.json") == {"key": 1}
     (kd / "build.json").write_text('{"key": 2}')            # read once per run (under the lock)
@@ -476,6 +502,45 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
     assert build(build_key={"arch": "sm_90", "cxx": "g++"})[0].status == "cached"
 
 
+def test_the_binary_runs_only_once_the_host_found_its_executables_recorded_and_that_check_is_read_ahead(context):
+    """A no-change build's check of build/'s executables and the binary's --version are one host
+    command, read ahead from the build stamp: the binary runs only when every executable of one of
+    this machine's records hashes as recorded (a changed binary is never run: the build removes
+    it and builds again), and the build step takes that check only for its own build key."""
+    root = context.root
+    (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE).replace("echo kdtree", "echo >> ran; echo kdtree"))
+
+    def runs() -> int:
+        return len((root / "ran").read_text()) if (root / "ran").exists() else 0
+
+    def ahead():
+        ctx = context()
+        ctx.step, ctx.deployed_tree_hash = "build", TREE
+        ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands,
+                                                                 "build_key": """echo '{"cxx": "g++"}'"""})
+        ctx.read_ahead(("build",))
+        return ctx
+    first = context()
+    first.step = "build"
+    assert build_step.run(first).status == "passed" and runs() == 1
+    ctx = ahead()
+    key, checked = ctx.ahead["built"].result()
+    assert key == {"tree": TREE, "build": {"cxx": "g++"}} and runs() == 2
+    assert checked.version.strip() == f"kdtree 0.0 tree={TREE} backend=cuda arch=sm_90"
+    assert set(checked.hashes) == {"build/kdtree", "build/test_ops"}
+    assert ctx.built_ahead({"tree": TREE, "build": {"cxx": "clang"}}) is context_module.NOT_READ
+    assert build_step.run(ctx).status == "cached" and runs() == 2          # the check read ahead, not run again
+    with (root / "build" / "kdtree").open("a") as binary:
+        binary.write("# changed on the host\n")
+    ctx = ahead()
+    assert ctx.ahead["built"].result()[1].version is None and runs() == 2   # not run
+    assert build_step.run(ctx).status == "passed" and runs() == 3
+    assert [line for line in context.lines if "the build stamp" in line][-1].endswith("removing them and building again")
+    ctx = context()                 # nothing read ahead: the step checks, the same way
+    ctx.step = "build"
+    assert build_step.run(ctx).status == "cached" and runs() == 4
+
+
 @pytest.mark.parametrize("printed, version, what", [
     (f"noise\nkdtree 0.1.0 tree={TREE} backend=cpu arch=none\n",
      {"version": "0.1.0", "tree": TREE, "backend": "cpu", "arch": "none"}, "cpu build"),
@@ -535,7 +600,7 @@ def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_
         ctx.step = "build"
         return build_step.run(ctx).status
     assert build() == "passed"
-    (records,) = (context().project.root / build_step.LOCAL_RECORDS).glob("*.json")
+    (records,) = (context().project.root / executables.LOCAL_RECORDS).glob("*.json")
     key = json.loads(records.read_text())["key"]
     old = [{"build/kdtree": f"{i:064x}"} for i in range(20)]
     records.write_text(json.dumps({"key": key, "builds": old}))
@@ -558,7 +623,7 @@ def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_
 
 
 def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(context, fake_tool):
-    """The hashing of build/'s executables and the removal of those this machine did not record run
+    """The check of build/'s executables and the removal of those this machine did not record run
     under the build step's timeout: a host whose `sha256sum` or `find -delete` hangs fails the
     step within seconds, naming what hung."""
     (context.root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
@@ -566,7 +631,7 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
     ctx.step = "build"
     assert build_step.run(ctx).status == "passed"
     (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
-    for tool, script, what in [("sha256sum", "exec sleep 30", "hashing the build's executables"),
+    for tool, script, what in [("sha256sum", "exec sleep 30", "checking the build's executables and its --version"),
                                ("find", 'for a; do [ "$a" = -delete ] && exec sleep 30; done\n'    # the removal only
                                         f'exec {shutil.which("find")} "$@"', "removing build/'s executables")]:
         fake = fake_tool(tool, script)

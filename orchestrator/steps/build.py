@@ -2,24 +2,19 @@
 then prove the binary was built from the deployed tree.
 
 A build is reused only when the host's stamp matches and the executables under build/ are, hash
-for hash, those this machine recorded after a build with the same key (`build/host-builds/` of
-the project, private to this user): a stamp on the host alone proves nothing about the binary.
+for hash, those this machine recorded after a build with the same key (steps.executables): a
+stamp on the host alone proves nothing about the binary.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from typing import Any
 
 from .. import ownership, record, remote
-from .context import Outcome, StepContext, StepError
+from . import executables
+from .context import NOT_READ, Outcome, StepContext, StepError
 
 STAMP = "build.json"
 RESTORED = "(restored from build/trees/"      # what build.sh prints when its tree cache had the build
-LOCAL_RECORDS = "build/host-builds"      # under the project root: what this user's builds produced
-RECORDS_KEPT = 16                       # builds remembered per key (one per host, builds differ)
-HASHES_MAX_BYTES = 1 << 20
 
 
 def run(ctx: StepContext) -> Outcome:
@@ -30,8 +25,8 @@ def run(ctx: StepContext) -> Outcome:
     key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
     stamp = record.mapping(ctx.stamp(STAMP))
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
-        if _recorded(ctx, key):
-            version = _checked_version(ctx, tree)
+        version = _reusable(ctx, key, tree)
+        if version is not None:
             return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
@@ -42,53 +37,24 @@ def run(ctx: StepContext) -> Outcome:
     with ctx.changing():
         result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
-        _record(ctx, key)
+        executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
         ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))
 
 
-def _records_path(ctx: StepContext, key: dict):
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return ctx.project.root / LOCAL_RECORDS / f"{digest}.json"
-
-
-def _local_records(ctx: StepContext, key: dict) -> list[dict]:
-    try:
-        data = json.loads(_records_path(ctx, key).read_text())
-    except (OSError, ValueError):
-        return []
-    return [r for r in data.get("builds", []) if isinstance(r, dict)] if isinstance(data, dict) else []
-
-
-def _recorded(ctx: StepContext, key: dict) -> bool:
-    """Whether build/'s executables on the host hash as those of a build this machine recorded."""
-    records = _local_records(ctx, key)
-    paths = sorted({p for r in records for p in r})
-    if not paths:
-        return False
-    current = _hashes(ctx, paths)
-    return any(all(current.get(p) == h for p, h in r.items()) for r in records)
-
-
-def _record(ctx: StepContext, key: dict) -> None:
-    """Remember the hashes of the executables the build left under build/, for this key."""
-    hashes = _hashes(ctx, [])
-    records = [r for r in _local_records(ctx, key) if r != hashes][-(RECORDS_KEPT - 1):] + [hashes]
-    path = _records_path(ctx, key)
-    ownership.private_dir(path.parent, "build record directory")
-    ownership.write_private(path, json.dumps({"key": key, "builds": records}, indent=1))
-
-
-def _hashes(ctx: StepContext, paths: list[str]) -> dict[str, str]:
-    """sha256 of every executable file under build/ on the host; `paths` given (relative to
-    remote_dir): of those of them only."""
-    command = remote.script(_HASH_SCRIPT, ctx.host.remote_dir, *paths, timeout=ctx.host.timeout(ctx.step),
-                            what="hashing the build's executables")
-    out = ctx.transport.capture(command, max_bytes=HASHES_MAX_BYTES)
-    return {m.group(2): m.group(1) for m in re.finditer(r"^([0-9a-f]{64}) [ *](.+)$",
-                                                        out.decode(errors="replace"), re.M)}
+def _reusable(ctx: StepContext, key: dict, tree: str) -> dict[str, str] | None:
+    """The binary's version when build/'s executables are those this machine recorded for `key`
+    (checked on the host before the binary runs: read ahead, or now); None when they are not."""
+    records = executables.load(ctx.project, key)
+    if not records:
+        return None
+    ahead = ctx.built_ahead(key)
+    checked = ahead if ahead is not NOT_READ else executables.check(ctx.transport, records, ctx.command("version"))
+    if not executables.matches(records, checked.hashes) or checked.version is None:
+        return None
+    return _checked_version(ctx, tree, checked.version)
 
 
 def _what(version: dict[str, str]) -> str:
@@ -106,9 +72,10 @@ def parse_version(line: str) -> dict[str, str]:
     return {"version": words[1], **fields}
 
 
-def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:
-    """The binary's --version, recorded; StepError unless it was built from `tree`."""
-    line = ctx.engine_output("version").strip().splitlines()
+def _checked_version(ctx: StepContext, tree: str, output: str | None = None) -> dict[str, str]:
+    """The binary's --version (its `output` when it ran already), recorded; StepError unless it
+    was built from `tree`."""
+    line = (ctx.engine_output("version") if output is None else output).strip().splitlines()
     version = parse_version(line[-1] if line else "")
     if not version.get("tree"):
         raise StepError(f"cannot read the engine's version line: {line[-1] if line else '(nothing)'}",
@@ -125,13 +92,6 @@ def _checked_version(ctx: StepContext, tree: str) -> dict[str, str]:
     version.setdefault("arch", "?")
     return version
 
-
-_HASH_SCRIPT = ownership.guard(r'''
-cd -- "$1" || exit 3; shift
-find build -type f -perm /111 -print0 | sort -z |
-  if [ $# -eq 0 ]; then cat; else grep -zxF -f <(printf '%s\n' "$@"); fi | xargs -0 -r sha256sum --
-exit 0
-''')
 
 _DROP_SCRIPT = ownership.guard(r'''
 cd -- "$1" && { [ ! -d build ] || find build -type f -perm /111 -delete; }

@@ -17,8 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, remote, state
-from . import inputs
-from ..errors import CommandError, HostError, KdError, cause_of
+from . import executables, inputs
+from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
@@ -103,30 +103,53 @@ class StepContext:
         changed (the build and bundles keys, the state files, the input hashes, the result files
         a reuse pulls), so a no-change run waits about one round trip for all of them. Each is
         the command the step would run, taken from here only until the next engine command (which
-        may change what it read); the binary itself (--version) runs only once the build step has
-        checked it, as before. A run that will rebuild would throw the input hashes and the result
-        files away: the host hashes the inputs only when its build stamp names the deployed tree,
-        and the result files are pulled once the state files show that."""
+        may change what it read). The build's executables are checked against this machine's
+        records of the stamp's key, and the binary's --version runs on the host only when they
+        match one (steps.executables); the build step uses that only when the stamp's key is the
+        build key. A run that will rebuild would throw the input hashes and the result files away:
+        the host hashes the inputs only when its build stamp names the deployed tree, and the
+        result files are pulled once the state files show that."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
         # every read has a thread of its own: those that wait for the state files never hold up another
-        pool = ThreadPoolExecutor(max_workers=4 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
+        pool = ThreadPoolExecutor(max_workers=6 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
         ahead: dict[Any, Future] = {}
         for step, name in (("build", "build_key"), ("bundles", "bundles_key")):
             if step in steps:
                 ahead[("engine", name)] = pool.submit(self._output_of, name, self.gpu_env(), step)
         if set(READERS) & set(steps):
             stamps = ahead["stamps"] = pool.submit(state.read_jsons, self.transport, state.STAMPS)
+            paths = [self.project.results[r] for r in reusable]      # in one command, taken once the stamps show a build
+            files = pool.submit(self.transport.read_files, [(path, RESULT_MAX_BYTES) for path in paths]) if paths else None
+            if "build" in steps and self.use_cache and tree:
+                ahead["built"] = pool.submit(self._check_built, stamps, tree)
             if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
                 ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
                                               or NOT_READ)
-            for result in reusable:
-                path = self.project.results[result]
-                ahead[("file", path)] = pool.submit(_once_built, stamps, tree, self.transport.read_file, path,
-                                                    max_bytes=RESULT_MAX_BYTES)
+            for path in paths:
+                ahead[("file", path)] = pool.submit(_once_built, stamps, tree, _file_of, files, path)
         pool.shutdown(wait=False)
         self.ahead = ahead
+
+    def _check_built(self, stamps: Future, tree: str) -> Any:
+        """(the build stamp's key, executables.Checked) once the state files show a build of
+        `tree` that this machine recorded; NOT_READ otherwise."""
+        key = _built_key(stamps, tree)
+        records = executables.load(self.project, key) if key else []
+        if not records:
+            return NOT_READ
+        return key, executables.check(self.transport, records, self.command("version", self.gpu_env(), "build"))
+
+    def built_ahead(self, key: dict) -> Any:
+        """The check of the build's executables read ahead for the build `key` (executables.Checked),
+        NOT_READ when none was made for that key."""
+        future = self.ahead.get("built")
+        found = future.result() if future is not None else NOT_READ
+        if not isinstance(found, tuple) or found[0] != key:
+            return NOT_READ
+        self._pinned(None)          # its --version ran on the claimed GPUs: noted for the record
+        return found[1]
 
     def _ahead(self, key, read: Callable[[], T]) -> T:
         """The read started ahead under `key`, once done (unless it was not made: NOT_READ);
@@ -315,9 +338,15 @@ class StepContext:
         env = self._pinned(None)
         return self._ahead(("engine", name), lambda: self._output_of(name, env, self.step, max_bytes))
 
+    def command(self, name: str, env: dict[str, str] | None = None, step: str | None = None) -> remote.Command:
+        """The project's command `name` as the host runs it for `step` (the current one), `env`
+        (else the claimed GPUs') added to its environment."""
+        env = self._pinned(None) if env is None else env
+        return remote.step(self.host, self.project.commands[name], self.host.timeout(step or self.step), what=name,
+                           env=env)
+
     def _output_of(self, name: str, env: dict[str, str], step: str, max_bytes: int = 1 << 20) -> str:
-        command = remote.step(self.host, self.project.commands[name], self.host.timeout(step), what=name, env=env)
-        return self.transport.capture(command, max_bytes=max_bytes).decode(errors="replace")
+        return self.transport.capture(self.command(name, env, step), max_bytes=max_bytes).decode(errors="replace")
 
     def pull_json(self, result: str, gpu=None) -> dict:
         """Read the project's result file `result` (a key of project.results; of `gpu`'s run: from
@@ -347,12 +376,26 @@ class StepContext:
 def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *args, **kwargs) -> Any:
     """`read(*args, **kwargs)` once the state files (`stamps`) show a build of `tree`; NOT_READ
     when they do not (the build step will rebuild) or could not be read."""
+    return read(*args, **kwargs) if _built_key(stamps, tree) else NOT_READ
+
+
+def _file_of(files: Future, path: str) -> bytes:
+    """The file `path` among the files read ahead; its FetchError raised."""
+    found = files.result()[path]
+    if isinstance(found, FetchError):
+        raise found
+    return found
+
+
+def _built_key(stamps: Future, tree: str | None) -> dict | None:
+    """The key of the build stamp in the state files (`stamps`) when it is a build of `tree`;
+    None when it is not or they could not be read."""
     try:
         build = stamps.result().get("build.json")
     except Exception:       # the stamp() that needs them reads them again and reports it
-        return NOT_READ
+        return None
     key = build.get("key") if isinstance(build, dict) else None
-    return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
+    return key if isinstance(key, dict) and key.get("tree") == tree else None
 
 
 def gpu_run(ctx: StepContext, gpu) -> GpuRun:
