@@ -13,7 +13,7 @@ locks, GPU claims and stop flag. Nothing here decides exit codes.
 Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
-first step that needs it. preflight takes it (after its checks) with the GPUs; doctor takes none.
+first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from . import doctor, gpus, ownership, parallel, record, remote, state, sync
@@ -109,6 +110,14 @@ class LocalReference:
         self.project, self.cache_root, self.use_cache = project, cache_root, use_cache
         self._lock = threading.Lock()
         self._local: dict | None = None
+        self._key: Future | None = None
+
+    def start(self) -> None:
+        """Ask for the generator's key now, in the background (the hosts' first steps run
+        meanwhile); the regeneration itself waits for its first use."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-bundles-key")
+        self._key = pool.submit(self._local_command, "bundles_key")
+        pool.shutdown(wait=False)
 
     def expected(self) -> dict:
         """The committed expected manifest."""
@@ -126,7 +135,7 @@ class LocalReference:
             return self._local
 
     def _generate(self) -> dict:
-        key = self._local_command("bundles_key").split()[-1]
+        key = (self._key.result() if self._key is not None else self._local_command("bundles_key")).split()[-1]
         out = self.cache_root / key
         manifest = out / Path(self.project.results["manifest"]).name
         if not self.use_cache or not manifest.is_file():       # --no-cache regenerates here too
@@ -171,6 +180,8 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
+        if "golden" in plan.steps:
+            shared.reference.start()
         records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
         start = time.monotonic()
         try:

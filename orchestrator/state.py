@@ -4,7 +4,7 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
         lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
         ...
-    state.acquire(transport, owner, begin_sync=True).take_begun()   # the lock and a sync's first step at once
+    state.acquire(transport, owner, begin_sync=True).begin_sync()   # the lock and a sync's first step at once
     state.read_deploy_record(transport)                  # what the last deploy recorded
     state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
     state.read_jsons(transport, state.STAMPS)            # several at once: {name: document or None}
@@ -83,11 +83,16 @@ class HostLock:
         if heartbeat:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
 
-    def take_begun(self) -> dict[str, str] | None:
-        """What the lock command's BEGIN_SYNC said (PARTIAL, RSYNC: sync.begin_command's answer),
-        once: None when it did not begin a sync, or when that was taken already."""
+    def begin_sync(self) -> dict[str, str]:
+        """The sync's first step under this lock held alone (BEGIN_SYNC's PARTIAL and RSYNC facts:
+        sync.begin_command's answer): what the lock command said when it began the sync as it
+        took the lock, else the holder begins it now (one exchange over the lock's channel)."""
         begun, self._begun = self._begun, None
-        return begun
+        if begun is not None:
+            return begun
+        if self.mode != EXCLUSIVE:
+            raise ValueError("a sync begins only under the lock held alone")
+        return self._ask(b"begin\n", ("BEGUN",))[3]
 
     def _beat(self, interval: float) -> None:
         """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
@@ -175,14 +180,14 @@ def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mo
         raise ValueError("a sync begins only under the lock held alone")
     return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
                                  remote._seconds(wait), remote._seconds(silence) if silence else "",
-                                 str(owner) if begin_sync else "", rsync_path or "", timeout=None)
+                                 str(owner), rsync_path or "", "begin" if begin_sync else "", timeout=None)
 
 
 def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0,
             begin_sync: bool = False) -> HostLock:
     """Claim the host's remote_dir and take its lock in `mode`, waiting up to `wait` seconds for
     the runs holding it; DestinationError, or LockError naming them. `begin_sync` (exclusive
-    only): the lock command begins the sync as well, its answer kept for HostLock.take_begun."""
+    only): the lock command begins the sync as well, its answer kept for HostLock.begin_sync."""
     host = transport.host
     process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait,
                                            begin_sync, host.rsync_path))
@@ -369,8 +374,8 @@ for f in holder-*.json owner; do
   [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
   if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
 done
-# $7 (the owner, in words) asks to begin the sync too, before the answer: one round trip less
-[ -n "$7" ] && [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"
+# $9 asks to begin the sync too (as $7, the owner in words), before the answer: one round trip less
+[ -n "$9" ] && [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
@@ -378,6 +383,7 @@ while IFS= read -r "${t[@]}" reply; do
     release) rm -f -- "$me"; exit 0;;
     exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
     shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
+    begin) [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"; echo BEGUN;;
   esac
 done
 exit 0

@@ -119,14 +119,14 @@ def deploy(transport: Transport, project: Project, source: SourceId, owner: stat
     with state.acquire(transport, owner, begin_sync=True) as lock:
         if lock.stale:
             log(f"recovered the lock left by a run that died: {lock.stale}")
-        result = sync_tree(transport, project, source, owner, log, lock.take_begun())
+        result = sync_tree(transport, project, source, owner, log, lock.begin_sync())
     return dataclasses.replace(result, stale_lock=str(lock.stale) if lock.stale else None)
 
 
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
               log: Callable[[str], None], begun: dict[str, str] | None = None) -> DeployResult:
     """Sync and verify the source on a host whose lock the caller holds (validate holds it for
-    the whole run); `begun`: the lock command began the sync already (HostLock.take_begun), else
+    the whole run); `begun`: the lock began the sync already (HostLock.begin_sync), else
     begin_command does it now."""
     host = transport.host
     start = time.monotonic()

@@ -90,7 +90,7 @@ def test_deploy_commands_in_order(make_inventory):
         "local: transfer (a tar stream instead when the host has no rsync)",
         "host: hash the deployed tree; when it is the local hash, write the deploy record, clear the in-progress mark"]
     assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
-                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' ''"
+                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' '' begin"
                                 .replace("orchestrator's", "orchestrator'\"'\"'s"))
     assert "setsid -w timeout -k 10 300 bash -c" in steps[2][1]
     assert steps[2][1].endswith("kdtree /root/kdtree-engine 'bash scripts/tree_hash.sh' LOCAL_TREE_HASH")

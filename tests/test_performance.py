@@ -504,9 +504,10 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
 
 def test_the_binary_runs_only_once_the_host_found_its_executables_recorded_and_that_check_is_read_ahead(context):
     """A no-change build's check of build/'s executables and the binary's --version are one host
-    command, read ahead from the build stamp: the binary runs only when every executable of one of
-    this machine's records hashes as recorded (a changed binary is never run: the build removes
-    it and builds again), and the build step takes that check only for its own build key."""
+    command, read ahead for the key of the host's last build step: the binary runs only when
+    every executable of one of this machine's records hashes as recorded (a changed binary is
+    never run: the build removes it and builds again), and the build step takes that check only
+    for its own build key."""
     root = context.root
     (root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE).replace("echo kdtree", "echo >> ran; echo kdtree"))
 

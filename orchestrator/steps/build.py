@@ -27,6 +27,7 @@ def run(ctx: StepContext) -> Outcome:
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _reusable(ctx, key, tree)
         if version is not None:
+            executables.remember_key(ctx.project, ctx.host, key)
             return Outcome("cached", f"{_what(version)} of tree {tree[:12]} is up to date", str(stamp["run_id"]))
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
@@ -38,6 +39,7 @@ def run(ctx: StepContext) -> Outcome:
         result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
         executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
+        executables.remember_key(ctx.project, ctx.host, key)
         ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")

@@ -91,10 +91,12 @@ class StepContext:
     stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
     ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
 
-    def hold_tree(self, mode: str, wait: float = 0) -> None:
-        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds);
-        held alone before a planned sync, the lock command begins the sync too (one round trip)."""
-        self.lock = self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
+    def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
+        """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
+        hold the one `taken` already (started as take_lock(mode, wait, False)); held alone
+        before a planned sync, the lock command begins the sync too (one round trip)."""
+        self.lock = taken.result() if taken is not None else \
+            self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
         if self.lock.stale:
             self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
 
@@ -104,9 +106,9 @@ class StepContext:
         a reuse pulls), so a no-change run waits about one round trip for all of them. Each is
         the command the step would run, taken from here only until the next engine command (which
         may change what it read). The build's executables are checked against this machine's
-        records of the stamp's key, and the binary's --version runs on the host only when they
-        match one (steps.executables); the build step uses that only when the stamp's key is the
-        build key. A run that will rebuild would throw the input hashes and the result files away:
+        records of the key of the host's last build step, and the binary's --version runs on the
+        host only when they match one (steps.executables); the build step uses that only when that
+        key is the build key. A run that will rebuild would throw the input hashes and the result files away:
         the host hashes the inputs only when its build stamp names the deployed tree, and the
         result files are pulled once the state files show that."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
@@ -123,7 +125,7 @@ class StepContext:
             paths = [self.project.results[r] for r in reusable]      # in one command, taken once the stamps show a build
             files = pool.submit(self.transport.read_files, [(path, RESULT_MAX_BYTES) for path in paths]) if paths else None
             if "build" in steps and self.use_cache and tree:
-                ahead["built"] = pool.submit(self._check_built, stamps, tree)
+                ahead["built"] = pool.submit(self._check_built, tree)
             if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
                 ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
                                               or NOT_READ)
@@ -132,11 +134,11 @@ class StepContext:
         pool.shutdown(wait=False)
         self.ahead = ahead
 
-    def _check_built(self, stamps: Future, tree: str) -> Any:
-        """(the build stamp's key, executables.Checked) once the state files show a build of
-        `tree` that this machine recorded; NOT_READ otherwise."""
-        key = _built_key(stamps, tree)
-        records = executables.load(self.project, key) if key else []
+    def _check_built(self, tree: str) -> Any:
+        """(the key, executables.Checked) for the build key of the host's last build step when it
+        was of `tree` and this machine recorded it; NOT_READ otherwise."""
+        key = executables.last_key(self.project, self.host)
+        records = executables.load(self.project, key) if key and key.get("tree") == tree else []
         if not records:
             return NOT_READ
         return key, executables.check(self.transport, records, self.command("version", self.gpu_env(), "build"))
@@ -376,7 +378,12 @@ class StepContext:
 def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *args, **kwargs) -> Any:
     """`read(*args, **kwargs)` once the state files (`stamps`) show a build of `tree`; NOT_READ
     when they do not (the build step will rebuild) or could not be read."""
-    return read(*args, **kwargs) if _built_key(stamps, tree) else NOT_READ
+    try:
+        build = stamps.result().get("build.json")
+    except Exception:       # the stamp() that needs them reads them again and reports it
+        return NOT_READ
+    key = build.get("key") if isinstance(build, dict) else None
+    return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
 
 
 def _file_of(files: Future, path: str) -> bytes:
@@ -385,17 +392,6 @@ def _file_of(files: Future, path: str) -> bytes:
     if isinstance(found, FetchError):
         raise found
     return found
-
-
-def _built_key(stamps: Future, tree: str | None) -> dict | None:
-    """The key of the build stamp in the state files (`stamps`) when it is a build of `tree`;
-    None when it is not or they could not be read."""
-    try:
-        build = stamps.result().get("build.json")
-    except Exception:       # the stamp() that needs them reads them again and reports it
-        return None
-    key = build.get("key") if isinstance(build, dict) else None
-    return key if isinstance(key, dict) and key.get("tree") == tree else None
 
 
 def gpu_run(ctx: StepContext, gpu) -> GpuRun:

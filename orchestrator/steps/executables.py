@@ -8,6 +8,7 @@ the client checks the hashes it is sent again before it trusts the version.
     checked = check(transport, records, version)  # Checked(hashes, the version's output or None)
     matches(records, checked.hashes)              # built as recorded?
     remember(project, key, hashes(transport, timeout))   # after a build
+    remember_key(project, host, key); last_key(project, host)   # the key of the host's last build step
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import dataclasses
 import hashlib
 import json
 import re
+from typing import Any
 
 from .. import ownership, remote
-from ..inventory import Project
+from ..inventory import Host, Project
 from ..transport import Transport
 
 LOCAL_RECORDS = "build/host-builds"      # under the project root: what this user's builds produced
@@ -40,10 +42,7 @@ class Checked:
 def load(project: Project, key: dict) -> list[dict[str, str]]:
     """The executables (path -> sha256) of the last builds recorded for `key`; none when the
     records file is missing or is not one."""
-    try:
-        data = json.loads(_path(project, key).read_text())
-    except (OSError, ValueError):
-        return []
+    data = _json(_path(project, key))
     builds = data.get("builds", []) if isinstance(data, dict) else []
     return [r for r in builds if isinstance(r, dict)] if isinstance(builds, list) else []
 
@@ -54,6 +53,22 @@ def remember(project: Project, key: dict, hashes: dict[str, str]) -> None:
     path = _path(project, key)
     ownership.private_dir(path.parent, "build record directory")
     ownership.write_private(path, json.dumps({"key": key, "builds": records}, indent=1))
+
+
+def remember_key(project: Project, host: Host, key: dict) -> None:
+    """Note `key` as the build key of `host`'s last build step (its next run checks the
+    executables against that key's records before it knows the build key)."""
+    path = _host_path(project, host)
+    if _json(path) != {"key": key}:
+        ownership.private_dir(path.parent, "build record directory")
+        ownership.write_private(path, json.dumps({"key": key}))
+
+
+def last_key(project: Project, host: Host) -> dict | None:
+    """The build key remember_key noted for `host`, if any."""
+    data = _json(_host_path(project, host))
+    key = data.get("key") if isinstance(data, dict) else None
+    return key if isinstance(key, dict) else None
 
 
 def matches(records: list[dict[str, str]], current: dict[str, str]) -> bool:
@@ -91,6 +106,18 @@ def check_command(remote_dir: str, records: list[dict[str, str]], version: remot
 def _path(project: Project, key: dict):
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     return project.root / LOCAL_RECORDS / f"{digest}.json"
+
+
+def _host_path(project: Project, host: Host):
+    where = json.dumps([host.name, host.address, host.remote_dir])
+    return project.root / LOCAL_RECORDS / "hosts" / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.json"
+
+
+def _json(path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _parse(text: str) -> dict[str, str]:

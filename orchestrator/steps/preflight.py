@@ -12,11 +12,13 @@ from .context import Outcome, StepContext, StepError
 
 def run(ctx: StepContext) -> Outcome:
     """Probe the host once, log every finding (reachable, host key and auth included), record its
-    fingerprint; fail on a failed check. A run that claims GPUs asks for them meanwhile."""
-    query = None
+    fingerprint; fail on a failed check. A run that claims GPUs asks for them and takes the tree
+    lock meanwhile (the lock begins no sync before the checks pass)."""
+    query = lock = None
     if ctx.claim_gpus is not None:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu-query-{ctx.host.name}")
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gpu-query-{ctx.host.name}")
         query = pool.submit(gpus.query, ctx.transport)
+        lock = pool.submit(_lock_for, ctx, query)
         pool.shutdown(wait=False)
     findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.owner.command == "doctor")
     for f in findings:
@@ -26,14 +28,14 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx, query)]))
+    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx, query, lock)]))
 
 
-def take_gpus(ctx: StepContext, query: Future | None = None) -> str:
+def take_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:
     """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
-    (hold_tree_and_gpus; `query`: the GPU query under way). What happened, in words."""
+    (hold_tree_and_gpus; `query`: the GPU query under way, `lock`: its lock). What happened, in words."""
     if ctx.claim_gpus is not None:
-        return hold_tree_and_gpus(ctx, query)
+        return hold_tree_and_gpus(ctx, query, lock)
     found, choice = gpu_claims.preview(ctx.transport, ctx.gpu_request)
     _record(ctx, found, ())
     if not found.gpus:
@@ -42,18 +44,19 @@ def take_gpus(ctx: StepContext, query: Future | None = None) -> str:
     return f"a run would take GPU {taken}" if choice.enough else f"a run would not start: {choice.shortage()}"
 
 
-def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None) -> str:
+def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:
     """Take the tree lock and the run's GPUs for the rest of the run: on a host with GPUs the lock
     shared (waiting up to timeouts.lock for a run changing the tree) and the GPUs claimed (waiting
     up to gpu_wait for enough: GpuSelectionError naming each GPU not taken and why); on a host
-    without, the lock alone, as one run at a time. Records every GPU and the selection."""
+    without, the lock alone, as one run at a time. Records every GPU and the selection. `lock`:
+    that lock, being taken already (_lock_for)."""
     found = query.result() if query is not None else gpus.query(ctx.transport)
     if not found.gpus:
         gpus.choose((), ctx.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
-        ctx.hold_tree(state.EXCLUSIVE)
+        ctx.hold_tree(state.EXCLUSIVE, taken=lock)
         _record(ctx, found, ())
         return "no GPU: the run holds the deployed tree alone"
-    ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"))
+    ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"), taken=lock)
     claim = ctx.claim = ctx.claim_gpus(ctx.gpu_request)
     for uuid, owner in claim.stale:
         ctx.log(f"recovered the claim on {uuid} left by a run that died: {gpus.visible(str(owner), 300)}")
@@ -64,6 +67,14 @@ def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None) -> str:
         return "no GPU: the run holds the deployed tree alone"
     return (f"GPU {', '.join(str(g.index) for g in claim.gpus)} claimed for the run "
             f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.gpu_request.describe()})")
+
+
+def _lock_for(ctx: StepContext, query: Future):
+    """The tree lock in hold_tree_and_gpus' mode for the GPUs `query` finds, taken without
+    beginning a sync (the sync step begins it over the lock's channel)."""
+    if query.result().gpus:
+        return ctx.take_lock(state.SHARED, ctx.host.timeout("lock"), False)
+    return ctx.take_lock(state.EXCLUSIVE, 0, False)
 
 
 def _record(ctx: StepContext, found: gpus.GpuInventory, taken) -> None:
