@@ -155,76 +155,6 @@ __device__ __forceinline__ W4Step w4_fetch(const W4Rows& r, int step) {
     return st;
 }
 
-// The bulk-copy weight ring (issue 21, sixth pass; one token quad on sm_90): per warp, W4_RING
-// stages of one step each in shared memory ([words a 1 KB][words b 1 KB][scales a][scales b]),
-// filled by lane 0 with four cp.async.bulk copies that complete on the stage's mbarrier, so a
-// warp keeps W4_RING - 1 steps in flight while it computes one (the register buffers held one)
-// without the per-lane cp.async ring's instructions: a step costs its lanes the same four 16-byte
-// and two 8-byte loads as before, from shared memory instead of global.
-constexpr int W4_RING = 3;
-constexpr int W4_STAGE_BYTES = 2 * 1024 + 2 * 256;
-
-// Whether w4_kernel<Q> runs on the ring: one token quad (the M = 1..4 passes, bound by the load
-// latency of one step in flight) on sm_90; the wider passes keep the register buffers (their
-// steps compute longer), and sm_120 gives a block too little shared memory for two blocks per SM.
-__device__ constexpr bool w4_ring(int Q) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
-    return Q == 1;
-#else
-    return false && Q;
-#endif
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-
-// Blocks until the barrier's phase of the given parity has completed (its bytes have landed).
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
-// Lane 0: step `step` of the half-tiles at r (the lane-0 pointers of tile_rows) into the stage at
-// dst, completing on bar.
-__device__ __forceinline__ void w4_ring_issue(const W4Rows& r, int step, unsigned dst, unsigned bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(W4_STAGE_BYTES) : "memory");
-    const auto copy = [&](unsigned to, const void* from, int bytes) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(to),
-                     "l"(from), "r"(bytes), "r"(bar)
-                     : "memory");
-    };
-    copy(dst, r.qa + step * 64, 1024);
-    copy(dst + 1024, r.qb + step * 64, 1024);
-    copy(dst + 2048, r.sa + step * 32, 256);
-    copy(dst + 2304, r.sb + step * 32, 256);
-}
-
-// A lane's part of a landed stage, in w4_fetch's order.
-__device__ __forceinline__ W4Step w4_ring_read(const unsigned char* stage, int lane) {
-    const uint4* w = reinterpret_cast<const uint4*>(stage);
-    const float2* s = reinterpret_cast<const float2*>(stage + 2048);
-    W4Step st;
-    st.wa[0] = w[lane];
-    st.wa[1] = w[32 + lane];
-    st.wb[0] = w[64 + lane];
-    st.wb[1] = w[96 + lane];
-    st.sa = s[lane];
-    st.sb = s[32 + lane];
-    return st;
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
     const uint4& v = w[i / 4];
     return i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w;
@@ -238,17 +168,6 @@ __host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1; }
 // -24 X floats per staged row: pads that spread the 4 rows' banks, 16-byte rows for the full
 // steps' vector loads (the other passes keep the tighter rows: fewer registers at Q = 2).
 __host__ __device__ constexpr int w4_xstride(int Q) { return KD_W4_GROUPS + (w4_full_steps(Q) ? 4 : 1); }
-
-// Dynamic shared memory of w4_kernel<Q> without the ring: 8 Q staged B rows and 4 Q activation
-// rows (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
-__host__ __device__ constexpr int w4_smem_bytes(int Q) {
-    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
-}
-
-// Where the rings start (128-byte aligned for the bulk copies), and the total with them
-// (Q = 1: 94 KiB, two blocks per SM).
-__host__ __device__ constexpr int w4_ring_offset(int Q) { return (w4_smem_bytes(Q) + 127) / 128 * 128; }
-constexpr int w4_ring_smem_bytes(int Q) { return w4_ring_offset(Q) + KD_W4_WARPS * W4_RING * W4_STAGE_BYTES; }
 
 // Adds one step's groups into part[q][0 | 1] (rows g | g + 8, token 4q + t).
 // bsm: the staged B rows; xneg: -24 X per (token, group); m_count: staged tokens.
@@ -391,8 +310,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
-    constexpr bool RING = w4_ring(Q);
-    __shared__ unsigned long long ring_bar[RING ? KD_W4_WARPS * W4_RING : 1];
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -482,19 +399,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
-    // The warp's ring (RING): its stages, barriers, and the stage and phase that the copies and
-    // the arithmetic are at, kept across passes (every step issued in a pass is used in it).
-    unsigned char* ring = bsm + w4_ring_offset(Q) + warp * W4_RING * W4_STAGE_BYTES;
-    unsigned bar0 = 0, get_phase = 0;
-    int in_flight = 0, put = 0, get = 0;
-    if constexpr (RING) {
-        bar0 = smem_addr(&ring_bar[warp * W4_RING]);
-        if (lane == 0) {
-            for (int b = 0; b < W4_RING; ++b) mbar_init(bar0 + 8 * b);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-    }
     for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
         m_begin = slot_begin + 4 * Q * pass;
         m_count = min(4 * Q, slot_rows - 4 * Q * pass);
@@ -511,61 +415,12 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // a tile spilled on sm_120.
         W4Rows rows{};
         W4Step cur{}, other;
-        // Ring: the copies run up to W4_RING steps ahead of the arithmetic, over the warp's tile
-        // and the next one (ps: the copies' step in it; its ticket is taken when they reach it).
-        int next = n_tiles, ps = 0;
-        bool ahead = false;
-        const auto pump = [&](bool may_take) {
-            while (in_flight < W4_RING) {
-                if (ps == n_steps) {
-                    if (ahead || !may_take) break;  // one tile ahead at most; no ticket before staging
-                    int ticket = 0;
-                    if (lane == 0) ticket = static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x);
-                    next = __shfl_sync(0xffffffffu, ticket, 0);
-                    ahead = true;
-                    ps = 0;
-                }
-                const int pt = ahead ? next : tile;
-                if (pt >= n_tiles) break;
-                if (lane == 0) w4_ring_issue(tile_rows(pt), ps, smem_addr(ring + put * W4_STAGE_BYTES), bar0 + 8 * put);
-                put = put + 1 == W4_RING ? 0 : put + 1;
-                ++ps;
-                ++in_flight;
-            }
-        };
-        if constexpr (RING) {
-            pump(false);
-        } else if (tile < n_tiles) {
+        if (tile < n_tiles) {
             rows = tile_rows(tile);
             cur = w4_fetch<true>(rows, 0);
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
-        // Ring: each step waits for its stage, reads it into registers, computes, and frees the
-        // stage (the step's registers consumed, so its reads are done) for the copies to refill.
-        const auto run_ring = [&](auto full) {
-            constexpr bool FULL = decltype(full)::value;
-            while (tile < n_tiles) {
-                float part[Q][2];
-#pragma unroll
-                for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
-                for (int st = 0; st < n_steps; ++st) {
-                    mbar_wait(bar0 + 8 * get, get_phase);
-                    w4_step<Q, FULL>(part, w4_ring_read(ring + get * W4_STAGE_BYTES, lane), st, n_groups, bsm, xneg,
-                                     m_count, lane);
-                    if (++get == W4_RING) {
-                        get = 0;
-                        get_phase ^= 1u;
-                    }
-                    --in_flight;
-                    __syncwarp();
-                    pump(true);
-                }
-                finish(tile, part);
-                tile = next;  // the copies took its ticket at this tile's last step
-                ahead = false;
-            }
-        };
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
         // without per-group tests where w4_full_steps(Q); otherwise all of them with the tests.
         const auto run_tiles = [&](auto full) {
@@ -604,13 +459,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 tile = next;
             }
         };
-        if constexpr (RING) {
-            if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_ring(std::true_type{});
-            else run_ring(std::false_type{});
-        } else {
-            if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
-            else run_tiles(std::false_type{});
-        }
+        if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
+        else run_tiles(std::false_type{});
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
     }
@@ -641,22 +491,16 @@ __global__ void w4_sum_kernel(W4Params p) {
     yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
 
-// The host's side of w4_ring: whether the current device is an sm_90 one (its build's kernels
-// then run the ring at Q = 1 and need its shared memory).
-inline bool w4_ring_on_device(int Q) {
-    static const bool sm90 = [] {
-        int device = 0, major = 0;
-        KD_CUDA_CHECK(cudaGetDevice(&device));
-        KD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        return major == 9;
-    }();
-    return sm90 && Q == 1;
+// Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
+// (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
+constexpr int w4_smem_bytes(int Q) {
+    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
-    const int smem = w4_ring_on_device(Q) ? w4_ring_smem_bytes(Q) : w4_smem_bytes(Q);
+    const int smem = w4_smem_bytes(Q);
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
