@@ -45,7 +45,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 namespace kd::cuda {
@@ -80,7 +79,6 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
-    int tail = 0;  // EXPERIMENT KD_W4_TAIL: block ticket: the block's last `tail` tiles (-1: its tiles % warps) prefetched into L2
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -141,27 +139,6 @@ __device__ __forceinline__ uint4 ld_stream_guarded(const uint4* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-// Asks L2 for all n_steps (at most 8) steps of the half-tiles at r (tile_rows' per-lane pointers):
-// lane i asks for line i (and i + 32) of 128 bytes of each half's words and line i of its scales,
-// 6 prefetches a lane for a tile of 8 steps, none waiting for its data.
-__device__ __forceinline__ void w4_prefetch_l2(const W4Rows& r, int n_steps, int lane) {
-    const auto pf = [](const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); };
-    const char* qa = reinterpret_cast<const char*>(r.qa) + 112 * lane;  // + 16 lane already
-    const char* qb = reinterpret_cast<const char*>(r.qb) + 112 * lane;
-    if (lane < 8 * n_steps) {
-        pf(qa);
-        pf(qb);
-    }
-    if (lane + 32 < 8 * n_steps) {
-        pf(qa + 4096);
-        pf(qb + 4096);
-    }
-    if (lane < 2 * n_steps) {
-        pf(reinterpret_cast<const char*>(r.sa) + 120 * lane);  // + 8 lane already
-        pf(reinterpret_cast<const char*>(r.sb) + 120 * lane);
-    }
 }
 
 template <bool GUARDED = false>
@@ -364,7 +341,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     int m_begin = slot_begin, m_count = 0, pass = 0;
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
-    __shared__ int tail_from;          // block ticket: the first tile prefetched into L2
     constexpr bool BT = w4_block_ticket(Q);
     const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
 
@@ -432,17 +408,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
-        // Block ticket: tiles from tail_from on are the block's last (the last round, where most
-        // warps of the block have nothing left): their steps are asked of L2 as they start. In
-        // shared memory (read after w4_stage's barriers): a register across the loop spilled.
-        if (BT && threadIdx.x == 0) {
-            tail_from = n_tiles;
-            if (p.tail != 0 && static_cast<int>(blockIdx.x) < n_tiles) {
-                const int block_tiles = (n_tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
-                const int r = p.tail < 0 ? block_tiles % KD_W4_WARPS : min(p.tail, block_tiles);
-                tail_from = blockIdx.x + (block_tiles - r) * gridDim.x;
-            }
-        }
         // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
         // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
@@ -465,7 +430,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 if (lane == 0)
                     ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
                                 : static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles;
-                if (BT && tile >= tail_from) w4_prefetch_l2(rows, n_steps, lane);  // step 0 is loaded already
                 int next = 0;
                 float part[Q][2];
 #pragma unroll
@@ -548,13 +512,7 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    static const int tail = [] {
-        const char* v = std::getenv("KD_W4_TAIL");
-        return v ? std::atoi(v) : 0;
-    }();
-    W4Params pt = p;
-    pt.tail = tail;
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, pt);
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
