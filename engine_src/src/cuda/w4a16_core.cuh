@@ -167,12 +167,11 @@ constexpr int KD_W4_TAIL_SLOTS = 4;
 constexpr int KD_W4_SLOT_STEPS = KD_W4_SCHUNK / 32 / KD_W4_STEP - 1;  // steps 1 .. 7
 constexpr int KD_W4_SLOT_BYTES = KD_W4_SLOT_STEPS * (2 * 1024 + 2 * 256);
 
-// Not with the SwiGLU epilogue (the MoE's w1 / w3: its registers spilled).
-__device__ constexpr bool w4_tail(int Q, bool GLU) {
+__device__ constexpr bool w4_tail(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
-    return Q == 1 && !GLU;
+    return Q == 1;
 #else
-    return false && Q && GLU;
+    return false && Q;
 #endif
 }
 
@@ -389,7 +388,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
-    constexpr bool TAIL = w4_tail(Q, GLU);
+    constexpr bool TAIL = w4_tail(Q);
     __shared__ unsigned long long tail_bar[TAIL ? KD_W4_TAIL_SLOTS : 1];
     chain_acquire();
     chain_release();
@@ -529,6 +528,12 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         const auto run_tiles = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
             while (tile < n_tiles) {
+                const int tslot = tail_slot(tile);
+                if (TAIL && tslot >= 0) mbar_wait(smem_addr(&tail_bar[tslot]), pass & 1);
+                // Steps >= 1 of this tile: from its slot when it has one.
+                const auto fetch = [&](int step) {
+                    return TAIL && tslot >= 0 ? w4_slot_read(slots + tslot * KD_W4_SLOT_BYTES, step, lane) : w4_fetch(rows, step);
+                };
                 int ticket = 0;
                 if (lane == 0)
                     ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
@@ -542,30 +547,13 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                     if (TAIL && lane == 0 && next < n_tiles) tail_issue(next);
                     return tile_rows(next < n_tiles ? next : tile);
                 };
-                // A tail tile: step 0 from the registers, the others from its slot once landed
-                // (a path of its own: sharing the loop's fetches cost registers and spilled). The
-                // next tile's first step loads after the last one: a block's last tiles rarely
-                // have a next one.
-                const int tslot = tail_slot(tile);
-                if (TAIL && tslot >= 0) {
-                    const unsigned char* slot_p = slots + tslot * KD_W4_SLOT_BYTES;
-                    mbar_wait(smem_addr(&tail_bar[tslot]), pass & 1);
-                    w4_step<Q, FULL>(part, cur, 0, n_groups, bsm, xneg, m_count, lane);
-                    for (int st = 1; st < n_steps; ++st)
-                        w4_step<Q, FULL>(part, w4_slot_read(slot_p, st, lane), st, n_groups, bsm, xneg, m_count, lane);
-                    rows = next_rows();
-                    cur = w4_fetch(rows, 0);
-                    finish(tile, part);
-                    tile = next;
-                    continue;
-                }
                 // Two steps per iteration with two register buffers: while one step computes, the
                 // next one (of this tile or the next) is loading. After the last tile the warp
                 // re-reads its tile's first step (never used), so every fetch is unconditional.
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
                     if (last_a) rows = next_rows();
-                    other = w4_fetch(rows, last_a ? 0 : st + 1);
+                    other = last_a ? w4_fetch(rows, 0) : fetch(st + 1);
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
@@ -573,7 +561,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                     }
                     const bool last_b = st + 2 >= n_steps;
                     if (last_b) rows = next_rows();
-                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
+                    cur = last_b ? w4_fetch(rows, 0) : fetch(st + 2);
                     w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
                 finish(tile, part);
@@ -614,20 +602,20 @@ __global__ void w4_sum_kernel(W4Params p) {
 
 // The host's side of w4_tail: whether the current device is an sm_90 one (its build's kernels
 // then copy tail tiles at Q = 1 and need the slots' shared memory).
-inline bool w4_tail_on_device(int Q, bool GLU) {
+inline bool w4_tail_on_device(int Q) {
     static const bool sm90 = [] {
         int device = 0, major = 0;
         KD_CUDA_CHECK(cudaGetDevice(&device));
         KD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         return major == 9;
     }();
-    return sm90 && Q == 1 && !GLU;
+    return sm90 && Q == 1;
 }
 
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
-    const int smem = w4_tail_on_device(Q, GLU) ? w4_tail_smem_bytes(Q) : w4_smem_bytes(Q);
+    const int smem = w4_tail_on_device(Q) ? w4_tail_smem_bytes(Q) : w4_smem_bytes(Q);
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
