@@ -45,7 +45,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 namespace kd::cuda {
@@ -80,7 +79,6 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
-    int tail = 0;  // EXPERIMENT KD_W4_TAIL: tail tiles a block copies whole (-1: its tiles % warps), see w4_tail
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -157,73 +155,6 @@ __device__ __forceinline__ W4Step w4_fetch(const W4Rows& r, int step) {
     return st;
 }
 
-// Tail tiles (EXPERIMENT; one token quad on sm_90, block ticket): in the last, partial round of
-// a block most of its warps have nothing left, and the few tiles still running each keep one
-// step (2.5 KB) in flight, so DRAM idles. The block's last tiles (at most KD_W4_TAIL_SLOTS, one
-// slot each) instead get steps 1 .. n_steps - 1 in shared memory by four bulk copies that lane 0
-// issues when the tile is handed out (17.5 KB in flight at once), completing on the slot's
-// mbarrier; step 0 comes through the registers as before.
-constexpr int KD_W4_TAIL_SLOTS = 4;
-constexpr int KD_W4_SLOT_STEPS = KD_W4_SCHUNK / 32 / KD_W4_STEP - 1;  // steps 1 .. 7
-constexpr int KD_W4_SLOT_BYTES = KD_W4_SLOT_STEPS * (2 * 1024 + 2 * 256);
-
-__device__ constexpr bool w4_tail(int Q) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
-    return Q == 1;
-#else
-    return false && Q;
-#endif
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// Blocks until the barrier's phase of the given parity has completed (its bytes have landed).
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
-// Lane 0: steps 1 .. n_steps - 1 of the half-tiles at r (tile_rows' pointers, lane 0's) into
-// the slot at dst: [words a][words b][scales a][scales b], KD_W4_SLOT_STEPS steps each.
-__device__ __forceinline__ void w4_slot_issue(const W4Rows& r, int n_steps, unsigned dst, unsigned bar) {
-    const unsigned w = (n_steps - 1) * 1024, sc = (n_steps - 1) * 256;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * (w + sc)) : "memory");
-    const auto copy = [&](unsigned to, const void* from, unsigned bytes) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(to),
-                     "l"(from), "r"(bytes), "r"(bar)
-                     : "memory");
-    };
-    copy(dst, r.qa + 64, w);
-    copy(dst + KD_W4_SLOT_STEPS * 1024, r.qb + 64, w);
-    copy(dst + KD_W4_SLOT_STEPS * 2048, r.sa + 32, sc);
-    copy(dst + KD_W4_SLOT_STEPS * 2304, r.sb + 32, sc);
-}
-
-// A lane's part of step `step` (>= 1) from a landed slot, in w4_fetch's order.
-__device__ __forceinline__ W4Step w4_slot_read(const unsigned char* slot, int step, int lane) {
-    const uint4* wa = reinterpret_cast<const uint4*>(slot) + (step - 1) * 64 + lane;
-    const uint4* wb = wa + KD_W4_SLOT_STEPS * 64;
-    const float2* sa = reinterpret_cast<const float2*>(slot + KD_W4_SLOT_STEPS * 2048) + (step - 1) * 32 + lane;
-    const float2* sb = sa + KD_W4_SLOT_STEPS * 32;
-    W4Step st;
-    st.wa[0] = wa[0];
-    st.wa[1] = wa[32];
-    st.wb[0] = wb[0];
-    st.wb[1] = wb[32];
-    st.sa = *sa;
-    st.sb = *sb;
-    return st;
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
     const uint4& v = w[i / 4];
     return i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w;
@@ -237,15 +168,6 @@ __host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1; }
 // -24 X floats per staged row: pads that spread the 4 rows' banks, 16-byte rows for the full
 // steps' vector loads (the other passes keep the tighter rows: fewer registers at Q = 2).
 __host__ __device__ constexpr int w4_xstride(int Q) { return KD_W4_GROUPS + (w4_full_steps(Q) ? 4 : 1); }
-
-// Dynamic shared memory of w4_kernel<Q> without tail slots: 8 Q staged B rows and 4 Q activation
-// rows (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB); the slots start 128-byte aligned after it
-// (Q = 1: 104 KiB in all, still two blocks per SM).
-__host__ __device__ constexpr int w4_smem_bytes(int Q) {
-    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
-}
-__host__ __device__ constexpr int w4_slots_offset(int Q) { return (w4_smem_bytes(Q) + 127) / 128 * 128; }
-constexpr int w4_tail_smem_bytes(int Q) { return w4_slots_offset(Q) + KD_W4_TAIL_SLOTS * KD_W4_SLOT_BYTES; }
 
 // Adds one step's groups into part[q][0 | 1] (rows g | g + 8, token 4q + t).
 // bsm: the staged B rows; xneg: -24 X per (token, group); m_count: staged tokens.
@@ -388,20 +310,10 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
-    constexpr bool TAIL = w4_tail(Q);
-    __shared__ unsigned long long tail_bar[TAIL ? KD_W4_TAIL_SLOTS : 1];
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y / p.n_sc, sc = blockIdx.y % p.n_sc;
-    if constexpr (TAIL) {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < KD_W4_TAIL_SLOTS; ++i)
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&tail_bar[i])) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-    }
     const int N = p.N, K = p.K;
     const uint32_t* qa = p.q;
     const uint32_t* qb = GLU ? p.q3 : p.q;
@@ -487,19 +399,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
-    // The tail slot of tile t (a tile of this block), or -1: its ticket k among the block's last r.
-    const auto tail_slot = [&](int t) {
-        if (!TAIL || p.tail == 0 || n_steps < 2 || n_steps - 1 > KD_W4_SLOT_STEPS) return -1;
-        const int bx = blockIdx.x, gx = gridDim.x, block_tiles = (n_tiles - bx + gx - 1) / gx;
-        const int r = min(p.tail < 0 ? block_tiles % KD_W4_WARPS : p.tail, min(KD_W4_TAIL_SLOTS, block_tiles));
-        const int s = (t - bx) / gx - (block_tiles - r);
-        return s >= 0 ? s : -1;
-    };
-    unsigned char* slots = bsm + w4_slots_offset(Q);
-    const auto tail_issue = [&](int t) {  // lane 0, for a tile of this block
-        const int s = tail_slot(t);
-        if (s >= 0) w4_slot_issue(tile_rows(t), n_steps, smem_addr(slots + s * KD_W4_SLOT_BYTES), smem_addr(&tail_bar[s]));
-    };
     for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
         m_begin = slot_begin + 4 * Q * pass;
         m_count = min(4 * Q, slot_rows - 4 * Q * pass);
@@ -519,7 +418,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         if (tile < n_tiles) {
             rows = tile_rows(tile);
             cur = w4_fetch<true>(rows, 0);
-            if (TAIL && lane == 0) tail_issue(tile);
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -528,12 +426,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         const auto run_tiles = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
             while (tile < n_tiles) {
-                const int tslot = tail_slot(tile);
-                if (TAIL && tslot >= 0) mbar_wait(smem_addr(&tail_bar[tslot]), pass & 1);
-                // Steps >= 1 of this tile: from its slot when it has one.
-                const auto fetch = [&](int step) {
-                    return TAIL && tslot >= 0 ? w4_slot_read(slots + tslot * KD_W4_SLOT_BYTES, step, lane) : w4_fetch(rows, step);
-                };
                 int ticket = 0;
                 if (lane == 0)
                     ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
@@ -544,7 +436,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
                 const auto next_rows = [&]() {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    if (TAIL && lane == 0 && next < n_tiles) tail_issue(next);
                     return tile_rows(next < n_tiles ? next : tile);
                 };
                 // Two steps per iteration with two register buffers: while one step computes, the
@@ -553,7 +444,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
                     if (last_a) rows = next_rows();
-                    other = last_a ? w4_fetch(rows, 0) : fetch(st + 1);
+                    other = w4_fetch(rows, last_a ? 0 : st + 1);
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
@@ -561,7 +452,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                     }
                     const bool last_b = st + 2 >= n_steps;
                     if (last_b) rows = next_rows();
-                    cur = last_b ? w4_fetch(rows, 0) : fetch(st + 2);
+                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
                     w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
                 finish(tile, part);
@@ -600,22 +491,16 @@ __global__ void w4_sum_kernel(W4Params p) {
     yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
 
-// The host's side of w4_tail: whether the current device is an sm_90 one (its build's kernels
-// then copy tail tiles at Q = 1 and need the slots' shared memory).
-inline bool w4_tail_on_device(int Q) {
-    static const bool sm90 = [] {
-        int device = 0, major = 0;
-        KD_CUDA_CHECK(cudaGetDevice(&device));
-        KD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        return major == 9;
-    }();
-    return sm90 && Q == 1;
+// Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
+// (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
+constexpr int w4_smem_bytes(int Q) {
+    return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
-    const int smem = w4_tail_on_device(Q) ? w4_tail_smem_bytes(Q) : w4_smem_bytes(Q);
+    const int smem = w4_smem_bytes(Q);
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
         KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -627,13 +512,7 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    static const int tail = [] {
-        const char* v = std::getenv("KD_W4_TAIL");
-        return v ? std::atoi(v) : -1;
-    }();
-    W4Params pt = p;
-    pt.tail = tail;
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, pt);
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
