@@ -108,9 +108,9 @@ class StepContext:
         may change what it read). The build's executables are checked against this machine's
         records of the key of the host's last build step, and the binary's --version runs on the
         host only when they match one (steps.executables); the build step uses that only when that
-        key is the build key. A run that will rebuild would throw the input hashes and the result files away:
-        the host hashes the inputs only when its build stamp names the deployed tree, and the
-        result files are pulled once the state files show that."""
+        key is the build key. A run that will rebuild would throw the input hashes away: the host
+        hashes them only when its build stamp names the deployed tree. The result files are read
+        in one command and taken only once the state files show that."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
