@@ -447,9 +447,13 @@ def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path
 
 def test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag(h1):
     """When a guarded command ends, every process left in its group is killed, also a child that
-    cleared its environment (so the KDTREE_STEP tag cannot find it) and never left the group."""
+    cleared its environment (so the KDTREE_STEP tag cannot find it) and never left the group. The
+    command ends only once both children run `sleep` (until then they still carry the tag, and a
+    loaded machine's scan for it would kill them whatever the group kill does)."""
     m = f"4{os.getpid() % 1000:03d}"
-    script = f"env -i sleep 31{m} >/dev/null 2>&1 & env -i sleep 32{m} >/dev/null 2>&1 & echo started"
+    script = (f"env -i sleep 31{m} >/dev/null 2>&1 & a=$!; env -i sleep 32{m} >/dev/null 2>&1 & b=$!; "
+              "until grep -qa '^sleep' /proc/$a/cmdline && grep -qa '^sleep' /proc/$b/cmdline; do sleep 0.01; done; "
+              "echo started")
     result = h1.run(remote.command(["bash", "-c", script], timeout=10))
     assert result.ok and result.tail == "started\n"
     assert left_on_host(f"sleep 3[12]{m}") == ""
