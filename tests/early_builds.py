@@ -110,11 +110,14 @@ def _renice_tree(root: int, niceness: int) -> None:
 
 def _cuda_builds(tmp_path_factory) -> Callable[[Background], dict]:
     cuda = cuda_home()
+    # Folders are made here, in the session's thread: pytest's TempPathFactory is not thread-safe (the
+    # first mktemp creates the session's base folder, and two threads doing it at once made two).
+    folders = {arch: tmp_path_factory.mktemp(f"engine_{arch}") for arch in CUDA_ARCHES}
 
     def work(bg: Background) -> dict:
         results = {}
         for arch in CUDA_ARCHES:
-            tree = engine_copy(tmp_path_factory.mktemp(f"engine_{arch}"))
+            tree = engine_copy(folders[arch])
             env = dict(os.environ, KD_BACKEND="cuda", KD_ARCH=arch, KD_SANITIZE="1" if arch == CUDA_SANITIZED else "0",
                        CUDA_HOME=str(cuda), PATH=f"{cuda / 'bin'}:{os.environ.get('PATH', '')}")
             results[arch] = (bg.run(["bash", "scripts/build.sh"], cwd=tree, env=env, timeout=HANG_GUARD), tree)
@@ -123,8 +126,10 @@ def _cuda_builds(tmp_path_factory) -> Callable[[Background], dict]:
 
 
 def _sanitized_suite(tmp_path_factory, reference_bundles) -> Callable[[Background], tuple]:
+    folder = tmp_path_factory.mktemp("engine_sanitize")    # in the session's thread, as _cuda_builds says
+
     def work(bg: Background) -> tuple:
-        copy = engine_copy(tmp_path_factory.mktemp("engine_sanitize"))
+        copy = engine_copy(folder)
         reference_bundles.copy_to(copy / "tests" / "refs")
         seed = str(int(time.time()))  # a new stretch of cases each run; the summary names the seed
         env = dict(os.environ, KD_BACKEND="cpu", KD_SANITIZE="1", KD_FUZZ_SECONDS=str(FUZZ_SECONDS),
