@@ -242,10 +242,12 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     out = console.host(host.name)
     start = time.monotonic()
     transport = run.transport(host)
+    hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
                       gpu_request=gpus.Request.for_host(host, plan.gpus),
-                      take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync),
+                      take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync,
+                                                                        hash_line),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
                       if plan.claims_gpus else None, probe=run.first_result(host))

@@ -4,7 +4,8 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
         lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
         ...
-    state.acquire(transport, owner, begin_sync=True).begin_sync()   # the lock and a sync's first step at once
+    lock = state.acquire(transport, owner, begin_sync=True, hash_line=line)   # the lock and a sync's first step at once
+    lock.begin_sync(); ...; lock.finish_sync(tree_hash, record)    # a sync's first and last steps, over its channel
     state.read_deploy_record(transport)                  # what the last deploy recorded
     state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
     state.read_jsons(transport, state.STAMPS)            # several at once: {name: document or None}
@@ -14,7 +15,8 @@ nor be the home directory, and a non-empty remote_dir must carry the marker (so 
 never empties a directory the orchestrator did not create). The lock is a flock held by a
 process on the host for as long as the run lasts: if the run dies, the kernel releases it and
 the next run recovers it and says whose it was. A run about to sync asks the lock command to
-begin the sync too (BEGIN_SYNC, once the lock is held alone): one round trip less per deploy.
+begin the sync too (BEGIN_SYNC, once the lock is held alone), and the lock holder ends it (hashes
+the tree, writes the deploy record): no host command of their own.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
+FINISH_TAIL = 8192          # the bytes of the tree hash command's output the client keeps (and the host sends)
 # The state files a validate reads: the deploy record and the stamps of the steps that reuse results
 STAMPS = ("deploy.json", "build.json", "bundles.json", "golden.json", "test.json", "bench.json")
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
@@ -84,8 +87,8 @@ class HostLock:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
 
     def begin_sync(self) -> dict[str, str]:
-        """The sync's first step under this lock held alone (BEGIN_SYNC's PARTIAL and RSYNC facts:
-        sync.begin_command's answer): what the lock command said when it began the sync as it
+        """The sync's first step under this lock held alone (BEGIN_SYNC's PARTIAL and RSYNC facts):
+        what the lock command said when it began the sync as it
         took the lock, else the holder begins it now (one exchange over the lock's channel)."""
         begun, self._begun = self._begun, None
         if begun is not None:
@@ -93,6 +96,28 @@ class HostLock:
         if self.mode != EXCLUSIVE:
             raise ValueError("a sync begins only under the lock held alone")
         return self._ask(b"begin\n", ("BEGUN",))[3]
+
+    def finish_sync(self, tree_hash: str, record: dict) -> tuple[int | None, str]:
+        """The sync's last step under this lock held alone, by the lock holder: it hashes the
+        deployed tree with the lock command's `hash_line` and, when the hash is `tree_hash`, stores
+        `record` as the deploy record and clears the in-progress mark. (The hash line's exit
+        status, None when the holder did not say in time; the tail of its output.)"""
+        if self.mode != EXCLUSIVE:
+            raise ValueError("a sync ends only under the lock held alone")
+        with self._guard:
+            if self._process is None:
+                raise HostError("the lock was released", host=self.transport.host.name)
+            self._process.write(f"finish {tree_hash} {json.dumps(record)}\n".encode())
+            process = self._process
+        host, tail = self.transport.host, ""
+        for word, rest in answers(process, host, "lock command", remote.client_timeout(host.timeout("sync"))):
+            if word == "OUT":
+                tail = (tail + rest + "\n")[-FINISH_TAIL:]      # a host may send more than it should
+            elif word == "HASHED":
+                return (int(rest) if rest.strip().isdigit() else None), tail
+            elif word == "UNSAFE":
+                raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
+        raise AssertionError("answers() ends only by raising")
 
     def _beat(self, interval: float) -> None:
         """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
@@ -170,27 +195,29 @@ def lock_silence(host) -> float:
 
 
 def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mode: str = EXCLUSIVE,
-                 wait: float = 0, begin_sync: bool = False, rsync_path: str | None = None) -> str:
+                 wait: float = 0, begin_sync: bool = False, rsync_path: str | None = None, hash_line: str = "") -> str:
     """The command that claims remote_dir (checks, marker) and holds its lock in `mode` (shared or
     exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
     client's heartbeat stops for that many seconds (a client cut off by a network partition, whose
     closed connection the host may never hear about); `begin_sync`: once it holds the lock alone,
-    it also begins a sync (BEGIN_SYNC, with the host's `rsync_path`) before it answers."""
+    it also begins a sync (BEGIN_SYNC, with the host's `rsync_path`) before it answers; `hash_line`:
+    the command line that hashes the deployed tree (run in remote_dir) when told to finish a sync."""
     if begin_sync and mode != EXCLUSIVE:
         raise ValueError("a sync begins only under the lock held alone")
     return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
                                  remote._seconds(wait), remote._seconds(silence) if silence else "",
-                                 str(owner), rsync_path or "", "begin" if begin_sync else "", timeout=None)
+                                 str(owner), rsync_path or "", "begin" if begin_sync else "", hash_line, timeout=None)
 
 
 def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0,
-            begin_sync: bool = False) -> HostLock:
+            begin_sync: bool = False, hash_line: str = "") -> HostLock:
     """Claim the host's remote_dir and take its lock in `mode`, waiting up to `wait` seconds for
     the runs holding it; DestinationError, or LockError naming them. `begin_sync` (exclusive
-    only): the lock command begins the sync as well, its answer kept for HostLock.begin_sync."""
+    only): the lock command begins the sync as well, its answer kept for HostLock.begin_sync.
+    `hash_line`: how the holder hashes the tree when a sync finishes (sync.hash_line)."""
     host = transport.host
     process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait,
-                                           begin_sync, host.rsync_path))
+                                           begin_sync, host.rsync_path, hash_line))
     try:
         answer, holders, stale, facts = _answer(process, host, wait, ("LOCKED", "BUSY"))
     except KdError:
@@ -265,14 +292,24 @@ def read_jsons(transport: Transport, names: tuple[str, ...]) -> dict[str, dict |
     the read fails as a whole (no answer within the host's lock timeout, the bound of its other
     state-directory commands), every one is None: nothing is reused then."""
     try:
-        found = transport.read_files([(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES) for name in names],
-                                     timeout=transport.host.timeout("lock"))
+        found = transport.read_files(json_paths(names), timeout=transport.host.timeout("lock"))
     except FetchError:
-        return dict.fromkeys(names)
+        found = None
+    return parse_jsons(found, names)
+
+
+def json_paths(names: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The (path, size bound) pairs with which Transport.read_files reads these state documents."""
+    return [(f"{STATE_DIR}/{name}", RECORD_MAX_BYTES) for name in names]
+
+
+def parse_jsons(found: dict | None, names: tuple[str, ...]) -> dict[str, dict | None]:
+    """read_jsons' documents from what Transport.read_files `found` for json_paths(names), among
+    other files perhaps (None: the read failed as a whole, so every one is None)."""
     documents: dict[str, dict | None] = {}
     for name in names:
         documents[name] = None
-        body = found[f"{STATE_DIR}/{name}"]
+        body = found[f"{STATE_DIR}/{name}"] if found is not None else None
         if isinstance(body, bytes):
             try:
                 data = bounded.loads(body, name)
@@ -300,8 +337,8 @@ def _marker_text(owner: Owner) -> str:
            "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
 
 
-# The sync's first step, in .kdtree/ under the lock held alone (sync.begin_command, or the lock
-# command's own when it begins the sync): report a sync that broke half-way (PARTIAL what its mark
+# The sync's first step, in .kdtree/ under the lock held alone (as the lock is taken, or when the
+# holder is told to begin): report a sync that broke half-way (PARTIAL what its mark
 # said, as one line of printable characters), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
 # $1 this run's owner, in words; $2 the host's rsync_path (empty: rsync on PATH).
 BEGIN_SYNC = r'''
@@ -376,6 +413,27 @@ for f in holder-*.json owner; do
 done
 # $9 asks to begin the sync too (as $7, the owner in words), before the answer: one round trip less
 [ -n "$9" ] && [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"
+hash_line=${10}
+# finish HASH RECORD, under the lock held alone: the ownership check again (rsync wrote the tree),
+# then the tree hash (hash_line, run in remote_dir): its output as OUT lines and, when its last word
+# is HASH, RECORD (a line of JSON) stored as the deploy record and the sync's mark cleared; HASHED
+# and the exit status last.
+kd_finish() {
+  local want=${1%% *} record=${1#* } out rc=0 words
+  [ "$held" = exclusive ] && [ -n "$hash_line" ] || { echo "OUT no sync to finish here"; echo "HASHED 2"; return; }
+  kd_owned "$d"
+  out=$( (cd -- "$d" && eval "$hash_line") </dev/null 2>sync.err) || rc=$?
+  { printf '%s\n' "$out"; [ "$rc" = 0 ] || cat sync.err; } | tail -c 8192 | tr -c '[:print:]\n' ' ' | sed 's/^/OUT /'
+  rm -f sync.err
+  if [ "$rc" = 0 ]; then
+    read -r -d '' -a words <<< "$out"
+    if [ "${#words[@]}" -gt 0 ] && [ "${words[-1]}" = "$want" ]; then
+      { printf '%s\n' "$record" > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial; } ||
+        { echo "OUT cannot write $d/.kdtree/deploy.json"; rc=1; }
+    fi
+  fi
+  echo "HASHED $rc"
+}
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
@@ -384,6 +442,7 @@ while IFS= read -r "${t[@]}" reply; do
     exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
     shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
     begin) [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"; echo BEGUN;;
+    finish\ *) kd_finish "${reply#finish }";;
   esac
 done
 exit 0

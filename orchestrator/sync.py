@@ -1,15 +1,17 @@
 """Sync: put the engine source tree on a host, exactly, safely, and prove it.
 
     deploy(transport, project, source_id, owner, log) -> DeployResult    # one host, takes its lock
-    sync_tree(...) -> DeployResult                                       # the same, lock already held
+    sync_tree(transport, project, source_id, owner, log, lock) -> DeployResult   # the same, lock held
     deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
 
 A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir)
-and, in the same round trip, marks the sync as in progress and finds rsync; it transfers the tree with `rsync -az --delete` and the project's
-excludes (or, when either side has no rsync, a tar stream that sends only changed files and
-deletes removed ones), runs the project's `tree_hash` command on the host and compares it with
-the local hash, then writes the deploy record and clears the in-progress mark. A sync broken
-half-way leaves the mark behind: the next deploy repairs the tree and says so.
+and, in the same round trip, marks the sync as in progress and finds rsync; it transfers the tree
+with `rsync -az --delete` and the project's excludes (or, when either side has no rsync, a tar
+stream that sends only changed files and deletes removed ones); then the lock holder runs the
+project's `tree_hash` command on the host and, when it gives the local hash, writes the deploy
+record and clears the in-progress mark (HostLock.finish_sync: over the lock's channel, no command
+of its own). A sync broken half-way leaves the mark behind: the next deploy repairs the tree and
+says so.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import ownership, relay, remote, state
-from .errors import FetchError, KdError, SyncError, cause_of
+from .errors import CommandError, FetchError, KdError, SyncError, cause_of
 from .inventory import Host, Project
 from .transport import READ_MISSING, Transport
 
@@ -116,21 +118,20 @@ def _files_digest(project: Project) -> str | None:
 def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
            log: Callable[[str], None]) -> DeployResult:
     """Take the host's lock and sync the project's source to it (see module doc)."""
-    with state.acquire(transport, owner, begin_sync=True) as lock:
+    with state.acquire(transport, owner, begin_sync=True, hash_line=hash_line(transport.host, project)) as lock:
         if lock.stale:
             log(f"recovered the lock left by a run that died: {lock.stale}")
-        result = sync_tree(transport, project, source, owner, log, lock.begin_sync())
+        result = sync_tree(transport, project, source, owner, log, lock)
     return dataclasses.replace(result, stale_lock=str(lock.stale) if lock.stale else None)
 
 
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
-              log: Callable[[str], None], begun: dict[str, str] | None = None) -> DeployResult:
-    """Sync and verify the source on a host whose lock the caller holds (validate holds it for
-    the whole run); `begun`: the lock began the sync already (HostLock.begin_sync), else
-    begin_command does it now."""
+              log: Callable[[str], None], lock: state.HostLock) -> DeployResult:
+    """Sync and verify the source on a host whose `lock` the caller holds alone (validate holds
+    it for the whole run; taken with hash_line): the lock holder begins and ends the sync."""
     host = transport.host
     start = time.monotonic()
-    facts = begun if begun is not None else _begin(transport, owner)
+    facts = lock.begin_sync()
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
@@ -143,10 +144,14 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     record = {"version": 1, "tree_hash": source.tree_hash, "git_revision": source.git_revision,
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
-    # one round trip: the host hashes the tree and writes the record only when it is the local hash
-    result = transport.check(finish_command(host, project.commands["tree_hash"], source.tree_hash,
-                                            json.dumps(record, indent=1).encode()))
-    remote_hash = _last_word(result, host.name)
+    # one exchange: the host hashes the tree and writes the record only when it is the local hash
+    code, output = lock.finish_sync(source.tree_hash, record)
+    if code != 0:
+        why = "timed out" if code is None or code in remote.TIMEOUT_EXIT_CODES else "failed"
+        cause = None if why == "timed out" else cause_of(output)
+        raise CommandError(f"hashing the deployed tree {why}" + (f": {cause}" if cause else ""), host=host.name,
+                           command=project.commands["tree_hash"], exit_status=code, tail=output)
+    remote_hash = _last_word(output, host.name, project.commands["tree_hash"])
     if remote_hash != source.tree_hash:
         raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
                         host=host.name)
@@ -154,12 +159,6 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
                         repaired, None, round(time.monotonic() - start, 3))
-
-
-def _begin(transport: Transport, owner: state.Owner) -> dict[str, str]:
-    """Run begin_command: its PARTIAL and RSYNC facts."""
-    begin = transport.check(begin_command(transport.host.remote_dir, owner, transport.host.rsync_path))
-    return dict(line.split(" ", 1) for line in begin.tail.splitlines() if " " in line)
 
 
 def deployed_tree(transport: Transport, project: Project) -> str | None:
@@ -183,13 +182,14 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir, take the lock, mark the sync in progress, find rsync",
+        (f"{where}: claim remote_dir, take the lock, mark the sync in progress, find rsync; the lock holder "
+         "keeps the tree hash command line (its last argument) for the sync's end",
          state.lock_command(host.remote_dir, owner, state.lock_silence(host), begin_sync=True,
-                            rsync_path=host.rsync_path)),
+                            rsync_path=host.rsync_path, hash_line=hash_line(host, project))),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
-        (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record, clear the "
-         "in-progress mark", finish_command(host, project.commands["tree_hash"], "LOCAL_TREE_HASH", b"").line),
+        (f"{where}, told over the lock's channel: hash the deployed tree; when it is the local hash, write the "
+         "deploy record (one line of JSON), clear the in-progress mark", "finish LOCAL_TREE_HASH DEPLOY_RECORD"),
     ]
 
 
@@ -207,24 +207,12 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
     return argv + [f"{project.source}/", transport.rsync_dest(host.remote_dir + "/")]
 
 
-def begin_command(remote_dir: str, owner: state.Owner, rsync_path: str | None) -> remote.Command:
-    """Reports a broken previous sync (PARTIAL ...), marks this one, says where rsync is (RSYNC
-    ...): state.BEGIN_SYNC on its own, for a run whose lock did not begin the sync (one shared
-    with other runs, then held alone)."""
-    return remote.script(_BEGIN_SCRIPT, remote_dir, str(owner), rsync_path or "", timeout=60,
-                         what="preparing the sync")
-
-
-def finish_command(host: Host, snippet: str, tree_hash: str, deploy_record: bytes) -> remote.Command:
-    """Hashes the deployed tree (`snippet`: the project's tree_hash command, in the step environment, under
-    the sync step's timeout; its output printed) and, when the hash is `tree_hash`, stores the
-    deploy record (its JSON, on stdin) and clears the in-progress mark."""
-    timeout = host.timeout("sync")
-    argv = ["bash", "-c", _FINISH_SCRIPT, "kdtree", host.remote_dir, snippet, tree_hash]
-    line = remote.wrap(argv, timeout=timeout, env=remote.host_env(host), path_prefix=remote.host_path_prefix(host),
-                       reads_stdin=True)
-    return remote.Command(tuple(argv), line, timeout, deploy_record,
-                          what="hashing the deployed tree and writing the deploy record")
+def hash_line(host: Host, project: Project) -> str:
+    """The command line with which the lock holder hashes the deployed tree at a sync's end
+    (HostLock.finish_sync, run in remote_dir): the project's tree_hash command in the step
+    environment, under the sync step's timeout."""
+    return remote.wrap(["bash", "-c", project.commands["tree_hash"]], timeout=host.timeout("sync"),
+                       env=remote.host_env(host), path_prefix=remote.host_path_prefix(host), reads_stdin=True)
 
 
 def tree_hash_command(transport: Transport, project: Project) -> remote.Command:
@@ -373,14 +361,15 @@ def _under_excluded(path: str, is_dir: bool, patterns) -> bool:
 
 
 def _remote_hash(transport: Transport, project: Project) -> str:
-    return _last_word(transport.check(tree_hash_command(transport, project)), transport.host.name)
+    result = transport.check(tree_hash_command(transport, project))
+    return _last_word(result.tail, transport.host.name, result.command)
 
 
-def _last_word(result, host: str) -> str:
-    """The hash a tree_hash command printed on `host`: the last word of its output."""
-    words = result.tail.split()
+def _last_word(output: str, host: str, command: str) -> str:
+    """The hash a tree_hash `command` printed on `host`: the last word of its `output`."""
+    words = output.split()
     if not words:
-        raise SyncError("the tree hash command printed nothing", host=host, command=result.command)
+        raise SyncError("the tree hash command printed nothing", host=host, command=command)
     return words[-1]
 
 
@@ -399,25 +388,10 @@ def _git_revision(source: Path) -> tuple[str | None, bool]:
     return head, any(not line.startswith("#") for line in lines)
 
 
-_BEGIN_SCRIPT = ownership.guard(state.BEGIN_SYNC + r'''
-cd -- "$1/.kdtree" || exit 3
-kd_begin_sync "$2" "$3"
-''')
-
 _SPACE_SCRIPT = r'''
 df -Pk -- "$1" | awk 'NR == 2 {print $4}'
 du -sk -- "$1" | cut -f1
 '''
-
-# $1 remote_dir, $2 the tree_hash snippet, $3 the local tree hash; the deploy record on stdin
-_FINISH_SCRIPT = ownership.guard(r'''
-cd -- "$1" || exit 3
-out=$(bash -c "$2" </dev/null) || { rc=$?; printf '%s\n' "$out"; exit "$rc"; }
-printf '%s\n' "$out"
-read -r -d '' -a words <<< "$out"
-[ "${#words[@]}" -gt 0 ] && [ "${words[-1]}" = "$3" ] || exit 0
-cd .kdtree && cat > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial
-''')
 
 _LIST_SCRIPT = ownership.guard(r'''
 cd -- "$1" && find . -mindepth 1 -path ./.kdtree -prune -o \( -type d -printf 'd 0 0 %P\0' \) \

@@ -86,14 +86,17 @@ def test_deploy_commands_in_order(make_inventory):
     owner = state.Owner("client", 42, "2026-01-01T00:00:00Z", "deploy")
     steps = sync.deploy_commands(SshTransport(inv.hosts["ct200"]), inv.project, owner)
     assert [what for what, _ in steps] == [
-        "host: claim remote_dir, take the lock, mark the sync in progress, find rsync",
+        "host: claim remote_dir, take the lock, mark the sync in progress, find rsync; the lock holder keeps the "
+        "tree hash command line (its last argument) for the sync's end",
         "local: transfer (a tar stream instead when the host has no rsync)",
-        "host: hash the deployed tree; when it is the local hash, write the deploy record, clear the in-progress mark"]
+        "host, told over the lock's channel: hash the deployed tree; when it is the local hash, write the deploy "
+        "record (one line of JSON), clear the in-progress mark"]
+    hash_line = sync.hash_line(inv.hosts["ct200"], inv.project)
+    assert "setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'" in hash_line
     assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
-                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' '' begin"
-                                .replace("orchestrator's", "orchestrator'\"'\"'s"))
-    assert "setsid -w timeout -k 10 300 bash -c" in steps[2][1]
-    assert steps[2][1].endswith("kdtree /root/kdtree-engine 'bash scripts/tree_hash.sh' LOCAL_TREE_HASH")
+                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' '' begin "
+                                .replace("orchestrator's", "orchestrator'\"'\"'s") + shlex.quote(hash_line))
+    assert steps[2][1] == "finish LOCAL_TREE_HASH DEPLOY_RECORD"
 
 
 @pytest.mark.parametrize("path, is_dir, excluded", [

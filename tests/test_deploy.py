@@ -141,8 +141,8 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
         with open_transport(inv.hosts["local"]) as t:
             if begun_by_lock:
                 return sync.deploy(t, inv.project, tree, owner, log.append)
-            with state.acquire(t, owner):
-                return sync.sync_tree(t, inv.project, tree, owner, log.append)
+            with state.acquire(t, owner, hash_line=sync.hash_line(t.host, inv.project)) as lock:
+                return sync.sync_tree(t, inv.project, tree, owner, log.append, lock)
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
     start = time.monotonic()
     result = deploy()

@@ -24,7 +24,7 @@ import pytest
 
 from orchestrator import bounded, cli, inventory as inventory_mod, ownership, pipeline, record, remote, report, state
 from orchestrator.console import Console
-from orchestrator.errors import HostError, HostKeyError, InventoryError
+from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
 from orchestrator.safe_text import visible
 from orchestrator.transport import LocalTransport
@@ -247,8 +247,6 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     d = host.remote_dir
     return {
         "lock": (state.lock_command(d, owner), None),
-        "begin sync": (sync.begin_command(d, owner, None), None),
-        "finish sync": (sync.finish_command(host, "touch executed; echo x", "x", b"{}"), None),
         "write state": (remote.script_command(state._WRITE_JSON_SCRIPT, d, "build.json", timeout=10, reads_stdin=True),
                         b"{}"),
         "read file": (remote.script_command(transport._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),
@@ -280,6 +278,23 @@ def test_every_write_lock_delete_read_and_execute_checks_first(tmp_path, operati
     assert result.exit_code == ownership.UNSAFE_EXIT, result
     assert f"UNSAFE {host.remote_dir}/build is owned by uid {ATTACKER}" in result.tail
     assert tree(tmp_path) == before
+
+
+def test_the_lock_holder_checks_ownership_again_before_it_ends_a_sync(tmp_path):
+    """A sync's end runs in the lock holder, which checked remote_dir when it took the lock: a
+    build/ handed to another uid since (after rsync wrote the tree) is refused at the end, with
+    `UNSAFE ... owned by uid 4242`, before the tree hash runs and without a deploy record."""
+    d = tmp_path / "engine"
+    host = Host(name="local", transport="local", remote_dir=str(d))
+    hash_line = remote.wrap(["bash", "-c", "touch executed; echo x"], timeout=10, reads_stdin=True)
+    with LocalTransport(host) as t:
+        lock = state.acquire(t, state.Owner.now("test"), hash_line=hash_line)
+        (d / "build").mkdir()
+        os.chown(d / "build", ATTACKER, ATTACKER)
+        with pytest.raises(DestinationError, match=f"^local: refusing to use remote_dir: {d}/build is owned by uid {ATTACKER}"):
+            lock.finish_sync("x", {"tree_hash": "x"})
+        lock.release()
+    assert not (d / "executed").exists() and not (d / ".kdtree" / "deploy.json").exists()
 
 
 # -- this machine: the run directory -------------------------------------------------------------------

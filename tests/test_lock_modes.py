@@ -177,10 +177,14 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     lock, transport = take(local, "validate", 1)
     with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
         lock.begin_sync()                           # shared: other runs use the tree
+    with pytest.raises(ValueError, match="^a sync ends only under the lock held alone$"):
+        lock.finish_sync("f" * 64, {})
     partial = tmp_path / "d" / ".kdtree" / "sync.partial"
     assert not partial.exists()
     with lock.exclusive():                          # taken without beginning a sync: the holder begins it when asked
         assert set(lock.begin_sync()) == {"RSYNC"} and partial.read_text().startswith("started validate by pid 1")
+        # taken without a tree hash command line: the holder ends no sync (and the mark stays)
+        assert lock.finish_sync("f" * 64, {}) == (2, "no sync to finish here\n") and partial.exists()
     partial.unlink()
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
     assert marker.rstrip("\n") == ("This directory is a deploy target of kdtree-orchestrator (created "
@@ -207,7 +211,7 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     start = time.monotonic()
     lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
     assert time.monotonic() - start < 1.5
-    assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-6:-3] == ["exclusive", "0", ""]
+    assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-7:-4] == ["exclusive", "0", ""]
     with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
         state.lock_command("/srv/kdtree", owner("deploy", 4), mode=SHARED, begin_sync=True)
 

@@ -110,7 +110,7 @@ class StepContext:
         host only when they match one (steps.executables); the build step uses that only when that
         key is the build key. A run that will rebuild would throw the input hashes away: the host
         hashes them only when its build stamp names the deployed tree. The result files are read
-        in one command and taken only once the state files show that."""
+        in one command with the state files and taken only once these show that."""
         reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
@@ -121,9 +121,12 @@ class StepContext:
             if step in steps:
                 ahead[("engine", name)] = pool.submit(self._output_of, name, self.gpu_env(), step)
         if set(READERS) & set(steps):
-            stamps = ahead["stamps"] = pool.submit(state.read_jsons, self.transport, state.STAMPS)
-            paths = [self.project.results[r] for r in reusable]      # in one command, taken once the stamps show a build
-            files = pool.submit(self.transport.read_files, [(path, RESULT_MAX_BYTES) for path in paths]) if paths else None
+            # the state files and the result files in one command, these taken once the stamps show a build
+            paths = [self.project.results[r] for r in reusable]
+            files = pool.submit(self.transport.read_files,
+                                state.json_paths(state.STAMPS) + [(path, RESULT_MAX_BYTES) for path in paths],
+                                timeout=max(self.host.timeout("lock"), 60 if paths else 0))
+            stamps = ahead["stamps"] = pool.submit(_stamps_of, files)
             if "build" in steps and self.use_cache and tree:
                 ahead["built"] = pool.submit(self._check_built, tree)
             if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
@@ -384,6 +387,15 @@ def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *arg
         return NOT_READ
     key = build.get("key") if isinstance(build, dict) else None
     return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
+
+
+def _stamps_of(files: Future) -> dict[str, dict | None]:
+    """The state files among the files read ahead (state.read_jsons' documents)."""
+    try:
+        found = files.result()
+    except FetchError:
+        found = None
+    return state.parse_jsons(found, state.STAMPS)
 
 
 def _file_of(files: Future, path: str) -> bytes:
