@@ -413,11 +413,15 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
         // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
         // a tile spilled on sm_120.
+        // Three register buffers (full steps at one token quad, at least two steps a tile): the
+        // first two steps are fetched here, so two steps are in flight while one computes.
+        const bool three = w4_full_steps(Q) && n_groups % KD_W4_STEP == 0 && n_steps >= 2;
         W4Rows rows{};
-        W4Step cur{}, other;
+        W4Step cur{}, other{};
         if (tile < n_tiles) {
             rows = tile_rows(tile);
             cur = w4_fetch<true>(rows, 0);
+            if (three) other = w4_fetch<true>(rows, 1);
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -459,8 +463,57 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 tile = next;
             }
         };
-        if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
-        else run_tiles(std::false_type{});
+        // Three buffers: a stream of steps over the warp's tiles, step j computing while steps
+        // j + 1 and j + 2 load. The fetcher is at most one tile ahead of the computing step
+        // (n_steps >= 2): it reads the next tile's ticket (asked for when the tile before
+        // started) as it reaches that tile, and the computing step takes that tile when it
+        // finishes its own. After the last tile the fetcher re-reads the warp's last tile
+        // (never used), so every fetch is unconditional. Same steps, same order: the same bits.
+        const auto run_tiles3 = [&]() {
+            W4Step third;
+            int st = 0, fst = 2, next = tile, ticket = 0;
+            float part[Q][2];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
+            const auto ask = [&]() {
+                if (lane == 0)
+                    ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
+                                : static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles;
+            };
+            ask();
+            // One step: fetch the fetcher's next step into `into`, compute `from`; true when the
+            // warp has no tile left.
+            const auto sub = [&](W4Step& from, W4Step& into) {
+                if (fst == n_steps) {
+                    next = __shfl_sync(0xffffffffu, ticket, 0);
+                    rows = tile_rows(next < n_tiles ? next : tile);
+                    fst = 0;
+                }
+                into = w4_fetch(rows, fst);
+                ++fst;
+                w4_step<Q, true>(part, from, st, n_groups, bsm, xneg, m_count, lane);
+                if (++st < n_steps) return false;
+                finish(tile, part);
+#pragma unroll
+                for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
+                st = 0;
+                tile = next;
+                if (tile >= n_tiles) return true;
+                ask();
+                return false;
+            };
+            while (tile < n_tiles) {
+                if (sub(cur, third)) break;
+                if (sub(other, cur)) break;
+                if (sub(third, other)) break;
+            }
+        };
+        if constexpr (w4_full_steps(Q)) {
+            if (three) run_tiles3();
+            else run_tiles(std::false_type{});
+        } else {
+            run_tiles(std::false_type{});
+        }
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
     }
