@@ -471,7 +471,31 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // (never used), so every fetch is unconditional. Same steps, same order: the same bits.
         const auto run_tiles3 = [&]() {
             W4Step third;
-            int st = 0, fst = 2, next = tile, ticket = 0;
+            int st = 0, next = tile, ticket = 0;  // the fetcher is at step st + 2 (mod n_steps)
+            // The fetcher's tile as two 32-bit indices of its half-tiles' first steps (the
+            // layout's [N / 8][steps] index), not four pointers: fewer registers.
+            const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+            const auto half_a = [&](int tl) { return static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first; };
+            const auto half_b = [&](int tl) {
+                return static_cast<unsigned>(GLU ? tl : min(2 * tl + 1, n_halves - 1)) * k_steps + first;
+            };
+            unsigned ha = half_a(tile), hb = half_b(tile);
+            const uint4* qa4 = reinterpret_cast<const uint4*>(qa) + lane;
+            const uint4* qb4 = reinterpret_cast<const uint4*>(qb) + lane;
+            const float2* sa2 = reinterpret_cast<const float2*>(sa) + lane;
+            const float2* sb2 = reinterpret_cast<const float2*>(sb) + lane;
+            const auto fetch = [&](int step) {
+                W4Step f;
+                const unsigned a = ha + step, b = hb + step;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    f.wa[j] = ld_stream(qa4 + (a * 64 + 32 * j));
+                    f.wb[j] = ld_stream(qb4 + (b * 64 + 32 * j));
+                }
+                f.sa = __ldg(sa2 + a * 32);
+                f.sb = __ldg(sb2 + b * 32);
+                return f;
+            };
             float part[Q][2];
 #pragma unroll
             for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
@@ -484,13 +508,14 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             // One step: fetch the fetcher's next step into `into`, compute `from`; true when the
             // warp has no tile left.
             const auto sub = [&](W4Step& from, W4Step& into) {
-                if (fst == n_steps) {
+                int fst = st + 2 - n_steps;
+                if (fst == 0) {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    rows = tile_rows(next < n_tiles ? next : tile);
-                    fst = 0;
+                    const int ft = next < n_tiles ? next : tile;
+                    ha = half_a(ft);
+                    hb = half_b(ft);
                 }
-                into = w4_fetch(rows, fst);
-                ++fst;
+                into = fetch(fst < 0 ? st + 2 : fst);
                 w4_step<Q, true>(part, from, st, n_groups, bsm, xneg, m_count, lane);
                 if (++st < n_steps) return false;
                 finish(tile, part);
