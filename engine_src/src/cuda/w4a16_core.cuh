@@ -192,9 +192,10 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
                        a37 = nibble_pair(__funnelshift_l(wa, wa, 8));
         const uint32_t b04 = nibble_pair(wb), b15 = nibble_pair(wb << 4), b26 = nibble_pair(wb >> 4),
                        b37 = nibble_pair(__funnelshift_l(wb, wb, 8));
-        const int src = (lane & ~3) | (i >> 1);  // the lane of this row that loaded group i's scales
-        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, src);
-        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, src);
+        // Lane i / 2 of this row's 4 lanes loaded group i's scales: a shuffle of width 4 takes
+        // the lane as an immediate (no register per source lane).
+        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, i >> 1, 4);
+        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, i >> 1, 4);
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             // B column g = token 4q + g / 2, half g % 2; missing tokens read as zeros.
