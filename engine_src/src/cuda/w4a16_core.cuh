@@ -331,6 +331,17 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         slot_begin = p.slot_start[slot];
         slot_rows = p.slot_start[slot + 1] - slot_begin;
     }
+    // The slot's rows again where a pass needs them, read anew (asm volatile loads are not
+    // merged with the first ones): nothing of the pass loop but m_begin stays in registers
+    // across the tile loop (with three register buffers the slot's range and the pass counter
+    // spilled there).
+    const auto slot_range = [&]() {
+        if (!p.slot_expert) return make_int2(0, p.M);
+        int b, e;
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(b) : "l"(p.slot_start + slot));
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + slot + 1));
+        return make_int2(b, e);
+    };
     const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
     if (passes > p.max_passes) {  // outside the contract: a row lists one expert twice
         if (threadIdx.x == 0)
@@ -400,9 +411,12 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
-    for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
-        m_begin = slot_begin + 4 * Q * pass;
-        m_count = min(4 * Q, slot_rows - 4 * Q * pass);
+    for (m_begin = slot_begin;;) {  // token rows 4Q at a time; the block stays together
+        {
+            const int2 range = slot_range();
+            pass = (m_begin - range.x) / (4 * Q);
+            m_count = min(4 * Q, range.y - m_begin);
+        }
         if constexpr (BT) {
             if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
         } else {
@@ -542,6 +556,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         }
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
+        m_begin += 4 * Q;
+        if (m_begin >= slot_range().y) break;
     }
 }
 
