@@ -411,6 +411,39 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
+    // A warp's place in the weights: W4Rows (four pointers), or at one token quad (three
+    // register buffers) two 32-bit indices of its half-tiles' first steps in the layout's
+    // [N / 8][steps] order, from which each fetch makes its addresses: fewer registers.
+    constexpr bool IDX = w4_full_steps(Q);
+    W4Rows rows{};
+    unsigned ha = 0, hb = 0;
+    const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+    const auto set_tile = [&](int tl) {
+        if constexpr (IDX) {
+            ha = static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first;
+            hb = static_cast<unsigned>(GLU ? tl : min(2 * tl + 1, n_halves - 1)) * k_steps + first;
+        } else {
+            rows = tile_rows(tl);
+        }
+    };
+    const auto fetch = [&](int step, auto guarded) {
+        constexpr bool G = decltype(guarded)::value;
+        if constexpr (IDX) {
+            W4Step f;
+            const uint4* pa = reinterpret_cast<const uint4*>(qa) + static_cast<size_t>(ha + step) * 64 + lane;
+            const uint4* pb = reinterpret_cast<const uint4*>(qb) + static_cast<size_t>(hb + step) * 64 + lane;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                f.wa[j] = G ? ld_stream_guarded(pa + 32 * j) : ld_stream(pa + 32 * j);
+                f.wb[j] = G ? ld_stream_guarded(pb + 32 * j) : ld_stream(pb + 32 * j);
+            }
+            f.sa = __ldg(reinterpret_cast<const float2*>(sa) + static_cast<size_t>(ha + step) * 32 + lane);
+            f.sb = __ldg(reinterpret_cast<const float2*>(sb) + static_cast<size_t>(hb + step) * 32 + lane);
+            return f;
+        } else {
+            return w4_fetch<G>(rows, step);
+        }
+    };
     for (m_begin = slot_begin;;) {  // token rows 4Q at a time; the block stays together
         {
             const int2 range = slot_range();
@@ -431,12 +464,11 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // Three register buffers (full steps at one token quad, at least two steps a tile): the
         // first two steps are fetched here, so two steps are in flight while one computes.
         const bool three = w4_full_steps(Q) && n_groups % KD_W4_STEP == 0 && n_steps >= 2;
-        W4Rows rows{};
         W4Step cur{}, other{};
         if (tile < n_tiles) {
-            rows = tile_rows(tile);
-            cur = w4_fetch<true>(rows, 0);
-            if (three) other = w4_fetch<true>(rows, 1);
+            set_tile(tile);
+            cur = fetch(0, std::true_type{});
+            if (three) other = fetch(1, std::true_type{});
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -455,23 +487,23 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
                 const auto next_rows = [&]() {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    return tile_rows(next < n_tiles ? next : tile);
+                    set_tile(next < n_tiles ? next : tile);
                 };
                 // Two steps per iteration with two register buffers: while one step computes, the
                 // next one (of this tile or the next) is loading. After the last tile the warp
                 // re-reads its tile's first step (never used), so every fetch is unconditional.
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
-                    if (last_a) rows = next_rows();
-                    other = w4_fetch(rows, last_a ? 0 : st + 1);
+                    if (last_a) next_rows();
+                    other = fetch(last_a ? 0 : st + 1, std::false_type{});
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
                         break;
                     }
                     const bool last_b = st + 2 >= n_steps;
-                    if (last_b) rows = next_rows();
-                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
+                    if (last_b) next_rows();
+                    cur = fetch(last_b ? 0 : st + 2, std::false_type{});
                     w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
                 finish(tile, part);
@@ -487,30 +519,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         const auto run_tiles3 = [&]() {
             W4Step third;
             int st = 0, next = tile, ticket = 0;  // the fetcher is at step st + 2 (mod n_steps)
-            // The fetcher's tile as two 32-bit indices of its half-tiles' first steps (the
-            // layout's [N / 8][steps] index), not four pointers: fewer registers.
-            const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
-            const auto half_a = [&](int tl) { return static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first; };
-            const auto half_b = [&](int tl) {
-                return static_cast<unsigned>(GLU ? tl : min(2 * tl + 1, n_halves - 1)) * k_steps + first;
-            };
-            unsigned ha = half_a(tile), hb = half_b(tile);
-            const uint4* qa4 = reinterpret_cast<const uint4*>(qa) + lane;
-            const uint4* qb4 = reinterpret_cast<const uint4*>(qb) + lane;
-            const float2* sa2 = reinterpret_cast<const float2*>(sa) + lane;
-            const float2* sb2 = reinterpret_cast<const float2*>(sb) + lane;
-            const auto fetch = [&](int step) {
-                W4Step f;
-                const unsigned a = ha + step, b = hb + step;
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    f.wa[j] = ld_stream(qa4 + (a * 64 + 32 * j));
-                    f.wb[j] = ld_stream(qb4 + (b * 64 + 32 * j));
-                }
-                f.sa = __ldg(sa2 + a * 32);
-                f.sb = __ldg(sb2 + b * 32);
-                return f;
-            };
             float part[Q][2];
 #pragma unroll
             for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
@@ -526,11 +534,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 int fst = st + 2 - n_steps;
                 if (fst == 0) {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    const int ft = next < n_tiles ? next : tile;
-                    ha = half_a(ft);
-                    hb = half_b(ft);
+                    set_tile(next < n_tiles ? next : tile);
                 }
-                into = fetch(fst < 0 ? st + 2 : fst);
+                into = fetch(fst < 0 ? st + 2 : fst, std::false_type{});
                 w4_step<Q, true>(part, from, st, n_groups, bsm, xneg, m_count, lane);
                 if (++st < n_steps) return false;
                 finish(tile, part);
