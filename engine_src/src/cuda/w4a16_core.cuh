@@ -430,15 +430,18 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         constexpr bool G = decltype(guarded)::value;
         if constexpr (IDX) {
             W4Step f;
-            const uint4* pa = reinterpret_cast<const uint4*>(qa) + static_cast<size_t>(ha + step) * 64 + lane;
-            const uint4* pb = reinterpret_cast<const uint4*>(qb) + static_cast<size_t>(hb + step) * 64 + lane;
+            // 32-bit offsets (the layout of one matrix stays under 2^32 uint4s): the base
+            // pointers stay uniform, nothing per lane is 64-bit.
+            const unsigned oa = (ha + step) * 64u + lane, ob = (hb + step) * 64u + lane;
+            const uint4* pa = reinterpret_cast<const uint4*>(qa) + oa;
+            const uint4* pb = reinterpret_cast<const uint4*>(qb) + ob;
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 f.wa[j] = G ? ld_stream_guarded(pa + 32 * j) : ld_stream(pa + 32 * j);
                 f.wb[j] = G ? ld_stream_guarded(pb + 32 * j) : ld_stream(pb + 32 * j);
             }
-            f.sa = __ldg(reinterpret_cast<const float2*>(sa) + static_cast<size_t>(ha + step) * 32 + lane);
-            f.sb = __ldg(reinterpret_cast<const float2*>(sb) + static_cast<size_t>(hb + step) * 32 + lane);
+            f.sa = __ldg(reinterpret_cast<const float2*>(sa) + ((ha + step) * 32u + lane));
+            f.sb = __ldg(reinterpret_cast<const float2*>(sb) + ((hb + step) * 32u + lane));
             return f;
         } else {
             return w4_fetch<G>(rows, step);
@@ -456,6 +459,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
+        // Made opaque at one token quad, so the first fetch's addresses are computed in each pass
+        // rather than hoisted out of the pass loop and kept (spilled) across the tile loop.
+        if constexpr (IDX) asm volatile("mov.b32 %0, %0;" : "+r"(tile));
         // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
         // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
