@@ -337,9 +337,10 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // spilled there).
     const auto slot_range = [&]() {
         if (!p.slot_expert) return make_int2(0, p.M);
-        int b, e;
-        asm volatile("ld.global.s32 %0, [%1];" : "=r"(b) : "l"(p.slot_start + slot));
-        asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + slot + 1));
+        int b, e, sl = slot;
+        asm volatile("mov.b32 %0, %0;" : "+r"(sl));  // the address made anew, not kept
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(b) : "l"(p.slot_start + sl));
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + sl + 1));
         return make_int2(b, e);
     };
     const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
@@ -399,7 +400,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         for (int q = 0; q < Q; ++q) {
             const int tok = 4 * q + t;
             if (tok >= m_count) continue;
-            float* wr = p.ws + (static_cast<long>(sc) * p.M + m_begin + tok) * NW;
+            // A 32-bit index (the workspace holds far fewer than 2^32 floats): no 64-bit
+            // product to keep across the tile loop.
+            float* wr = p.ws + static_cast<unsigned>((sc * p.M + m_begin + tok) * NW);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
