@@ -27,7 +27,7 @@
 //     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
 //     step, the next step loading while one computes. Warps take tiles from a counter per (slot,
 //     super-chunk) until none are left.
-//   * Grid: blockIdx.y = (slot, super-chunk); blockIdx.x shares that pair's tiles.
+//   * Grid: blockIdx.y = super-chunk, blockIdx.z = slot; blockIdx.x shares that pair's tiles.
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
 //   For token m, weight row n, super-chunk c, group G (ascending): v = ((d_hi + e_hi) + (d_lo +
@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int slot = blockIdx.y / p.n_sc, sc = blockIdx.y % p.n_sc;
+    // Read from the block's index, not divided out of one (no division result to keep in a register).
+    const int slot = blockIdx.z, sc = blockIdx.y;
     const int N = p.N, K = p.K;
     const uint32_t* qa = p.q;
     const uint32_t* qb = GLU ? p.q3 : p.q;
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         if constexpr (BT) {
             if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
         } else {
-            ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
+            ctr = p.sched + 2 * ((static_cast<long>(slot) * p.n_sc + sc) * p.max_passes + pass);
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
         // Made opaque at one token quad, so the first fetch's addresses are computed in each pass
@@ -622,7 +623,7 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, p.n_sc, slots), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
