@@ -321,7 +321,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     const uint32_t* qb = GLU ? p.q3 : p.q;
     const float* sa = p.s;
     const float* sb = GLU ? p.s3 : p.s;
-    int slot_begin = 0, slot_rows = p.M;
     if (p.slot_expert) {
         if (slot >= *p.n_active) return;  // the whole block
         const long e = p.slot_expert[slot];
@@ -329,8 +328,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         qb += e * p.q_estride;
         sa += e * p.s_estride;
         sb += e * p.s_estride;
-        slot_begin = p.slot_start[slot];
-        slot_rows = p.slot_start[slot + 1] - slot_begin;
     }
     // The slot's rows again where a pass needs them, read anew (asm volatile loads are not
     // merged with the first ones): nothing of the pass loop but m_begin stays in registers
@@ -344,15 +341,14 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + sl + 1));
         return make_int2(b, e);
     };
-    const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
-    if (passes > p.max_passes) {  // outside the contract: a row lists one expert twice
+    if (const int2 r = slot_range(); r.y - r.x > 4 * Q * p.max_passes) {  // outside the contract: a row lists one expert twice
         if (threadIdx.x == 0)
             printf("w4_kernel: slot %d has %d token rows, more than the launch's %d (an expert listed twice for one row?)\n",
-                   slot, slot_rows, 4 * Q * p.max_passes);
+                   slot, r.y - r.x, 4 * Q * p.max_passes);
         __trap();
     }
     // The pass's token rows [m_begin, m_begin + m_count), its counters and its number.
-    int m_begin = slot_begin, m_count = 0, pass = 0;
+    int m_begin = slot_range().x, m_count = 0, pass = 0;
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
     constexpr bool BT = w4_block_ticket(Q);
@@ -451,7 +447,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             return w4_fetch<G>(rows, step);
         }
     };
-    for (m_begin = slot_begin;;) {  // token rows 4Q at a time; the block stays together
+    for (;;) {  // token rows 4Q at a time; the block stays together
         {
             const int2 range = slot_range();
             pass = (m_begin - range.x) / (4 * Q);
@@ -460,7 +456,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         if constexpr (BT) {
             if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
         } else {
-            ctr = p.sched + 2 * ((static_cast<long>(slot) * p.n_sc + sc) * p.max_passes + pass);
+            ctr = p.sched + 2 * ((slot * p.n_sc + sc) * p.max_passes + pass);  // a few thousand counters at most
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
         // Made opaque at one token quad, so the first fetch's addresses are computed in each pass
