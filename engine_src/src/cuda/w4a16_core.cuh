@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             if (tok >= m_count) continue;
             // A 32-bit index (the workspace holds far fewer than 2^32 floats): no 64-bit
             // product to keep across the tile loop.
-            float* wr = p.ws + static_cast<unsigned>((sc * p.M + m_begin + tok) * NW);
+            float* wr = p.ws + static_cast<unsigned>(sc * p.M + m_begin + tok) * static_cast<unsigned>(NW);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
@@ -447,9 +447,10 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             return w4_fetch<G>(rows, step);
         }
     };
-    for (;;) {  // token rows 4Q at a time; the block stays together
+    for (;; m_begin += 4 * Q) {  // token rows 4Q at a time; the block stays together
         {
             const int2 range = slot_range();
+            if (m_begin >= range.y) break;  // (uniform)
             pass = (m_begin - range.x) / (4 * Q);
             m_count = min(4 * Q, range.y - m_begin);
         }
@@ -533,6 +534,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                     ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
                                 : static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles;
             };
+            if (tile >= n_tiles) return;  // a warp without a tile asks for none
             ask();
             // One step: fetch the fetcher's next step into `into`, compute `from`; true when the
             // warp has no tile left.
@@ -554,7 +556,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 ask();
                 return false;
             };
-            while (tile < n_tiles) {
+            for (;;) {
                 if (sub(cur, third)) break;
                 if (sub(other, cur)) break;
                 if (sub(third, other)) break;
@@ -568,8 +570,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         }
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
-        m_begin += 4 * Q;
-        if (m_begin >= slot_range().y) break;
     }
 }
 
