@@ -27,7 +27,7 @@
 //     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
 //     step, the next step loading while one computes. Warps take tiles from a counter per (slot,
 //     super-chunk) until none are left.
-//   * Grid: blockIdx.y = super-chunk, blockIdx.z = slot; blockIdx.x shares that pair's tiles.
+//   * Grid: blockIdx.y = (slot, super-chunk); blockIdx.x shares that pair's tiles.
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
 //   For token m, weight row n, super-chunk c, group G (ascending): v = ((d_hi + e_hi) + (d_lo +
@@ -192,10 +192,9 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
                        a37 = nibble_pair(__funnelshift_l(wa, wa, 8));
         const uint32_t b04 = nibble_pair(wb), b15 = nibble_pair(wb << 4), b26 = nibble_pair(wb >> 4),
                        b37 = nibble_pair(__funnelshift_l(wb, wb, 8));
-        // Lane i / 2 of this row's 4 lanes loaded group i's scales: a shuffle of width 4 takes
-        // the lane as an immediate (no register per source lane).
-        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, i >> 1, 4);
-        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, i >> 1, 4);
+        const int src = (lane & ~3) | (i >> 1);  // the lane of this row that loaded group i's scales
+        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, src);
+        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, src);
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             // B column g = token 4q + g / 2, half g % 2; missing tokens read as zeros.
@@ -314,13 +313,13 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    // Read from the block's index, not divided out of one (no division result to keep in a register).
-    const int slot = blockIdx.z, sc = blockIdx.y;
+    const int slot = blockIdx.y / p.n_sc, sc = blockIdx.y % p.n_sc;
     const int N = p.N, K = p.K;
     const uint32_t* qa = p.q;
     const uint32_t* qb = GLU ? p.q3 : p.q;
     const float* sa = p.s;
     const float* sb = GLU ? p.s3 : p.s;
+    int slot_begin = 0, slot_rows = p.M;
     if (p.slot_expert) {
         if (slot >= *p.n_active) return;  // the whole block
         const long e = p.slot_expert[slot];
@@ -328,27 +327,18 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         qb += e * p.q_estride;
         sa += e * p.s_estride;
         sb += e * p.s_estride;
+        slot_begin = p.slot_start[slot];
+        slot_rows = p.slot_start[slot + 1] - slot_begin;
     }
-    // The slot's rows again where a pass needs them, read anew (asm volatile loads are not
-    // merged with the first ones): nothing of the pass loop but m_begin stays in registers
-    // across the tile loop (with three register buffers the slot's range and the pass counter
-    // spilled there).
-    const auto slot_range = [&]() {
-        if (!p.slot_expert) return make_int2(0, p.M);
-        int b, e, sl = slot;
-        asm volatile("mov.b32 %0, %0;" : "+r"(sl));  // the address made anew, not kept
-        asm volatile("ld.global.s32 %0, [%1];" : "=r"(b) : "l"(p.slot_start + sl));
-        asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + sl + 1));
-        return make_int2(b, e);
-    };
-    if (const int2 r = slot_range(); r.y - r.x > 4 * Q * p.max_passes) {  // outside the contract: a row lists one expert twice
+    const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
+    if (passes > p.max_passes) {  // outside the contract: a row lists one expert twice
         if (threadIdx.x == 0)
             printf("w4_kernel: slot %d has %d token rows, more than the launch's %d (an expert listed twice for one row?)\n",
-                   slot, r.y - r.x, 4 * Q * p.max_passes);
+                   slot, slot_rows, 4 * Q * p.max_passes);
         __trap();
     }
     // The pass's token rows [m_begin, m_begin + m_count), its counters and its number.
-    int m_begin = slot_range().x, m_count = 0, pass = 0;
+    int m_begin = slot_begin, m_count = 0, pass = 0;
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
     constexpr bool BT = w4_block_ticket(Q);
@@ -397,9 +387,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         for (int q = 0; q < Q; ++q) {
             const int tok = 4 * q + t;
             if (tok >= m_count) continue;
-            // A 32-bit index (the workspace holds far fewer than 2^32 floats): no 64-bit
-            // product to keep across the tile loop.
-            float* wr = p.ws + static_cast<unsigned>(sc * p.M + m_begin + tok) * static_cast<unsigned>(NW);
+            float* wr = p.ws + (static_cast<long>(sc) * p.M + m_begin + tok) * NW;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
@@ -411,71 +399,25 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
-    // A warp's place in the weights: W4Rows (four pointers), or at one token quad (three
-    // register buffers) two 32-bit indices of its half-tiles' first steps in the layout's
-    // [N / 8][steps] order, from which each fetch makes its addresses: fewer registers.
-    constexpr bool IDX = w4_full_steps(Q);
-    W4Rows rows{};
-    unsigned ha = 0, hb = 0;
-    const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
-    const auto set_tile = [&](int tl) {
-        if constexpr (IDX) {
-            ha = static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first;
-            hb = static_cast<unsigned>(GLU ? tl : min(2 * tl + 1, n_halves - 1)) * k_steps + first;
-        } else {
-            rows = tile_rows(tl);
-        }
-    };
-    const auto fetch = [&](int step, auto guarded) {
-        constexpr bool G = decltype(guarded)::value;
-        if constexpr (IDX) {
-            W4Step f;
-            // 32-bit offsets (the layout of one matrix stays under 2^32 uint4s): the base
-            // pointers stay uniform, nothing per lane is 64-bit.
-            const unsigned oa = (ha + step) * 64u + lane, ob = (hb + step) * 64u + lane;
-            const uint4* pa = reinterpret_cast<const uint4*>(qa) + oa;
-            const uint4* pb = reinterpret_cast<const uint4*>(qb) + ob;
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                f.wa[j] = G ? ld_stream_guarded(pa + 32 * j) : ld_stream(pa + 32 * j);
-                f.wb[j] = G ? ld_stream_guarded(pb + 32 * j) : ld_stream(pb + 32 * j);
-            }
-            f.sa = __ldg(reinterpret_cast<const float2*>(sa) + ((ha + step) * 32u + lane));
-            f.sb = __ldg(reinterpret_cast<const float2*>(sb) + ((hb + step) * 32u + lane));
-            return f;
-        } else {
-            return w4_fetch<G>(rows, step);
-        }
-    };
-    for (;; m_begin += 4 * Q) {  // token rows 4Q at a time; the block stays together
-        {
-            const int2 range = slot_range();
-            if (m_begin >= range.y) break;  // (uniform)
-            pass = (m_begin - range.x) / (4 * Q);
-            m_count = min(4 * Q, range.y - m_begin);
-        }
+    for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
+        m_begin = slot_begin + 4 * Q * pass;
+        m_count = min(4 * Q, slot_rows - 4 * Q * pass);
         if constexpr (BT) {
             if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
         } else {
-            ctr = p.sched + 2 * ((slot * p.n_sc + sc) * p.max_passes + pass);  // a few thousand counters at most
+            ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
-        // Made opaque at one token quad, so the first fetch's addresses are computed in each pass
-        // rather than hoisted out of the pass loop and kept (spilled) across the tile loop.
-        if constexpr (IDX) asm volatile("mov.b32 %0, %0;" : "+r"(tile));
         // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
         // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
         // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
         // a tile spilled on sm_120.
-        // Three register buffers (full steps at one token quad, at least two steps a tile): the
-        // first two steps are fetched here, so two steps are in flight while one computes.
-        const bool three = w4_full_steps(Q) && n_groups % KD_W4_STEP == 0 && n_steps >= 2;
-        W4Step cur{}, other{};
+        W4Rows rows{};
+        W4Step cur{}, other;
         if (tile < n_tiles) {
-            set_tile(tile);
-            cur = fetch(0, std::true_type{});
-            if (three) other = fetch(1, std::true_type{});
+            rows = tile_rows(tile);
+            cur = w4_fetch<true>(rows, 0);
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -494,80 +436,31 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
                 const auto next_rows = [&]() {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    set_tile(next < n_tiles ? next : tile);
+                    return tile_rows(next < n_tiles ? next : tile);
                 };
                 // Two steps per iteration with two register buffers: while one step computes, the
                 // next one (of this tile or the next) is loading. After the last tile the warp
                 // re-reads its tile's first step (never used), so every fetch is unconditional.
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
-                    if (last_a) next_rows();
-                    other = fetch(last_a ? 0 : st + 1, std::false_type{});
+                    if (last_a) rows = next_rows();
+                    other = w4_fetch(rows, last_a ? 0 : st + 1);
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
                         break;
                     }
                     const bool last_b = st + 2 >= n_steps;
-                    if (last_b) next_rows();
-                    cur = fetch(last_b ? 0 : st + 2, std::false_type{});
+                    if (last_b) rows = next_rows();
+                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
                     w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
                 finish(tile, part);
                 tile = next;
             }
         };
-        // Three buffers: a stream of steps over the warp's tiles, step j computing while steps
-        // j + 1 and j + 2 load. The fetcher is at most one tile ahead of the computing step
-        // (n_steps >= 2): it reads the next tile's ticket (asked for when the tile before
-        // started) as it reaches that tile, and the computing step takes that tile when it
-        // finishes its own. After the last tile the fetcher re-reads the warp's last tile
-        // (never used), so every fetch is unconditional. Same steps, same order: the same bits.
-        const auto run_tiles3 = [&]() {
-            W4Step third;
-            int st = 0, next = tile, ticket = 0;  // the fetcher is at step st + 2 (mod n_steps)
-            float part[Q][2];
-#pragma unroll
-            for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
-            const auto ask = [&]() {
-                if (lane == 0)
-                    ticket = BT ? static_cast<int>(blockIdx.x + atomicAdd(&block_ctr, 1u) * gridDim.x)
-                                : static_cast<int>(atomicAdd(ctr, 1u)) + wave_tiles;
-            };
-            if (tile >= n_tiles) return;  // a warp without a tile asks for none
-            ask();
-            // One step: fetch the fetcher's next step into `into`, compute `from`; true when the
-            // warp has no tile left.
-            const auto sub = [&](W4Step& from, W4Step& into) {
-                int fst = st + 2 - n_steps;
-                if (fst == 0) {
-                    next = __shfl_sync(0xffffffffu, ticket, 0);
-                    set_tile(next < n_tiles ? next : tile);
-                }
-                into = fetch(fst < 0 ? st + 2 : fst, std::false_type{});
-                w4_step<Q, true>(part, from, st, n_groups, bsm, xneg, m_count, lane);
-                if (++st < n_steps) return false;
-                finish(tile, part);
-#pragma unroll
-                for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
-                st = 0;
-                tile = next;
-                if (tile >= n_tiles) return true;
-                ask();
-                return false;
-            };
-            for (;;) {
-                if (sub(cur, third)) break;
-                if (sub(other, cur)) break;
-                if (sub(third, other)) break;
-            }
-        };
-        if constexpr (w4_full_steps(Q)) {
-            if (three) run_tiles3();
-            else run_tiles(std::false_type{});
-        } else {
-            run_tiles(std::false_type{});
-        }
+        if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
+        else run_tiles(std::false_type{});
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
     }
@@ -619,7 +512,7 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, p.n_sc, slots), dim3(KD_W4_THREADS), smem, stream, p);
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
