@@ -168,6 +168,33 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
     assert ctx.pull_json("tests") == TESTS
 
 
+def test_the_build_and_bundles_keys_read_in_one_command_each_give_what_their_own_command_gives(context):
+    """build_key and bundles_key run side by side in one host command: each step takes its own
+    output (stderr with it, as before), or the error its command alone gives (the name, the
+    exit status, the output), the other's output untouched; an answer that breaks the framing
+    (the shell that frames a command's output killed) fails both, naming the command."""
+    root = context.root
+    (root / "scripts" / "key.sh").write_text("echo 'warning: old gcc' >&2; echo '{\"cxx\": \"g++\"}'\n")
+    (root / "scripts" / "bad.sh").write_text("echo 'no python' >&2; exit 3\n")
+    ctx = context()
+    ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands, "build_key": "bash scripts/key.sh",
+                                                             "bundles_key": "bash scripts/bad.sh"})
+    ctx.read_ahead(("build", "bundles"))
+    assert ctx.engine_output("build_key") == ctx._output_of("build_key", {}, "build") == \
+        'warning: old gcc\n{"cxx": "g++"}\n'
+    with pytest.raises(CommandError) as failed:
+        ctx.engine_output("bundles_key")
+    with pytest.raises(CommandError) as alone:
+        ctx._output_of("bundles_key", {}, "bundles")
+    assert (failed.value.message, failed.value.exit_status, failed.value.tail) == \
+        (alone.value.message, alone.value.exit_status, alone.value.tail) == ("bundles_key failed", 3, "no python\n")
+    (root / "scripts" / "bad.sh").write_text("kill -9 $PPID\n")     # the shell that frames its output
+    ctx.read_ahead(("build", "bundles"))
+    for name in ("build_key", "bundles_key"):
+        with pytest.raises(CommandError, match="build_key and bundles_key: an answer that does not frame as asked"):
+            ctx.engine_output(name)
+
+
 def test_the_input_hashes_and_result_files_wait_for_a_build_of_the_deployed_tree(context):
     """A run that will rebuild (the build stamp names another tree) does not hash the inputs or
     pull result files ahead, only to throw them away: the steps read them when they need them."""

@@ -11,6 +11,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import secrets
+import shlex
 import threading
 import typing
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -117,9 +119,11 @@ class StepContext:
         # every read has a thread of its own: those that wait for the state files never hold up another
         pool = ThreadPoolExecutor(max_workers=6 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
         ahead: dict[Any, Future] = {}
-        for step, name in (("build", "build_key"), ("bundles", "bundles_key")):
-            if step in steps:
-                ahead[("engine", name)] = pool.submit(self._output_of, name, self.gpu_env(), step)
+        keys = {name: step for step, name in (("build", "build_key"), ("bundles", "bundles_key")) if step in steps}
+        if keys:                # both in one command
+            outputs = pool.submit(self._outputs_of, keys, self.gpu_env())
+            for name in keys:
+                ahead[("engine", name)] = pool.submit(_output_in, outputs, name)
         if set(READERS) & set(steps):
             # the state files and the result files in one command, these taken once the stamps show a build
             paths = [self.project.results[r] for r in reusable]
@@ -353,6 +357,36 @@ class StepContext:
     def _output_of(self, name: str, env: dict[str, str], step: str, max_bytes: int = 1 << 20) -> str:
         return self.transport.capture(self.command(name, env, step), max_bytes=max_bytes).decode(errors="replace")
 
+    def _outputs_of(self, steps: dict[str, str], env: dict[str, str],
+                    max_bytes: int = 1 << 20) -> dict[str, str | CommandError]:
+        """The output of each short project command named in `steps` (name -> the step it is
+        for), run side by side in one host command under the longest of their steps' timeouts:
+        each as _output_of gives it, or the CommandError _output_of would raise."""
+        mark = secrets.token_hex(16)
+        # each command's output (stderr with it, as a command of its own gives it) and exit status
+        # through a file descriptor of its own, printed one after the other
+        fds = range(5, 5 + len(steps))
+        script = "".join(f"exec {fd}< <(bash -c {shlex.quote(self.project.commands[name])} 2>&1; "
+                         f"printf '\\n{mark} %d\\n' \"$?\")\n" for fd, name in zip(fds, steps))
+        script += " ".join(f"cat <&{fd};" for fd in fds)
+        timeout = max(self.host.timeout(step) for step in steps.values())
+        command = remote.step(self.host, script, timeout, env=env, what=" and ".join(steps))
+        rest = self.transport.capture(command, max_bytes=len(steps) * (max_bytes + len(mark) + 16))
+        found: dict[str, str | CommandError] = {}
+        for name in steps:
+            output, sep, rest = rest.partition(f"\n{mark} ".encode())
+            status, newline, rest = rest.partition(b"\n")
+            if not sep or not newline or not status.isdigit():
+                raise CommandError(f"{command.what}: an answer that does not frame as asked", host=self.host.name,
+                                   command=command.line, tail=output[-2000:].decode(errors="replace"))
+            text = output.decode(errors="replace")
+            why = f"printed more than {max_bytes} bytes" if len(output) > max_bytes else \
+                "timed out" if int(status) in remote.TIMEOUT_EXIT_CODES else "failed" if status != b"0" else None
+            found[name] = text if why is None else CommandError(
+                f"{name} {why}", host=self.host.name, command=self.project.commands[name], exit_status=int(status),
+                tail=text[-2000:])
+        return found
+
     def pull_json(self, result: str, gpu=None) -> dict:
         """Read the project's result file `result` (a key of project.results; of `gpu`'s run: from
         its results folder) from the host, parse it within limits (orchestrator.bounded) and keep
@@ -387,6 +421,14 @@ def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *arg
         return NOT_READ
     key = build.get("key") if isinstance(build, dict) else None
     return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
+
+
+def _output_in(outputs: Future, name: str) -> str:
+    """The output of project command `name` among those read ahead in one command; its error raised."""
+    found = outputs.result()[name]
+    if isinstance(found, CommandError):
+        raise found
+    return found
 
 
 def _stamps_of(files: Future) -> dict[str, dict | None]:
