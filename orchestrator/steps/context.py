@@ -123,7 +123,7 @@ class StepContext:
         if keys:                # both in one command
             outputs = pool.submit(self._outputs_of, keys, self.gpu_env())
             for name in keys:
-                ahead[("engine", name)] = pool.submit(_output_in, outputs, name)
+                ahead[("engine", name)] = pool.submit(_one_of, outputs, name)
         if set(READERS) & set(steps):
             # the state files and the result files in one command, these taken once the stamps show a build
             paths = [self.project.results[r] for r in reusable]
@@ -137,7 +137,7 @@ class StepContext:
                 ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
                                               or NOT_READ)
             for path in paths:
-                ahead[("file", path)] = pool.submit(_once_built, stamps, tree, _file_of, files, path)
+                ahead[("file", path)] = pool.submit(_once_built, stamps, tree, _one_of, files, path)
         pool.shutdown(wait=False)
         self.ahead = ahead
 
@@ -423,14 +423,6 @@ def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *arg
     return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ
 
 
-def _output_in(outputs: Future, name: str) -> str:
-    """The output of project command `name` among those read ahead in one command; its error raised."""
-    found = outputs.result()[name]
-    if isinstance(found, CommandError):
-        raise found
-    return found
-
-
 def _stamps_of(files: Future) -> dict[str, dict | None]:
     """The state files among the files read ahead (state.read_jsons' documents)."""
     try:
@@ -440,10 +432,11 @@ def _stamps_of(files: Future) -> dict[str, dict | None]:
     return state.parse_jsons(found, state.STAMPS)
 
 
-def _file_of(files: Future, path: str) -> bytes:
-    """The file `path` among the files read ahead; its FetchError raised."""
-    found = files.result()[path]
-    if isinstance(found, FetchError):
+def _one_of(reads: Future, key: str) -> Any:
+    """What one read among several made in one command (`reads`: key -> value or error) gave
+    for `key`: its value, or its error raised."""
+    found = reads.result()[key]
+    if isinstance(found, KdError):
         raise found
     return found
 
