@@ -30,8 +30,8 @@ DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60,
 DEFAULT_PERSIST = 600.0     # seconds an idle warm connection is kept (ControlPersist)
 MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
-PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled")
-OPTIONAL_PROJECT_KEYS = ("compiled",)
+PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled", "documentation")
+OPTIONAL_PROJECT_KEYS = ("compiled", "documentation")
 # Every step reads one of these (optional: stress, bench_nightly; README, "The inventory").
 REQUIRED_COMMANDS = ("build", "build_key", "bundles", "bundles_key", "generate", "test", "bench", "tree_hash", "version")
 GROUP_KEYS = ("description",)
@@ -118,6 +118,8 @@ class Project:
     # the source paths (a folder: with a trailing /) that reach test and bench results only through
     # the built executables: an edit there that leaves the executables identical reuses them
     compiled: tuple[str, ...] = ()
+    # the paths that no command reads (notes, experiments' records): an edit there reuses every result
+    documentation: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,15 +337,19 @@ class _Validator:
             self.path(rel, None, f"project.results.{name}")
             if posixpath.isabs(rel) or ".." in rel.split("/"):
                 self.fail(None, f"project.results.{name}", "must be a path inside the deployed tree")
-        compiled = data.get("compiled", [])
-        if not isinstance(compiled, list):
-            self.fail(None, "project.compiled", f"must be a list, not {_type(compiled)}")
-        for rel in compiled:
-            self.path(rel, None, "project.compiled")
-            if posixpath.isabs(rel) or ".." in rel.split("/"):
-                self.fail(None, "project.compiled", f"{rel!r} must be a path inside the source tree")
+        left_out = {key: self.tree_paths(data.get(key, []), f"project.{key}") for key in OPTIONAL_PROJECT_KEYS}
         return Project(root, source, excludes, MappingProxyType(dict(commands)), MappingProxyType(dict(results)),
-                       tuple(compiled))
+                       **left_out)
+
+    def tree_paths(self, paths: Any, key: str) -> tuple[str, ...]:
+        """A list of paths inside the source tree (`key` names it in errors)."""
+        if not isinstance(paths, list):
+            self.fail(None, key, f"must be a list, not {_type(paths)}")
+        for rel in paths:
+            self.path(rel, None, key)
+            if posixpath.isabs(rel) or ".." in rel.split("/"):
+                self.fail(None, key, f"{rel!r} must be a path inside the source tree")
+        return tuple(paths)
 
     def host(self, name: str, entry: dict, root: Path) -> Host:
         allowed = tuple(f.name for f in dataclasses.fields(Host) if f.name != "name")

@@ -28,6 +28,7 @@ def test_shipped_inventory():
     assert {"build", "bundles", "test", "generate", "bench"} <= set(inv.project.commands)
     assert inv.project.source == REPO / "engine_src"
     assert "src/" in inv.project.compiled and "tests/test_ops.cpp" in inv.project.compiled
+    assert inv.project.documentation == ("README.md", "bench/experiments/")
 
 
 def write(tmp_path, hosts, defaults=None, groups=None, project=None):
@@ -100,6 +101,10 @@ def test_other_validation_messages(tmp_path):
         "FILE: key 'project.compiled': must be a list, not a string"
     assert error(tmp_path, {"h": SSH}, project={"compiled": ["../src/"]}) == \
         "FILE: key 'project.compiled': '../src/' must be a path inside the source tree"
+    assert error(tmp_path, {"h": SSH}, project={"documentation": {"README.md": 1}}) == \
+        "FILE: key 'project.documentation': must be a list, not a mapping"
+    assert error(tmp_path, {"h": SSH}, project={"documentation": ["/etc/notes"]}) == \
+        "FILE: key 'project.documentation': '/etc/notes' must be a path inside the source tree"
     assert error(tmp_path, {"h": SSH}, groups={"g": {"descr": "x"}}) == \
         "FILE: key 'groups.g.descr': unknown key (did you mean 'description'?)"
     bad = tmp_path / "bad.yaml"

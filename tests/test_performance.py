@@ -323,6 +323,22 @@ def test_an_edit_that_leaves_the_executables_identical_reuses_results(context):
     assert reused is not None and f"it ran on tree {TREE[:12]}, not this {OTHER_TREE[:12]}" in reused.why
 
 
+def test_an_edit_to_the_documentation_reuses_results_and_the_same_file_elsewhere_does_not(context):
+    """A file under project.documentation (notes no command reads) is not an input: a new or
+    edited one there leaves the results' key as it was; the same file outside it is an input."""
+    ctx = context()
+    ctx.project = dataclasses.replace(ctx.project, documentation=("NOTES.md", "bench/experiments/"))
+    key = ctx.results_key()
+    (context.root / "NOTES.md").write_text("what was tried\n")
+    (context.root / "bench" / "experiments").mkdir(parents=True)
+    (context.root / "bench" / "experiments" / "try.patch").write_text("--- a\n")
+    ctx.measured = None
+    assert ctx.results_key() == key
+    ctx.project = dataclasses.replace(ctx.project, documentation=("bench/experiments/",))
+    ctx.measured = None
+    assert ctx.results_key()["files"] == {**key["files"], "NOTES.md": hashlib.sha256(b"what was tried\n").hexdigest()}
+
+
 @pytest.mark.parametrize("change, named", [
     (lambda root: deploy(root, OTHER_TREE, b"\x7fELF other code"), "build/kdtree, build/test_ops changed"),
     (lambda root: (root / "build" / "kdtree").write_bytes(b"tampered"), "build/kdtree changed"),

@@ -5,13 +5,14 @@ source tree hash says.
 
     found = inputs.measure(transport, project, tree)     # one command on the host, every run
     found.executables    # {"build/kdtree": sha256, ...}: top-level executables under build/
-    found.files          # {"scripts/run_tests.sh": sha256, ...}: the tree but project.compiled
+    found.files          # {"scripts/run_tests.sh": sha256, ...}: the tree but project.compiled and .documentation
 
 An executable embeds the tree hash it was built from (`kdtree --version` reports it): its hash is
 taken with every occurrence of the deployed tree hash replaced by zeros, so that an edit that
 changes only the tree hash (a comment) leaves it equal. A binary of another tree keeps its stamp,
 and so its hash differs. The source files the executables are compiled from (project.compiled)
-are left out of `files`: they reach the results only through the executables.
+are left out of `files`: they reach the results only through the executables; so are the files
+no command reads (project.documentation: notes, the records of experiments).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class Inputs:
 def measure(transport: Transport, project: Project, tree: str) -> Inputs:
     """Hash, on the host, every top-level executable under build/ (the deployed `tree` hash in it
     masked) and every file of the deployed tree outside build/, .kdtree/, .git/, __pycache__/
-    and *.pyc, leaving out project.compiled; CommandError when the host cannot."""
+    and *.pyc, leaving out project.compiled and project.documentation; CommandError when the host cannot."""
     return _parsed(project, _hash_on_host(transport, tree))
 
 
@@ -65,14 +66,15 @@ def _hash_on_host(transport: Transport, tree: str, *condition: str) -> str:
 def _parsed(project: Project, out: str) -> Inputs:
     found: dict[str, dict[str, str]] = {"x": {}, "f": {}}
     for kind, digest, path in _LINE.findall(out):
-        if kind == "x" or not compiled(project, path):
+        if kind == "x" or not left_out(project, path):
             found[kind][path] = digest
     return Inputs(found["x"], found["f"])
 
 
-def compiled(project: Project, path: str) -> bool:
-    """Whether `path` (relative to the tree) is one of project.compiled or under one of its folders."""
-    return any(path == c or (c.endswith("/") and path.startswith(c)) for c in project.compiled)
+def left_out(project: Project, path: str) -> bool:
+    """Whether `path` (relative to the tree) is one of project.compiled or project.documentation,
+    or under one of their folders."""
+    return any(path == c or (c.endswith("/") and path.startswith(c)) for c in project.compiled + project.documentation)
 
 
 def digest(data) -> str:
