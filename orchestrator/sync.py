@@ -198,7 +198,10 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
     compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
     shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection)."""
     host = transport.host
-    argv = ["rsync", "-az", "--delete", "--stats", "--protect-args", "--chmod=go-w"] + (["--checksum"] if checksum else [])
+    # --no-owner --no-group: files take the host user's ownership (-a would keep this machine's
+    # owner when the host user is root, whose tree then fails the ownership check)
+    argv = ["rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-w"] \
+        + (["--checksum"] if checksum else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
     argv += ["-e", rsh] if rsh else []        # local: no remote shell

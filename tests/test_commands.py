@@ -72,7 +72,8 @@ def test_rsync_argv(monkeypatch, make_inventory):
                                     "rsync_path": "/opt/rsync dir/rsync"}})
     argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project, rsh="python3 rsh_helper.py /tmp/s")
     assert argv == [
-        "rsync", "-az", "--delete", "--stats", "--protect-args", "--chmod=go-w", "--exclude=/.kdtree/",
+        "rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-w",
+        "--exclude=/.kdtree/",
         "--exclude=build/", "--exclude=.git/", "--exclude=.kdtree/", "--exclude=__pycache__/", "--exclude=*.pyc",
         "--exclude=tests/refs/model_*.kdtr", "--exclude=tests/refs/manifest.json",
         "-e", "python3 rsh_helper.py /tmp/s",          # the relay over the verified connection: no system ssh

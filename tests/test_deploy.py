@@ -47,6 +47,20 @@ def deployer(lab, make_inventory, remote_dir):
     return make
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the source's files belong to another uid")
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_a_checkout_of_another_uid_deploys_as_the_host_user(deployer, source, method):
+    """Deploying as root (as to ct200) from a checkout that belongs to another uid (a laptop
+    user's): the tree on the host is the host user's, not the checkout's owner's, so it passes
+    the ownership check on the first deploy and the next (rsync -a as root kept the owner)."""
+    for path in (source, *source.rglob("*")):
+        os.lchown(path, 4242, 4242)
+    deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
+    assert deploy().method == method and deploy().files == 0
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in (deploy.dir, *deploy.dir.rglob("*"))}
+    assert owners == {(0, 0)}, owners
+
+
 @pytest.mark.parametrize("method", ["rsync", "tar"])
 def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
     deploy = deployer(**({"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}))
@@ -358,7 +372,7 @@ def test_dry_run_changes_nothing(lab, make_inventory, remote_dir):
     assert cli.deploy(inv, [inv.hosts["h"]], Console(out), dry_run=True) == 0
     assert not Path(remote_dir).exists()
     text = out.getvalue()
-    assert "[h] # local: transfer" in text and "rsync -az --delete" in text and f"h1:{remote_dir}/" in text
+    assert "[h] # local: transfer" in text and "rsync -az --no-owner --no-group --delete" in text and f"h1:{remote_dir}/" in text
     assert text.splitlines()[-1] == "dry run: nothing was changed"
 
 
