@@ -307,6 +307,13 @@ def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path)
         deployer(remote_dir=str(link / "sub"))()
     assert os.listdir(outside) == ["precious"]
 
+    afile = tmp_path / "a-file"             # a remote_dir that cannot be made says why, in the host's words
+    afile.write_text("keep me\n")
+    with pytest.raises(DestinationError, match=f"^h: refusing to use remote_dir: cannot create {afile}/engine/.kdtree "
+                                               r"\(mkdir: cannot create directory .*a-file.*: Not a directory\)$"):
+        deployer(remote_dir=str(afile / "engine"))()
+    assert afile.read_text() == "keep me\n"
+
 
 def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     deploy = deployer()
