@@ -423,7 +423,7 @@ kd_finish() {
   [ "$held" = exclusive ] && [ -n "$hash_line" ] || { echo "OUT no sync to finish here"; echo "HASHED 2"; return; }
   kd_owned "$d"
   out=$( (cd -- "$d" && eval "$hash_line") </dev/null 2>sync.err) || rc=$?
-  { printf '%s\n' "$out"; [ "$rc" = 0 ] || cat sync.err; } | tail -c 8192 | tr -c '[:print:]\n' ' ' | sed 's/^/OUT /'
+  { printf '%s\n' "$out"; [ "$rc" = 0 ] || cat sync.err; } | tail -c FINISH_TAIL | tr -c '[:print:]\n' ' ' | sed 's/^/OUT /'
   rm -f sync.err
   if [ "$rc" = 0 ]; then
     read -r -d '' -a words <<< "$out"
@@ -446,7 +446,7 @@ while IFS= read -r "${t[@]}" reply; do
   esac
 done
 exit 0
-'''
+'''.replace("FINISH_TAIL", str(FINISH_TAIL))
 
 _WRITE_JSON_SCRIPT = ownership.guard(r'''
 cd -- "$1/.kdtree" && cat > "$2.tmp" && mv -f -- "$2.tmp" "$2"

@@ -194,9 +194,8 @@ class Transport:
         """The raw output of a command; CommandError unless it exited 0 within `max_bytes`."""
         line, timeout, _ = _parts(command, timeout, None)
         code, data = self._capture(line, timeout, max_bytes)
-        if code != 0 or len(data) > max_bytes:
-            why = f"printed more than {max_bytes} bytes" if len(data) > max_bytes \
-                else "timed out" if code is None or code in remote.TIMEOUT_EXIT_CODES else "failed"
+        why = capture_failure(code, len(data), max_bytes)
+        if why:
             raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=line, exit_status=code,
                                tail=data[-2000:].decode(errors="replace"))
         return data
@@ -525,6 +524,16 @@ READ_MISSING = 4         # read_file's FetchError.exit_status when the file does
 _READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", READ_MISSING: "does not exist",
                 5: "is not a regular file; refusing to read it",
                 7: "resolves outside remote_dir (a symlink on the way); refusing to read it"}
+
+
+def capture_failure(code: int | None, size: int, max_bytes: int) -> str | None:
+    """Why a command whose output is captured failed, in words (exit status `code`, None: no
+    answer in time; `size` bytes printed), or None when it did not."""
+    if size > max_bytes:
+        return f"printed more than {max_bytes} bytes"
+    if code is None or code in remote.TIMEOUT_EXIT_CODES:
+        return "timed out"
+    return "failed" if code != 0 else None
 
 
 def _parts(command: remote.Command | str, timeout: float | None, stdin) -> tuple[str, float | None, Any]:

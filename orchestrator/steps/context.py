@@ -24,7 +24,7 @@ from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
-from ..transport import Result, Transport
+from ..transport import Result, Transport, capture_failure
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 # The result files each step pulls when it reuses an earlier run's results (read_ahead)
@@ -380,8 +380,7 @@ class StepContext:
                 raise CommandError(f"{command.what}: an answer that does not frame as asked", host=self.host.name,
                                    command=command.line, tail=output[-2000:].decode(errors="replace"))
             text = output.decode(errors="replace")
-            why = f"printed more than {max_bytes} bytes" if len(output) > max_bytes else \
-                "timed out" if int(status) in remote.TIMEOUT_EXIT_CODES else "failed" if status != b"0" else None
+            why = capture_failure(int(status), len(output), max_bytes)
             found[name] = text if why is None else CommandError(
                 f"{name} {why}", host=self.host.name, command=self.project.commands[name], exit_status=int(status),
                 tail=text[-2000:])
