@@ -27,7 +27,7 @@
 //     word t of each group of rows g and g + 8 and the scales of groups 2t, 2t + 1, 8 groups a
 //     step, the next step loading while one computes. Warps take tiles from a counter per (slot,
 //     super-chunk) until none are left.
-//   * Grid: blockIdx.y = (slot, super-chunk); blockIdx.x shares that pair's tiles.
+//   * Grid: blockIdx.y = super-chunk, blockIdx.z = slot; blockIdx.x shares that pair's tiles.
 //
 // The arithmetic of one output (the DDTree == AR invariant of backend.h)
 //   For token m, weight row n, super-chunk c, group G (ascending): v = ((d_hi + e_hi) + (d_lo +
@@ -51,7 +51,11 @@ namespace kd::cuda {
 
 constexpr int KD_W4_WARPS = 8;
 constexpr int KD_W4_THREADS = 32 * KD_W4_WARPS;
-constexpr int KD_W4_SCHUNK = 2048;                       // inputs per super-chunk
+// Inputs per super-chunk. A warp's unit of work is a tile over a super-chunk: 1024 inputs make it
+// 4 steps, so the units even out over the grid's warps (2048, 8 steps: 28672 x 8192 at one
+// token gave 3.4 units a warp, a last round beside idle warps, 70 % of the read ceiling against
+// 75 %; 512 pays the staging and the split-K sum twice as often: issue 21, eighth pass).
+constexpr int KD_W4_SCHUNK = 1024;
 constexpr int KD_W4_GROUPS = KD_W4_SCHUNK / 32;          // quantisation groups per super-chunk
 constexpr int KD_W4_STEP = 8;                            // groups per warp step
 constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launch (per slot when grouped)
@@ -192,9 +196,10 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
                        a37 = nibble_pair(__funnelshift_l(wa, wa, 8));
         const uint32_t b04 = nibble_pair(wb), b15 = nibble_pair(wb << 4), b26 = nibble_pair(wb >> 4),
                        b37 = nibble_pair(__funnelshift_l(wb, wb, 8));
-        const int src = (lane & ~3) | (i >> 1);  // the lane of this row that loaded group i's scales
-        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, src);
-        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, src);
+        // Lane i / 2 of this row's 4 lanes loaded group i's scales: a shuffle of width 4 takes
+        // the lane as an immediate (no register per source lane).
+        const float scale_a = __shfl_sync(0xffffffffu, i & 1 ? st.sa.y : st.sa.x, i >> 1, 4);
+        const float scale_b = __shfl_sync(0xffffffffu, i & 1 ? st.sb.y : st.sb.x, i >> 1, 4);
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             // B column g = token 4q + g / 2, half g % 2; missing tokens read as zeros.
@@ -313,13 +318,13 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int slot = blockIdx.y / p.n_sc, sc = blockIdx.y % p.n_sc;
+    // Read from the block's index, not divided out of one (no division result to keep in a register).
+    const int slot = blockIdx.z, sc = blockIdx.y;
     const int N = p.N, K = p.K;
     const uint32_t* qa = p.q;
     const uint32_t* qb = GLU ? p.q3 : p.q;
     const float* sa = p.s;
     const float* sb = GLU ? p.s3 : p.s;
-    int slot_begin = 0, slot_rows = p.M;
     if (p.slot_expert) {
         if (slot >= *p.n_active) return;  // the whole block
         const long e = p.slot_expert[slot];
@@ -327,18 +332,26 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         qb += e * p.q_estride;
         sa += e * p.s_estride;
         sb += e * p.s_estride;
-        slot_begin = p.slot_start[slot];
-        slot_rows = p.slot_start[slot + 1] - slot_begin;
     }
-    const int passes = (slot_rows + 4 * Q - 1) / (4 * Q);
-    if (passes > p.max_passes) {  // outside the contract: a row lists one expert twice
+    // The slot's rows again where a pass needs them, read anew (asm volatile loads are not
+    // merged with the first ones): nothing of the pass loop but m_begin stays in registers
+    // across the tile loop (fewer registers: 131-136 instead of 174-192 at Q = 4 on sm_90).
+    const auto slot_range = [&]() {
+        if (!p.slot_expert) return make_int2(0, p.M);
+        int b, e, sl = slot;
+        asm volatile("mov.b32 %0, %0;" : "+r"(sl));  // the address made anew, not kept
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(b) : "l"(p.slot_start + sl));
+        asm volatile("ld.global.s32 %0, [%1];" : "=r"(e) : "l"(p.slot_start + sl + 1));
+        return make_int2(b, e);
+    };
+    if (const int2 r = slot_range(); r.y - r.x > 4 * Q * p.max_passes) {  // outside the contract: a row lists one expert twice
         if (threadIdx.x == 0)
             printf("w4_kernel: slot %d has %d token rows, more than the launch's %d (an expert listed twice for one row?)\n",
-                   slot, slot_rows, 4 * Q * p.max_passes);
+                   slot, r.y - r.x, 4 * Q * p.max_passes);
         __trap();
     }
     // The pass's token rows [m_begin, m_begin + m_count), its counters and its number.
-    int m_begin = slot_begin, m_count = 0, pass = 0;
+    int m_begin = slot_range().x, m_count = 0, pass = 0;
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
     constexpr bool BT = w4_block_ticket(Q);
@@ -387,7 +400,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         for (int q = 0; q < Q; ++q) {
             const int tok = 4 * q + t;
             if (tok >= m_count) continue;
-            float* wr = p.ws + (static_cast<long>(sc) * p.M + m_begin + tok) * NW;
+            // A 32-bit index (the workspace holds far fewer than 2^32 floats): no 64-bit
+            // product to keep across the tile loop.
+            float* wr = p.ws + static_cast<unsigned>(sc * p.M + m_begin + tok) * static_cast<unsigned>(NW);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
@@ -399,25 +414,67 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
     __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
-    for (pass = 0; pass < passes; ++pass) {  // token rows 4Q at a time; the block stays together
-        m_begin = slot_begin + 4 * Q * pass;
-        m_count = min(4 * Q, slot_rows - 4 * Q * pass);
+    // A warp's place in the weights: W4Rows (four pointers), or at one token quad two 32-bit
+    // indices of its half-tiles' first steps in the layout's [N / 8][steps] order, from which
+    // each fetch makes its addresses: fewer registers.
+    constexpr bool IDX = w4_full_steps(Q);
+    W4Rows rows{};
+    unsigned ha = 0, hb = 0;
+    const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+    const auto set_tile = [&](int tl) {
+        if constexpr (IDX) {
+            ha = static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first;
+            hb = static_cast<unsigned>(GLU ? tl : min(2 * tl + 1, n_halves - 1)) * k_steps + first;
+        } else {
+            rows = tile_rows(tl);
+        }
+    };
+    const auto fetch = [&](int step, auto guarded) {
+        constexpr bool G = decltype(guarded)::value;
+        if constexpr (IDX) {
+            W4Step f;
+            // 32-bit offsets (the layout of one matrix stays under 2^32 uint4s): the base
+            // pointers stay uniform, nothing per lane is 64-bit.
+            const unsigned oa = (ha + step) * 64u + lane, ob = (hb + step) * 64u + lane;
+            const uint4* pa = reinterpret_cast<const uint4*>(qa) + oa;
+            const uint4* pb = reinterpret_cast<const uint4*>(qb) + ob;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                f.wa[j] = G ? ld_stream_guarded(pa + 32 * j) : ld_stream(pa + 32 * j);
+                f.wb[j] = G ? ld_stream_guarded(pb + 32 * j) : ld_stream(pb + 32 * j);
+            }
+            f.sa = __ldg(reinterpret_cast<const float2*>(sa) + ((ha + step) * 32u + lane));
+            f.sb = __ldg(reinterpret_cast<const float2*>(sb) + ((hb + step) * 32u + lane));
+            return f;
+        } else {
+            return w4_fetch<G>(rows, step);
+        }
+    };
+    for (;; m_begin += 4 * Q) {  // token rows 4Q at a time; the block stays together
+        {
+            const int2 range = slot_range();
+            if (m_begin >= range.y) break;  // (uniform)
+            pass = (m_begin - range.x) / (4 * Q);
+            m_count = min(4 * Q, range.y - m_begin);
+        }
         if constexpr (BT) {
             if (threadIdx.x == 0) block_ctr = KD_W4_WARPS;  // read after w4_stage's barriers
         } else {
-            ctr = p.sched + 2 * (static_cast<long>(blockIdx.y) * p.max_passes + pass);
+            ctr = p.sched + 2 * ((slot * p.n_sc + sc) * p.max_passes + pass);  // a few thousand counters at most
         }
         int tile = BT ? blockIdx.x + warp * gridDim.x : blockIdx.x * KD_W4_WARPS + warp;
+        // Made opaque at one token quad, so the first fetch's addresses are computed in each pass
+        // rather than hoisted out of the pass loop and kept (spilled) across the tile loop.
+        if constexpr (IDX) asm volatile("mov.b32 %0, %0;" : "+r"(tile));
         // The first fetch is guarded (volatile asm): ld_stream is an asm the compiler may hoist
         // above the `tile < n_tiles` test, and did at Q = 4 once the split-K count was gone
         // (compute-sanitizer saw reads past the weights). Fetching unconditionally instead cost
         // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
         // a tile spilled on sm_120.
-        W4Rows rows{};
-        W4Step cur{}, other;
+        W4Step cur{}, other{};
         if (tile < n_tiles) {
-            rows = tile_rows(tile);
-            cur = w4_fetch<true>(rows, 0);
+            set_tile(tile);
+            cur = fetch(0, std::true_type{});
         }
         // The first weights are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
@@ -436,23 +493,23 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int q = 0; q < Q; ++q) part[q][0] = part[q][1] = 0.0f;
                 const auto next_rows = [&]() {
                     next = __shfl_sync(0xffffffffu, ticket, 0);
-                    return tile_rows(next < n_tiles ? next : tile);
+                    set_tile(next < n_tiles ? next : tile);
                 };
                 // Two steps per iteration with two register buffers: while one step computes, the
                 // next one (of this tile or the next) is loading. After the last tile the warp
                 // re-reads its tile's first step (never used), so every fetch is unconditional.
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
-                    if (last_a) rows = next_rows();
-                    other = w4_fetch(rows, last_a ? 0 : st + 1);
+                    if (last_a) next_rows();
+                    other = fetch(last_a ? 0 : st + 1, std::false_type{});
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
                         break;
                     }
                     const bool last_b = st + 2 >= n_steps;
-                    if (last_b) rows = next_rows();
-                    cur = w4_fetch(rows, last_b ? 0 : st + 2);
+                    if (last_b) next_rows();
+                    cur = fetch(last_b ? 0 : st + 2, std::false_type{});
                     w4_step<Q, FULL>(part, other, st + 1, n_groups, bsm, xneg, m_count, lane);
                 }
                 finish(tile, part);
@@ -492,7 +549,7 @@ __global__ void w4_sum_kernel(W4Params p) {
 }
 
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
-// (Q = 4: 134 KiB, Q = 2: 67 KiB, Q = 1: 34 KiB).
+// (Q = 4: 68 KiB, Q = 2: 34 KiB, Q = 1: 17 KiB).
 constexpr int w4_smem_bytes(int Q) {
     return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
@@ -512,7 +569,7 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, pairs), dim3(KD_W4_THREADS), smem, stream, p);
+    launch_chained("w4_kernel launch", kernel, dim3(grid_x, p.n_sc, slots), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
@@ -522,8 +579,8 @@ template <bool GLU>
 void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     const int quads = std::min(4, ceil_div(std::min(pass_rows, max_rows), 4));
     int q = quads <= 1 ? 1 : quads == 2 ? 2 : 4;
-    // 16-row passes need more shared memory than sm_120 gives a block (99 KiB): 8-row passes
-    // there, which give the same bits (rows never depend on the pass size).
+    // A device that gives a block less shared memory than a 16-row pass needs takes 8-row
+    // passes, which give the same bits (rows never depend on the pass size).
     if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
     p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
     p.max_passes = ceil_div(max_rows, 4 * q);
