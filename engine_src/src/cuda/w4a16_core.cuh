@@ -472,11 +472,16 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // 4 registers and 5-10 % at M = 1 to 4 on the H200; clamping the rows of a warp without
         // a tile spilled on sm_120.
         W4Step cur{}, other{};
+        bool primed = false;  // `other` holds the tile's step 1 already
         if (tile < n_tiles) {
             set_tile(tile);
             cur = fetch(0, std::true_type{});
+            if (n_steps > 1) {
+                other = fetch(1, std::true_type{});
+                primed = true;
+            }
         }
-        // The first weights are on their way while the activations are staged.
+        // The first two steps are on their way while the activations are staged.
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
         // without per-group tests where w4_full_steps(Q); otherwise all of them with the tests.
@@ -501,7 +506,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
                     if (last_a) next_rows();
-                    other = fetch(last_a ? 0 : st + 1, std::false_type{});
+                    if (!primed) other = fetch(last_a ? 0 : st + 1, std::false_type{});
+                    primed = false;
                     w4_step<Q, FULL>(part, cur, st, n_groups, bsm, xneg, m_count, lane);
                     if (last_a) {  // odd step count: the next tile starts in `other`
                         cur = other;
