@@ -482,8 +482,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
             }
         }
         // The first two steps are on their way while the activations are staged (with one, the
-        // staging's x loads queued behind the grid's first weight steps while DRAM idled:
-        // 28672 x 8192 at M = 1 42.7 -> 41.8 us, M = 16 123 -> 105 us, issue 21's eighth pass).
+        // warps' loads in flight ran out during the staging: 28672 x 8192 at M = 1 42.7 -> 41.8
+        // us, M = 16 123 -> 105 us, issue 21's eighth pass).
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
         // without per-group tests where w4_full_steps(Q); otherwise all of them with the tests.
