@@ -504,7 +504,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 };
                 // Two steps per iteration with two register buffers: while one step computes, the
                 // next one (of this tile or the next) is loading. After the last tile the warp
-                // re-reads its tile's first step (never used), so every fetch is unconditional.
+                // re-reads its tile's first step (never used), so every fetch is unconditional but
+                // the pass's first, which `primed` says was made before the staging.
                 for (int st = 0; st < n_steps; st += 2) {
                     const bool last_a = st + 1 >= n_steps;
                     if (last_a) next_rows();
