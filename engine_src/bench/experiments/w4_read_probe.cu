@@ -10,7 +10,9 @@
 //   layout B: a step as one 2.5 KB record, [tile][k step][words of both halves, scales];
 //   layout C: layout B's records read grid-stride by global warp (the best case: every warp of
 //             the grid in one linear sweep), no ticket.
-// Build: nvcc -O3 -std=c++17 -arch=sm_90 w4_read_probe.cu -o w4_read_probe
+// Build (from engine_src/): nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/experiments/w4_read_probe.cu -o w4_read_probe
+#include "cuda/w4a16_core.cuh"  // ld_stream_guarded, nibble_pair, mma_16816, word_of
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+using namespace kd::cuda;
 
 #define CHECK(x)                                                                               \
     do {                                                                                       \
@@ -32,39 +36,11 @@ constexpr int kN = 28672, kK = 8192, kSc = 4, kKSteps = kK / 256, kStepsPerSc = 
 constexpr int kTiles = kN / 16, kRecords = kTiles * kKSteps;
 constexpr size_t kWordBytes = size_t(kN) * kK / 2, kScaleBytes = size_t(kN) * kK / 32 * 4;
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint32_t nibble_pair(uint32_t shifted) {
-    uint32_t h;
-    asm("lop3.b32 %0, %1, 0x03C003C0, 0x4C004C00, 0xea;" : "=r"(h) : "r"(shifted));
-    return h;
-}
-
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 struct Buf {
     uint4 wa[2], wb[2];
     float2 sa, sb;
     bool valid;
 };
-
-__device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
-    const uint4& v = w[i / 4];
-    return i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w;
-}
 
 template <bool COMPUTE>
 __device__ __forceinline__ void consume(const Buf b, float (&part)[2], uint32_t& acc, uint32_t bx0, uint32_t bx1,
@@ -109,10 +85,10 @@ __global__ void __launch_bounds__(256, BPS) probe(const uint4* wq, const float2*
             b.valid = r < kRecords;
             if (b.valid) {
                 const uint4* rec = wq + size_t(r) * 160;
-                b.wa[0] = ld_stream(rec + lane);
-                b.wa[1] = ld_stream(rec + 32 + lane);
-                b.wb[0] = ld_stream(rec + 64 + lane);
-                b.wb[1] = ld_stream(rec + 96 + lane);
+                b.wa[0] = ld_stream_guarded(rec + lane);
+                b.wa[1] = ld_stream_guarded(rec + 32 + lane);
+                b.wb[0] = ld_stream_guarded(rec + 64 + lane);
+                b.wb[1] = ld_stream_guarded(rec + 96 + lane);
                 const float2* s = reinterpret_cast<const float2*>(rec + 128);
                 b.sa = __ldg(s + lane);
                 b.sb = __ldg(s + 32 + lane);
@@ -126,18 +102,18 @@ __global__ void __launch_bounds__(256, BPS) probe(const uint4* wq, const float2*
             if (LAYOUT == 0) {
                 const uint4* qa = wq + (size_t(2 * ftile) * kKSteps + ks) * 64 + lane;
                 const uint4* qb = wq + (size_t(2 * ftile + 1) * kKSteps + ks) * 64 + lane;
-                b.wa[0] = ld_stream(qa);
-                b.wa[1] = ld_stream(qa + 32);
-                b.wb[0] = ld_stream(qb);
-                b.wb[1] = ld_stream(qb + 32);
+                b.wa[0] = ld_stream_guarded(qa);
+                b.wa[1] = ld_stream_guarded(qa + 32);
+                b.wb[0] = ld_stream_guarded(qb);
+                b.wb[1] = ld_stream_guarded(qb + 32);
                 b.sa = __ldg(ws + (size_t(2 * ftile) * kKSteps + ks) * 32 + lane);
                 b.sb = __ldg(ws + (size_t(2 * ftile + 1) * kKSteps + ks) * 32 + lane);
             } else {
                 const uint4* rec = wq + (size_t(ftile) * kKSteps + ks) * 160;
-                b.wa[0] = ld_stream(rec + lane);
-                b.wa[1] = ld_stream(rec + 32 + lane);
-                b.wb[0] = ld_stream(rec + 64 + lane);
-                b.wb[1] = ld_stream(rec + 96 + lane);
+                b.wa[0] = ld_stream_guarded(rec + lane);
+                b.wa[1] = ld_stream_guarded(rec + 32 + lane);
+                b.wb[0] = ld_stream_guarded(rec + 64 + lane);
+                b.wb[1] = ld_stream_guarded(rec + 96 + lane);
                 const float2* s = reinterpret_cast<const float2*>(rec + 128);
                 b.sa = __ldg(s + lane);
                 b.sb = __ldg(s + 32 + lane);
@@ -174,12 +150,12 @@ __global__ void read_only_kernel(const uint4* p, size_t n, uint32_t* sink) {
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
     for (; i + 3 * stride < n; i += 4 * stride) {
-        const uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride), c = ld_stream(p + i + 2 * stride),
-                    d = ld_stream(p + i + 3 * stride);
+        const uint4 a = ld_stream_guarded(p + i), b = ld_stream_guarded(p + i + stride), c = ld_stream_guarded(p + i + 2 * stride),
+                    d = ld_stream_guarded(p + i + 3 * stride);
         acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
     }
     for (; i < n; i += stride) {
-        const uint4 a = ld_stream(p + i);
+        const uint4 a = ld_stream_guarded(p + i);
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     if (acc == 0x9e3779b9u) *sink = acc;
