@@ -35,17 +35,18 @@ from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
 from .safe_text import visible
 from .run import Run
-from .steps import ORDER, RUNNERS, StepContext
+from .steps import ORDER, RUNNERS, StepContext, UserCommand
 from .steps import preflight as preflight_step
 from .steps.context import READERS
 
 OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
 # deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
-# probe what its question needs.
+# probe what its question needs, exec the user's own command.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
                  "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
-                 "bisect": ("sync", "build", "bundles", "golden", "bench")}
+                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",)}
+UNLOCKED_COMMANDS = ("doctor", "exec")     # they change nothing of the orchestrator's: no tree lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Plan:
     use_cache: bool = True
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
+    user_command: UserCommand | None = None     # exec: the command typed after --
 
     @property
     def claims_gpus(self) -> bool:
@@ -66,14 +68,14 @@ class Plan:
 
     @property
     def takes_lock(self) -> bool:
-        """Whether the plan's runs hold the tree lock (all but doctor's)."""
-        return self.command != "doctor"
+        """Whether the plan's runs hold the tree lock (all but doctor's and exec's)."""
+        return self.command not in UNLOCKED_COMMANDS
 
     @property
     def listed(self) -> tuple[str, ...]:
         """Every step of the command, selected or not, and any opt-in step selected (the columns
         of its summary)."""
-        return tuple(s for s in ORDER if s in COMMAND_STEPS[self.command] or s in self.steps)
+        return tuple(s for s in RUNNERS if s in COMMAND_STEPS[self.command] or s in self.steps)
 
     @classmethod
     def of(cls, command: str, **options) -> "Plan":
@@ -250,7 +252,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                                                                         hash_line),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host))
+                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command)
     stopped_by = None
     try:
         for step in plan.listed:
@@ -345,4 +347,6 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
 
 
 def _timed_out(error: KdError) -> bool:
+    if isinstance(error, CommandError) and error.timed_out is not None:     # the step knows
+        return error.timed_out
     return error.exit_status in (124, 137) or (error.exit_status is None and "timed out" in error.message)
