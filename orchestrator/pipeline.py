@@ -1,7 +1,8 @@
 """The one execution path of every host task: a plan of steps over the selected hosts, in
 parallel, into one run record and one run directory.
 
-    plan = Plan.choose(steps="build,test", skip=None)        # or Plan.of("doctor"), Plan.of("deploy")
+    plan = Plan.choose(steps="build,test", skip=None)        # or Plan.of("doctor"), Plan.of("deploy"),
+                                                             # Plan.of("exec", user_command=UserCommand(argv, 60))
     run_dir, record = execute(inventory, hosts, plan, console)
     finish(run_dir, record, runs_root, secrets)               # run.json, reports, runs/latest
 
@@ -13,7 +14,8 @@ locks, GPU claims and stop flag. Nothing here decides exit codes.
 Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
-first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none.
+first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
+does exec: the user's own command, outside the deployed tree (an nvidia-smi while a validate runs).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps nam
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
                  "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
                  "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",)}
-UNLOCKED_COMMANDS = ("doctor", "exec")     # they change nothing of the orchestrator's: no tree lock
+UNLOCKED_COMMANDS = ("doctor", "exec")     # no tree lock (see Locks above)
 
 
 @dataclasses.dataclass(frozen=True)

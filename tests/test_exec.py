@@ -113,7 +113,8 @@ def test_the_console_entry_takes_the_words_as_typed_and_escapes_hostile_output(l
 def test_a_failing_host_beside_a_passing_one_exits_1_and_the_summary_names_both(lab, make_inventory):
     """The same command passes on h1 (a warm connection) and fails on h2 (Paramiko): exit 1, h2's
     failure does not stop h1, the summary names both; h2's exit status 124, given by the command
-    itself long before its timeout, is a failure, not a timeout; run.json and junit.xml agree."""
+    itself long before its timeout, is a failure, not a timeout; run.json, junit.xml and report.md
+    agree (report.md does not say `no GPU` of hosts it never probed)."""
     marker = f"exec-marker-{secrets.token_hex(4)}"
     (lab.hosts["h1"].home / marker).write_text("present\n")
     try:
@@ -135,6 +136,9 @@ def test_a_failing_host_beside_a_passing_one_exits_1_and_the_summary_names_both(
     cases = {(c.get("classname"), c.get("name")): c.find("failure") is not None
              for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
     assert cases == {("h1", "step.exec"): False, ("h2", "step.exec"): True}
+    # exec probes nothing: the report does not claim the hosts have no GPU
+    rows = [line for line in (run_dir / "report.md").read_text().splitlines() if line.startswith("| **h")]
+    assert len(rows) == 2 and all("| not probed |" in row and "no GPU" not in row for row in rows), rows
 
 
 def test_a_timeout_stops_everything_the_command_started_on_the_host(lab, make_inventory):
