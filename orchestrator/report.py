@@ -232,10 +232,8 @@ def _fingerprint_value(value: Any, secrets: list[str]) -> str:
 
 
 def _gpu_label(fp: dict, steps: list[dict]) -> str:
-    """The host's GPUs as preflight found them; `not probed` when it did not run (deploy, exec, a
-    validate without it): an empty fingerprint then says nothing of the host's GPUs."""
     if not any(s["name"] == "preflight" and s["status"] in ("passed", "failed") for s in steps):
-        return "not probed"
+        return "not probed"     # deploy, exec, validate without preflight: an empty fingerprint says nothing
     if not fp.get("gpu"):
         return "no GPU"
     count = fp.get("gpu_count", "")
