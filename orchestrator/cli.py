@@ -186,7 +186,7 @@ def parse_timeout(value: str | float | None) -> float:
     except (TypeError, ValueError):
         seconds = 0.0
     if not 0 < seconds <= inventory_mod.MAX_TIMEOUT:     # also refuses nan and inf
-        raise UsageError(f"--timeout: {value!r} is not a number of seconds from 0 to {inventory_mod.MAX_TIMEOUT}")
+        raise UsageError(f"--timeout: {value!r} is not a number of seconds above 0 and at most {inventory_mod.MAX_TIMEOUT}")
     return seconds
 
 
