@@ -92,6 +92,21 @@ def test_quotes_and_spaces_reach_the_command_as_typed_on_ssh_and_local_hosts(lab
     assert run["command"] == "exec" and run["status"] == "passed"
 
 
+def test_the_issues_example_runs_nvidia_smi_with_its_flags_on_a_gpu_host(gpu_lab, lab, make_inventory):
+    """`invoke exec -H g1 -- nvidia-smi --query-gpu=... --format=...` on a loopback host whose PATH
+    has a stand-in nvidia-smi (it answers only the exact flags nvidia-smi takes): one line per GPU."""
+    host, fake = gpu_lab
+    fake.set(2, name="NVIDIA RTX PRO 6000 Blackwell")
+    try:
+        inv = make_inventory({"g1": lab.inventory_entry(host)})
+        proc = run_exec(inv, "-H", "g1", "--", "nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader")
+    finally:
+        fake.set(1)         # the session fixture's state, for the other modules' tests
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[g1] exec      | 0, NVIDIA RTX PRO 6000 Blackwell\n[g1] exec      | 1, NVIDIA RTX PRO 6000 Blackwell\n" \
+        in proc.stdout
+
+
 def test_the_console_entry_takes_the_words_as_typed_and_escapes_hostile_output(lab, make_inventory):
     """`kdtree-orch exec -- ...` on the local host (the default selection): quotes survive, and a
     host's escape sequences, carriage returns, bells and NULs are shown as visible escapes, never
