@@ -1,4 +1,4 @@
-"""The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust`, `deploy`, `validate`,
+"""The command-line layer behind tasks.py: what `hosts`, `doctor`, `trust`, `deploy`, `exec`, `validate`,
 `nightly`, `report` and `clean` do in
 terms of the library, and how failures become exit codes (0 ok, 1 a host failed, 2 usage or
 inventory error). The tasks themselves are orchestrator/tasks.py; `kdtree-orch` is program.py.
@@ -31,6 +31,7 @@ DASHBOARD = "history.html"     # under runs/
 INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
+EXEC_TIMEOUT = 300     # seconds `exec` gives its command without --timeout
 
 
 class Terminated(KeyboardInterrupt):
@@ -150,6 +151,43 @@ def connections(console: Console, close: bool = False) -> int:
         return 0
     console.table(["host", "where", "idle bound", "started", "master"], rows)
     return 0
+
+
+def exec_command(inv: Inventory, hosts: list[Host], console: Console, argv: tuple[str, ...],
+                 timeout: str | float | None = None, parallel: int | None = None) -> int:
+    """Run `argv` (its words as typed) on every host, `parallel` at a time, for at most `timeout`
+    seconds each (default EXEC_TIMEOUT): a run with the one step `exec` per host (run_plan)."""
+    from . import pipeline
+    from .steps import UserCommand
+    command = UserCommand(argv, parse_timeout(timeout))
+    return run_plan(inv, hosts, pipeline.Plan.of("exec", max_parallel=parallel, user_command=command), console)
+
+
+def command_words(argv: list[str], remainder: str | None = None) -> tuple[str, ...]:
+    """The words after the first `--` of the program's command line `argv` (sys.argv), each as
+    the user's shell gave it: Invoke's own remainder joins them with spaces, losing the quoting.
+    `remainder`: Invoke's, where it has one (3.x), which must be those words joined; a
+    UsageError when there are none or they disagree."""
+    if "--" not in argv or len(argv) == argv.index("--") + 1:
+        raise UsageError("exec needs the command after --: invoke exec -H HOST -- COMMAND [ARG...]")
+    words = tuple(argv[argv.index("--") + 1:])
+    if remainder is not None and remainder != " ".join(words):
+        raise UsageError(f"exec: the command line's words after -- ({' '.join(words)!r}) are not the ones "
+                         f"Invoke parsed ({remainder!r}); nothing was run")
+    return words
+
+
+def parse_timeout(value: str | float | None) -> float:
+    """--timeout SECONDS: a positive number up to the inventory's largest timeout (None: EXEC_TIMEOUT)."""
+    if value is None:
+        return EXEC_TIMEOUT
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if not 0 < seconds <= inventory_mod.MAX_TIMEOUT:     # also refuses nan and inf
+        raise UsageError(f"--timeout: {value!r} is not a number of seconds above 0 and at most {inventory_mod.MAX_TIMEOUT}")
+    return seconds
 
 
 def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:

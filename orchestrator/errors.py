@@ -100,7 +100,12 @@ class HostKeyError(HostError):
 
 
 class CommandError(HostError):
-    """A command on the host failed (non-zero exit or timeout)."""
+    """A command on the host failed (non-zero exit or timeout). `timed_out`: whether it ran past
+    its timeout, when the caller knows (None: judged by the exit status, 124 or 137)."""
+
+    def __init__(self, message: str, *, timed_out: bool | None = None, **evidence):
+        super().__init__(message, **evidence)
+        self.timed_out = timed_out
 
 
 class LockError(HostError):

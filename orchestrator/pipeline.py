@@ -1,7 +1,8 @@
 """The one execution path of every host task: a plan of steps over the selected hosts, in
 parallel, into one run record and one run directory.
 
-    plan = Plan.choose(steps="build,test", skip=None)        # or Plan.of("doctor"), Plan.of("deploy")
+    plan = Plan.choose(steps="build,test", skip=None)        # or Plan.of("doctor"), Plan.of("deploy"),
+                                                             # Plan.of("exec", user_command=UserCommand(argv, 60))
     run_dir, record = execute(inventory, hosts, plan, console)
     finish(run_dir, record, runs_root, secrets)               # run.json, reports, runs/latest
 
@@ -13,7 +14,8 @@ locks, GPU claims and stop flag. Nothing here decides exit codes.
 Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
-first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none.
+first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
+does exec: the user's own command, outside the deployed tree (an nvidia-smi while a validate runs).
 """
 from __future__ import annotations
 
@@ -35,17 +37,18 @@ from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
 from .safe_text import visible
 from .run import Run
-from .steps import ORDER, RUNNERS, StepContext
+from .steps import ORDER, RUNNERS, StepContext, UserCommand
 from .steps import preflight as preflight_step
 from .steps.context import READERS
 
 OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
 # deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
-# probe what its question needs.
+# probe what its question needs, exec the user's own command.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
                  "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
-                 "bisect": ("sync", "build", "bundles", "golden", "bench")}
+                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",)}
+UNLOCKED_COMMANDS = ("doctor", "exec")     # no tree lock (see Locks above)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Plan:
     use_cache: bool = True
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
+    user_command: UserCommand | None = None     # exec: the command typed after --
 
     @property
     def claims_gpus(self) -> bool:
@@ -66,14 +70,14 @@ class Plan:
 
     @property
     def takes_lock(self) -> bool:
-        """Whether the plan's runs hold the tree lock (all but doctor's)."""
-        return self.command != "doctor"
+        """Whether the plan's runs hold the tree lock (all but doctor's and exec's)."""
+        return self.command not in UNLOCKED_COMMANDS
 
     @property
     def listed(self) -> tuple[str, ...]:
         """Every step of the command, selected or not, and any opt-in step selected (the columns
         of its summary)."""
-        return tuple(s for s in ORDER if s in COMMAND_STEPS[self.command] or s in self.steps)
+        return tuple(s for s in RUNNERS if s in COMMAND_STEPS[self.command] or s in self.steps)
 
     @classmethod
     def of(cls, command: str, **options) -> "Plan":
@@ -250,7 +254,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                                                                         hash_line),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host))
+                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command)
     stopped_by = None
     try:
         for step in plan.listed:
@@ -345,4 +349,6 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
 
 
 def _timed_out(error: KdError) -> bool:
+    if isinstance(error, CommandError) and error.timed_out is not None:     # the step knows
+        return error.timed_out
     return error.exit_status in (124, 137) or (error.exit_status is None and "timed out" in error.message)

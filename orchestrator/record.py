@@ -10,7 +10,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
 ``runs/latest`` is a symlink to the newest run. The record is built with the dataclasses here
 (``RunRecord.to_dict()``) and read back as a plain dict (``load_run``). Schema, version 1:
 
-    {"version": 1, "run_id", "command": "doctor|deploy|validate|nightly", "started", "finished", "seconds",
+    {"version": 1, "run_id", "command": "doctor|deploy|validate|nightly|bisect|exec", "started", "finished", "seconds",
      "status": "passed|failed|interrupted",
      "source": {"tree_hash", "git_rev", "git_dirty"},
      "hosts": {NAME: {"status": "passed|failed|interrupted", "transport": "ssh|local", "address",
@@ -74,7 +74,7 @@ RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect")
+COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect", "exec")
 BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
 HOST_STATUSES = RUN_STATUSES

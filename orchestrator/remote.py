@@ -81,7 +81,20 @@ def step(host: Host, snippet: str, timeout: float, *, with_secrets: bool = False
     remote_dir (step_command); `with_secrets`: it gets the host's secret_env on stdin."""
     secrets = with_secrets and bool(host.secret_env)
     line = step_command(host, snippet, timeout, with_secrets=secrets, env=env)
-    return Command(("bash", "-c", snippet), line, timeout, secret_input(host) if secrets else None, secrets,
+    return _with_secrets(host, ("bash", "-c", snippet), line, timeout, secrets, what)
+
+
+def adhoc(host: Host, argv: Sequence[str], timeout: float) -> Command:
+    """The user's own command (`invoke exec -- ARGV`) as a Command: each word of `argv` quoted
+    once, run in the login directory (no remote_dir needed) with the steps' environment and the
+    host's secret_env (on stdin), under the steps' timeout and process-group guard."""
+    line = wrap(argv, timeout=timeout, env=host_env(host), path_prefix=host_path_prefix(host), secrets=host.secret_env)
+    return _with_secrets(host, tuple(argv), line, timeout, bool(host.secret_env), "command")
+
+
+def _with_secrets(host: Host, argv: tuple[str, ...], line: str, timeout: float, secrets: bool, what: str) -> Command:
+    """A Command whose line reads the host's secret values first on stdin when `secrets`."""
+    return Command(argv, line, timeout, secret_input(host) if secrets else None, secrets,
                    tuple(secret_strings(host)) if secrets else (), what)
 
 

@@ -166,7 +166,7 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
         "binary_tree_hash": binary,
         "tree_match": (deployed == binary) if deployed and binary else None,
         "fingerprint": fp,
-        "gpu_label": _gpu_label(fp),
+        "gpu_label": _gpu_label(fp, steps),
         "steps": steps,
         "step_map": {s["name"]: s for s in steps},
         "seconds": sum(s["seconds"] or 0 for s in steps),
@@ -231,7 +231,9 @@ def _fingerprint_value(value: Any, secrets: list[str]) -> str:
     return text(value, NAME_LIMIT, secrets)
 
 
-def _gpu_label(fp: dict) -> str:
+def _gpu_label(fp: dict, steps: list[dict]) -> str:
+    if not any(s["name"] == "preflight" and s["status"] in ("passed", "failed") for s in steps):
+        return "not probed"     # deploy, exec, validate without preflight: an empty fingerprint says nothing
     if not fp.get("gpu"):
         return "no GPU"
     count = fp.get("gpu_count", "")

@@ -77,6 +77,18 @@ def deploy(c, host=None, group=None, all=False, inventory=None, dry_run=False, p
         raise Exit(code=cli.deploy(inv, selected, Console(), dry_run, _parallel(parallel)))
 
 
+@task(name="exec", iterable=["host"],
+      help={**SELECT_HELP, "timeout": f"seconds the command may run on each host (default {cli.EXEC_TIMEOUT}); "
+                                      "then it and everything it started there are killed"})
+def exec_(c, host=None, group=None, all=False, inventory=None, timeout=None, parallel=None, no_persist=False):
+    """Run one command on the selected hosts: invoke exec -H HOST -- COMMAND [ARG...] (each word as typed)."""
+    with cli.exit_codes():
+        # The words come from the command line itself: Invoke's remainder has lost their quoting.
+        words = cli.command_words(sys.argv, getattr(c, "remainder", None))
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
+        raise Exit(code=cli.exec_command(inv, selected, Console(), words, timeout, _parallel(parallel)))
+
+
 STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build,bundles,golden,test,bench; "
                        "nightly adds stress; validate runs stress when named here)",
              "skip": "comma list of steps to leave out", "report_dir": "write the run here instead of runs/<run-id>",

@@ -42,6 +42,14 @@ class StepError(HostError):
 
 
 @dataclasses.dataclass(frozen=True)
+class UserCommand:
+    """The command of `invoke exec`: its words as the user typed them, and the seconds it may run."""
+
+    argv: tuple[str, ...]
+    timeout: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Outcome:
     """How a step ended when it did not raise: passed, or cached (the result of run `reused_from`
     still holds)."""
@@ -92,6 +100,7 @@ class StepContext:
     measured: Any = None                # inputs.Inputs on the host since its last engine command
     stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
     ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
+    user_command: UserCommand | None = None   # exec: what the user typed after --
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
