@@ -305,7 +305,7 @@ def _tar_sync(transport: Transport, project: Project, everything: bool) -> dict:
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:
         transport.check(remote.script(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, what="deleting removed files",
-                                      stdin=b"".join(p.encode() + b"\0" for p in gone)))
+                                      stdin=b"".join(os.fsencode(p) + b"\0" for p in gone)))
     with tempfile.TemporaryFile() as stream:
         with tarfile.open(fileobj=stream, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(p for p, (kind, _, _) in local.items() if kind == "d"):

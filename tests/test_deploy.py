@@ -293,6 +293,18 @@ def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, s
     assert deploy().deleted == 2 and not (deploy.dir / "docs" / "old").exists()
 
 
+def test_a_tar_sync_deletes_a_file_whose_name_is_not_utf8(deployer, source):
+    """A file named with bytes that are not UTF-8 is deployed by the tar sync and, once gone from
+    the source, deleted from the host by the next one: names travel as bytes end to end."""
+    deploy = deployer(rsync_path="/nonexistent/rsync")
+    name = os.fsdecode(b"odd-\xff\xfe-name.txt")      # surrogate-escaped, as os.walk gives it
+    (source / name).write_bytes(b"x\n")
+    assert deploy().method == "tar" and (deploy.dir / name).read_bytes() == b"x\n"
+    (source / name).unlink()
+    assert deploy().deleted == 1 and not (deploy.dir / name).exists()
+    assert deploy().deleted == 0
+
+
 def test_local_transport_deploy(make_inventory, tmp_path, source):
     inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
     out = io.StringIO()
