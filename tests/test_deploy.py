@@ -220,7 +220,8 @@ def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inven
     why, and the tree is deployed."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
     dropped = tmp_path / "dropped"
-    fake_tool("rsync", f'[ -e {dropped} ] || {{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
+    fake_tool("rsync", f'[ "$1" = --version ] || [ -e {dropped} ] || '
+                       f'{{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
                        f'exec {shutil.which("rsync")} "$@"')
     log: list[str] = []
     with open_transport(inv.hosts["local"]) as t:
@@ -240,6 +241,19 @@ def test_the_rsync_argv_of_a_sync(make_inventory, source):
     assert "--checksum" in sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, checksum=True)
     local = sync.rsync_argv(open_transport(inv.hosts["local"]), inv.project)
     assert not [a for a in local if a.startswith("--rsync-path")] and local[-2:] == [f"{source}/", "/srv/kd/"]
+
+
+@pytest.mark.parametrize("local, remote, expected", [
+    ("rsync  version 3.2.7  protocol version 31", "rsync  version 3.4.1  protocol version 32", True),
+    ("rsync  version 3.2.4  protocol version 31", "rsync  version v3.2.4  protocol version 31", True),
+    ("rsync  version 3.2.7  protocol version 31", "rsync  version 3.1.3  protocol version 31", False),
+    ("rsync  version 3.2.3  protocol version 31", "rsync  version 3.2.7  protocol version 31", False),
+    ("rsync  version 3.2.7  protocol version 31", "", False),
+    ("", "rsync  version 3.2.7  protocol version 31", False),
+])
+def test_rsync_errors_come_through_the_transfer_stream_where_both_rsyncs_can(local, remote, expected):
+    """--stderr=client only where both ends know it (3.2.4 on): an older host rsync would refuse it."""
+    assert sync.messages_by_protocol(local, remote) is expected
 
 
 def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
