@@ -255,7 +255,7 @@ def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]
 def _answer(process, host, wait: float,
             finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner], dict[str, str]]:
     """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
-    before it, the STALE owners recovered, BEGIN_SYNC's facts: PARTIAL and RSYNC)."""
+    before it, the STALE owners recovered, BEGIN_SYNC's facts: PARTIAL, RSYNC, RSYNC_VERSION)."""
     holders: list[Owner] = []
     stale: list[Owner] = []
     facts: dict[str, str] = {}
@@ -339,18 +339,21 @@ def _marker_text(owner: Owner) -> str:
 
 # The sync's first step, in .kdtree/ under the lock held alone (as the lock is taken, or when the
 # holder is told to begin): report a sync that broke half-way (PARTIAL what its mark
-# said, as one line of printable characters), mark this one, say where rsync is (RSYNC path; none: the host has no rsync).
+# said, as one line of printable characters), mark this one, say where rsync is and its version line (RSYNC path, RSYNC_VERSION; none: the host has
+# no rsync).
 # $1 this run's owner, in words; $2 the host's rsync_path (empty: rsync on PATH).
 BEGIN_SYNC = r'''
 kd_begin_sync() {
   [ -e sync.partial ] && printf 'PARTIAL %s\n' "$(head -c 500 sync.partial | tr -c '[:print:]' ' ')"
   printf 'started %s\n' "$1" > sync.partial
-  if [ -n "$2" ]; then [ -x "$2" ] && printf 'RSYNC %s\n' "$2"
-  else command -v rsync >/dev/null && printf 'RSYNC %s\n' "$(command -v rsync)"; fi
+  r=$2; [ -n "$r" ] || r=$(command -v rsync) || r=
+  if [ -n "$r" ] && [ -x "$r" ]; then
+    printf 'RSYNC %s\nRSYNC_VERSION %s\n' "$r" "$("$r" --version 2>/dev/null | head -n 1 | tr -c '[:print:]' ' ')"
+  fi
   return 0
 }
 '''
-BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC")
+BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC", "RSYNC_VERSION")
 
 _LOCK_SCRIPT = ownership.CHECK + BEGIN_SYNC + r'''
 d=$1

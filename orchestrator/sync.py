@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -137,7 +138,9 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
     remote_rsync = facts.get("RSYNC", "").strip()
     if remote_rsync and shutil.which("rsync"):
-        method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired))
+        client_messages = messages_by_protocol(_local_rsync_version(), facts.get("RSYNC_VERSION", ""))
+        method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired),
+                                         client_messages=client_messages)
     else:
         log(f"no rsync on {'the host' if not remote_rsync else 'this machine'}: using a tar stream")
         method, counts = "tar", _tar_sync(transport, project, everything=bool(repaired))
@@ -193,15 +196,18 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     ]
 
 
-def rsync_argv(transport: Transport, project: Project, checksum: bool = False, rsh: str | None = None) -> list[str]:
+def rsync_argv(transport: Transport, project: Project, checksum: bool = False, rsh: str | None = None,
+               client_messages: bool = False) -> list[str]:
     """The rsync command line that mirrors the source onto the host's remote_dir (`checksum`:
     compare contents, not size and time, as when repairing a broken sync; `rsh`: rsync's remote
-    shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection)."""
+    shell, relay.rsync_shell's: an ssh host is only ever reached over its verified connection;
+    `client_messages`: the host's rsync sends its errors through the transfer's own stream
+    (--stderr=client), see messages_by_protocol)."""
     host = transport.host
     # --no-owner --no-group: files take the host user's ownership (-a would keep this machine's
     # owner when the host user is root, whose tree then fails the ownership check)
     argv = ["rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-w"] \
-        + (["--checksum"] if checksum else [])
+        + (["--checksum"] if checksum else []) + (["--stderr=client"] if client_messages else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]
     argv += ["-e", rsh] if rsh else []        # local: no remote shell
@@ -247,12 +253,35 @@ def _matches(name: str, pattern: str) -> bool:
 
 
 # -- rsync -----------------------------------------------------------------------------------------
-def _rsync(transport: Transport, project: Project, log, checksum: bool) -> dict:
+def messages_by_protocol(local_version: str, remote_version: str) -> bool:
+    """Whether both rsyncs (their `rsync --version` first lines) know --stderr=client (3.2.4 on).
+    By default the host's rsync writes its errors (`No space left on device`) to its own stderr,
+    which reaches this machine through the remote shell; rsync here ends that shell with SIGUSR1
+    as soon as the host's exit code arrives, often before it has passed them on, so the error was
+    lost. With --stderr=client they come in the transfer's own stream, which rsync here reads and
+    prints before it exits."""
+    return all(_version(v) >= (3, 2, 4) for v in (local_version, remote_version))
+
+
+def _version(line: str) -> tuple[int, ...]:
+    m = re.search(r"\bversion v?(\d+)\.(\d+)\.(\d+)", line)
+    return tuple(int(g) for g in m.groups()) if m else (0,)
+
+
+@functools.cache
+def _local_rsync_version() -> str:
+    try:
+        return subprocess.run(["rsync", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _rsync(transport: Transport, project: Project, log, checksum: bool, client_messages: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSYNC_")}
     for attempt in range(3):
         # rsync's remote side runs over the transport's own (verified) connection: no second handshake
         with relay.rsync_shell(transport) as rsh:
-            argv = rsync_argv(transport, project, checksum, rsh)
+            argv = rsync_argv(transport, project, checksum, rsh, client_messages)
             proc = subprocess.run(argv, capture_output=True, text=True, env=env,
                                   timeout=remote.client_timeout(transport.host.timeout("sync")))
         if proc.returncode not in (255, 12) or "Host key verification failed" in proc.stderr \
@@ -305,7 +334,7 @@ def _tar_sync(transport: Transport, project: Project, everything: bool) -> dict:
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:
         transport.check(remote.script(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, what="deleting removed files",
-                                      stdin=b"".join(p.encode() + b"\0" for p in gone)))
+                                      stdin=b"".join(os.fsencode(p) + b"\0" for p in gone)))
     with tempfile.TemporaryFile() as stream:
         with tarfile.open(fileobj=stream, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(p for p, (kind, _, _) in local.items() if kind == "d"):

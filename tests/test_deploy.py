@@ -13,14 +13,21 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, LockError, SyncError
 from orchestrator.transport import open_transport
 
+REPO = Path(__file__).resolve().parent.parent
+
 EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
             "tests/refs/model_tiny_fp32.kdtr", "tests/refs/manifest.json"]
+# One host-made file per exclusion class of hosts.yaml (build/, .git/, __pycache__/, *.pyc, bundles,
+# the generated manifest); test_every_exclusion_class_is_planted keeps this list complete.
+HOST_ONLY = ["build/kdtree", ".git/HEAD", "python/kdtree_ref/__pycache__/ref.cpython-311.pyc", "scripts/old.pyc",
+             "tests/refs/model_tiny_fp32.kdtr", "tests/refs/manifest.json"]
 SYNCED = ["README.md", "python/kdtree_ref/model.py", "scripts/tree_hash.sh", "src/main.cpp",
           "tests/refs/expected_manifest.json"]
 
@@ -70,13 +77,17 @@ def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
     record = json.loads((deploy.dir / ".kdtree" / "deploy.json").read_text())
     assert record["tree_hash"] == first.tree_hash == sync.source_id(deploy.inventory.project).tree_hash
     assert (record["method"], record["files"]) == (method, len(SYNCED))
-    # on the host, results of earlier builds (excluded paths) must survive --delete
-    (deploy.dir / "build").mkdir()
-    (deploy.dir / "build" / "kdtree").write_text("built on the host\n")
-    (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").write_text("bundle\n")
+    # on the host, one file of every exclusion class (results of earlier builds, generated bundles and
+    # refs, a checkout's .git, caches) must survive --delete and the tar sync's deletions, untouched
+    planted = {rel: f"made on the host: {rel}\n" for rel in HOST_ONLY}
+    for rel, text in planted.items():
+        (deploy.dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (deploy.dir / rel).write_text(text)
+    stamps = {rel: os.lstat(deploy.dir / rel).st_mtime_ns for rel in planted}
 
     again = deploy()
     assert (again.files, again.deleted) == (0, 0)
+    assert {rel: (deploy.dir / rel).read_text() for rel in planted} == planted
 
     time.sleep(1.1)   # a different mtime second, as for any real edit
     (source / "src" / "main.cpp").write_text("int main() { return 1; }\n")
@@ -84,11 +95,19 @@ def test_deploy_redeploy_delete_and_excludes(deployer, source, method):
     changed = deploy()
     assert (changed.files, changed.deleted) == (1, 1) and changed.tree_hash != first.tree_hash
     assert (deploy.dir / "src" / "main.cpp").read_text() == "int main() { return 1; }\n"
-    assert files(deploy.dir) == sorted([f for f in SYNCED if f != "README.md"]
-                                       + ["build/kdtree", "tests/refs/model_tiny_fp32.kdtr"])
-    assert (deploy.dir / "build" / "kdtree").read_text() == "built on the host\n"
-    assert (deploy.dir / "tests/refs/model_tiny_fp32.kdtr").exists()
+    assert files(deploy.dir) == sorted([f for f in SYNCED if f != "README.md"] + list(planted))
+    assert {rel: (deploy.dir / rel).read_text() for rel in planted} == planted
+    assert {rel: os.lstat(deploy.dir / rel).st_mtime_ns for rel in planted} == stamps
     assert sorted(os.listdir(deploy.dir / ".kdtree")) == ["deploy.json", "gate.flock", "lock.flock", "marker"]
+
+
+def test_every_exclusion_class_is_planted():
+    """HOST_ONLY holds a file under each exclude pattern of the shipped hosts.yaml (.kdtree/, the
+    orchestrator's own state, has tests of its own), so the redeploy test covers every class."""
+    excludes = yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["excludes"]
+    uncovered = [p for p in excludes if p != ".kdtree/"
+                 and not any(sync._under_excluded(rel, False, [p]) for rel in HOST_ONLY)]
+    assert uncovered == []
 
 
 @pytest.mark.parametrize("path, is_dir, patterns, excluded", [
@@ -201,7 +220,8 @@ def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inven
     why, and the tree is deployed."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
     dropped = tmp_path / "dropped"
-    fake_tool("rsync", f'[ -e {dropped} ] || {{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
+    fake_tool("rsync", f'[ "$1" = --version ] || [ -e {dropped} ] || '
+                       f'{{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
                        f'exec {shutil.which("rsync")} "$@"')
     log: list[str] = []
     with open_transport(inv.hosts["local"]) as t:
@@ -221,6 +241,19 @@ def test_the_rsync_argv_of_a_sync(make_inventory, source):
     assert "--checksum" in sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, checksum=True)
     local = sync.rsync_argv(open_transport(inv.hosts["local"]), inv.project)
     assert not [a for a in local if a.startswith("--rsync-path")] and local[-2:] == [f"{source}/", "/srv/kd/"]
+
+
+@pytest.mark.parametrize("local, remote, expected", [
+    ("rsync  version 3.2.7  protocol version 31", "rsync  version 3.4.1  protocol version 32", True),
+    ("rsync  version 3.2.4  protocol version 31", "rsync  version v3.2.4  protocol version 31", True),
+    ("rsync  version 3.2.7  protocol version 31", "rsync  version 3.1.3  protocol version 31", False),
+    ("rsync  version 3.2.3  protocol version 31", "rsync  version 3.2.7  protocol version 31", False),
+    ("rsync  version 3.2.7  protocol version 31", "", False),
+    ("", "rsync  version 3.2.7  protocol version 31", False),
+])
+def test_rsync_errors_come_through_the_transfer_stream_where_both_rsyncs_can(local, remote, expected):
+    """--stderr=client only where both ends know it (3.2.4 on): an older host rsync would refuse it."""
+    assert sync.messages_by_protocol(local, remote) is expected
 
 
 def test_a_tar_sync_sends_empty_directories(make_inventory, source, tmp_path):
@@ -272,6 +305,18 @@ def test_the_tar_sync_sends_symlinks_and_deletes_a_removed_directory(deployer, s
     assert deploy().method == "tar" and os.readlink(deploy.dir / "link") == "README.md"
     shutil.rmtree(source / "docs" / "old")
     assert deploy().deleted == 2 and not (deploy.dir / "docs" / "old").exists()
+
+
+def test_a_tar_sync_deletes_a_file_whose_name_is_not_utf8(deployer, source):
+    """A file named with bytes that are not UTF-8 is deployed by the tar sync and, once gone from
+    the source, deleted from the host by the next one: names travel as bytes end to end."""
+    deploy = deployer(rsync_path="/nonexistent/rsync")
+    name = os.fsdecode(b"odd-\xff\xfe-name.txt")      # surrogate-escaped, as os.walk gives it
+    (source / name).write_bytes(b"x\n")
+    assert deploy().method == "tar" and (deploy.dir / name).read_bytes() == b"x\n"
+    (source / name).unlink()
+    assert deploy().deleted == 1 and not (deploy.dir / name).exists()
+    assert deploy().deleted == 0
 
 
 def test_local_transport_deploy(make_inventory, tmp_path, source):

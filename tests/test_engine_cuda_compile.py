@@ -12,12 +12,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from early_builds import CUDA_ARCHES, CUDA_SANITIZED
 from engine_copies import cuda_home
+from fake_gpus import FakeGpus
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 ARCHES, SANITIZED = CUDA_ARCHES, CUDA_SANITIZED   # built by the session fixture cuda_builds
@@ -112,3 +114,31 @@ def test_cuda_backend_reports_itself_when_no_gpu(cuda_builds):
     version = subprocess.run([str(tree / "build/kdtree"), "--version"], capture_output=True, text=True)
     assert version.returncode == 0, version.stderr
     assert "backend=cuda" in version.stdout
+
+
+@pytest.mark.parametrize("asked", ["KD_TEST_BACKENDS=cuda", "nvidia-smi lists a GPU", None])
+def test_a_cuda_backend_that_cannot_start_fails_the_tests_where_the_gpu_was_asked_for(cuda_builds, reference_bundles,
+                                                                                    tmp_path, asked):
+    """No GPU can be used here (no driver), which is what a GPU host whose memory a co-tenant holds
+    looks like to the engine: where the tests were asked to run on the GPU (the stress command's
+    KD_TEST_BACKENDS=cuda, or a GPU that nvidia-smi lists) run_tests.sh fails backend.cuda naming
+    why, never a pass on the CPU backend alone; on a machine without a GPU it is a skip."""
+    build, tree = cuda_builds["sm_90"]
+    if build.returncode != 0:
+        pytest.skip("the build failed (reported by the compile test)")
+    reference_bundles.copy_to(tree / "tests" / "refs")
+    fake = FakeGpus(tmp_path / "bin")
+    fake.set(1 if asked == "nvidia-smi lists a GPU" else 0)
+    env = dict(os.environ, KD_NO_BUILD="1", KD_BACKEND="auto", KD_TEST_BUNDLES="tiny_fp32", PYTHON=sys.executable,
+               KD_TEST_RESULTS=str(tmp_path / "results.json"), PATH=f"{fake.bin}:{os.environ['PATH']}")
+    env.pop("KD_TEST_BACKENDS", None)
+    if asked == "KD_TEST_BACKENDS=cuda":
+        env["KD_TEST_BACKENDS"] = "cuda"
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=tree, env=env, capture_output=True, text=True,
+                          timeout=600)
+    cuda = {t["name"]: t for t in json.loads((tmp_path / "results.json").read_text())["tests"]}["backend.cuda"]
+    if asked:
+        assert proc.returncode == 1 and cuda["status"] == "failed", proc.stdout[-3000:]
+        assert f"the CUDA backend was asked for ({asked}) and could not start: " in cuda["message"]
+    else:
+        assert cuda["status"] == "skipped" and "could not start" not in cuda["message"], cuda

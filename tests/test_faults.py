@@ -522,7 +522,8 @@ def small_disk(lab, tmp_path):
 
 def test_9_remote_disk_full(lab, make_inventory, source, tmp_path, small_disk):
     """Scenario 9. remote_dir is a 512 kB tmpfs and the tree grows past it. The user sees: validate's
-    sync FAILED with a message that names the host and says `No space left on device`; exit code 1.
+    sync FAILED with a message that names the host and says `No space left on device`, in rsync's
+    own words (once lost whenever rsync ended its remote shell before it had passed them on); exit code 1.
     Afterwards: the local run directory is complete (run.json, reports, the sync log); the previous
     deployment on the host is intact (its files and deploy record unchanged); once the tree fits
     again, the next deploy repairs it and says so."""
@@ -537,6 +538,10 @@ def test_9_remote_disk_full(lab, make_inventory, source, tmp_path, small_disk):
     run = json.loads((run_dir / "run.json").read_text())
     message = run["hosts"]["small"]["steps"]["sync"]["message"]
     assert "No space left on device" in message, run["hosts"]["small"]["steps"]["sync"]
+    # rsync's own words (its receiver's error, sent through the transfer's stream), not only the
+    # free-space check the sync falls back on when rsync says nothing
+    assert f"No space left on device (in {small_disk})" in message, run["hosts"]["small"]["steps"]["sync"]
+    assert "[receiver] write failed on" in (run_dir / "small" / "sync.log").read_text()
     assert re.search(r"small .*No space left on device", proc.stdout)
     for name in ("report.md", "report.html", "junit.xml", "small/sync.log"):
         assert (run_dir / name).is_file(), name

@@ -182,7 +182,7 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     partial = tmp_path / "d" / ".kdtree" / "sync.partial"
     assert not partial.exists()
     with lock.exclusive():                          # taken without beginning a sync: the holder begins it when asked
-        assert set(lock.begin_sync()) == {"RSYNC"} and partial.read_text().startswith("started validate by pid 1")
+        assert set(lock.begin_sync()) == {"RSYNC", "RSYNC_VERSION"} and partial.read_text().startswith("started validate by pid 1")
         # taken without a tree hash command line: the holder ends no sync (and the mark stays)
         assert lock.finish_sync("f" * 64, {}) == (2, "no sync to finish here\n") and partial.exists()
     partial.unlink()

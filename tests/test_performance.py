@@ -145,6 +145,26 @@ def test_file_names_with_a_newline_or_a_backslash_are_hashed_too(context):
     assert context().current_inputs().files[name] == hashlib.sha256(b"two").hexdigest()
 
 
+def test_retargeting_a_symlink_changes_what_the_results_depend_on(context, tmp_path):
+    """A symlink is an input by its target (never followed): pointing it elsewhere changes the
+    results key, as the source tree hash (scripts/tree_hash.sh) changes with it."""
+    link = context.root / "scripts" / "config"
+    link.symlink_to("a.json")
+    before = context().current_inputs().files["scripts/config"]
+    tree_before = _engine_tree_hash(context.root)
+    link.unlink()
+    link.symlink_to("b.json")
+    assert context().current_inputs().files["scripts/config"] != before
+    assert _engine_tree_hash(context.root) != tree_before
+    (context.root / "scripts" / "dir").symlink_to("/")        # a link to a directory: listed, not followed
+    assert "scripts/dir" in context().current_inputs().files
+
+
+def _engine_tree_hash(tree: Path) -> str:
+    script = Path(__file__).resolve().parent.parent / "engine_src" / "scripts" / "tree_hash.sh"
+    return subprocess.run(["bash", str(script), str(tree)], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own(context):
     """The reads of a no-change build, bundles, golden and test start together (each a command of
     its own on the host, so they overlap), and each step takes its read from there: the same

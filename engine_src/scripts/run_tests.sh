@@ -115,10 +115,27 @@ elif (( bundles_missing )); then
     [[ -f "$manifest" ]] || finish "$build_backend"
 fi
 
-# A CUDA build on a machine without a usable GPU (a compile check) tests the CPU backend only.
+# The CUDA backend of a CUDA build that cannot start: on a machine with no GPU (a compile check)
+# only the CPU backend is tested; where the GPU was asked for (KD_TEST_BACKENDS names cuda,
+# KD_BACKEND=cuda, or nvidia-smi lists a GPU) that is a failure naming the cause (a co-tenant
+# holding the GPU's memory, exclusive-process mode), never a pass on the CPU backend alone.
+cuda_asked() {
+    [[ ",${KD_TEST_BACKENDS:-}," == *",cuda,"* ]] && { echo "KD_TEST_BACKENDS=$KD_TEST_BACKENDS"; return; }
+    [[ "${KD_BACKEND:-auto}" == cuda ]] && { echo "KD_BACKEND=cuda"; return; }
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null |
+        grep -q '^GPU-' && { echo "nvidia-smi lists a GPU"; return; }
+    return 1
+}
 if [[ "$build_backend" == cuda ]]; then
     probe="$(build/test_ops --backend cuda 2>&1 | grep '^skip cuda' || true)"
-    if [[ -n "$probe" ]]; then record backend.cuda skipped 0 "${probe#skip cuda.\* }"; backends=(cpu); fi
+    if [[ -n "$probe" ]]; then
+        if asked="$(cuda_asked)"; then
+            record backend.cuda failed 0 "the CUDA backend was asked for ($asked) and could not start: ${probe#skip cuda.\* }"
+        else
+            record backend.cuda skipped 0 "${probe#skip cuda.\* }"
+        fi
+        backends=(cpu)
+    fi
 fi
 
 if [[ -n "${KD_TEST_BACKENDS:-}" ]]; then

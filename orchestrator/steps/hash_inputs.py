@@ -7,8 +7,9 @@ remote_dir, after the ownership check), standard library only; never imported by
                                                         # build stamp names another tree
 
 x: every top-level regular executable under build/, hashed with each occurrence of TREE (the
-deployed tree hash, or empty) replaced by zeros; f: every regular file of the tree outside the
-top-level build/ and any .git/, .kdtree/, __pycache__/, except *.pyc. Names are sorted by bytes;
+deployed tree hash, or empty) replaced by zeros; f: every regular file and symlink of the tree
+outside the top-level build/ and any .git/, .kdtree/, __pycache__/, except *.pyc (a symlink is
+hashed by its target, so retargeting one changes what results depend on). Names are sorted by bytes;
 a newline or backslash in a name is written escaped (`\\n`, `\\\\`) so the line still parses.
 
 A file's hash is reused from .kdtree/inputs-cache.json when its device, inode, size, mtime and
@@ -50,11 +51,12 @@ def load_cache(mask: str) -> tuple[dict, dict]:
 
 
 def tree_files() -> list[bytes]:
-    """The tree's regular files (relative names): all but the top-level build/, any .git/, .kdtree/,
-    __pycache__/ and *.pyc."""
+    """The tree's files and symlinks (relative names), all but the top-level build/, any .git/,
+    .kdtree/, __pycache__/ and *.pyc; a symlink to a directory is listed, never followed."""
     found = []
     for root, dirs, names in os.walk(b"."):
         dirs[:] = [d for d in dirs if d not in PRUNED and not (root == b"." and d == b"build")]
+        names += [d for d in dirs if os.path.islink(os.path.join(root, d))]
         found += [os.path.join(root, n)[2:] for n in names if not n.endswith(b".pyc")]
     return sorted(found)
 
@@ -91,11 +93,15 @@ def sha256(path: bytes, mask: bytes) -> str:
 
 def hash_all(paths: list[bytes], cached: dict, mask: bytes, executable: bool, start_ns: int, kept: dict):
     """(name, sha256) for each regular file of `paths` (with an execute bit when `executable`),
-    reusing `cached` hashes whose stat matches; fills `kept` with what the next run may reuse.
+    reusing `cached` hashes whose stat matches, and, unless `executable`, for each symlink (the
+    sha256 of b"symlink\\0" + its target, never followed); fills `kept` with what the next run may reuse.
     A file that cannot be read (gone meanwhile, no permission) is left out, as absent."""
     for path in paths:
         try:
             st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) and not executable:
+                yield path, hashlib.sha256(b"symlink\0" + os.readlink(path)).hexdigest()
+                continue
             if not stat.S_ISREG(st.st_mode) or (executable and not st.st_mode & 0o111):
                 continue
             name = os.fsdecode(path)
