@@ -40,7 +40,7 @@ machine's, docs/gpu-reference/history-detection.sh).
 
 More repeats per night narrow a night's own spread: --bench-args "... --repeats 5" (the bench's
 default is 3), and "--min-time-ms 400" makes each run the best of the generations of 400 ms (a
-nightly's measurement); the figures in BENCHMARKS.md say which each part used. --target names
+nightly's measurement); the figures in docs/benchmarks/records/2026-12-03-issue-23-benchmark-history.md say which each part used. --target names
 the metric the detection part and the metric bisect must flag (the GPU machine's is
 k2mini_fp32.ar_decode_tokens_per_s, docs/gpu-reference/history-detection.sh).
 

@@ -4,7 +4,7 @@ A metric's history is the series of its values on comparable runs (same host, GP
 and build flags; reused results left out), oldest first. ``judge`` decides whether the newest
 value is a regression, and keeps the evidence.
 
-The method (README.md, "Regression detection", says why):
+The method (docs/nightly.md, "Benchmark history and regression detection", says why):
 
 - history rule, with at least ``Policy.min_points`` earlier points: the baseline is the median of
   the last ``Policy.window`` points; the noise is the larger of the window's robust spread
@@ -263,7 +263,7 @@ def _best(values: Sequence[float], better: str) -> float:
 
 def _per_cpu(point: Point, better: str, few: bool, best: bool) -> Point:
     """A CPU timing's point per CPU second: the best of its ``cpu_samples`` (its least disturbed
-    run, as timeit advises). Measured on the same nights (BENCHMARKS.md, issue 23), the best of a
+    run, as timeit advises). Measured on the same nights (docs/benchmarks/records/2026-12-03-issue-23-benchmark-history.md), the best of a
     night's runs moved 0.2-5 % between nights where their median moved 1.7-12.7 %: other
     processes slow most runs of a night by varying amounts and seldom speed one up, so the best is
     the figure the code sets. With a history its noise is the spread of the earlier nights' bests
@@ -352,7 +352,7 @@ def _probe_confirms(probe: Verdict) -> bool:
     with a history: the tolerance and the spread of its own earlier nights). Being worse than the
     tolerance alone is not enough: a night whose probe moved 42 % left a MoE timing 11 % worse
     relative to it, at a robust z of 0.5 against the nights before (the 20 quiet nights of
-    BENCHMARKS.md, issue 23: a false alarm under the older rule)."""
+    docs/benchmarks/records/2026-12-03-issue-23-benchmark-history.md: a false alarm under the older rule)."""
     return probe.status == "regressed"
 
 

@@ -2,7 +2,7 @@
 
 Every failure names the host it happened on and, where a command was involved, the command,
 its exit code and the tail of its output, so that a message alone is enough to act on.
-`exit_code` is the process exit code tasks.py turns the error into (README.md, "Tasks", exit codes).
+`exit_code` is the process exit code tasks.py turns the error into (docs/tasks.md, exit codes).
 """
 from __future__ import annotations
 

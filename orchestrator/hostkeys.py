@@ -1,6 +1,6 @@
 """Host keys: SHA256 fingerprints, the known_hosts files consulted, verification, pinning.
 
-Keys are verified always (README.md, "Security model"): against the project's known_hosts file
+Keys are verified always (docs/security.md): against the project's known_hosts file
 (`known_hosts:` of the host, default `known_hosts` beside hosts.yaml) and the user's
 (~/.ssh/known_hosts, or $KDTREE_USER_KNOWN_HOSTS), or against a fingerprint pinned in the
 inventory (`host_key:`). An unknown or changed key raises HostKeyError with the fingerprint

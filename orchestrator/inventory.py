@@ -1,6 +1,6 @@
 """The inventory: hosts.yaml loaded and validated into frozen Host and Project records.
 
-hosts.yaml has four sections (README.md, "The inventory: hosts.yaml"): `project` (the engine's source dir,
+hosts.yaml has four sections (docs/inventory.md): `project` (the engine's source dir,
 sync excludes, commands and result files), `defaults` (merged under every host), `hosts` and
 `groups`. Every problem is an InventoryError naming the file, the host and the key (exit code 2).
 Selection (`--host` repeatable, `--group`, `--all`, or nothing for `local`) is `Inventory.select`.
@@ -32,7 +32,7 @@ MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
 PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled", "documentation")
 OPTIONAL_PROJECT_KEYS = ("compiled", "documentation")
-# Every step reads one of these (optional: stress, bench_nightly; README, "The inventory").
+# Every step reads one of these (optional: stress, bench_nightly; docs/inventory.md).
 REQUIRED_COMMANDS = ("build", "build_key", "bundles", "bundles_key", "generate", "test", "bench", "tree_hash", "version")
 GROUP_KEYS = ("description",)
 

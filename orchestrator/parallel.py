@@ -23,7 +23,7 @@ MAX_PARALLEL_FLAG = 4096
 # File descriptors: what the process holds before any host, and at most per host in flight (a
 # warm host: the lock holder's and a command's ssh pipes, rsync's pipes and its ssh; a Paramiko
 # host: its socket and a pipe per open channel). Measured with benchmarks/bench_orchestrator.py
-# --sections scale; the estimate is kept above the measured figures (BENCHMARKS.md).
+# --sections scale; the estimate is kept above the measured figures (docs/benchmarks/).
 FD_BASE = 64
 FD_PER_HOST = 16
 

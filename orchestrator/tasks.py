@@ -173,4 +173,12 @@ def clean(c, keep=None, inventory=None):
         raise Exit(code=cli.clean(inv, Console(), keep))
 
 
+@task(help={"out": "the folder to build into (default: site/ of the checkout)"})
+def docs(c, out=None):
+    """Build the documentation site (docs/, MkDocs) in strict mode and print its folder's absolute path."""
+    with cli.exit_codes():
+        from . import docs_site
+        print(docs_site.build(out))
+
+
 namespace = Collection.from_module(sys.modules[__name__])

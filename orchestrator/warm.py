@@ -5,7 +5,7 @@ skips the handshake (docs/transport.md says why OpenSSH here, and what it costs)
     t.connect()                          # key probed, master reused or started (verified)
     warm.listing(); warm.close_all()     # `invoke connections [--close]`
 
-Security model (README.md, "Security model"):
+Security model (docs/security.md):
 - The master is started with the same key checks as a fresh connection: StrictHostKeyChecking=yes
   against the project known_hosts and the user's (no global file, no DNS, no key updates), or a
   pinned `host_key:` (OpenSSH's KnownHostsCommand answers the pinned key only).

@@ -22,7 +22,7 @@ from engine_copies import cuda_home, engine_copy
 
 CUDA_ARCHES = ("sm_120", "sm_90")
 CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/test_engine_cuda_compile.py says why)
-FUZZ_SECONDS = 60           # CI time is shared; the long runs are in engine_src/README.md
+FUZZ_SECONDS = 60           # CI time is shared; the long runs are in docs/engine/scripts.md
 NICE = ["nice", "-n", "10"]
 # Seconds a background command may run: a hang guard only (it starts with the session, and at its lower
 # priority it may wait behind the other tests; a test waiting for it has its own pytest timeout).

@@ -4,7 +4,7 @@ Every test proves one scenario of the issue against real OpenSSH sshd hosts on 1
 session `lab`, or fresh hosts of its own for anything that stops, kills or re-keys sshd) and
 states in its docstring what the user sees and what must hold afterwards. Timeouts are small
 (connect 3 s, keepalive 2 s, steps a few seconds) and source trees tiny, so the suite runs in a
-few minutes. README.md, "Guarantees", lists each promise with the test that proves it.
+few minutes. docs/guarantees.md lists each promise with the test that proves it.
 """
 from __future__ import annotations
 

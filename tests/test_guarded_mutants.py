@@ -1,5 +1,5 @@
-"""The guarded mutants: small, realistic bugs that break a promise of the README's Guarantees
-table, each of which its named tests must catch. Every case applies one bug to a copy of the
+"""The guarded mutants: small, realistic bugs that break a promise of the Guarantees
+table (docs/guarantees.md), each of which its named tests must catch. Every case applies one bug to a copy of the
 checkout and runs the named tests there: they must fail (pytest exit 1), and the bug must still
 apply (its text found exactly once), so a refactoring that moves the code fails here until the
 list is brought along. benchmarks/mutation.py is the broad, slow measurement (mutmut); this is

@@ -1,4 +1,4 @@
-"""Hostile hosts and other users (README.md, "Security model"): three attacker models, each
+"""Hostile hosts and other users (docs/security.md): three attacker models, each
 promise tested as a class, not only the instance that was reported.
 
 Another user is a real second uid (ATTACKER): its actions run under `setpriv --reuid/--regid`

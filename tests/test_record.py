@@ -141,7 +141,7 @@ def test_bench_details_too_deep_or_too_large_are_dropped():
 def test_write_and_load_round_trip_atomically(tmp_path):
     path = rec.write_run(tmp_path, small_record())
     assert path == tmp_path / "run.json"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # private to the user (README, "Security model")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # private to the user (docs/security.md)
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary file left behind
     assert rec.load_run(tmp_path) == json.loads(json.dumps(small_record().to_dict()))
     assert rec.load_run(path)["run_id"] == "20261129-172233-ab12"

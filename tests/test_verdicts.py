@@ -180,9 +180,9 @@ def test_usage_errors_exit_2_and_invoke_parse_errors_exit_1():
                           (["clean", "--keep", "abc"], "error: --keep must be a whole number of runs, not 'abc'")):
         proc = run_task(*argv)
         assert (proc.returncode, proc.stderr.strip()) == (2, message)
-    proc = run_task("deploy", "--nope")          # Invoke's own parser: its exit code 1 (README, "Tasks")
+    proc = run_task("deploy", "--nope")          # Invoke's own parser: its exit code 1 (docs/tasks.md, exit codes)
     assert proc.returncode == 1 and "No idea what '--nope' is!" in proc.stderr
-    assert "exits with Invoke's own 1 under `invoke`" in (REPO / "README.md").read_text()
+    assert "exits with Invoke's own 1 under `invoke`" in (REPO / "docs" / "tasks.md").read_text()
 
 
 def test_a_dry_run_resolves_every_address_and_says_nothing_changed(lab, tmp_path):

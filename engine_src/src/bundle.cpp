@@ -1,5 +1,5 @@
 // bundle.cpp: KDTR reader. Everything in a bundle is checked before the engine allocates for it
-// (README.md, "Input validation"); every failure names the file and what is wrong with it.
+// (docs/engine/scripts.md, "Input validation"); every failure names the file and what is wrong with it.
 #include "bundle.h"
 #include "checked.h"
 

@@ -163,7 +163,7 @@ Json metric(double value, const std::string& unit, const std::string& better,
 // and on a shared machine most of its generations are slowed by something else (another
 // process's turn on the core, its evictions from the caches): the best of many short ones is
 // the one least disturbed, as Python's timeit advises. Measured before choosing
-// (BENCHMARKS.md, issue 23): between nights under load the best of 15 generations per CPU second
+// (docs/benchmarks/, the issue 23 record): between nights under load the best of 15 generations per CPU second
 // moved 0.2-5 %, the median of 5 single-generation runs 1.7-12.7 %, and runs of 250 ms summed
 // (autorange alone: every disturbance averaged in) 3.8-10.7 %; the best kept the step of a 15 %
 // slower commit at 0.84-0.87x on every night. The run's CPU share is over all its generations.

@@ -249,7 +249,7 @@ class StepContext:
 
     def step_command(self) -> str:
         """The project command the current step runs: its own name, `generate` for golden, and
-        for a nightly's or a bisect's bench `bench_nightly` when the project names it (README,
+        for a nightly's or a bisect's bench `bench_nightly` when the project names it (docs/nightly.md,
         "Benchmark history")."""
         if self.step == "bench" and self.owner.command in ("nightly", "bisect") and HISTORY_BENCH in self.project.commands:
             return HISTORY_BENCH
