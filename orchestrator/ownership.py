@@ -93,7 +93,6 @@ kd_owned() {
   fi
   return 0
 }
-umask 022
 '''
 
 
@@ -104,9 +103,9 @@ def guard(script: str, directory: str = '"$1"') -> str:
 
 
 def guarded(remote_dir: str, line: str) -> str:
-    """A command line that runs only once remote_dir passes the ownership check (umask 022)."""
+    """A command line that runs only once remote_dir passes the ownership check."""
     check = shlex.quote(CHECK + 'kd_owned "$1"')
-    return f"umask 022 && bash -c {check} kdtree-owner {shlex.quote(remote_dir)} && {line}"
+    return f"bash -c {check} kdtree-owner {shlex.quote(remote_dir)} && {line}"
 
 
 def refusal(output: str) -> str | None:

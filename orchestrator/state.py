@@ -369,6 +369,12 @@ why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why/
 # checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
 # and nobody else can have changed it since (the way to it and what is in it are not theirs)
 [ -n "$claimed" ] || kd_owned "$d"
+# remote_dir is this user's alone (0700, made so under the commands' umask): another user can open
+# no lock or claim file in it (flock needs only a read handle), read no result and run no binary.
+# A deploy of an earlier version (0755 folders, 0644 files) is made private here, once, whole.
+if [ -n "$(find "$d" "$d/.kdtree" -maxdepth 0 -perm /077 -print -quit)" ]; then
+  why=$(chmod -R go-rwx -- "$d" 2>&1) || unsafe "cannot make $d private (${why//[^[:print:]]/ })"
+fi
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
