@@ -170,6 +170,11 @@ def _private_group(gid: int) -> bool:
         not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
 
 
+def cache_home() -> Path:
+    """This user's cache folder: $XDG_CACHE_HOME, else ~/.cache (RuntimeError: no home known)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
 def private_dir(path: Path | str, what: str = "directory", link_ok: bool = False) -> Path:
     """Create `path` (and missing parents) 0700 unless it exists, then check it (check_local_dir)."""
     path = Path(path)
