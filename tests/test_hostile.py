@@ -280,6 +280,36 @@ def test_an_earlier_deploy_open_to_other_users_is_made_private_by_the_next_run(l
     assert modes_open_to_others(remote_dir) == []
 
 
+def test_a_co_tenant_that_copies_the_benchs_marker_is_still_a_co_tenant(lab, gpu_lab, make_inventory, shared,
+                                                                        tmp_path):
+    """Issue 37, finding 2, as reported: while the bench runs on its GPU, another user starts a
+    job there with the run's marker copied into its environment (here read from where the bench
+    leaves it; on a real host, from the command line). The user sees: bench passed but NOISY,
+    naming that job's pid; its metrics marked noisy. Before, the job passed for the step's own
+    and the bench said "alone on it"."""
+    host, fake = gpu_lab
+    remote_dir = shared / "shared" / "engine"
+    leak = shared / "shared" / "marker"
+    fake.set(2, own_under={"dir": str(remote_dir), "gpu_uuid": fake.uuid(0), "log": str(tmp_path / "listed")})
+    bench = (f'echo "$KDTREE_OWNER" > {leak} && chmod 644 {leak} && mkdir -p "$KD_RESULTS_DIR" && sleep 6 && '
+             'echo \'{"version": 1, "metrics": {"m": {"value": 1.0, "unit": "ms", "better": "lower"}}}\' '
+             '> "$KD_RESULTS_DIR/bench.json"')
+    # (the bench lasts past the sampler's second look, SAMPLE_SECONDS in: the job is there by then)
+    job = as_attacker(f"for i in $(seq 200); do [ -s {leak} ] && exec env KDTREE_OWNER=$(cat {leak}) sleep 60; "
+                      "sleep 0.05; done", background=True)
+    try:
+        inv = make_inventory({"g": entry(lab, host, remote_dir=str(remote_dir))},
+                             commands=fake_commands(bench=bench))
+        code, run_dir, out = run_validate(inv, ["g"], "sync,bench", tmp_path / "run")
+    finally:
+        job.kill()
+        job.wait()
+    record_ = json.loads((run_dir / "run.json").read_text())["hosts"]["g"]
+    assert code == 0, out
+    assert f"NOISY: 1 other process(es) on the GPU meanwhile (pid {job.pid} sleep)" in record_["steps"]["bench"]["message"]
+    assert record_["bench"]["metrics"]["m"]["noisy"] is True
+
+
 def test_a_process_of_another_user_is_never_the_steps_own_whatever_it_copied(lab, make_inventory, shared):
     """Issue 37, finding 2: the bench step's own processes on its GPU (not co-tenants) are told by
     their executable or the run's marker, which is on the step's command line for every user to
