@@ -12,7 +12,9 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
 
 acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
 nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
-never empties a directory the orchestrator did not create). The lock is a flock held by a
+never empties a directory the orchestrator did not create), and it makes remote_dir the user's alone
+(0700; an earlier version's 0755 deploy once, whole), so that no other user of the host can open the
+lock (a read-only handle is all flock needs to keep every run out). The lock is a flock held by a
 process on the host for as long as the run lasts: if the run dies, the kernel releases it and
 the next run recovers it and says whose it was. A run about to sync asks the lock command to
 begin the sync too (BEGIN_SYNC, once the lock is held alone), and the lock holder ends it (hashes
