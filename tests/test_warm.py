@@ -24,6 +24,8 @@ from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
 
+from conftest import Hostile
+
 _names = itertools.count(1)
 
 
@@ -307,9 +309,7 @@ def test_a_host_that_disconnects_the_probe_is_not_reached_over_the_old_master(la
     sock = warm.socket_path(inv.hosts["w"])
     host.stop()
     assert warm.master_alive(sock)
-    impostor = socket.create_server(("127.0.0.1", host.port))
-    how = disconnect_before_the_key_exchange(b"Permission denied (publickey)")
-    threading.Thread(target=lambda: [how(impostor.accept()[0]) for _ in range(8)], daemon=True).start()
+    impostor = Hostile(disconnect_before_the_key_exchange(b"Permission denied (publickey)"), port=host.port)
     (source / "src" / "new.cpp").write_text("// must never arrive\n")
     try:
         code, out = deploy(inv, "w")
