@@ -8,8 +8,9 @@ different GPUs instead of refusing each other.
         claim.visible_devices()    # CUDA_VISIBLE_DEVICES: the claimed GPUs by uuid
 
 A claim is a flock per GPU in `<remote_dir>/.kdtree/` (`gpu-<uuid>.flock`, its holder in
-`gpu-<uuid>.owner`), beside the tree lock and held as it is (state.py): by one process on the host
-for as long as the run lasts and its heartbeat keeps coming; the kernel releases the flocks of a
+`gpu-<uuid>.owner`), beside the tree lock, private as it is (no other user can open one) and held
+as it is (state.py): by one process on the host for as long as the run lasts and its heartbeat
+keeps coming; the kernel releases the flocks of a
 run that died and the next run recovers them and says whose they were. Claims are seen only by
 runs of the same remote_dir: other users, and other trees, are kept off a GPU only by nvidia-smi's
 process list once their work runs. The caller holds the tree lock first (it creates `.kdtree/`).

@@ -430,11 +430,12 @@ def pids_on(sample: GpuInventory, uuid: str) -> set[int]:
 
 
 def own_pids(transport, pids: Collection[int], under: str, marker: str) -> set[int]:
-    """Those of `pids` that are a step's own processes on the host: their executable lies under
-    the folder `under` (/proc/PID/exe: absolute, and not something a process can rename, unlike
-    the name nvidia-smi shows) or their environment holds the entry `marker` (what the step's
-    command started from elsewhere: an interpreter, a shell). Only the connecting user's
-    processes can be read, so another user's process is never one."""
+    """Those of `pids` that are a step's own processes on the host: processes of the connecting
+    user (the owner of /proc/PID, which the kernel keeps: another user's process is never one,
+    whatever it copied) whose executable lies under the folder `under` (/proc/PID/exe: absolute,
+    and not something a process can rename, unlike the name nvidia-smi shows; remote_dir, where no
+    other user can run anything) or whose environment holds the entry `marker` (what the step's
+    command started from elsewhere: an interpreter, a shell)."""
     if not pids:
         return set()
     command = remote.script(_OWN_SCRIPT, under, marker, *map(str, sorted(pids)),
@@ -467,11 +468,13 @@ def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
 
-# Arguments: a folder, an environment entry, pids; prints each pid whose executable lies under
-# the folder or whose environment holds the entry (only this user's processes can be read).
+# Arguments: a folder, an environment entry, pids; prints each pid of this user's processes whose
+# executable lies under the folder or whose environment holds the entry. (A deploying root can
+# read every process's environment, and the entry is on the step's command line for all to see.)
 _OWN_SCRIPT = r'''
-under=${1%/}/ marker=$2; shift 2
+under=${1%/}/ marker=$2 me=$(id -u); shift 2
 for p; do
+  [ "$(stat -c %u -- "/proc/$p" 2>/dev/null)" = "$me" ] || continue
   e=$(readlink -- "/proc/$p/exe" 2>/dev/null) || continue
   case $e in "$under"*) echo "$p"; continue ;; esac
   grep -qsxzF -- "$marker" "/proc/$p/environ" && echo "$p"

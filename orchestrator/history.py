@@ -16,8 +16,10 @@ again replaces what was stored for it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,7 +216,9 @@ class HistoryStore:
         path = Path(path)
         if path.is_dir() or path.is_symlink():
             raise HistoryError(f"{path}: the history file is a directory or a symlink")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)      # a fresh checkout's runs/: private
+        with contextlib.suppress(FileExistsError):      # a new history is private too (SQLite would make it 0644)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         try:
             db = sqlite3.connect(path, timeout=30)
             db.execute("PRAGMA foreign_keys = ON")

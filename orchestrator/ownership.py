@@ -93,7 +93,6 @@ kd_owned() {
   fi
   return 0
 }
-umask 022
 '''
 
 
@@ -104,9 +103,9 @@ def guard(script: str, directory: str = '"$1"') -> str:
 
 
 def guarded(remote_dir: str, line: str) -> str:
-    """A command line that runs only once remote_dir passes the ownership check (umask 022)."""
+    """A command line that runs only once remote_dir passes the ownership check."""
     check = shlex.quote(CHECK + 'kd_owned "$1"')
-    return f"umask 022 && bash -c {check} kdtree-owner {shlex.quote(remote_dir)} && {line}"
+    return f"bash -c {check} kdtree-owner {shlex.quote(remote_dir)} && {line}"
 
 
 def refusal(output: str) -> str | None:
@@ -169,6 +168,11 @@ def _private_group(gid: int) -> bool:
         return False
     return gid == os.getegid() and set(group.gr_mem) <= {me} and \
         not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+
+
+def cache_home() -> Path:
+    """This user's cache folder: $XDG_CACHE_HOME, else ~/.cache (RuntimeError: no home known)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def private_dir(path: Path | str, what: str = "directory", link_ok: bool = False) -> Path:

@@ -5,7 +5,7 @@ Every command the orchestrator sends to a host is built here, as a string for th
 POSIX shell. Values (paths, environment, arguments) are quoted with shlex.quote exactly once;
 the engine's trusted snippets are passed as one quoted argument to `bash -c`, never spliced.
 
-    cd -- DIR && exec env -i HOME="$HOME" ... PATH=CUDA/bin:"$PATH" KEY=VALUE ... \
+    cd -- DIR && umask 077 && exec env -i HOME="$HOME" ... PATH=CUDA/bin:"$PATH" KEY=VALUE ... \
         bash -c GUARD kdtree-step KILL_AFTER TIMEOUT ARGV...
 
 GUARD starts `setsid -w timeout -k KILL_AFTER TIMEOUT ARGV...`: a new session (own process
@@ -30,6 +30,9 @@ from .errors import UsageError
 from .inventory import Host
 
 KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
+# Every command's umask: nothing the orchestrator or the engine writes on a host is readable by
+# another user of it (a secret in a result file, a binary they could run on our GPU).
+UMASK = "077"
 CLIENT_GRACE = 15        # the client waits this long past TIMEOUT + KILL_AFTER before giving up
 TIMEOUT_EXIT_CODES = (124, 137)
 # What a step keeps of the host's own session environment. LD_LIBRARY_PATH stays: GPU hosts
@@ -123,7 +126,7 @@ def host_path_prefix(host: Host) -> tuple[str, ...]:
 def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
          env: Mapping[str, str] | None = None, path_prefix: Sequence[str] = (),
          kill_after: float = KILL_AFTER, reads_stdin: bool = False, secrets: Sequence[str] = ()) -> str:
-    """`argv` as a command line run in `cwd` with only the inherited basics plus `env`,
+    """`argv` as a command line run (umask UMASK) in `cwd` with only the inherited basics plus `env`,
     `path_prefix` first on PATH, in its own session, killed (whole group) after `timeout` or
     when its stdin closes (unless it `reads_stdin`); timeout None: none of this, just `argv`.
     `secrets`: names of variables whose values come first on stdin (secret_input), never on
@@ -132,7 +135,7 @@ def wrap(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,
         if not key.isidentifier():
             raise ValueError(f"not an environment variable name: {key!r}")
     path = 'PATH=' + (shlex.quote(":".join(path_prefix) + ":") if path_prefix else "") + '"$PATH"'
-    parts = ["exec env -i", *INHERITED_ENV, path]
+    parts = [f"umask {UMASK} &&", "exec env -i", *INHERITED_ENV, path]
     parts += [shlex.quote(f"{k}={v}") for k, v in (env or {}).items()]
     if secrets:
         parts += ["bash -c", shlex.quote(SECRETS), "kdtree-secrets", shlex.quote(",".join(secrets))]

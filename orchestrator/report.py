@@ -14,7 +14,6 @@ the caller passes.
 from __future__ import annotations
 
 import json
-import os
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import fields
@@ -449,9 +448,8 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     run on a busy 2-core machine, more than a no-change deploy's own work. None (compiled every
     run, nothing else changes) when no such directory can be had."""
     try:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         return jinja2.FileSystemBytecodeCache(
-            str(ownership.private_dir(base / "kdtree-orchestrator" / "templates", "template cache")))
+            str(ownership.private_dir(ownership.cache_home() / "kdtree-orchestrator" / "templates", "template cache")))
     except (OSError, RuntimeError, UsageError):
         return None
 

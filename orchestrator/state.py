@@ -12,7 +12,9 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
 
 acquire() also guards the destination: remote_dir must not be a symlink or resolve elsewhere,
 nor be the home directory, and a non-empty remote_dir must carry the marker (so rsync --delete
-never empties a directory the orchestrator did not create). The lock is a flock held by a
+never empties a directory the orchestrator did not create), and it makes remote_dir the user's alone
+(0700; an earlier version's 0755 deploy once, whole), so that no other user of the host can open the
+lock (a read-only handle is all flock needs to keep every run out). The lock is a flock held by a
 process on the host for as long as the run lasts: if the run dies, the kernel releases it and
 the next run recovers it and says whose it was. A run about to sync asks the lock command to
 begin the sync too (BEGIN_SYNC, once the lock is held alone), and the lock holder ends it (hashes
@@ -369,6 +371,12 @@ why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why/
 # checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
 # and nobody else can have changed it since (the way to it and what is in it are not theirs)
 [ -n "$claimed" ] || kd_owned "$d"
+# remote_dir is this user's alone (0700, made so under the commands' umask): another user can open
+# no lock or claim file in it (flock needs only a read handle), read no result and run no binary.
+# A deploy of an earlier version (0755 folders, 0644 files) is made private here, once, whole.
+if [ -n "$(find "$d" "$d/.kdtree" -maxdepth 0 -perm /077 -print -quit)" ]; then
+  why=$(chmod -R go-rwx -- "$d" 2>&1) || unsafe "cannot make $d private (${why//[^[:print:]]/ })"
+fi
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=

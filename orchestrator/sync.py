@@ -205,8 +205,9 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
     (--stderr=client), see messages_by_protocol)."""
     host = transport.host
     # --no-owner --no-group: files take the host user's ownership (-a would keep this machine's
-    # owner when the host user is root, whose tree then fails the ownership check)
-    argv = ["rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-w"] \
+    # owner when the host user is root, whose tree then fails the ownership check); --chmod=go-rwx:
+    # -a keeps the source's modes, and nothing deployed may be readable by another user of the host
+    argv = ["rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-rwx"] \
         + (["--checksum"] if checksum else []) + (["--stderr=client"] if client_messages else [])
     argv += [f"--exclude={STATE_EXCLUDE}"]
     argv += [f"--exclude={pattern}" for pattern in project.excludes]

@@ -18,9 +18,11 @@ Security model (docs/security.md):
   ssh config and pinned key, and the known_hosts files' contents. A changed known_hosts or pin
   (invoke trust, ssh-keygen -R) means another socket, hence a freshly verified master.
 - The sockets live in a directory of the user's own (KDTREE_CONTROL_DIR, else
-  $XDG_RUNTIME_DIR/kdtree-ssh, else /tmp/kdtree-ssh-UID), mode 0700, checked before every use:
-  a directory that is a symlink, someone else's, or open to group or others is refused. Two
-  users never share one; OpenSSH creates the socket 0600.
+  $XDG_RUNTIME_DIR/kdtree-ssh, else /tmp/kdtree-ssh-UID or, when that one is not the user's
+  alone (another user can make that name first), $XDG_CACHE_HOME/kdtree-ssh, by default
+  ~/.cache/kdtree-ssh), mode 0700, checked before every use: a directory that is a symlink,
+  someone else's, or open to group or others is refused. Two users never share one; OpenSSH
+  creates the socket 0600.
 - ControlPersist closes a master idle for `persist` seconds (inventory, default 600); `persist:
   false` or --no-persist uses the run's own Paramiko connection and leaves nothing behind.
 - A command goes over the socket or fails: it never falls back to a connection of its own
@@ -39,6 +41,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -46,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import hostkeys, remote
+from . import hostkeys, ownership, remote
 from .errors import ConnectError, HostError, UsageError
 from .inventory import Host
 from .transport import ProcessTransport, ssh_rsync_dest
@@ -60,17 +63,19 @@ CHECK_TIMEOUT = 10                       # seconds for `ssh -O check|exit`: the 
 IDLE_MARGIN = 5                          # seconds: an idle bound this close is not trusted to hold (connect)
 START_MARGIN = 2                         # seconds past the connect timeout for an ssh process's own start
 MISSING_FROM_MUX = 255
+TMP = Path("/tmp")                       # where the control directory is by default (a test may move it)
+REMEDY = "Remove it, or set KDTREE_CONTROL_DIR to a directory of yours with mode 0700, or run with --no-persist"
 
 
 def control_dir(create: bool = True) -> Path:
-    """The user's private directory of control sockets (module doc), created 0700 and checked;
-    UsageError naming the directory and what is wrong with it."""
+    """The user's private directory of control sockets (module doc), created 0700 (unless not
+    `create`) and checked; UsageError naming the directory and what is wrong with it."""
     if os.environ.get("KDTREE_CONTROL_DIR"):
         path = Path(os.environ["KDTREE_CONTROL_DIR"])
     elif os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "kdtree-ssh"
     else:
-        path = Path("/tmp") / f"kdtree-ssh-{os.geteuid()}"
+        return _default_dir(create)
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -78,25 +83,51 @@ def control_dir(create: bool = True) -> Path:
     return path
 
 
+def _default_dir(create: bool) -> Path:
+    """/tmp/kdtree-ssh-UID when it is the user's alone; else (anyone can make that name first in
+    /tmp: another user's `mkdir -m700` would stop every warm run) a folder of the user's cache,
+    which nobody else can make or enter; UsageError saying what is wrong with both."""
+    shared = TMP / f"kdtree-ssh-{os.geteuid()}"
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(shared, 0o700)
+    taken = _not_private(shared)
+    if taken is None:
+        return shared
+    try:
+        own = ownership.cache_home() / "kdtree-ssh"
+        ownership.private_dir(own, "control socket directory") if create else ownership.check_local_dir(own)
+        why = _not_private(own)
+    except (OSError, RuntimeError, UsageError) as e:
+        why = getattr(e, "message", None) or str(e)
+    if why:
+        raise UsageError(f"no private directory for the control sockets: {taken}, and {why}: refusing to keep "
+                         f"connections there. {REMEDY}")
+    return own
+
+
 def check_private(path: Path) -> None:
     """Refuse a socket directory that another user could reach into (module doc)."""
+    why = _not_private(path)
+    if why:
+        raise UsageError(f"the control socket directory {why}: refusing to keep connections there. {REMEDY}")
+
+
+def _not_private(path: Path) -> str | None:
+    """What makes `path` no private socket directory (`PATH is owned by uid N, ...`), or None."""
     try:
         st = os.lstat(path)
     except OSError as e:
-        raise UsageError(f"the control socket directory {path} cannot be used: {e.strerror}") from None
-    why = None
+        return f"{path} cannot be used: {e.strerror}"
     if stat.S_ISLNK(st.st_mode):
-        why = "a symlink"
-    elif not stat.S_ISDIR(st.st_mode):
-        why = "not a directory"
-    elif st.st_uid != os.geteuid():
-        why = f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    elif st.st_mode & 0o077:
-        why = f"open to group or others (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
-    if why:
-        raise UsageError(f"the control socket directory {path} is {why}: refusing to keep connections there. "
-                         f"Remove it, or set KDTREE_CONTROL_DIR to a directory of yours with mode 0700, "
-                         f"or run with --no-persist")
+        return f"{path} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o077:
+        return f"{path} is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    return None
 
 
 def uses_warm(host: Host) -> bool:
@@ -302,18 +333,28 @@ class _Probe:
         argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
                                    "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
         self._limit = host.timeout("connect") + START_MARGIN      # a handshake's bound, as a master's
+        found = _ssh_g(host)
+        # ssh's own words when it gives up for want of a method, which it says only after the key
+        # checks passed: `user@host: Permission denied (publickey).` (its stderr lines end in \r\n)
+        self._refusal = re.compile(re.escape(f"{found['user']}@{found['hostname']}") +
+                                   r": Permission denied \([^\r\n]*\)\.\r\n")
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
+                                      stderr=subprocess.PIPE)
 
     def accepted(self) -> bool:
-        """Whether the host offered a key the checks accept."""
+        """Whether the host offered a key the checks accept: ssh gave up for want of an
+        authentication method, saying only that (0: a host that wants no authentication). A
+        host's own text reaches ssh's stderr only after ssh's words on that line ("Received
+        disconnect from ...: Permission denied (publickey)", sent before any key exchange, even
+        with a line break of its own in it), so anything more than ssh's one line is no acceptance."""
         try:
             _, err = self._proc.communicate(timeout=self._limit)
         except subprocess.TimeoutExpired:
             self.cancel()
             return False
-        # refused for want of a method: the key was accepted; 0: a host that wants no authentication
-        return self._proc.returncode == 0 or "Permission denied" in err
+        text = err.decode("utf-8", errors="replace")
+        return self._proc.returncode == 0 or \
+            self._proc.returncode == 255 and self._refusal.fullmatch(text) is not None
 
     def cancel(self) -> None:
         """Stop it (no master to vouch for: a new one verifies the key itself)."""

@@ -159,11 +159,12 @@ def remote_dir(lab, request) -> str:
 
 
 class Hostile:
-    """A listener on 127.0.0.1 that plays a broken SSH server, one connection at a time: `how`
-    (socket) -> None runs on each accepted connection; the connections stay open until the end."""
+    """A listener on 127.0.0.1 (at `port`, or a free one) that plays a broken SSH server, one
+    connection at a time: `how` (socket) -> None runs on each accepted connection; the connections
+    stay open until the end."""
 
-    def __init__(self, how):
-        self.server = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, how, port: int = 0):
+        self.server = socket.create_server(("127.0.0.1", port))
         self.port, self.how, self.open = self.server.getsockname()[1], how, []
         threading.Thread(target=self._serve, daemon=True).start()
 

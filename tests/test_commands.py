@@ -15,12 +15,12 @@ from orchestrator.transport import LocalTransport, SshTransport
 CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", address="ct200", user="root",
              cuda_home="/usr/local/cuda-13.0", python="/root/venv_sglang211/bin/python", arch="sm_120", gpus=8,
              known_hosts="/repo/known_hosts")
-ENV = 'exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"'
+ENV = 'umask 077 && exec env -i HOME="$HOME" USER="$USER" LOGNAME="$LOGNAME" LANG="${LANG:-C.UTF-8}" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"'
 GUARD = "bash -c " + shlex.quote(remote.GUARD) + " kdtree-step"
 
 
 def test_step_command():
-    owned = "umask 022 && bash -c " + shlex.quote(ownership.CHECK + 'kd_owned "$1"') + " kdtree-owner /root/kdtree-engine"
+    owned = "bash -c " + shlex.quote(ownership.CHECK + 'kd_owned "$1"') + " kdtree-owner /root/kdtree-engine"
     assert remote.step_command(CT200, "bash scripts/build.sh", 900) == (
         f"{owned} && cd -- /root/kdtree-engine && {ENV} PATH=/usr/local/cuda-13.0/bin:\"$PATH\" "
         "CUDA_HOME=/usr/local/cuda-13.0 PYTHON=/root/venv_sglang211/bin/python KD_BACKEND=auto KD_ARCH=sm_120 "
@@ -72,7 +72,7 @@ def test_rsync_argv(monkeypatch, make_inventory):
                                     "rsync_path": "/opt/rsync dir/rsync"}})
     argv = sync.rsync_argv(SshTransport(inv.hosts["ct200"]), inv.project, rsh="python3 rsh_helper.py /tmp/s")
     assert argv == [
-        "rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-w",
+        "rsync", "-az", "--no-owner", "--no-group", "--delete", "--stats", "--protect-args", "--chmod=go-rwx",
         "--exclude=/.kdtree/",
         "--exclude=build/", "--exclude=.git/", "--exclude=.kdtree/", "--exclude=__pycache__/", "--exclude=*.pyc",
         "--exclude=tests/refs/model_*.kdtr", "--exclude=tests/refs/manifest.json",
@@ -200,7 +200,7 @@ def _sh(line: str, stdin: bytes = b"", **env) -> str:
 def test_commands_and_scripts_keep_their_argv_timeout_stdin_and_cwd(tmp_path):
     c = remote.command(["echo", "x"], timeout=7, cwd=str(tmp_path))
     assert (c.argv, c.timeout, c.stdin, c.what) == (("echo", "x"), 7, None, "command")
-    assert c.line.startswith(f"cd -- {tmp_path} && exec env -i ")
+    assert c.line.startswith(f"cd -- {tmp_path} && umask 077 && exec env -i ")
     s = remote.script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path), stdin=b"in", what="probing")
     assert (s.argv, s.timeout, s.stdin, s.what) == (("bash", "-c", 'echo "$0|$1|$PWD"', "kdtree", "a b"), 5, b"in",
                                                     "probing")
@@ -220,6 +220,17 @@ def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin(
         remote.wrap(["true"], timeout=5, secrets=["A-B"])
     assert remote.wrap(["true"], timeout=1.5).split()[-2:] == ["1.5", "true"]
     assert remote.wrap(["true"], timeout=2.0).split()[-2:] == ["2", "true"]
+
+
+def test_every_command_runs_with_umask_077_so_nothing_it_writes_is_anyone_elses_to_read(tmp_path):
+    """Issue 37 (3): what a command writes on a host (a result file with a secret, a build) is
+    the user's alone, whatever umask the host's login gives."""
+    for line in (remote.wrap(["bash", "-c", "umask; echo s > f; mkdir d"], timeout=None, cwd=str(tmp_path)),
+                 remote.script_command("umask", timeout=5), remote.step_command(
+                     Host(name="local", transport="local", remote_dir=str(tmp_path)), "umask", 5)):
+        assert _sh(f"umask 000; {line}").splitlines()[0] == "0077", line
+    assert oct((tmp_path / "f").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "d").stat().st_mode & 0o777) == "0o700"
 
 
 def test_a_script_wraps_as_a_command_labelled_command_and_timeouts_stay_plain_numbers():

@@ -341,7 +341,7 @@ def test_co_tenants_are_the_other_processes_seen_during_a_step():
 def test_the_query_command_as_data():
     command = gpus.query_command(types.SimpleNamespace(timeout=lambda step: 60),
                                  driver_paths=("/opt/x y", "/usr/bin")).line
-    assert command.startswith("exec env -i ")
+    assert command.startswith("umask 077 && exec env -i ")
     assert command.endswith(" kdtree 262144 --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
                             "compute_cap,pci.bus_id --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
                             "--format=csv,noheader,nounits '/opt/x y' /usr/bin")

@@ -3,6 +3,7 @@ from run directories, bounded host data, and the verdicts of a run against its h
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -169,6 +170,20 @@ def test_rebuild_reindexes_every_run_directory_and_names_the_unreadable_ones(tmp
         key = store.series_keys()[0][0]
         assert [p.value for p in store.series(key, "m")] == pytest.approx([10, 11, 12, 13], rel=0.03)
         assert store.runs()[a_run(0, {})["run_id"]]["run_dir"] == str((runs_root / a_run(0, {})["run_id"]).absolute())
+
+
+def test_a_fresh_checkouts_history_and_runs_folder_are_private(tmp_path):
+    """Issue 37, finding 13: the first validate of a fresh checkout opens the history before any
+    run directory exists: runs/ is made 0700 and history.sqlite 0600 (its journal follows the
+    file's mode), whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        with HistoryStore.open(tmp_path / "runs" / "history.sqlite") as store:
+            store.index_run(a_run(0, {"h": {"bench": bench({"m": 1.0})}}))
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "runs").stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / "runs" / "history.sqlite").stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_file_that_is_not_a_history_is_refused_with_its_name(tmp_path):

@@ -22,14 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bounded, cli, inventory as inventory_mod, ownership, pipeline, record, remote, report, state
+from orchestrator import (bounded, cli, gpu_claims, gpus, inventory as inventory_mod, ownership, pipeline, record,
+                          remote, report, state)
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
 from orchestrator.safe_text import visible
-from orchestrator.transport import LocalTransport
+from orchestrator.transport import LocalTransport, open_transport
 
-from test_faults import entry, fake_commands, run_validate, tree
+from test_faults import entry, fake_commands, run_validate, tree, wait_for
 
 ATTACKER = 4242
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the tests create a second user's files")
@@ -41,12 +42,29 @@ FAKE_BUILD = ("mkdir -p build && h=$(bash scripts/tree_hash.sh | tail -1) && { [
               "chmod 755 build/kdtree; }; }")
 
 
-def as_attacker(script: str, background: bool = False):
-    """Run a bash script as the second uid (no groups)."""
+def as_attacker(script: str, background: bool = False, check: bool = True):
+    """Run a bash script as the second uid (no groups); `check`: it must succeed."""
     argv = ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups", "bash", "-c", script]
     if background:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    subprocess.run(argv, check=True, timeout=30)
+    return subprocess.run(argv, check=check, timeout=30, capture_output=not check, text=True)
+
+
+def attacker_reach(paths: dict[str, Path]) -> dict[str, str]:
+    """What the second uid gets when it opens each path read-only (`flock` needs no more) or,
+    for an executable, runs it: 'opened', or the shell's error."""
+    found = {}
+    for what, path in paths.items():
+        action = f"{path} --version" if what.startswith("run ") else f": < {path}"
+        proc = as_attacker(f"{action} >/dev/null", check=False)
+        found[what] = "opened" if proc.returncode == 0 else proc.stderr.strip().rsplit(": ", 1)[-1]
+    return found
+
+
+def modes_open_to_others(root: Path) -> list[str]:
+    """Every path under `root` (itself included, symlinks aside) with a group or other bit."""
+    return [f"{p} {p.stat().st_mode & 0o777:o}" for p in [root, *root.rglob("*")]
+            if not p.is_symlink() and p.stat().st_mode & 0o077]
 
 
 @pytest.fixture
@@ -191,12 +209,15 @@ def test_every_path_level_held_by_another_user_is_refused(lab, make_inventory, t
     assert tree(base) == before
 
 
-def test_a_root_owned_sticky_parent_is_accepted_and_synced_modes_lose_group_write(lab, make_inventory, shared, source):
+def test_a_root_owned_sticky_parent_is_accepted_and_synced_modes_are_the_users_alone(lab, make_inventory, shared,
+                                                                                      source):
     """The rule's exception and the sync's side: remote_dir under a root-owned sticky directory (as
-    /tmp) deploys, and a group/other-writable source file arrives without that write bit (rsync
-    keeps modes, so they are stripped), with rsync and with the tar stream."""
+    /tmp) deploys, and a world-readable or -writable source file or folder arrives with no group
+    or other bit (rsync keeps modes, so they are stripped; the tar stream extracts under the
+    commands' umask 077), with rsync and with the tar stream (issue 37, finding 3)."""
     (source / "README.md").chmod(0o666)
     (source / "src").chmod(0o777)
+    (source / "scripts" / "tree_hash.sh").chmod(0o755)
     for method in ("rsync", "tar"):
         remote = shared / "shared" / f"engine-{method}"
         extra = {"rsync_path": "/nonexistent/rsync"} if method == "tar" else {}
@@ -204,8 +225,114 @@ def test_a_root_owned_sticky_parent_is_accepted_and_synced_modes_lose_group_writ
         code, out = deploy(inv)
         assert code == 0, out
         assert f"with {method}" in out
-        for path in (remote, remote / "README.md", remote / "src", remote / ".kdtree", remote / ".kdtree" / "deploy.json"):
-            assert not path.stat().st_mode & 0o022, (path, oct(path.stat().st_mode))
+        assert modes_open_to_others(remote) == [], method
+        assert (remote / "scripts" / "tree_hash.sh").stat().st_mode & 0o700 == 0o700, method     # still the user's to run
+        assert attacker_reach({"tree": remote / "README.md"}) == {"tree": "Permission denied"}
+
+
+def test_another_user_can_open_no_lock_or_claim_read_no_result_and_run_no_binary(lab, gpu_lab, make_inventory,
+                                                                                 shared):
+    """Issue 37, findings 1 to 3: while a run holds the tree lock and a GPU claim on a host whose
+    remote_dir another user can reach (under a sticky /tmp), and the engine has written a secret
+    into build/test_results.json and built build/kdtree, that user can open neither the lock nor
+    the claim file (a read-only handle is all `flock` needs to keep every run of ours out), read
+    no result and run no binary of ours (its processes would pass for ours on the GPU). Every path
+    under remote_dir is the user's alone."""
+    host, fake = gpu_lab
+    fake.set(2)
+    remote_dir = shared / "shared" / "engine"
+    inv = make_inventory({"g": entry(lab, host, remote_dir=str(remote_dir))})
+    assert deploy(inv, "g")[0] == 0
+    g = inv.hosts["g"]
+    build = "mkdir -p build && echo s3cret > build/test_results.json && printf '#!/bin/sh\\necho kdtree\\n' > " \
+            "build/kdtree && chmod +x build/kdtree"
+    with open_transport(g) as t, state.acquire(t, state.Owner.now("test"), mode=state.SHARED), \
+            gpu_claims.acquire(t, gpus.Request.for_host(g), state.Owner.now("test")) as claim:
+        t.check(remote.step(g, build, 30))
+        kdtree = remote_dir / ".kdtree"
+        reach = attacker_reach({"lock": kdtree / "lock.flock", "gate": kdtree / "gate.flock",
+                                "claim": kdtree / f"gpu-{claim.gpus[0].uuid}.flock",
+                                "claim's owner": kdtree / f"gpu-{claim.gpus[0].uuid}.owner",
+                                "result": remote_dir / "build" / "test_results.json",
+                                "run build/kdtree": remote_dir / "build" / "kdtree"})
+        assert reach == dict.fromkeys(reach, "Permission denied")
+        assert modes_open_to_others(remote_dir) == []
+
+
+def test_an_earlier_deploy_open_to_other_users_is_made_private_by_the_next_run(lab, make_inventory, shared):
+    """Issue 37, findings 1 and 3, on a host deployed by an earlier version (folders 0755, files
+    0644, the lock and a GPU claim file among them): the other user could open the lock; the next
+    deploy makes the whole remote_dir the user's alone, and then they cannot."""
+    remote_dir = shared / "shared" / "engine-old"
+    inv = make_inventory({"h": entry(lab, lab.hosts["h1"], remote_dir=str(remote_dir))})
+    assert deploy(inv)[0] == 0
+    claim = remote_dir / ".kdtree" / "gpu-GPU-00000000-1111-2222-3333-444455556666.flock"
+    claim.touch()
+    (remote_dir / "build").mkdir()
+    (remote_dir / "build" / "test_results.json").write_text("s3cret\n")
+    subprocess.run(["chmod", "-R", "go+rX", str(remote_dir)], check=True)
+    paths = {"lock": remote_dir / ".kdtree" / "lock.flock", "claim": claim,
+             "result": remote_dir / "build" / "test_results.json"}
+    assert attacker_reach(paths) == dict.fromkeys(paths, "opened")       # the earlier version's hole
+    code, out = deploy(inv)
+    assert code == 0, out
+    assert attacker_reach(paths) == dict.fromkeys(paths, "Permission denied")
+    assert modes_open_to_others(remote_dir) == []
+
+
+def test_a_co_tenant_that_copies_the_benchs_marker_is_still_a_co_tenant(lab, gpu_lab, make_inventory, shared,
+                                                                        tmp_path):
+    """Issue 37, finding 2, as reported: while the bench runs on its GPU, another user starts a
+    job there with the run's marker copied into its environment (here read from where the bench
+    leaves it; on a real host, from the command line). The user sees: bench passed but NOISY,
+    naming that job's pid; its metrics marked noisy. Before, the job passed for the step's own
+    and the bench said "alone on it"."""
+    host, fake = gpu_lab
+    remote_dir = shared / "shared" / "engine"
+    leak = shared / "shared" / "marker"
+    fake.set(2, own_under={"dir": str(remote_dir), "gpu_uuid": fake.uuid(0), "log": str(tmp_path / "listed")})
+    bench = (f'echo "$KDTREE_OWNER" > {leak} && chmod 644 {leak} && mkdir -p "$KD_RESULTS_DIR" && sleep 6 && '
+             'echo \'{"version": 1, "metrics": {"m": {"value": 1.0, "unit": "ms", "better": "lower"}}}\' '
+             '> "$KD_RESULTS_DIR/bench.json"')
+    # (the bench lasts past the sampler's second look, SAMPLE_SECONDS in: the job is there by then)
+    job = as_attacker(f"for i in $(seq 200); do [ -s {leak} ] && exec env KDTREE_OWNER=$(cat {leak}) sleep 60; "
+                      "sleep 0.05; done", background=True)
+    try:
+        inv = make_inventory({"g": entry(lab, host, remote_dir=str(remote_dir))},
+                             commands=fake_commands(bench=bench))
+        code, run_dir, out = run_validate(inv, ["g"], "sync,bench", tmp_path / "run")
+    finally:
+        job.kill()
+        job.wait()
+    record_ = json.loads((run_dir / "run.json").read_text())["hosts"]["g"]
+    assert code == 0, out
+    assert f"NOISY: 1 other process(es) on the GPU meanwhile (pid {job.pid} sleep)" in record_["steps"]["bench"]["message"]
+    assert record_["bench"]["metrics"]["m"]["noisy"] is True
+
+
+def test_a_process_of_another_user_is_never_the_steps_own_whatever_it_copied(lab, make_inventory, shared):
+    """Issue 37, finding 2: the bench step's own processes on its GPU (not co-tenants) are told by
+    their executable or the run's marker, which is on the step's command line for every user to
+    copy; a deploying root reads everyone's. Another user's process that carries the marker, or
+    runs an executable from the folder asked about, is still not the step's: only processes of
+    the connecting user are."""
+    marker = "KDTREE_OWNER=0123456789abcdef"
+    theirs = as_attacker(f"exec env {marker} sleep 60", background=True)
+    ours = subprocess.Popen(["env", marker, "sleep", "60"])
+    other = subprocess.Popen(["sleep", "60"])                 # ours, but neither marked nor from the folder
+    try:
+        assert wait_for(lambda: f"\0{marker}\0".encode() in Path(f"/proc/{theirs.pid}/environ").read_bytes(), 10)
+        inv = make_inventory({"h": entry(lab, lab.hosts["h1"], remote_dir=str(shared / "shared" / "engine"))})
+        pids = {theirs.pid, ours.pid, other.pid}
+        with open_transport(inv.hosts["h"]) as t:
+            assert gpus.own_pids(t, pids, str(shared / "shared" / "engine"), marker) == {ours.pid}
+            # the folder whose executables are the step's: theirs runs /usr/bin/sleep too
+            sleep_dir = os.path.dirname(os.path.realpath(f"/proc/{theirs.pid}/exe"))
+            assert gpus.own_pids(t, pids, sleep_dir, "KDTREE_OWNER=other") == {ours.pid, other.pid}
+    finally:
+        for proc in (theirs, ours, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_group_write_for_the_users_private_group_is_accepted(lab, make_inventory, tmp_path):

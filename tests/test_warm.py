@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ from orchestrator import cli, hostkeys, inventory as inventory_mod, parallel, re
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
+
+from conftest import Hostile
 
 _names = itertools.count(1)
 
@@ -269,6 +273,51 @@ def test_a_key_probe_that_gets_no_key_exchange_is_refused_within_its_bound(hosti
     thread.join(1 + warm.START_MARGIN + 5)
     assert not thread.is_alive(), "the key probe still waits"
     assert verdict == [False]
+
+
+def disconnect_before_the_key_exchange(text: bytes):
+    """A host that sends its banner and, before any key exchange, an SSH DISCONNECT ("no more
+    authentication methods") saying `text`."""
+    def packet(payload: bytes) -> bytes:
+        pad = 8 - (len(payload) + 5) % 8
+        pad += 8 if pad < 4 else 0
+        return struct.pack(">IB", len(payload) + pad + 1, pad) + payload + b"\0" * pad
+
+    def how(conn):
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.recv(256)                                  # the client's banner
+        conn.sendall(packet(b"\x01" + struct.pack(">II", 14, len(text)) + text + struct.pack(">I", 0)))
+    return how
+
+
+@pytest.mark.parametrize("text", [b"Permission denied (publickey)",
+                                  b"x\nroot@127.0.0.1: Permission denied (publickey)."])
+def test_a_disconnect_saying_permission_denied_before_any_key_exchange_is_no_accepted_key(hostile, text):
+    """Issue 37, finding 9: a host that answers the probe with a DISCONNECT saying what ssh says
+    when it accepted the key and found no method (even on a line of its own) offered no key."""
+    host, _ = hostile(disconnect_before_the_key_exchange(text), user="root")
+    assert not warm._Probe(host).accepted()
+
+
+def test_a_host_that_disconnects_the_probe_is_not_reached_over_the_old_master(lab, warm_inventory, source):
+    """Issue 37, finding 9, as a deploy: a live master, then the host's address answers with such a
+    DISCONNECT (the host replaced, or its sshd: the master's session lives on). The deploy fails
+    as a fresh connection to it does, nothing arrives over the old master, and it is ended."""
+    host = fresh(lab)
+    inv = warm_inventory(host, timeouts={"connect": 1})
+    assert deploy(inv, "w")[0] == 0
+    sock = warm.socket_path(inv.hosts["w"])
+    host.stop()
+    assert warm.master_alive(sock)
+    impostor = Hostile(disconnect_before_the_key_exchange(b"Permission denied (publickey)"), port=host.port)
+    (source / "src" / "new.cpp").write_text("// must never arrive\n")
+    try:
+        code, out = deploy(inv, "w")
+    finally:
+        impostor.close()
+    assert code == 1 and f"sync      FAILED  cannot reach 127.0.0.1:{host.port}: " in out, out
+    assert not (host.root / "engine" / "src" / "new.cpp").exists()
+    assert not warm.master_alive(sock)
 
 
 def test_an_interrupted_run_opens_no_warm_connection(lab, warm_inventory):
@@ -521,6 +570,46 @@ def test_the_control_directory_is_chosen_created_private_and_checked(tmp_path, m
         expected.write_text("")
         with pytest.raises(UsageError, match=f"control socket directory {expected} is not a directory: refusing"):
             warm.control_dir()
+
+
+def test_a_default_control_directory_another_user_made_first_is_left_for_one_of_the_users_own(lab, warm_inventory,
+                                                                                               tmp_path, monkeypatch):
+    """Issue 37, finding 4: with neither KDTREE_CONTROL_DIR nor XDG_RUNTIME_DIR (a CI service), a
+    second uid's `mkdir -m700 /tmp/kdtree-ssh-UID` (here in a sticky folder of the test's, as /tmp)
+    does not stop warm runs: the sockets go to the user's cache folder ($XDG_CACHE_HOME/kdtree-ssh,
+    0700), where a deploy keeps its master. Only when that one is not private either is it an
+    error (exit 2), naming both."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as a second user")
+    base = Path(tempfile.mkdtemp(prefix="kdtree-warm-", dir="/tmp"))    # short: a socket path is at most 107 bytes
+    base.chmod(0o755)
+    tmp, cache = base / "tmp", base / "cache"
+    tmp.mkdir(mode=0o1777)
+    tmp.chmod(0o1777)
+    squatted = tmp / f"kdtree-ssh-{os.geteuid()}"
+    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mkdir", "-m700", str(squatted)],
+                   check=True)
+    monkeypatch.setattr(warm, "TMP", tmp)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("KDTREE_CONTROL_DIR")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    try:
+        inv = warm_inventory(fresh(lab))
+        code, out = deploy(inv, "w")
+        assert code == 0, out
+        sock = warm.socket_path(inv.hosts["w"])
+        assert sock.parent == cache / "kdtree-ssh" and warm.master_alive(sock)
+        assert os.stat(sock.parent).st_mode & 0o777 == 0o700 and os.stat(squatted).st_uid == 65534
+        warm.stop_master(sock)
+        os.chmod(cache / "kdtree-ssh", 0o755)
+        with pytest.raises(UsageError) as e:
+            cli.deploy(inv, list(inv.hosts.values()), Console(io.StringIO()))
+        assert str(e.value) == (
+            f"no private directory for the control sockets: {squatted} is owned by uid 65534, not by you (uid 0), "
+            f"and {cache}/kdtree-ssh is open to group or others (mode 0755, not 0700): refusing to keep connections "
+            f"there. {warm.REMEDY}")
+    finally:
+        shutil.rmtree(base)
 
 
 def test_a_host_behind_a_jump_or_a_proxy_command_keeps_its_own_connection(lab, warm_inventory, tmp_path,

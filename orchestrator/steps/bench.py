@@ -1,10 +1,12 @@
 """Bench: run the engine's benchmarks on the host and pull its JSON report. With GPUs claimed, the
 benchmarks run on the first of them alone, and the processes of others seen on that GPU while they
 ran (nvidia-smi, sampled) are recorded as its co-tenants: a figure measured beside them is noisy.
-The step's own processes are known by their executable (under remote_dir) or by a marker the step
-puts in their environment (what the bench command starts from elsewhere, such as PyTorch's
-interpreter for the side-by-side timings), never by the name nvidia-smi shows, which is whatever
-the process was started as (`build/kdtree`)."""
+The step's own processes are the connecting user's (the kernel's word: another user cannot copy
+it) whose executable lies under remote_dir (private to the user) or whose environment holds a marker
+the step puts there (what the bench command starts from elsewhere, such as PyTorch's interpreter
+for the side-by-side timings), never known by the name nvidia-smi shows, which is whatever the
+process was started as (`build/kdtree`), nor by the marker alone, which travels on a command line
+every user of the host can read."""
 from __future__ import annotations
 
 import secrets
