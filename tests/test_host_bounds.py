@@ -1,0 +1,146 @@
+"""Issue 37, round 3, findings 5-8 and 12: what one host sends (numbers, keys, lock answers, step
+output) is checked and bounded where it enters, so it fails that host alone; a local disk that
+fills up ends the run with one line, the summary and the logs kept.
+
+The hosts are the session's loopback sshd hosts (h1 plays the good host, h2 the hostile one); the
+hostile values come from the project's commands in the test's hosts.yaml, as a host would print
+them. README.md, "Security model" and "Guarantees", name these tests.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli, dashboard, history as history_mod, record
+from orchestrator.console import Console
+
+from test_faults import entry, fake_commands, run_validate
+
+# A bench stand-in: the good host (its remote_dir named good-...) reports 120 tokens/s, the other
+# one the figure in $BAD (a literal JSON number).
+BENCH = ("mkdir -p build && case $PWD in */good-*) v=120;; *) v=%s;; esac && "
+         "printf '{\"metrics\": {\"ar_tokens_per_s\": {\"value\": %%s, \"unit\": \"tokens/s\", \"better\": \"higher\", "
+         "\"samples\": [%%s, %%s, %%s]}}}' $v $v $v $v > build/bench.json")
+
+
+@pytest.fixture
+def two_hosts(lab, make_inventory, tmp_path):
+    """inventory(**commands) -> an inventory of `good` (h1) and `bad` (h2), fresh remote_dirs."""
+    def make(**commands):
+        hosts = {"good": entry(lab, lab.hosts["h1"], remote_dir=str(lab.hosts["h1"].root / f"good-{tmp_path.name}")),
+                 "bad": entry(lab, lab.hosts["h2"], remote_dir=str(lab.hosts["h2"].root / f"bad-{tmp_path.name}"))}
+        return make_inventory(hosts, commands=fake_commands(**commands))
+    return make
+
+
+def nightly(inv, report_dir: Path, steps: str = "sync,bench") -> tuple[int, dict, str]:
+    """A nightly of both hosts into report_dir: (exit code, run.json, console output)."""
+    code, run_dir, out = run_validate(inv, ["good", "bad"], steps, report_dir, command="nightly")
+    return code, json.loads((run_dir / "run.json").read_text()), out
+
+
+# -- 5: numbers out of their range ---------------------------------------------------------------------
+def test_5_extreme_bench_values_fail_that_host_alone_night_after_night(two_hosts, tmp_path):
+    """Finding 5. A host reports 1e-300 one night and 1e308 the next (the ratio of the two is
+    infinite). The user sees: each nightly exit 1, `bad` bench FAILED naming the metric, its value
+    and the range; `good` passed. Afterwards: each night's run.json, reports, JUnit, runs/latest
+    and the history are written; the history holds only `good`'s points."""
+    runs = tmp_path / "runs"
+    for night, value in enumerate(["1e-300", "1e308"]):
+        bench = BENCH % value
+        inv = two_hosts(bench=bench, bench_nightly=bench)
+        report_dir = runs / f"2026120{night + 1}-020000-000{night}"
+        code, run, out = nightly(inv, report_dir)
+        step = run["hosts"]["bad"]["steps"]["bench"]
+        assert code == 1 and step["status"] == "failed", out
+        assert f"metric ar_tokens_per_s: value {float(value):g} is" in step["message"], step
+        assert "outside its range (0 or 1e-09 to 1e+12)" in step["message"], step
+        assert run["hosts"]["good"]["status"] == "passed" and run["hosts"]["bad"]["bench"] is None
+        for name in ("report.md", "report.html", "junit.xml"):
+            assert (report_dir / name).is_file(), name
+        assert (runs / "latest").resolve() == report_dir.resolve()
+    with history_mod.HistoryStore.open(runs / "history.sqlite") as store:
+        assert {p.key.host for p in store.points()} == {"good"} and len(store.points()) == 2
+    assert (runs / "history.html").is_file()
+
+
+def poison(history: Path, host: str, value: float, nights: int) -> None:
+    """Points as an orchestrator before the range checks indexed them: `nights` passing nightlies
+    of `host` reporting `value`."""
+    with history_mod.HistoryStore.open(history) as store:
+        for i in range(nights):
+            run_id = f"20261101-0{i}0000-00{i:02x}"
+            store.db.execute("INSERT OR IGNORE INTO runs VALUES (?, 'nightly', ?, 'passed', NULL, 't', 'c', 0)",
+                             (run_id, f"2026-11-01T0{i}:00:00Z"))
+            store.db.execute("INSERT INTO points VALUES (?, ?, ?, 'no GPU', 'cpu', 'k', 't', 'c', 'm', ?, 'x', "
+                             "'higher', 3, ?, 0, ?, 0, 0, NULL, NULL, NULL)",
+                             (run_id, f"2026-11-01T0{i}:00:00Z", host, value, value, json.dumps([value] * 3)))
+        store.db.commit()
+
+
+def test_5_a_history_poisoned_before_the_fix_still_judges_draws_and_lists(tmp_path, make_inventory):
+    """Finding 5, old databases: six nights of 5e-324 (and one of 1e308) indexed before the range
+    checks. The user sees: `invoke history` lists the sound series only, the dashboard is drawn,
+    the next run is judged (no ZeroDivisionError, no `Out of range float`). Afterwards: the
+    poisoned points are still in the file, never judged or plotted."""
+    inv = make_inventory({})
+    history = inv.project.root / "runs" / "history.sqlite"
+    poison(history, "denormal", 5e-324, 6)
+    poison(history, "huge", 1e308, 1)
+    sound = {"version": 1, "run_id": "20261102-000000-0000", "started": "2026-11-02T00:00:00Z", "hosts": {
+        "denormal": {"backend": "cpu", "build_key": None, "fingerprint": {}, "steps": {"bench": {"status": "passed"}},
+                     "bench": {"metrics": {"m": {"value": 2.0, "unit": "x", "better": "higher"}}}}}}
+    with history_mod.HistoryStore.open(history) as store:
+        store.db.execute("UPDATE points SET build_key = ?", (history_mod.host_key("denormal", sound["hosts"]["denormal"]).build_key,))
+        store.db.commit()
+        verdicts = history_mod.judge_run(store, sound, lambda metric: 0.1)
+        assert [v.status for _, v in verdicts] == ["new"]
+        page = dashboard.render_history(store, tmp_path / "history.html").read_text()
+        assert "No benchmark has been recorded yet" in page and "denormal" not in page
+        assert len(store.db.execute("SELECT * FROM points").fetchall()) == 7
+    out = io.StringIO()
+    assert cli.history(inv, Console(out)) == 0
+    assert "denormal" not in out.getvalue() and "huge" not in out.getvalue()
+
+
+def test_5_clean_removes_a_poisoned_passing_nightly(tmp_path):
+    """Finding 5, `clean`: the newest passing nightly reported 5e-324, the next ones failed (its
+    host now fails the bench step). The user sees: `clean --keep 0` removes every run. Afterwards:
+    no poisoned run is kept as the nightly's baseline."""
+    runs = tmp_path / "runs"
+    for i, (status, value) in enumerate([("passed", 100.0), ("passed", 5e-324), ("failed", None)]):
+        run_dir = runs / f"2026110{i + 1}-000000-000{i}"
+        run_dir.mkdir(parents=True)
+        metrics = {"m": {"value": value, "unit": "x", "better": "higher"}} if value is not None else {}
+        record.write_run(run_dir, {"version": 1, "run_id": run_dir.name, "command": "nightly", "status": status,
+                                   "hosts": {"h": {"bench": {"metrics": metrics}}}})
+    assert record.last_good_run(runs)["run_id"] == "20261101-000000-0000"
+    assert record.clean(runs, 0) == [runs / "20261102-000000-0001", runs / "20261103-000000-0002"]
+    assert record.clean(runs, 1) == []
+
+
+# -- 6: the build key -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("key,why", [
+    ("python3 -c 'print(\"[\" * 600 + \"]\" * 600)'", "is not valid JSON or is nested deeper than 32 levels"),
+    ("echo '{\"nvcc\": NaN, \"cxx\": 1e999}'", None),
+], ids=["600-deep", "nan"])
+def test_6_a_hostile_build_key_fails_that_host_alone(two_hosts, tmp_path, key, why):
+    """Finding 6. The build key command prints JSON 600 levels deep, or `{"nvcc": NaN}`. The user
+    sees: deep: `bad` build FAILED, `the build key (...) is not valid JSON or is nested deeper than
+    32 levels`; NaN: the key is kept with null for the number (as every host JSON). Afterwards:
+    run.json (strict JSON), the reports and `good`'s record are written."""
+    build_key = f"case $PWD in */good-*) echo '{{\"cxx\": \"g++\"}}';; *) {key};; esac"
+    inv = two_hosts(build_key=build_key, build="true", version="echo kdtree 0.0 tree=none")
+    code, run, out = nightly(inv, tmp_path / "run", steps="sync,build")
+    bad, good = run["hosts"]["bad"], run["hosts"]["good"]
+    assert good["build_key"] == {"cxx": "g++"} and good["steps"]["build"]["status"] != "skipped", good["steps"]
+    if why:
+        assert bad["steps"]["build"]["status"] == "failed" and why in bad["steps"]["build"]["message"], bad["steps"]
+        assert "the build key (the" in bad["steps"]["build"]["message"]
+    else:
+        assert bad["build_key"] == {"nvcc": None, "cxx": None}, bad
+    json.loads((tmp_path / "run" / "run.json").read_text(), parse_constant=pytest.fail)
+    assert (tmp_path / "run" / "junit.xml").is_file()
