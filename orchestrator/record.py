@@ -26,7 +26,9 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                          "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw),
                          "inputs": null | SHA256 (test, bench: of what the result depends on: the
                                    executables, the tree's other files, build key, command, env;
-                                   equal in two runs: the same inputs)}},
+                                   equal in two runs: the same inputs),
+                         "output_cut": null | {"bytes", "lines", "left_out_bytes", "left_out_lines"} (a
+                                   long output: its log and console kept its first and last MB)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
@@ -155,6 +157,7 @@ class StepRecord:
     reused_from: str | None = None
     cuda_visible_devices: list[str] | None = None
     inputs: str | None = None           # test, bench: the sha256 of what the result depends on
+    output_cut: dict | None = None      # what the log left out of a long output (sink.BoundedSink.close)
 
 
 @dataclass

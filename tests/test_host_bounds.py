@@ -144,3 +144,45 @@ def test_6_a_hostile_build_key_fails_that_host_alone(two_hosts, tmp_path, key, w
         assert bad["build_key"] == {"nvcc": None, "cxx": None}, bad
     json.loads((tmp_path / "run" / "run.json").read_text(), parse_constant=pytest.fail)
     assert (tmp_path / "run" / "junit.xml").is_file()
+
+
+# -- 8: step output -----------------------------------------------------------------------------------
+class Counting(io.TextIOBase):
+    """A console stream that keeps only how much was written to it, and its lines that are notes."""
+
+    def __init__(self):
+        self.bytes, self.notes = 0, []
+
+    def write(self, text: str) -> int:
+        self.bytes += len(text.encode())
+        self.notes += [line for line in text.splitlines() if "[" in line and "output" in line]
+        return len(text)
+
+
+def test_8_fifty_mb_of_step_output_leave_a_few_mb_on_disk_and_console(lab, make_inventory, tmp_path):
+    """Finding 8. The test step prints 50 MB (lines of 100 bytes), then fails. The user sees: the
+    console shows the first MB, a line saying the rest is held back, then the last MB after
+    `[... bytes in ... lines of output left out here ...]`, and `test FAILED ... [N bytes of output
+    left out of the log]`. Afterwards: test.log and the console hold under 3 MB each, the log
+    says what was left out where it was, run.json's step records it (`output_cut`), the failure's
+    tail is the output's last lines, and this process's memory grew by far less than the output."""
+    import resource
+    h2 = lab.hosts["h2"]
+    test = "python3 -c 'import sys\nfor i in range(500000): sys.stdout.write(\"%099d\\n\" % i)'; echo LAST; exit 3"
+    inv = make_inventory({"h": entry(lab, h2, remote_dir=str(h2.root / f"loud-{tmp_path.name}"))},
+                         commands=fake_commands(test=test))
+    console = Counting()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code = cli.validate(inv, [inv.hosts["h"]], Console(console), steps="sync,test", report_dir=str(tmp_path / "run"))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    step = json.loads((tmp_path / "run" / "run.json").read_text())["hosts"]["h"]["steps"]["test"]
+    log = tmp_path / "run" / "h" / "test.log"
+    assert code == 1 and step["status"] == "failed", step
+    assert log.stat().st_size < 3 << 20 and console.bytes < 3 << 20, (log.stat().st_size, console.bytes)
+    cut = step["output_cut"]
+    assert cut["bytes"] > 50_000_000 and cut["lines"] > 500_000 and cut["left_out_bytes"] > 47_000_000, cut
+    text = log.read_text()
+    assert f"[{cut['left_out_bytes']} bytes in {cut['left_out_lines']} lines of output left out here" in text
+    assert text.index("0" * 99) < text.index("left out here") < text.index("%099d" % 499999) < text.rindex("LAST")
+    assert any("left out here" in n for n in console.notes) and any("follow when the step ends" in n for n in console.notes)
+    assert "LAST" in step["tail"] and grown_mb < 60, grown_mb
