@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,67 @@ def test_8_fifty_mb_of_step_output_leave_a_few_mb_on_disk_and_console(lab, make_
     assert text.index("0" * 99) < text.index("left out here") < text.index("%099d" % 499999) < text.rindex("LAST")
     assert any("left out here" in n for n in console.notes) and any("follow when the step ends" in n for n in console.notes)
     assert "LAST" in step["tail"] and grown_mb < 60, grown_mb
+
+
+# -- 7: lock and claim helpers that flood their answer ----------------------------------------------------
+# A `flock` that floods: a million HOLDER lines (the lock's), or HELD lines each naming another GPU
+# (the GPU claim's, in a remote_dir named claims-...), then BUSY.
+FLOOD = """#!/usr/bin/env python3
+import os, sys
+owner = '{"client": "x", "pid": 1, "started": "s", "command": "c"}'
+held = "claims-" in os.getcwd()
+sys.stdout.writelines(f"HELD GPU-{i} {owner}\\n" if held else f"HOLDER {owner}\\n" for i in range(1000000))
+print("BUSY")
+sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def flooding_host(lab, tmp_path_factory):
+    """An sshd host whose `flock` floods (FLOOD)."""
+    fake = tmp_path_factory.mktemp("flooding-bin")
+    (fake / "flock").write_text(FLOOD)
+    (fake / "flock").chmod(0o755)
+    return lab.add_host("flood", setenv={"PATH": f"{fake}:/usr/local/bin:/usr/bin:/bin"})
+
+
+def test_7_a_lock_helper_that_floods_holder_lines_fails_that_host_in_bounded_memory(lab, make_inventory, tmp_path,
+                                                                                      flooding_host):
+    """Finding 7. The lock helper prints a million `HOLDER {...}` lines before BUSY. The user
+    sees: deploy FAILED, `the lock command printed more than 1048576 bytes without an answer`.
+    Afterwards: run.json is a few kB, and this process's memory grew by far less than the output."""
+    import resource
+    inv = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(flooding_host.root / f"d-{tmp_path.name}"))})
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = io.StringIO()
+    code = cli.run_plan(inv, [inv.hosts["h"]], __import__("orchestrator.pipeline").pipeline.Plan.of("deploy"),
+                        Console(out), report_dir=str(tmp_path / "run"))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    step = json.loads((tmp_path / "run" / "run.json").read_text())["hosts"]["h"]["steps"]["sync"]
+    assert code == 1 and "the lock command printed more than 1048576 bytes without an answer" in step["message"], step
+    assert (tmp_path / "run" / "run.json").stat().st_size < 64 << 10 and grown_mb < 60, grown_mb
+
+
+def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_inventory, flooding_host, tmp_path):
+    """Finding 7, GPU claims: the claim helper names a million GPUs as held. The user sees: the
+    claim fails, `the GPU claim command printed more than 1048576 bytes without an answer`.
+    Afterwards: memory grew by far less than the output. A helper whose output nobody reads any
+    more (the lock's, after its answer) keeps at most UNREAD_BYTES of it waiting."""
+    import resource
+
+    from orchestrator import gpu_claims, state, transport as transport_mod
+    from orchestrator.errors import HostError
+    remote = flooding_host.root / f"claims-{tmp_path.name}"
+    (remote / ".kdtree").mkdir(parents=True)
+    host = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(remote))}).hosts["h"]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with transport_mod.open_transport(host) as t:
+        with pytest.raises(HostError, match="the GPU claim command printed more than 1048576 bytes"):
+            gpu_claims.held_claims(t, ["GPU-0"])
+        process = t.start(state.lock_command(str(remote), state.Owner.now("probe")))
+        time.sleep(3)               # the flood arrives with nobody reading it
+        assert process._unread <= transport_mod.UNREAD_BYTES
+        with pytest.raises(transport_mod.OutputOverflow):
+            while process.readline(timeout=10) is not None:
+                pass
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024 < 60
