@@ -25,7 +25,7 @@ from typing import Callable
 
 from .bisect import command_for
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
-from .errors import UsageError
+from .errors import LocalWriteError, UsageError
 from . import ranges
 from .record import Regression, RunRecordError, list_runs, load_run, mapping, short_text
 
@@ -251,9 +251,13 @@ class HistoryStore:
     # -- writing ------------------------------------------------------------------------------
     def index_run(self, run: dict, run_dir: Path | str | None = None) -> int:
         """Store a run record's points and reported regressions (replacing an earlier indexing of
-        the same run); returns the number of points stored."""
-        with self.db:
-            return self._index(run, run_dir)
+        the same run); returns the number of points stored. LocalWriteError when the file cannot
+        grow (a full disk: nothing of the run is stored)."""
+        try:
+            with self.db:
+                return self._index(run, run_dir)
+        except sqlite3.OperationalError as e:
+            raise LocalWriteError(self.path, str(e)) from None
 
     def rebuild(self, runs_root: Path | str) -> tuple[int, int, list[str]]:
         """Forget everything and index every run directory under ``runs_root`` again.

@@ -321,7 +321,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     start = time.monotonic()
     reused_from = None
     with ownership.private_open(log_path) as log:
-        sink = BoundedSink(log, lambda text: out(f"{step:9} | {text}"))
+        sink = BoundedSink(log, log_path, lambda text: out(f"{step:9} | {text}"))
 
         def write(text: str) -> None:
             if ctx.secrets:
@@ -337,6 +337,8 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             message, tail = (f"interrupted: {e.message}" if status == "interrupted" else e.message), e.tail
             write(str(e))
         cut = sink.close()
+    if sink.error is not None and status != "interrupted":     # a log that could not be written fails its step
+        status, message = "failed", sink.error.message + (f"; {message}" if message else "")
     if ctx.secrets:
         message, tail = record.redact(message, ctx.secrets), record.redact(tail, ctx.secrets)
     seconds = round(time.monotonic() - start, 3)

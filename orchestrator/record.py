@@ -631,8 +631,9 @@ def update_latest(runs_root: Path | str, run_dir: Path | str) -> Path:
     except ValueError:
         pass
     tmp = root / f".{LATEST}.{os.getpid()}.{_random.token_hex(4)}"
-    os.symlink(target, tmp)
-    os.replace(tmp, root / LATEST)
+    with ownership.writing(root / LATEST):
+        os.symlink(target, tmp)
+        os.replace(tmp, root / LATEST)
     return root / LATEST
 
 

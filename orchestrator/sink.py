@@ -3,18 +3,23 @@ comes and its last TAIL_BYTES when the step ends, with what was left out between
 both places and counted for the run record. A host that prints gigabytes leaves a few MB on disk
 and on the console, and this process holds at most the tail in memory.
 
-    sink = BoundedSink(log_file, lambda line: out(f"bench | {line}"))
+    sink = BoundedSink(log_file, log_path, lambda line: out(f"bench | {line}"))
     sink("a line of output")        # every line of the step, in order (several threads may call it)
     cut = sink.close()              # None, or {"bytes", "lines", "left_out_bytes", "left_out_lines"}
+    sink.error                      # None, or the LocalWriteError that stopped the log (a full disk)
 
-Lines go to the log file as safe_text.visible writes them (the console escapes its own).
+Lines go to the log file as safe_text.visible writes them (the console escapes its own). A log
+that cannot be written (a full disk) is written no further; the console says so and goes on.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
+from pathlib import Path
 from typing import Callable, TextIO
 
+from .errors import LocalWriteError
 from .safe_text import visible
 
 HEAD_BYTES = 1 << 20       # of a step's output, written as it comes
@@ -24,8 +29,10 @@ TAIL_BYTES = 1 << 20       # and the last of it, written when the step ends
 class BoundedSink:
     """One step's output lines to its log file and its console output, head and tail kept."""
 
-    def __init__(self, log: TextIO, console: Callable[[str], None], head: int = HEAD_BYTES, tail: int = TAIL_BYTES):
-        self.log, self.console, self.head, self.tail = log, console, head, tail
+    def __init__(self, log: TextIO, path: Path, console: Callable[[str], None], head: int = HEAD_BYTES,
+                 tail: int = TAIL_BYTES):
+        self.log, self.path, self.console, self.head, self.tail = log, path, console, head, tail
+        self.error: LocalWriteError | None = None
         self._lock = threading.Lock()
         self._held: collections.deque[tuple[str, int]] = collections.deque()    # the tail: (line, its bytes)
         self._held_bytes = 0
@@ -66,13 +73,20 @@ class BoundedSink:
                 text, _ = self._held.popleft()
                 self._write(text, visible(text))
             self._held_bytes = 0
-            self.log.flush()
+            if self.error is not None:          # what the log still buffers cannot be written either
+                with contextlib.suppress(OSError):
+                    self.log.close()
             if not self.left_out_lines:
                 return None
             return {"bytes": self.bytes, "lines": self.lines, "left_out_bytes": self.left_out_bytes,
                     "left_out_lines": self.left_out_lines}
 
     def _write(self, text: str, line: str) -> None:
-        self.log.write(f"{line}\n")
-        self.log.flush()
+        if self.error is None:
+            try:
+                self.log.write(f"{line}\n")
+                self.log.flush()
+            except OSError as e:
+                self.error = LocalWriteError(self.path, e)
+                self.console(f"[{self.error.message}: the rest of this step's output is not logged]")
         self.console(text)

@@ -274,15 +274,16 @@ class Transport:
         if root != resolved.parent and root not in resolved.parent.parents or target.name in ("", ".", ".."):
             raise FetchError(f"refusing to write {target}: outside {root}", host=self.host.name)
         data = self.read_file(remote_path, max_bytes)
-        resolved.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None
-            raise
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with ownership.writing(resolved):           # a full disk here: LocalWriteError naming the file
+            resolved.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None
+                raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return resolved
 
     def start(self, command: str) -> "Process":

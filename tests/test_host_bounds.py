@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import time
 from pathlib import Path
 
@@ -251,3 +253,44 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
             while process.readline(timeout=10) is not None:
                 pass
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024 < 60
+
+
+# -- 12: a full local disk ----------------------------------------------------------------------------------
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 200 kB tmpfs for runs/ (a disk that fills up); skipped where mount is refused."""
+    import subprocess
+    mountpoint = tmp_path / "small-runs"
+    mountpoint.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k,mode=700", "tmpfs", str(mountpoint)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)])
+
+
+def test_12_a_full_local_disk_ends_the_run_with_one_line_the_summary_and_the_logs(lab, make_inventory, tmp_path,
+                                                                                   full_disk):
+    """Finding 12. The run directory (--report-dir) lies on a disk with 200 kB free, and the test
+    step prints 1 MB. The user sees: `invoke validate` exits 1, without a traceback, with one line
+    naming the file it could not write and `No space left on device`, and the summary table.
+    Afterwards: the step logs written before the disk filled are kept."""
+    import subprocess
+    import sys
+    h1 = lab.hosts["h1"]
+    inv = make_inventory({"h": entry(lab, h1, remote_dir=str(h1.root / f"full-{tmp_path.name}"))},
+                         commands=fake_commands(test="head -c 1000000 /dev/zero | tr '\\0' x | fold -w 500"))
+    run_dir = full_disk / "run"
+    proc = subprocess.run([sys.executable, "-m", "invoke", "validate", "--inventory", str(inv.path), "--host", "h",
+                           "--steps", "sync,test", "--report-dir", str(run_dir)],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **lab.env()})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in output, output
+    last = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(last) == 1 and re.match(rf"error: cannot write {run_dir}/\S+: No space left on device$", last[0]), output
+    assert re.search(r"^host +status", proc.stdout, re.M) and re.search(r"^h +FAILED", proc.stdout, re.M), output
+    assert (run_dir / "h" / "sync.log").is_file() and (run_dir / "h" / "test.log").is_file()
