@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import ranges
 from .bisect import command_for
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from .errors import LocalWriteError, UsageError
-from . import ranges
 from .record import Regression, RunRecordError, list_runs, load_run, mapping, short_text
 
 SCHEMA_VERSION = 3
@@ -163,8 +163,8 @@ def run_points(run: dict) -> list[StoredPoint]:
 
 def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, host: dict,
            reused: bool, reused_from: str | None, busy: bool) -> StoredPoint | None:
-    """The point of one metric of a host record; None when its value is no number inside a
-    figure's range (a record written before the bench step checked the ranges), whose numbers
+    """The point of one metric of a host record: None when its value is no number inside a
+    figure's range (a record written before the bench step checked the ranges); its other numbers
     outside their range are left out."""
     value = ranges.FIGURE.number(data.get("value")) if isinstance(data, dict) else None
     if not isinstance(data, dict) or value is None or not metric:
