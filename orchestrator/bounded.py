@@ -4,12 +4,14 @@ message instead of exhausting this machine's memory or the run record.
 
     data = bounded.loads(raw_bytes, what="build/test_results.json")    # BoundedJSONError (ValueError)
 
-Invalid UTF-8 and lone surrogates (`"\\ud800"`) come out as U+FFFD; NaN and the infinities as
-None (a host's number that is not finite means nothing).
+Invalid UTF-8 and lone surrogates (`"\\ud800"`) come out as U+FFFD; NaN and the infinities, written
+as such or as a number too large for a float (`1e999`), as None (a host's number that is not finite
+means nothing).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 
 MAX_BYTES = 16 << 20
@@ -38,10 +40,15 @@ def loads(raw: bytes | str, what: str, *, max_bytes: int = MAX_BYTES, max_depth:
         raise BoundedJSONError(f"{what} holds about {values} values, more than {max_values}")
     _check_depth(_NOT_BRACKET.sub("", skeleton), what, max_depth)
     try:
-        data = json.loads(text, parse_constant=lambda _: None)
+        data = json.loads(text, parse_constant=lambda _: None, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise BoundedJSONError(f"{what} is not valid JSON: {e}") from None
     return _clean(data)
+
+
+def _finite(literal: str) -> float | None:
+    number = float(literal)
+    return number if math.isfinite(number) else None
 
 
 def _check_depth(brackets: str, what: str, max_depth: int) -> None:

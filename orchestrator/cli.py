@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import inventory as inventory_mod
 from .console import Console
-from .errors import HostKeyError, KdError, UsageError
+from .errors import HostKeyError, KdError, LocalWriteError, UsageError
 from .inventory import Host, Inventory
 
 # Start-up time counts (engineers run these tasks dozens of times a day): each task imports what
@@ -302,11 +302,15 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         if store is not None:
             run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute()),
                            "contended": contended}
-        paths = pipeline.finish(run_dir, run, runs_root, secrets)
-        if store is not None:
-            store.index_run(record.load_run(run_dir.path), run_dir.path)
-            from . import dashboard
-            dashboard.render_history(store, board, tolerance)
+        try:
+            paths = pipeline.finish(run_dir, run, runs_root, secrets)
+            if store is not None:
+                store.index_run(record.load_run(run_dir.path), run_dir.path)
+                from . import dashboard
+                dashboard.render_history(store, board, tolerance)
+        except LocalWriteError:             # a full disk: the summary still, then the one line (exit 1)
+            run_summary(console, run, plan)
+            raise
     run_summary(console, run, plan)
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":

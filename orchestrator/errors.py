@@ -126,3 +126,13 @@ class SyncError(HostError):
 
 class FetchError(HostError):
     """A file could not be read back from the host safely (symlink, too large, outside)."""
+
+
+class LocalWriteError(KdError):
+    """A file of the run could not be written on this machine (a full disk, a read-only one):
+    the message names the file and the system's reason."""
+
+    def __init__(self, path, reason: OSError | str):
+        why = (reason.strerror or str(reason)) if isinstance(reason, OSError) else reason
+        super().__init__(f"cannot write {path}: {why}")
+        self.path = path

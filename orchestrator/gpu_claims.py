@@ -99,7 +99,7 @@ def held_claims(transport: Transport, uuids: Sequence[str]) -> dict[str, str]:
     """Which of these GPUs other runs of this remote_dir hold now (uuid -> owner), taking none."""
     host = transport.host
     process = transport.start(claim_command(host.remote_dir, state.Owner.now("probe"), uuids, 0))
-    return _answer(process, host).held
+    return _answer(process, host, uuids).held
 
 
 def preview(transport: Transport, request: Request, *,
@@ -122,24 +122,27 @@ def claim_command(remote_dir: str, owner: state.Owner, uuids: Sequence[str], cou
 
 def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt:
     host = transport.host
-    command = claim_command(host.remote_dir, owner, [g.uuid for g in choice.usable], choice.needed,
-                            state.lock_silence(host))
-    return _answer(transport.start(command), host)
+    uuids = [g.uuid for g in choice.usable]
+    command = claim_command(host.remote_dir, owner, uuids, choice.needed, state.lock_silence(host))
+    return _answer(transport.start(command), host, uuids)
 
 
-def _answer(process, host) -> _Attempt:
-    """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended)."""
+def _answer(process, host, asked: Sequence[str]) -> _Attempt:
+    """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended).
+    Only the GPUs `asked` about are taken from HELD and STALE lines (a host that names others, or
+    the same again, grows nothing: the answer's size is bounded by state.answers)."""
     held: dict[str, str] = {}
-    stale: list[tuple[str, state.Owner]] = []
+    stale: dict[str, state.Owner] = {}
     for word, rest in state.answers(process, host, "GPU claim command", host.timeout("lock")):
         uuid, _, text = rest.partition(" ")
+        if word in ("HELD", "STALE") and uuid not in asked:
+            continue
         if word == "CLAIMED":
-            return _Attempt(process, tuple(rest.split()), held, tuple(stale))
+            return _Attempt(process, tuple(rest.split()), held, tuple(stale.items()))
         if word == "HELD":
             held[uuid] = gpus_mod.visible(str(state.Owner.parse(text) or "owner unknown"), 300)
         elif word == "STALE":
-            stale.append((uuid, state.Owner.parse(text) or state.Owner("unknown", 0, "unknown",
-                                                                       gpus_mod.visible(text, 200))))
+            stale[uuid] = state.Owner.parse(text) or state.Owner("unknown", 0, "unknown", gpus_mod.visible(text, 200))
         elif word in ("SHORT", "PROBED"):
             process.close()
             return _Attempt(None, (), held, ())

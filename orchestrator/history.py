@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import ranges
 from .bisect import command_for
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
-from .errors import UsageError
-from .record import Regression, RunRecordError, finite_number, list_runs, load_run, mapping, short_text
+from .errors import LocalWriteError, UsageError
+from .record import Regression, RunRecordError, list_runs, load_run, mapping, short_text
 
 SCHEMA_VERSION = 3
 DEFAULT_NAME = "history.sqlite"
@@ -164,13 +165,15 @@ def run_points(run: dict) -> list[StoredPoint]:
 
 def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, host: dict,
            reused: bool, reused_from: str | None, busy: bool) -> StoredPoint | None:
-    value = finite_number(data.get("value")) if isinstance(data, dict) else None
+    """The point of one metric of a host record: None when its value is no number inside a
+    figure's range (a record written before the bench step checked the ranges); its other numbers
+    outside their range are left out."""
+    value = ranges.FIGURE.number(data.get("value")) if isinstance(data, dict) else None
     if not isinstance(data, dict) or value is None or not metric:
         return None
     samples = _numbers(data.get("samples"))
-    cpu_samples = _numbers(data.get("cpu_samples"))
-    cpu_samples = cpu_samples if all(v > 0 for v in cpu_samples) else ()
-    cal_samples = _numbers(data.get("cal_samples"))
+    cpu_samples = _numbers(data.get("cpu_samples"), ranges.POSITIVE, whole=True)
+    cal_samples = _numbers(data.get("cal_samples"), ranges.POSITIVE, whole=True)
     n = data.get("n")
     return StoredPoint(
         key=key, metric=metric, run_id=_text(run.get("run_id")), started=_text(run.get("started")),
@@ -179,25 +182,22 @@ def _point(key: SeriesKey, metric: str, data: object, run: dict, source: dict, h
         value=value, unit=_text(data.get("unit")),
         better="lower" if data.get("better") == "lower" else "higher",
         samples=samples, n=n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(samples) or None,
-        median=finite_number(data.get("median")), mad=_nonnegative(data.get("mad")),
+        median=ranges.FIGURE.number(data.get("median")), mad=ranges.FIGURE.number(data.get("mad")),
         noisy=data.get("noisy") is True or busy, reused=reused, reused_from=reused_from,
         cpu_samples=cpu_samples,
-        cal_samples=cal_samples if len(cal_samples) == len(cpu_samples) and all(v > 0 for v in cal_samples) else ())
+        cal_samples=cal_samples if len(cal_samples) == len(cpu_samples) else ())
 
 
-def _numbers(raw: object) -> tuple[float, ...]:
-    """The finite numbers of a list from run.json, at most SAMPLES_LIMIT."""
-    return tuple(v for v in (finite_number(s) for s in (raw if isinstance(raw, list) else [])[:SAMPLES_LIMIT])
-                 if v is not None)
+def _numbers(raw: object, field: ranges.Range = ranges.FIGURE, whole: bool = False) -> tuple[float, ...]:
+    """The numbers inside `field`'s range of a list from run.json, at most SAMPLES_LIMIT; with
+    `whole`, none unless every item is one (figures that pair up with another list's)."""
+    items = raw[:SAMPLES_LIMIT] if isinstance(raw, list) else []
+    kept = tuple(v for v in map(field.number, items) if v is not None)
+    return () if whole and len(kept) != len(items) else kept
 
 
 def _text(value: object) -> str:
     return short_text(value, TEXT_LIMIT) if value is not None else ""
-
-
-def _nonnegative(value: object) -> float | None:
-    number = finite_number(value)
-    return number if number is not None and number >= 0 else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,9 +255,13 @@ class HistoryStore:
     # -- writing ------------------------------------------------------------------------------
     def index_run(self, run: dict, run_dir: Path | str | None = None) -> int:
         """Store a run record's points and reported regressions (replacing an earlier indexing of
-        the same run); returns the number of points stored."""
-        with self.db:
-            return self._index(run, run_dir)
+        the same run); returns the number of points stored. LocalWriteError when the file cannot
+        grow (a full disk: nothing of the run is stored)."""
+        try:
+            with self.db:
+                return self._index(run, run_dir)
+        except sqlite3.OperationalError as e:
+            raise LocalWriteError(self.path, str(e)) from None
 
     def rebuild(self, runs_root: Path | str) -> tuple[int, int, list[str]]:
         """Forget everything and index every run directory under ``runs_root`` again.
@@ -320,13 +324,12 @@ class HistoryStore:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [_stored(row) for row in reversed(self.db.execute(sql, args).fetchall())]
+        return _in_range(reversed(self.db.execute(sql, args).fetchall()))
 
     def series_keys(self) -> list[tuple[SeriesKey, str]]:
-        """Every (comparable key, metric) with at least one new measurement, sorted."""
-        rows = self.db.execute("SELECT DISTINCT host, gpu, backend, build_key, metric FROM points WHERE reused = 0 "
-                               "ORDER BY host, gpu, backend, build_key, metric").fetchall()
-        return [(SeriesKey(*row[:4]), row[4]) for row in rows]
+        """Every (comparable key, metric) with at least one new measurement in range, sorted."""
+        found = {(p.key, p.metric) for p in _in_range(self.db.execute("SELECT * FROM points WHERE reused = 0"))}
+        return sorted(found, key=lambda km: (km[0].host, km[0].gpu, km[0].backend, km[0].build_key, km[1]))
 
     def points(self, **where: str) -> list[StoredPoint]:
         """Points matching every given column (host, gpu, backend, build_key, tree_hash, git_rev,
@@ -337,7 +340,7 @@ class HistoryStore:
         clause = " AND ".join(f"{column} = ?" for column in where) or "1"
         rows = self.db.execute(f"SELECT * FROM points WHERE {clause} ORDER BY started, run_id, host, metric",
                                list(where.values())).fetchall()
-        return [_stored(row) for row in rows]
+        return _in_range(rows)
 
     def has_run(self, run_id: str) -> bool:
         """Whether the run is indexed."""
@@ -354,13 +357,28 @@ class HistoryStore:
         return {(r[0], r[1], r[2]): json.loads(r[3]) for r in rows}
 
 
-def _stored(row: tuple) -> StoredPoint:
+def _stored(row: tuple) -> StoredPoint | None:
+    """The point a row holds; None when a number of it is outside its field's range (a history
+    indexed before the ranges were checked: such a point is never judged or plotted)."""
     (run_id, started, host, gpu, backend, build_key, tree_hash, git_rev, metric, value, unit, better,
      n, med, mad, samples, noisy, reused, reused_from, cpu_samples, cal_samples) = row
-    return StoredPoint(SeriesKey(host, gpu, backend, build_key), metric, run_id, started, tree_hash, git_rev,
-                       value, unit, better, tuple(json.loads(samples)) if samples else (), n, med, mad,
-                       bool(noisy), bool(reused), reused_from, tuple(json.loads(cpu_samples)) if cpu_samples else (),
-                       tuple(json.loads(cal_samples)) if cal_samples else ())
+    point = StoredPoint(SeriesKey(host, gpu, backend, build_key), metric, run_id, started, tree_hash, git_rev,
+                        value, unit, better, _listed(samples), n, med, mad, bool(noisy), bool(reused), reused_from,
+                        _listed(cpu_samples), _listed(cal_samples))
+    figures = (point.value, *point.samples, *(v for v in (med, mad) if v is not None))
+    in_range = all(ranges.FIGURE.number(v) is not None for v in figures) and \
+        all(ranges.POSITIVE.number(v) is not None for v in (*point.cpu_samples, *point.cal_samples))
+    return point if in_range else None
+
+
+def _in_range(rows) -> list[StoredPoint]:
+    """The points of these rows whose numbers are all inside their ranges, in the rows' order."""
+    return [p for p in map(_stored, rows) if p is not None]
+
+
+def _listed(text: str | None) -> tuple:
+    """A stored list of numbers (JSON text, or NULL for none)."""
+    return tuple(json.loads(text)) if text else ()
 
 
 def judge_run(store: HistoryStore, run: dict, tolerance: Callable[[str], float],

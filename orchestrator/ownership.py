@@ -25,6 +25,7 @@ On this machine, the same rule for the run directory and the orchestrator's loca
 """
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -32,8 +33,9 @@ import shlex
 import stat
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
-from .errors import UsageError
+from .errors import LocalWriteError, UsageError
 
 UNSAFE_EXIT = 86
 UNSAFE_PREFIX = "UNSAFE "
@@ -200,17 +202,28 @@ def private_open(path: Path | str, mode: str = "w"):
 
 
 def write_private(path: Path | str, data: str | bytes) -> Path:
-    """Write a file atomically (a new 0600 file renamed over the old; rename never follows a link)."""
+    """Write a file atomically (a new 0600 file renamed over the old; rename never follows a link);
+    LocalWriteError naming it when this machine cannot (a full disk)."""
     path = Path(path)
     raw = data.encode("utf-8", errors="replace") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """An OSError while writing `path` on this machine, as LocalWriteError naming it and why."""
+    try:
+        yield
+    except OSError as e:
+        raise LocalWriteError(path, e) from None

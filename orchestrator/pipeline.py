@@ -35,8 +35,8 @@ from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
 from .record import HostRecord, RunDir, RunRecord, StepRecord
-from .safe_text import visible
 from .run import Run
+from .sink import BoundedSink
 from .steps import ORDER, RUNNERS, StepContext, UserCommand
 from .steps import preflight as preflight_step
 from .steps.context import READERS
@@ -321,12 +321,12 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
     start = time.monotonic()
     reused_from = None
     with ownership.private_open(log_path) as log:
+        sink = BoundedSink(log, log_path, lambda text: out(f"{step:9} | {text}"))
+
         def write(text: str) -> None:
             if ctx.secrets:
                 text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
-            log.write(f"{visible(text)}\n")
-            log.flush()
-            out(f"{step:9} | {text}")
+            sink(text)
         ctx.step, ctx.log, ctx.devices_used, ctx.inputs_digest = step, write, [], None
         out(f"{step:9} ...")
         try:
@@ -336,16 +336,20 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             status = "interrupted" if run.stopped.is_set() else "timeout" if _timed_out(e) else "failed"
             message, tail = (f"interrupted: {e.message}" if status == "interrupted" else e.message), e.tail
             write(str(e))
+        cut = sink.close()
+    if sink.error is not None and status != "interrupted":     # a log that could not be written fails its step
+        status, message = "failed", sink.error.message + (f"; {message}" if message else "")
     if ctx.secrets:
         message, tail = record.redact(message, ctx.secrets), record.redact(tail, ctx.secrets)
     seconds = round(time.monotonic() - start, 3)
     shown = status.upper() if status in record.UNFINISHED_STEP_STATUSES else status
     reuse = f" (reused from run {reused_from})" if reused_from else ""
-    out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){'  ' + message if message else ''}")
+    left_out = f" [{cut['left_out_bytes']} bytes of output left out of the log]" if cut else ""
+    out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){left_out}{'  ' + message if message else ''}")
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = record.read_tail(log_path)
     return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
-                      list(ctx.devices_used) or None, ctx.inputs_digest)
+                      list(ctx.devices_used) or None, ctx.inputs_digest, cut)
 
 
 def _timed_out(error: KdError) -> bool:

@@ -26,7 +26,9 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                          "cuda_visible_devices": null | [GPU UUID, ...] (what its engine commands saw),
                          "inputs": null | SHA256 (test, bench: of what the result depends on: the
                                    executables, the tree's other files, build key, command, env;
-                                   equal in two runs: the same inputs)}},
+                                   equal in two runs: the same inputs),
+                         "output_cut": null | {"bytes", "lines", "left_out_bytes", "left_out_lines"} (a
+                                   long output: its log and console kept its first and last MB)}},
         "golden": {BUNDLE: {"status": "passed|failed", "checks": {CHECK: "passed|failed|skipped"},
                             "mismatch": null | {"check", "position", "expected", "actual",
                                                 "window_start", "margin"},
@@ -66,7 +68,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from orchestrator import ownership
+from orchestrator import ownership, ranges
 from orchestrator.errors import UsageError
 from orchestrator.inventory import STEPS
 
@@ -155,6 +157,7 @@ class StepRecord:
     reused_from: str | None = None
     cuda_visible_devices: list[str] | None = None
     inputs: str | None = None           # test, bench: the sha256 of what the result depends on
+    output_cut: dict | None = None      # what the log left out of a long output (sink.BoundedSink.close)
 
 
 @dataclass
@@ -264,13 +267,14 @@ def _test_case(item: dict, budget: list[int]) -> TestCase:
 def bench_from_engine(data: Any) -> dict:
     """The ``bench`` part of a host record from the engine's ``build/bench.json``.
 
-    Keeps the metrics whose value is a finite number (``unit`` a string, ``better`` higher or
-    lower) with what the engine says of their noise: ``samples`` (finite numbers, at most
-    SAMPLES_LIMIT), ``n``, ``median``, ``mad``, ``noisy`` (true only when the engine says so) and,
-    for CPU timings, ``cpu_samples`` (the same figures per CPU second, positive), ``cal_samples``
-    (the calibration probe beside each repeat, in the metric's terms, positive) and ``cpu_share``
-    (CPU seconds per wall second of the repeats, positive),
-    at most MAX_METRICS (ValueError beyond). Every other top-level key but ``version`` and
+    Keeps the metrics whose value is a number (``unit`` a string, ``better`` higher or lower) with
+    what the engine says of their noise: ``samples`` (numbers, at most SAMPLES_LIMIT), ``n``,
+    ``median``, ``mad``, ``noisy`` (true only when the engine says so) and, for CPU timings,
+    ``cpu_samples`` (the same figures per CPU second, positive), ``cal_samples`` (the calibration
+    probe beside each repeat, in the metric's terms, positive) and ``cpu_share`` (CPU seconds per
+    wall second of the repeats, positive), at most MAX_METRICS (ValueError beyond). Every number
+    kept must lie inside its field's range (orchestrator.ranges: ranges.OutOfRange, a ValueError,
+    names the metric, the field and the value). Every other top-level key but ``version`` and
     ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
     to keep.
     """
@@ -280,38 +284,39 @@ def bench_from_engine(data: Any) -> dict:
     if isinstance(raw, dict) and len(raw) > MAX_METRICS:
         raise ValueError(f"{len(raw)} benchmark metrics, more than {MAX_METRICS}")
     for name, metric in (raw.items() if isinstance(raw, dict) else ()):
-        value = finite_number(metric.get("value")) if isinstance(metric, dict) else None
+        name = short_text(name, 200)
+        value = ranges.FIGURE.read(metric.get("value"), f"metric {name}: value") if isinstance(metric, dict) else None
         if value is not None:
             better = metric.get("better")
-            metrics[short_text(name, 200)] = {
+            metrics[name] = {
                 "value": value,
                 "unit": short_text(metric.get("unit") or "", 40),
                 "better": better if better in ("higher", "lower") else "higher",
-                **_noise(metric),
+                **_noise(metric, f"metric {name}:"),
             }
     details = {k: v for k, v in data.items() if k not in ("version", "metrics")}
     return {"metrics": metrics, "details": _bounded(details)}
 
 
-def _noise(metric: dict) -> dict:
-    """A metric's samples and spread as the engine reported them, typed and bounded."""
+def _noise(metric: dict, what: str) -> dict:
+    """A metric's samples and spread as the engine reported them, typed, bounded and in range
+    (OutOfRange naming `what` and the field otherwise). Per-CPU-second figures with one not
+    positive are no such figures (left out, as a negative MAD or CPU share is)."""
     noise: dict[str, Any] = {}
     for key in ("samples", "cpu_samples", "cal_samples"):
         samples = metric.get(key)
         if isinstance(samples, list):
-            kept = [v for v in (finite_number(s) for s in samples[:SAMPLES_LIMIT]) if v is not None]
-            if kept and (key == "samples" or all(v > 0 for v in kept)):
-                noise[key] = kept
+            numbers = [s for s in samples[:SAMPLES_LIMIT] if finite_number(s) is not None]
+            field = ranges.FIGURE if key == "samples" else ranges.POSITIVE
+            if numbers and (key == "samples" or all(v > 0 for v in numbers)):
+                noise[key] = [field.check(v, f"{what} {key}") for v in numbers]
     n = metric.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 31:
         noise["n"] = n
-    for key in ("median", "mad"):
+    for key, field in (("median", ranges.FIGURE), ("mad", ranges.FIGURE), ("cpu_share", ranges.CPU_SHARE)):
         number = finite_number(metric.get(key))
-        if number is not None and (key != "mad" or number >= 0):
-            noise[key] = number
-    share = finite_number(metric.get("cpu_share"))
-    if share is not None and share > 0:
-        noise["cpu_share"] = share
+        if number is not None and (key == "median" or number > 0 or key == "mad" and number == 0):
+            noise[key] = field.check(number, f"{what} {key}")
     if metric.get("noisy") is True:
         noise["noisy"] = True
     return noise
@@ -626,8 +631,9 @@ def update_latest(runs_root: Path | str, run_dir: Path | str) -> Path:
     except ValueError:
         pass
     tmp = root / f".{LATEST}.{os.getpid()}.{_random.token_hex(4)}"
-    os.symlink(target, tmp)
-    os.replace(tmp, root / LATEST)
+    with ownership.writing(root / LATEST):
+        os.symlink(target, tmp)
+        os.replace(tmp, root / LATEST)
     return root / LATEST
 
 
@@ -700,14 +706,16 @@ def resolve_run(runs_root: Path | str, ref: str | Path | None = None) -> Path:
 
 
 def last_good_run(runs_root: Path | str, command: str = "nightly", exclude: str | None = None) -> dict | None:
-    """The newest readable run of ``command`` that passed (the nightly's default baseline)."""
+    """The newest readable run of ``command`` that passed, its figures in range (the nightly's
+    default baseline)."""
     path = newest_run(runs_root, (command,), passed=True, exclude=exclude)
     return load_run(path) if path else None
 
 
 def newest_run(runs_root: Path | str, commands: Iterable[str] = BASELINE_COMMANDS, passed: bool = False,
                exclude: str | None = None) -> Path | None:
-    """The newest readable run directory of one of ``commands`` (``passed``: that passed)."""
+    """The newest readable run directory of one of ``commands`` (``passed``: that passed, every
+    benchmark figure of it inside its range: a baseline to keep and compare with)."""
     commands = tuple(commands)
     for path in reversed(list_runs(runs_root)):
         if path.name == exclude:
@@ -716,14 +724,23 @@ def newest_run(runs_root: Path | str, commands: Iterable[str] = BASELINE_COMMAND
             run = load_run(path)
         except RunRecordError:
             continue
-        if run.get("command") in commands and (not passed or run.get("status") == "passed"):
+        if run.get("command") in commands and (not passed or run.get("status") == "passed" and _figures_in_range(run)):
             return path
     return None
 
 
+def _figures_in_range(run: dict) -> bool:
+    """Whether every benchmark value of a run record is inside a figure's range (one written
+    before the bench step checked them may hold 5e-324 or 1e308)."""
+    return all(ranges.FIGURE.number(mapping(m).get("value")) is not None
+               for host in run["hosts"].values()
+               for m in mapping(mapping(mapping(host).get("bench")).get("metrics")).values())
+
+
 def clean(runs_root: Path | str, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` runs under runs_root; returns what was deleted. The
-    newest passing nightly (the next nightly's baseline) is never deleted.
+    newest passing nightly (the next nightly's baseline; a run whose benchmark figures are outside
+    their range is none) is never deleted.
 
     Only run directories directly inside runs_root are candidates (names like a run id, real
     directories, never symlinks), and rmtree does not follow links inside them. ``latest`` is

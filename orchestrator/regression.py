@@ -16,6 +16,7 @@ import fnmatch
 import json
 from pathlib import Path
 
+from orchestrator import ranges
 from orchestrator.record import Regression, atomic_write, finite_number, mapping as _dict, unique as _unique, utc_now
 
 BASELINE_VERSION = 1
@@ -28,7 +29,8 @@ def baseline_values(baseline: dict) -> dict[str, dict[str, float]]:
     if "run_id" in baseline:
         hosts = {h: {m: _dict(v).get("value") for m, v in _dict(_dict(_dict(rec).get("bench")).get("metrics")).items()}
                  for h, rec in hosts.items()}
-    return {str(h): {str(m): v for m, v in _dict(ms).items() if finite_number(v) is not None} for h, ms in hosts.items()}
+    return {str(h): {str(m): v for m, v in _dict(ms).items() if ranges.FIGURE.number(v) is not None}
+            for h, ms in hosts.items()}
 
 
 def make_baseline(run: dict, thresholds: dict[str, float] | None = None) -> dict:
@@ -93,7 +95,7 @@ def find_regressions(current_run: dict, baseline: dict, thresholds: dict[str, fl
             continue
         metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
         for name, metric in metrics.items():
-            value, base = finite_number(_dict(metric).get("value")), finite_number(reference.get(host, {}).get(name))
+            value, base = ranges.FIGURE.number(_dict(metric).get("value")), ranges.FIGURE.number(reference.get(host, {}).get(name))
             if value is None or base is None or base <= 0:
                 continue
             better = "lower" if metric.get("better") == "lower" else "higher"
@@ -147,7 +149,7 @@ def _bench_metrics(run: dict) -> dict[str, dict[str, dict]]:
     hosts = {}
     for host, record in _dict(run.get("hosts")).items():
         metrics = _dict(_dict(_dict(record).get("bench")).get("metrics"))
-        hosts[str(host)] = {str(n): {"value": finite_number(_dict(m).get("value")), "unit": str(_dict(m).get("unit") or ""),
+        hosts[str(host)] = {str(n): {"value": ranges.FIGURE.number(_dict(m).get("value")), "unit": str(_dict(m).get("unit") or ""),
                                      "better": "lower" if _dict(m).get("better") == "lower" else "higher"}
                             for n, m in metrics.items()}
     return hosts

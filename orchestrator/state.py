@@ -34,7 +34,7 @@ from typing import Iterator
 
 from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
-from .transport import Transport
+from .transport import OutputOverflow, Transport
 
 STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
@@ -45,6 +45,8 @@ FINISH_TAIL = 8192          # the bytes of the tree hash command's output the cl
 STAMPS = ("deploy.json", "build.json", "bundles.json", "golden.json", "test.json", "bench.json")
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
+ANSWER_BYTES = 1 << 20      # what a host-side helper may print before its answer (a few lines normally)
+HOLDERS_SHOWN = 8           # the owners a busy lock's error names (the others counted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,7 @@ class HostLock:
             return begun
         if self.mode != EXCLUSIVE:
             raise ValueError("a sync begins only under the lock held alone")
-        return self._ask(b"begin\n", ("BEGUN",))[3]
+        return self._ask(b"begin\n", ("BEGUN",)).facts
 
     def finish_sync(self, tree_hash: str, record: dict) -> tuple[int | None, str]:
         """The sync's last step under this lock held alone, by the lock holder: it hashes the
@@ -150,9 +152,9 @@ class HostLock:
         runs holding it shared; LockError naming them when they stay (the lock stays shared)."""
         if self.mode == EXCLUSIVE:
             return
-        answer, holders, _, _ = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
-        if answer == "BUSY":
-            raise _busy(self.transport.host, holders, self._wait,
+        answer = self._ask(b"exclusive\n", ("EXCLUSIVE", "BUSY"))
+        if answer.word == "BUSY":
+            raise _busy(self.transport.host, answer, self._wait,
                         "is in use by other runs (the tree cannot change under them)")
         self.mode = EXCLUSIVE
 
@@ -163,7 +165,7 @@ class HostLock:
         self._ask(b"shared\n", ("SHARED",))
         self.mode = SHARED
 
-    def _ask(self, request: bytes, finals: tuple[str, ...]):
+    def _ask(self, request: bytes, finals: tuple[str, ...]) -> "_Answer":
         with self._guard:
             if self._process is None:
                 raise HostError("the lock was released", host=self.transport.host.name)
@@ -221,25 +223,32 @@ def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: flo
     process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait,
                                            begin_sync, host.rsync_path, hash_line))
     try:
-        answer, holders, stale, facts = _answer(process, host, wait, ("LOCKED", "BUSY"))
+        answer = _answer(process, host, wait, ("LOCKED", "BUSY"))
     except KdError:
         process.close(timeout=1)
         raise
-    if answer == "BUSY":
+    if answer.word == "BUSY":
         process.close()
-        raise _busy(host, holders, wait, "is locked by another run")
-    return HostLock(transport, process, stale[-1] if stale else None, host.timeout("keepalive"), mode, wait,
-                    facts if begin_sync else None)
+        raise _busy(host, answer, wait, "is locked by another run")
+    return HostLock(transport, process, answer.stale, host.timeout("keepalive"), mode, wait,
+                    answer.facts if begin_sync else None)
 
 
 def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]:
     """The (word, rest of the line) answers a host-side helper prints, for as long as the caller
-    reads; a helper that ends first, or is still answering `limit` seconds from now (a host that
-    trickles lines is no answer), is a HostError naming `what`."""
+    reads; a helper that ends first, is still answering `limit` seconds from now (a host that
+    trickles lines is no answer), or prints more than ANSWER_BYTES (a host that floods lines is no
+    answer either), is a HostError naming `what`."""
     deadline = time.monotonic() + limit
+    size = 0
     try:
         while True:
             line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
+            size += len(line) + 1 if line is not None else 0
+            if size > ANSWER_BYTES:
+                process.close(timeout=1)
+                raise HostError(f"the {what} printed more than {ANSWER_BYTES} bytes without an answer",
+                                host=host.name, tail=(line or "")[:200])
             if line is None:
                 result = process.close()
                 raise HostError(f"the {what} ended without an answer", host=host.name,
@@ -252,29 +261,54 @@ def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]
     except TimeoutError:
         process.close(timeout=1)
         raise HostError(f"no answer from the {what} within {limit:g} s", host=host.name) from None
+    except OutputOverflow as e:
+        process.close(timeout=1)
+        raise HostError(f"the {what} flooded its output: {e}", host=host.name) from None
 
 
-def _answer(process, host, wait: float,
-            finals: tuple[str, ...]) -> tuple[str, list[Owner], list[Owner], dict[str, str]]:
-    """Read the lock holder's answer up to one of `finals`: (that word, the HOLDER owners named
-    before it, the STALE owners recovered, BEGIN_SYNC's facts: PARTIAL, RSYNC, RSYNC_VERSION)."""
-    holders: list[Owner] = []
-    stale: list[Owner] = []
-    facts: dict[str, str] = {}
+@dataclasses.dataclass
+class _Answer:
+    """The lock holder's answer: its final word, the first HOLDERS_SHOWN owners of the runs
+    holding the lock (`more`: how many others it named), the last STALE owner it recovered and
+    BEGIN_SYNC's facts (PARTIAL, RSYNC, RSYNC_VERSION)."""
+
+    word: str = ""
+    holders: list[Owner] = dataclasses.field(default_factory=list)
+    more: int = 0
+    stale: Owner | None = None
+    facts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _answer(process, host, wait: float, finals: tuple[str, ...]) -> _Answer:
+    """Read the lock holder's answer up to one of `finals` (bounded: answers())."""
+    answer = _Answer()
     for word, rest in answers(process, host, "lock command", wait + host.timeout("lock")):
         if word in finals:
-            return word, holders, stale, facts
+            answer.word = word
+            return answer
         if word in BEGIN_SYNC_FACTS:
-            facts[word] = rest.strip()
-        elif word in ("STALE", "HOLDER"):
-            (stale if word == "STALE" else holders).append(Owner.parse(rest) or Owner("unknown", 0, "unknown", rest[:200]))
+            answer.facts[word] = rest.strip()
+        elif word == "STALE":
+            answer.stale = _owner(rest)
+        elif word == "HOLDER" and len(answer.holders) < HOLDERS_SHOWN:
+            answer.holders.append(_owner(rest))
+        elif word == "HOLDER":
+            answer.more += 1
         elif word == "UNSAFE":
             raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
     raise AssertionError("answers() ends only by raising")
 
 
-def _busy(host, holders: list[Owner], wait: float, what: str) -> LockError:
-    names = "; ".join(map(str, holders)) or "unknown owner"
+def _owner(text: str) -> Owner:
+    """The owner a HOLDER or STALE line names (one it garbled: unknown, with its first 200 characters)."""
+    return Owner.parse(text) or Owner("unknown", 0, "unknown", text[:200])
+
+
+def _busy(host, answer: _Answer, wait: float, what: str) -> LockError:
+    """The error of a busy lock: the holders it named (the first HOLDERS_SHOWN; the others counted)."""
+    names = "; ".join(map(str, answer.holders)) or "unknown owner"
+    if answer.more:
+        names += f"; and {answer.more} more"
     waited = f" (waited {wait:g} s: timeouts.lock)" if wait else ""
     return LockError(f"{host.remote_dir} {what}: {names}{waited}", host=host.name, owner=names)
 

@@ -45,6 +45,7 @@ TAIL_BYTES = 64 * 1024
 MAX_LINE = 64 * 1024    # a longer output line is passed on (logged, printed) in pieces of this size
 CHUNK = 64 * 1024
 STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
+UNREAD_BYTES = 4 << 20  # a started command's output not yet read: beyond it the rest is dropped (Process)
 
 OutputCallback = Callable[[str], None]
 
@@ -273,15 +274,16 @@ class Transport:
         if root != resolved.parent and root not in resolved.parent.parents or target.name in ("", ".", ".."):
             raise FetchError(f"refusing to write {target}: outside {root}", host=self.host.name)
         data = self.read_file(remote_path, max_bytes)
-        resolved.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None
-            raise
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with ownership.writing(resolved):           # a full disk here: LocalWriteError naming the file
+            resolved.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(resolved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise FetchError(f"refusing to write {resolved}: it is a symlink", host=self.host.name) from None
+                raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return resolved
 
     def start(self, command: str) -> "Process":
@@ -295,11 +297,23 @@ class Transport:
         self.close()
 
 
+class OutputOverflow(Exception):
+    """A started command printed more than UNREAD_BYTES that were not read yet; the rest was dropped."""
+
+
+_OVERFLOW = object()        # in a Process's queue: what follows was dropped
+
+
 class Process:
-    """A command started with Transport.start: read its output lines, write to its stdin."""
+    """A command started with Transport.start: read its output lines, write to its stdin. At most
+    UNREAD_BYTES of its output wait to be read (a host that floods a helper's output, or one nobody
+    reads any more, cannot fill this machine's memory): readline raises OutputOverflow past them."""
 
     def __init__(self, transport: Transport, command: str):
         self._lines: queue.Queue = queue.Queue()
+        self._unread = 0
+        self._overflowed = False
+        self._count = threading.Lock()
         read_end, write_end = os.pipe()
         self._write_end: int | None = write_end
         self._stdin = os.fdopen(read_end, "rb", buffering=0)
@@ -310,18 +324,33 @@ class Process:
 
     def _run(self, transport, command):
         try:
-            self.result = transport.run(command, timeout=None, on_output=self._lines.put, stdin=self._stdin)
+            self.result = transport.run(command, timeout=None, on_output=self._put, stdin=self._stdin)
         except BaseException as e:          # handed to the caller by readline/close
             self.error = e
         finally:
             self._lines.put(None)
 
+    def _put(self, line: str) -> None:
+        with self._count:
+            if self._overflowed:
+                return
+            self._overflowed = self._unread + len(line) > UNREAD_BYTES
+            self._unread += 0 if self._overflowed else len(line)
+        self._lines.put(_OVERFLOW if self._overflowed else line)
+
     def readline(self, timeout: float) -> str | None:
-        """The next output line; None at the end of the output. Raises TimeoutError."""
+        """The next output line; None at the end of the output. Raises TimeoutError, and
+        OutputOverflow where output was dropped."""
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError(f"no output within {timeout} s") from None
+        if line is _OVERFLOW:
+            self._lines.put(_OVERFLOW)
+            raise OutputOverflow(f"more than {UNREAD_BYTES} bytes of its output were not read; the rest was dropped")
+        if line is not None:
+            with self._count:
+                self._unread -= len(line)
         if line is None:
             self._lines.put(None)
             if self.error is not None:

@@ -146,10 +146,13 @@ def test_an_owner_names_this_machine_process_command_and_utc_start(monkeypatch):
 
 def test_a_busy_lock_names_every_holder_or_says_it_does_not_know(host):
     one, two = owner("validate", 1), owner("deploy", 2)
-    error = state._busy(host, [one, two], 5, "is locked by another run")
+    error = state._busy(host, state._Answer("BUSY", [one, two]), 5, "is locked by another run")
     assert str(error).endswith(f"{host.remote_dir} is locked by another run: {one}; {two} (waited 5 s: timeouts.lock)")
     assert error.host == "h" and error.owner == f"{one}; {two}"
-    assert "is locked by another run: unknown owner" in str(state._busy(host, [], 0, "is locked by another run"))
+    assert "is locked by another run: unknown owner" in str(state._busy(host, state._Answer("BUSY"), 0,
+                                                                         "is locked by another run"))
+    many = state._busy(host, state._Answer("BUSY", [one] * state.HOLDERS_SHOWN, 3), 0, "is locked by another run")
+    assert many.owner == "; ".join([str(one)] * state.HOLDERS_SHOWN) + "; and 3 more"
 
 
 def test_a_released_lock_cannot_change_mode(host):

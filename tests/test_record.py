@@ -49,7 +49,7 @@ def test_record_serialises_to_the_documented_schema():
     assert list(host["steps"]) == list(rec.STEPS)  # pipeline order whatever the insertion order
     assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
                                       "reused_from": "20261128-010000-bbbb", "cuda_visible_devices": None,
-                                      "inputs": None}
+                                      "inputs": None, "output_cut": None}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
                          "fingerprint", "steps", "golden", "tests", "bench", "stress", "gpus", "selected_gpus",
                          "gpu_runs", "build_key", "seconds"}

@@ -306,10 +306,10 @@ class StepContext:
         prints), asked once per run and kept in the host's record."""
         if self.record.build_key is None:
             text = self.engine_output("build_key")
-            try:
-                key = json.loads(text)
-            except ValueError:
-                raise StepError("the build key is not JSON", host=self.host.name, tail=text) from None
+            try:        # bounded as every JSON from a host is: its depth, size and numbers
+                key = bounded.loads(text, f"the build key (the {self.project.commands['build_key']!r} command's output)")
+            except ValueError as e:
+                raise StepError(str(e), host=self.host.name, tail=text[-2000:]) from None
             if not isinstance(key, dict):
                 raise StepError("the build key is not a JSON object", host=self.host.name, tail=text)
             self.record.build_key = key
