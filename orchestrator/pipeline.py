@@ -30,7 +30,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import doctor, gpus, ownership, parallel, record, remote, state, sync
+from . import doctor, gpus, ownership, parallel, progress, record, remote, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -183,14 +183,17 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
                     if "preflight" in plan.steps else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
-                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
+                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
+                         progress.Display(console))
         if "golden" in plan.steps:
             shared.reference.start()
         records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
         start = time.monotonic()
         try:
-            outcomes = parallel.run_parallel(
-                hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel, run.stop)
+            with shared.display:
+                outcomes = parallel.run_parallel(
+                    hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel,
+                    run.stop)
         except KeyboardInterrupt:
             outcomes = parallel.Outcomes()
         for host in hosts:
@@ -238,6 +241,7 @@ class _Shared:
     source: sync.SourceId
     owner: state.Owner
     reference: LocalReference
+    display: progress.Display           # every running step reports its progress to it
 
 
 def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord, console: Console) -> HostRecord:
@@ -271,7 +275,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                     continue
                 if step == next((s for s in plan.listed if s in plan.steps and s in READERS), None):
                     ctx.read_ahead(tuple(s for s in plan.listed if s in plan.steps and s in READERS))
-                rec.steps[step] = _run_step(ctx, run, step, out)
+                rec.steps[step] = _run_step(ctx, run, step, out, shared.display)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
@@ -314,20 +318,26 @@ def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
     return True
 
 
-def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
+def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Display) -> StepRecord:
     """One step with its log file, timing and outcome; errors become a failed/timeout record, and
-    any error once the run was stopped an `interrupted` one (with the output it had)."""
+    any error once the run was stopped an `interrupted` one (with the output it had). What the
+    step reports of its progress goes to the run's display."""
     log_path = ctx.run_dir.log_path(ctx.host.name, step)
     start = time.monotonic()
     reused_from = None
     with ownership.private_open(log_path) as log:
         sink = BoundedSink(log, log_path, lambda text: out(f"{step:9} | {text}"))
 
+        def redacted(text: str) -> str:
+            if not ctx.secrets:
+                return text
+            return "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
+
         def write(text: str) -> None:
-            if ctx.secrets:
-                text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
-            sink(text)
+            sink(redacted(text))
         ctx.step, ctx.log, ctx.devices_used, ctx.inputs_digest = step, write, [], None
+        ctx.progress = display.step(ctx.host.name, step, lambda text: sink(redacted(text), show=False),
+                                    lambda text: out(redacted(text)), ctx.secrets)
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
@@ -336,6 +346,9 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             status = "interrupted" if run.stopped.is_set() else "timeout" if _timed_out(e) else "failed"
             message, tail = (f"interrupted: {e.message}" if status == "interrupted" else e.message), e.tail
             write(str(e))
+        finally:
+            ctx.progress.close()
+            ctx.progress = progress.Ignored()
         cut = sink.close()
     if sink.error is not None and status != "interrupted":     # a log that could not be written fails its step
         status, message = "failed", sink.error.message + (f"; {message}" if message else "")
