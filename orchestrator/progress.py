@@ -29,12 +29,11 @@ the step's log gets the same plain line at that rate, and the last report when t
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from .console import Console
 from .record import redact
@@ -51,10 +50,9 @@ _SHAPE = re.compile(r"::kdtree-progress done=(\d{1,15})(?: total=(\d{1,15}))? un
                     r"(?: bytes=(\d{1,15}))?(?: what=(.*))?")
 
 
-@dataclasses.dataclass(frozen=True)
-class Update:
+class Update(NamedTuple):
     """One progress report: `done` of `total` (None: unknown) `unit`s, `bytes` written so far
-    (None: not reported), and what the step is at."""
+    (None: not reported), and what the step is at. (A tuple: made for every report of a flood.)"""
 
     done: int
     total: int | None
@@ -137,14 +135,15 @@ class StepProgress:
 
     def report(self, update: Update) -> None:
         """Take `update` as the step's progress (shown at the display's next refresh)."""
-        if self.secrets and update.what:
-            update = dataclasses.replace(update, what=redact(update.what, self.secrets))
         with self.display.lock:
             self.last, self._unwritten = update, True
 
     def line(self, now: float) -> str:
-        """The step's progress in words: `3m05s: 12/20 files: compiled src/model.cpp`."""
+        """The step's progress in words: `3m05s: 12/20 files: compiled src/model.cpp`, secrets
+        redacted (here, not as reports come: a flood of them costs one redaction a refresh)."""
         last = self.last
+        if last is not None and self.secrets and last.what:
+            last = last._replace(what=redact(last.what, self.secrets))
         return elapsed(now - self.started) + (f": {describe(last)}" if last is not None else "")
 
     def close(self) -> None:
