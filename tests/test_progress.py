@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, progress
+from orchestrator import cli, pipeline, progress
 from orchestrator.console import Console
+from orchestrator.errors import KdError
 
 from test_faults import fake_commands
 
@@ -159,3 +160,37 @@ def test_progress_is_plain_and_rare_when_not_a_terminal(make_inventory, tmp_path
     assert len(plain) <= len(logged) <= len(plain) + 1 and logged[-1] == ("10", "10"), log
     assert len(log.splitlines()) < 20
 
+
+
+class Collected:
+    """A reporter that keeps every update with the time it came."""
+
+    def __init__(self):
+        self.updates: list[tuple[float, progress.Update]] = []
+
+    def report(self, update: progress.Update) -> None:
+        self.updates.append((time.monotonic(), update))
+
+
+def test_this_machines_regeneration_reports_as_it_goes(make_inventory, tmp_path, monkeypatch):
+    """The golden step's regeneration on this machine (LocalReference) passes its reports on as
+    they come, not when it ends, and keeps them out of its output; past LOCAL_TIMEOUT it is
+    stopped and says so."""
+    regenerate = ("echo '::kdtree-progress done=0 total=2 unit=bundles what=making tiny'; echo working; sleep 1.5; "
+                  "echo '::kdtree-progress done=2 total=2 unit=bundles bytes=99 what=wrote b'; "
+                  "mkdir -p \"$KD_BUNDLE_DIR\" && echo '{\"bundles\": []}' > \"$KD_BUNDLE_DIR/manifest.json\"")
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "deploy")}},
+                         commands=fake_commands(bundles_key="echo k1", bundles=regenerate))
+    reference = pipeline.LocalReference(inv.project, tmp_path / "cache")
+    collected = Collected()
+    assert reference.local(collected) == {"bundles": []}
+    ended = time.monotonic()
+    assert [u for _, u in collected.updates] == [progress.Update(0, 2, "bundles", None, "making tiny"),
+                                                 progress.Update(2, 2, "bundles", 99, "wrote b")]
+    assert ended - collected.updates[0][0] >= 1.0
+    monkeypatch.setattr(pipeline, "LOCAL_TIMEOUT", 1)
+    slow = pipeline.LocalReference(make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "d")}},
+                                                  commands=fake_commands(bundles_key="sleep 10; echo k")).project,
+                                   tmp_path / "cache")
+    with pytest.raises(KdError, match="the local bundles_key command timed out after 1 s"):
+        slow.local()
