@@ -132,6 +132,8 @@ class StepProgress:
         self.started = self.written = display.clock()
         self.last: Update | None = None
         self._unwritten = False
+        self._closed = False
+        self._writing = threading.Lock()     # a plain line being written; close() waits for it (the log then closes)
 
     def report(self, update: Update) -> None:
         """Take `update` as the step's progress (shown at the display's next refresh)."""
@@ -148,12 +150,23 @@ class StepProgress:
 
     def close(self) -> None:
         """The step ended: leave the display; its last report, not yet logged, goes to its log."""
-        with self.display.lock:
-            self.display.steps.remove(self)
-            unwritten, now = self._unwritten, self.display.clock()
+        with self._writing:
+            with self.display.lock:
+                self.display.steps.remove(self)
+                unwritten, now = self._unwritten, self.display.clock()
+            self._closed = True
+            if unwritten:
+                self.log(f"progress: {self.line(now)}")
         self.display.refresh()
-        if unwritten:
-            self.log(f"progress: {self.line(now)}")
+
+    def write(self, line: str, show: bool) -> None:
+        """Write a plain line to the step's log (and, `show`, to the console), unless it has ended."""
+        with self._writing:
+            if self._closed:
+                return
+            self.log(f"progress: {line}")
+            if show:
+                self.show(f"{self.step:9} ... {line}")
 
     def _due(self, now: float, interval: float) -> str | None:
         """The plain line to write now (called under the display's lock), or None if none is due."""
@@ -241,9 +254,7 @@ class Display:
             with self.lock:
                 due = [(s, line) for s in self.steps if (line := s._due(now, self.interval)) is not None]
             for entry, line in due:
-                entry.log(f"progress: {line}")
-                if not self.live:
-                    entry.show(f"{entry.step:9} ... {line}")
+                entry.write(line, show=not self.live)
 
 
 def _is_terminal(stream) -> bool:
