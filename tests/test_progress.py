@@ -80,27 +80,27 @@ def test_a_million_reports_keep_one_and_write_one_log_line():
     assert re.fullmatch(r"progress: \d+s: 999999/1000000 files: file 999999 \[REDACTED\]", logged[0]), logged
 
 
-def local_inventory(make_inventory, tmp_path, bundles: str):
+def local_inventory(make_inventory, tmp_path, bundles: str, **entry):
     """An inventory (tmp_path/hosts.yaml) of the local host whose bundles command is `bundles`."""
-    return make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "deploy"), "gpus": 0}},
+    return make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "deploy"), "gpus": 0, **entry}},
                           commands=fake_commands(bundles_key="echo k1", bundles=bundles))
 
 
-# Five reports, 0.7 s apart, with an escape sequence in what they say and a line of output each
+# Five reports, 0.7 s apart, with an escape sequence and a secret in what they say, and a line of output each
 SLOW_BUNDLES = ("for i in 1 2 3 4 5; do sleep 0.7; "
                 "echo \"::kdtree-progress done=$i total=5 unit=bundles bytes=$((i * 1500000)) "
-                "what=wrote model_$i.kdtr $(printf '\\033[2J')\"; echo \"output $i\"; done")
+                "what=wrote model_$i.kdtr $(printf '\\033[2J') $KD_PROGRESS_TOKEN\"; echo \"output $i\"; done")
 
 
 def test_progress_shows_live_in_a_terminal(make_inventory, tmp_path):
     """`invoke validate` in a pseudo-terminal: while the bundles step runs, its live line shows
     the host, the step, the elapsed time and the last report (bundles of total, bytes written,
-    the escape sequence it carried shown as text), redrawn in place; the reports themselves are
+    the escape sequence it carried shown as text, its secret redacted), redrawn in place; the reports themselves are
     never printed as lines, the step's ordinary output is, and the step's log has the last report."""
-    local_inventory(make_inventory, tmp_path, SLOW_BUNDLES)
+    local_inventory(make_inventory, tmp_path, SLOW_BUNDLES, secret_env=["KD_PROGRESS_TOKEN"])
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 150, 0, 0))
-    env = {**os.environ, "TERM": "xterm"}
+    env = {**os.environ, "TERM": "xterm", "KD_PROGRESS_TOKEN": "tok-9f3b2c7e1a"}
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "validate", "--inventory", str(tmp_path / "hosts.yaml"),
                              "--steps", "sync,bundles", "--report-dir", str(tmp_path / "run")],
                             cwd=REPO, stdin=slave, stdout=slave, stderr=slave, env=env)
@@ -126,26 +126,29 @@ def test_progress_shows_live_in_a_terminal(make_inventory, tmp_path):
     assert proc.returncode == 0, text[-3000:]
     ended = text.index("[local] bundles   passed")
     live = re.findall(r"\r\x1b\[2K(\[local\] bundles   \.\.\. (\d+)s: (\d)/5 bundles, ([\d.]+) MB: wrote model_\d\.kdtr "
-                      r"\\x1b\[2J)", text[:ended])
+                      r"\\x1b\[2J \[REDACTED\])", text[:ended])
     assert len(live) >= 4, text[:ended]
     # drawn again as the step goes on: its count and its elapsed time both advance
     assert {int(n) for _, _, n, _ in live} >= {2, 3, 4} and int(live[-1][1]) >= 2
-    assert "| ::kdtree-progress" not in text and "\x1b[2J" not in text
+    assert "| ::kdtree-progress" not in text and "\x1b[2J" not in text and "tok-9f3b2c7e1a" not in text
     assert "[local] bundles   | output 3" in text
     log = (tmp_path / "run" / "local" / "bundles.log").read_text()
-    assert re.search(r"^progress: \d+s: 5/5 bundles, 7\.5 MB: wrote model_5\.kdtr \\x1b\[2J$", log, re.M), log
+    assert re.search(r"^progress: \d+s: 5/5 bundles, 7\.5 MB: wrote model_5\.kdtr \\x1b\[2J \[REDACTED\]$", log, re.M), log
     assert not re.search(r"^::kdtree-progress", log, re.M)
 
 
 def test_progress_is_plain_and_rare_when_not_a_terminal(make_inventory, tmp_path, monkeypatch):
     """Not a terminal (CI): a step that reports a flood of progress (200 000 lines) for about 4 s
     shows a plain line at most every interval (1 s here; 30 s by default), none of the reports
-    themselves; its log has the same lines. A malformed report is ordinary output, escaped."""
+    themselves; its log has the same lines. A malformed report is ordinary output, escaped; a
+    secret a report carries is redacted."""
     monkeypatch.setattr(progress, "PLAIN_INTERVAL", 1.0)
+    monkeypatch.setenv("KD_PROGRESS_TOKEN", "tok-9f3b2c7e1a")
     flood = ("yes '::kdtree-progress done=7 total=9 unit=tests what=passed 7' | head -n 200000; "
              "echo '::kdtree-progress done=12345678901234567 unit=bytes what=\x01'; "
-             "for i in 1 2 3; do sleep 1; echo \"::kdtree-progress done=$((7 + i)) total=10 unit=tests what=passed\"; done")
-    inv = local_inventory(make_inventory, tmp_path, flood)
+             "for i in 1 2 3; do sleep 1; echo \"::kdtree-progress done=$((7 + i)) total=10 unit=tests what=passed "
+             "with $KD_PROGRESS_TOKEN\"; done")
+    inv = local_inventory(make_inventory, tmp_path, flood, secret_env=["KD_PROGRESS_TOKEN"])
     out = io.StringIO()
     start = time.monotonic()
     code = cli.validate(inv, [inv.hosts["local"]], Console(out), steps="sync,bundles", report_dir=str(tmp_path / "run"))
@@ -160,7 +163,8 @@ def test_progress_is_plain_and_rare_when_not_a_terminal(make_inventory, tmp_path
     logged = re.findall(r"^progress: \d+s: (\d+)/(\d+) tests: passed", log, re.M)
     assert len(plain) <= len(logged) <= len(plain) + 1 and logged[-1] == ("10", "10"), log
     assert len(log.splitlines()) < 20
-
+    assert "passed with [REDACTED]" in log and "passed with [REDACTED]" in text
+    assert "tok-9f3b2c7e1a" not in log + text
 
 
 class Collected:
