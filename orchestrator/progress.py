@@ -10,8 +10,8 @@ N is 1 to 15 decimal digits (done <= total when total is given), WORD 1 to 16 lo
 (files, bundles, tests, bytes, ...), TEXT the rest of the line (what the step is at: `compiled
 src/model.cpp`). A line of another shape, or longer than MAX_LINE characters, is ordinary output.
 What a host sends is hostile: the numbers are bounded by the shape, TEXT is shown escaped
-(safe_text.visible), on one line, cut to WHAT_SHOWN characters, and secrets are redacted from it
-before it is kept.
+(safe_text.visible), on one line, cut to WHAT_SHOWN characters, with the host's secrets redacted
+wherever it is shown or logged; a flood of reports keeps only the last one.
 
     display = Display(console)              # live lines on a terminal, plain periodic lines otherwise
     with display:
