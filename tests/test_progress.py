@@ -131,7 +131,7 @@ def test_progress_shows_live_in_a_terminal(make_inventory, tmp_path):
     # drawn again as the step goes on: its count and its elapsed time both advance
     assert {int(n) for _, _, n, _ in live} >= {2, 3, 4} and int(live[-1][1]) >= 2
     assert "| ::kdtree-progress" not in text and "\x1b[2J" not in text and "tok-9f3b2c7e1a" not in text
-    assert "[local] bundles   | output 3" in text
+    assert "[local] bundles   | output 3" in text and "| progress:" not in text     # the log's lines stay there
     log = (tmp_path / "run" / "local" / "bundles.log").read_text()
     assert re.search(r"^progress: \d+s: 5/5 bundles, 7\.5 MB: wrote model_5\.kdtr \\x1b\[2J \[REDACTED\]$", log, re.M), log
     assert not re.search(r"^::kdtree-progress", log, re.M)
@@ -157,7 +157,7 @@ def test_progress_is_plain_and_rare_when_not_a_terminal(make_inventory, tmp_path
     assert code == 0, text
     plain = re.findall(r"^\[local\] bundles   \.\.\. \d+s: (\d+)/(\d+) tests: passed.*$", text, re.M)
     assert 1 <= len(plain) <= took / 1.0 + 1, text
-    assert "| ::kdtree-progress done=7" not in text
+    assert "| ::kdtree-progress done=7" not in text and "| progress:" not in text
     assert "[local] bundles   | ::kdtree-progress done=12345678901234567 unit=bytes what=\\x01" in text
     log = (tmp_path / "run" / "local" / "bundles.log").read_text()
     logged = re.findall(r"^progress: \d+s: (\d+)/(\d+) tests: passed", log, re.M)
