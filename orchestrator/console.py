@@ -17,7 +17,7 @@ import shutil
 import sys
 import threading
 import unicodedata
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from .safe_text import visible
 
@@ -30,6 +30,13 @@ class Console:
         self.width = width          # host names are padded to this width
         self.columns = columns      # the terminal's width (None: asked of the terminal, 0: no wrapping)
         self._lock = threading.Lock()
+        self._divert: Callable[[str], None] | None = None
+
+    def divert(self, write: Callable[[str], None] | None) -> None:
+        """Send every line to `write` instead of the stream (a live display prints them above its
+        own lines: progress.Display); None: to the stream again."""
+        with self._lock:
+            self._divert = write
 
     def host(self, name: str) -> "HostOutput":
         """The output of one host: lines prefixed by its name."""
@@ -38,7 +45,7 @@ class Console:
     def say(self, text: str = "") -> None:
         """Unprefixed lines (control characters made visible)."""
         with self._lock:
-            print(visible(str(text)), file=self.stream, flush=True)
+            self._print(visible(str(text)))
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
         """A plain aligned table (the summary of a run)."""
@@ -53,7 +60,14 @@ class Console:
         prefix = f"[{name.ljust(self.width)}] "
         with self._lock:
             for piece in _pieces(text.expandtabs(), self._columns() - len(prefix)):
-                print(prefix + piece, file=self.stream, flush=True)
+                self._print(prefix + piece)
+
+    def _print(self, text: str) -> None:
+        """One line (or several, for say's text) to the stream or where it is diverted; called under the lock."""
+        if self._divert is not None:
+            self._divert(text)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def _columns(self) -> int:
         if self.columns is not None:

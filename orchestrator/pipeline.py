@@ -23,14 +23,16 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import doctor, gpus, ownership, parallel, record, remote, state, sync
+from . import doctor, gpus, ownership, parallel, progress, record, remote, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -41,6 +43,7 @@ from .steps import ORDER, RUNNERS, StepContext, UserCommand
 from .steps import preflight as preflight_step
 from .steps.context import READERS
 
+LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
 # deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
@@ -131,34 +134,62 @@ class LocalReference:
         except (OSError, ValueError) as e:
             raise KdError(f"cannot read the expected manifest {path}: {e}") from None
 
-    def local(self) -> dict:
-        """This machine's regeneration (generated on first use, then reused by every host)."""
+    def local(self, reporter: progress.Reporter | None = None) -> dict:
+        """This machine's regeneration (generated on first use, then reused by every host);
+        `reporter`: where the regeneration, when this call makes it, reports its progress."""
         with self._lock:
             if self._local is None:
-                self._local = self._generate()
+                self._local = self._generate(reporter)
             return self._local
 
-    def _generate(self) -> dict:
+    def _generate(self, reporter: progress.Reporter | None) -> dict:
         key = (self._key.result() if self._key is not None else self._local_command("bundles_key")).split()[-1]
         out = self.cache_root / key
         manifest = out / Path(self.project.results["manifest"]).name
         if not self.use_cache or not manifest.is_file():       # --no-cache regenerates here too
-            self._local_command("bundles", {"KD_BUNDLE_DIR": str(out)})
+            self._local_command("bundles", {"KD_BUNDLE_DIR": str(out)}, reporter)
         try:
             return json.loads(manifest.read_text())
         except (OSError, ValueError) as e:
             raise KdError(f"the local regeneration left no readable manifest at {manifest}: {e}") from None
 
-    def _local_command(self, name: str, env: dict | None = None) -> str:
+    def _local_command(self, name: str, env: dict | None = None, reporter: progress.Reporter | None = None) -> str:
+        """The standard output of the project's command `name` run here (its progress reports go
+        to `reporter`, not into it); CommandError unless it exits 0 within LOCAL_TIMEOUT and prints."""
         snippet = self.project.commands[name]
         environ = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHON": sys.executable, "KD_BACKEND": "cpu",
                    **(env or {})}
-        proc = subprocess.run(["bash", "-c", snippet], cwd=self.project.source, capture_output=True, text=True,
-                              env={**_base_env(), **environ}, timeout=900)
-        if proc.returncode != 0 or not proc.stdout.split():
-            raise CommandError(f"the local {name} command failed", command=snippet, exit_status=proc.returncode,
-                               tail=(proc.stdout + proc.stderr)[-4000:])
-        return proc.stdout
+        with tempfile.TemporaryFile() as errors:
+            proc = subprocess.Popen(["bash", "-c", snippet], cwd=self.project.source, stdout=subprocess.PIPE,
+                                    stderr=errors, text=True, env={**_base_env(), **environ}, start_new_session=True)
+            assert proc.stdout is not None          # stdout=PIPE
+            timed_out = threading.Event()
+
+            def stop() -> None:         # the whole group: a child left holding stdout would keep the read waiting
+                timed_out.set()
+                os.killpg(proc.pid, signal.SIGKILL)
+            timer = threading.Timer(LOCAL_TIMEOUT, stop)
+            timer.start()
+            try:        # read as it comes: a regeneration takes minutes, and says how far it is
+                output = "".join(line for line in proc.stdout if not _reported(line, reporter))
+            finally:
+                timer.cancel()
+                proc.wait()
+            errors.seek(0)
+            tail = (output + errors.read().decode(errors="replace"))[-4000:]
+        if proc.returncode != 0 or not output.split():
+            why = f"timed out after {LOCAL_TIMEOUT} s" if timed_out.is_set() else "failed"
+            raise CommandError(f"the local {name} command {why}", command=snippet, exit_status=proc.returncode,
+                               tail=tail)
+        return output
+
+
+def _reported(line: str, reporter: progress.Reporter | None) -> bool:
+    """Whether `line` is a progress report (then given to `reporter`, when there is one)."""
+    update = progress.parse(line.rstrip("\n"))
+    if update is not None and reporter is not None:
+        reporter.report(update)
+    return update is not None
 
 
 def _base_env() -> dict:
@@ -183,14 +214,17 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
                     if "preflight" in plan.steps else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
-                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache))
+                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
+                         progress.Display(console))
         if "golden" in plan.steps:
             shared.reference.start()
         records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
         start = time.monotonic()
         try:
-            outcomes = parallel.run_parallel(
-                hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel, run.stop)
+            with shared.display:
+                outcomes = parallel.run_parallel(
+                    hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel,
+                    run.stop)
         except KeyboardInterrupt:
             outcomes = parallel.Outcomes()
         for host in hosts:
@@ -238,6 +272,7 @@ class _Shared:
     source: sync.SourceId
     owner: state.Owner
     reference: LocalReference
+    display: progress.Display           # every running step reports its progress to it
 
 
 def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord, console: Console) -> HostRecord:
@@ -271,7 +306,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                     continue
                 if step == next((s for s in plan.listed if s in plan.steps and s in READERS), None):
                     ctx.read_ahead(tuple(s for s in plan.listed if s in plan.steps and s in READERS))
-                rec.steps[step] = _run_step(ctx, run, step, out)
+                rec.steps[step] = _run_step(ctx, run, step, out, shared.display)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
@@ -314,20 +349,26 @@ def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
     return True
 
 
-def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
+def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Display) -> StepRecord:
     """One step with its log file, timing and outcome; errors become a failed/timeout record, and
-    any error once the run was stopped an `interrupted` one (with the output it had)."""
+    any error once the run was stopped an `interrupted` one (with the output it had). What the
+    step reports of its progress goes to the run's display."""
     log_path = ctx.run_dir.log_path(ctx.host.name, step)
     start = time.monotonic()
     reused_from = None
     with ownership.private_open(log_path) as log:
         sink = BoundedSink(log, log_path, lambda text: out(f"{step:9} | {text}"))
 
+        def redacted(text: str) -> str:
+            if not ctx.secrets:
+                return text
+            return "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
+
         def write(text: str) -> None:
-            if ctx.secrets:
-                text = "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
-            sink(text)
+            sink(redacted(text))
         ctx.step, ctx.log, ctx.devices_used, ctx.inputs_digest = step, write, [], None
+        ctx.progress = display.step(ctx.host.name, step, lambda text: sink(redacted(text), show=False),
+                                    lambda text: out(redacted(text)), ctx.secrets)
         out(f"{step:9} ...")
         try:
             outcome = RUNNERS[step](ctx)
@@ -336,6 +377,9 @@ def _run_step(ctx: StepContext, run: Run, step: str, out) -> StepRecord:
             status = "interrupted" if run.stopped.is_set() else "timeout" if _timed_out(e) else "failed"
             message, tail = (f"interrupted: {e.message}" if status == "interrupted" else e.message), e.tail
             write(str(e))
+        finally:
+            ctx.progress.close()
+            ctx.progress = progress.Ignored()
         cut = sink.close()
     if sink.error is not None and status != "interrupted":     # a log that could not be written fails its step
         status, message = "failed", sink.error.message + (f"; {message}" if message else "")

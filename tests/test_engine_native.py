@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine_copies import engine_copy
+from orchestrator import progress
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 
@@ -45,6 +46,24 @@ def test_run_tests_passes(engine_run):
     assert run.returncode == 0, f"run_tests.sh failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
     assert lines[-1] == "ALL TESTS PASSED"
     assert not [line for line in lines if line.startswith("FAIL")]
+
+
+def test_the_scripts_report_progress_the_orchestrator_reads(engine_run):
+    """run_tests.sh reports after every test (tests run, passed of them), build.sh the files it
+    compiles of those it must, then each link: every report is one orchestrator.progress parses."""
+    copy, run = engine_run
+    results = json.loads((copy / "build" / "test_results.json").read_text())
+    tests = [progress.parse(line) for line in run.stdout.splitlines() if line.startswith("::kdtree-progress")]
+    assert None not in tests and len(tests) == len(results["tests"])
+    assert tests[-1].done == len(results["tests"]) and tests[-1].what.startswith(f"{results['passed']} passed, 0 failed")
+    (copy / "src" / "version.cpp").touch()          # one stale object (the tree is the same)
+    build = subprocess.run(["bash", "scripts/build.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
+                           check=True, timeout=600)
+    reports = [progress.parse(line) for line in build.stdout.splitlines() if line.startswith("::kdtree-progress")]
+    assert None not in reports and {(r.total, r.unit) for r in reports} == {(1, "files")}
+    assert [r.what for r in reports if r.done == 1] == ["compiled", "linking build/kdtree", "linking build/test_ops",
+                                                        "linking build/fuzz"]
+    assert reports[0] == progress.Update(0, 1, "files", None, "compiling src/version.cpp")
 
 
 def test_results_file_lists_every_test(engine_run):

@@ -28,12 +28,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from kdtree_ref import ddtree, kdtr, prng  # noqa: E402
+from kdtree_ref import ddtree, kdtr, progress, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, RopeScaling, Trajectory, Transformer, generate  # noqa: E402
 from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized, quantize  # noqa: E402
 
 MANIFEST_VERSION = 1
+BUNDLES_PER_CONFIG = 2      # build_config's fp32 and int4 bundles (the total of the progress reports)
 SEED = "kdtree-ref-v1"
 CONFIGS = {
     "tiny": ModelArgs(
@@ -384,15 +385,19 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     opts.out.mkdir(parents=True, exist_ok=True)
     bundles, acceptance, candidates = [], {}, {}
+    total, written = BUNDLES_PER_CONFIG * len(opts.configs), 0
     for name in opts.configs:
+        progress.report(len(bundles), total, "bundles", f"making {name}: weights, golden prompt, drafter", written)
         for b in build_config(CONFIGS[name]):
             path = opts.out / b.entry["file"]
             path.write_bytes(b.blob)
             bundles.append(b.entry)
             acceptance[b.name] = b.accept
             candidates[name] = b.candidate
+            written += len(b.blob)
             print(f"wrote {path}  quantized {b.n_quantized} weights (G={GROUP_SIZE})  "
                   f"golden[:8]={b.entry['golden'][:8]}", flush=True)
+            progress.report(len(bundles), total, "bundles", f"wrote {b.entry['file']}", written)
     manifest = {
         "version": MANIFEST_VERSION,
         "generator": {

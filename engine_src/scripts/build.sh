@@ -11,6 +11,8 @@
 #   KD_BUILD_CACHE  how many earlier trees' binaries build/trees/ keeps (default 4; 0: none)
 #   KD_ALLOW_SPILLS 1: link even when a kernel spills registers (CUDA builds record ptxas resource
 #               usage per device function in build/cuda_resources.json and fail on a spill)
+# Reports its progress as it compiles and links (`::kdtree-progress done=3 total=20 unit=files
+# what=compiled src/model.cpp`; the shape: python/kdtree_ref/progress.py).
 # `build.sh --key` prints the build key (JSON) and builds nothing.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -139,10 +141,15 @@ stale() {
 
 jobs_max="$(nproc 2>/dev/null || echo 2)"
 pids=(); names=(); rebuilt=()
+n_compile=0   # how many sources this build compiles (the total of its progress reports)
+progress() {  # progress WHAT: a progress report (its shape: python/kdtree_ref/progress.py): compiles ended of all
+    echo "::kdtree-progress done=$(( ${#pids[@]} - $(jobs -rp | wc -l) )) total=$n_compile unit=files what=$1"
+}
 compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
     while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n || true; done
     local out="$1" src="$2"
     echo "build.sh: compiling $src"
+    progress "compiling $src"
     if [[ "$src" == *.cu ]]; then
         # ptxas's resource usage (registers, spills, smem per function) goes to OUT.res, the
         # compiler's other messages to stderr as usual.
@@ -161,15 +168,21 @@ compile() {  # compile OUT SRC: in the background, at most jobs_max at a time
 
 sources=(src/*.cpp tests/test_ops.cpp tests/fuzz.cpp)
 [[ "$backend" == cuda ]] && sources+=(src/cuda/*.cu bench/gpu_load.cu)
-objects=()
+objects=(); stale_objects=(); stale_sources=()
 for src in "${sources[@]}"; do
     [[ -e "$src" ]] || continue
     base="${src//\//_}"; o="$obj/${base%.*}.o"
     objects+=("$o")
-    if stale "$o" || [[ "$src" == *.cu && ! -f "${o%.o}.res" ]]; then compile "$o" "$src"; fi
+    if stale "$o" || [[ "$src" == *.cu && ! -f "${o%.o}.res" ]]; then stale_objects+=("$o"); stale_sources+=("$src"); fi
 done
+n_compile=${#stale_sources[@]}
+for i in "${!stale_sources[@]}"; do compile "${stale_objects[$i]}" "${stale_sources[$i]}"; done
 failed=()
-for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${names[$i]}"); done
+for i in "${!pids[@]}"; do
+    if kill -0 "${pids[$i]}" 2>/dev/null; then progress "compiling ${names[$i]}"; fi    # what it now waits for
+    wait "${pids[$i]}" || failed+=("${names[$i]}")
+done
+if (( ${#pids[@]} )); then progress "compiled"; fi
 if (( ${#failed[@]} )); then
     for f in "${failed[@]}"; do rm -f "$obj/$(echo "${f//\//_}" | sed 's/\.[^.]*$//').o"; done
     echo "build.sh: compile failed: ${failed[*]}" >&2
@@ -207,6 +220,7 @@ link() {  # link OUT OBJECTS...: when an object is newer than OUT or OUT was lin
     for o in "$@"; do [[ "$o" -nt "$out" ]] && need=1; done
     (( need )) || return 0
     rm -f "$out.key"
+    progress "linking $out"
     if [[ "$backend" == cuda ]]; then
         "$NVCC" ${nvccflags} "$@" -o "$out" $ldflags $libs
     else

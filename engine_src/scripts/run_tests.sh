@@ -5,7 +5,8 @@
 # an altered golden token is caught, the long-context golden catches an engine without YaRN or
 # the group limit, bad bundles are rejected, every reproducer of
 # tests/fuzz/regress ends as it should (and, with KD_FUZZ_SECONDS, a bounded fuzz run finds
-# nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test; ends with
+# nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test, and a
+# progress report after it (python/kdtree_ref/progress.py); ends with
 # "ALL TESTS PASSED" or "N TESTS FAILED" (exit 1); writes $KD_RESULTS_DIR/test_results.json
 # (default build/; or $KD_TEST_RESULTS). Builds first (incrementally) and regenerates missing
 # bundles with $PYTHON (into $KD_BUNDLE_DIR, default tests/refs, as scripts/bundles.sh does),
@@ -48,6 +49,8 @@ record() {  # record NAME STATUS SECONDS MESSAGE
         skipped) skipped=$((skipped + 1)); printf 'SKIP  %-52s %6ss  %s\n' "$name" "$seconds" "$message" ;;
     esac
     records+=("{\"name\": $(json_str "$name"), \"status\": \"$status\", \"seconds\": $seconds, \"message\": $(json_str "$message")}")
+    # a progress report (python/kdtree_ref/progress.py): the suite's size shows only as it runs, so no total
+    echo "::kdtree-progress done=$((passed + failed + skipped)) unit=tests what=$passed passed, $failed failed, $skipped skipped: $name"
 }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 secs() { local ms=$(( $(now_ms) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }

@@ -18,7 +18,7 @@ import typing
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
-from .. import bounded, ownership, remote, state
+from .. import bounded, ownership, progress, remote, state
 from . import executables, inputs
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
@@ -101,6 +101,7 @@ class StepContext:
     stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
     ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
     user_command: UserCommand | None = None   # exec: what the user typed after --
+    progress: Any = dataclasses.field(default_factory=progress.Ignored)   # progress.Reporter of the current step
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
@@ -326,15 +327,16 @@ class StepContext:
 
     def engine(self, name: str, env: dict[str, str] | None = None) -> Result:
         """Run the project's command `name` on the host under the current step's timeout, `env`
-        added to its environment; its output goes to the step log. Raises CommandError (with the
-        tail) unless it exits 0."""
+        added to its environment; its output goes to the step log, but for its progress reports
+        (progress.parse), which go to the step's progress. Raises CommandError (with the tail)
+        unless it exits 0."""
         snippet = self.project.commands[name]
         timeout = self.host.timeout(self.step)
         env = self._pinned(env)
         self.measured, self.ahead = None, {}       # the command may change what results depend on
         command = remote.step(self.host, snippet, timeout, with_secrets=True, env=env, what=name)
         self.log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())}{' ' if env else ''}{snippet}")
-        result = self.transport.run(command, on_output=self.log)
+        result = self.transport.run(command, on_output=self.output)
         if not result.ok:
             why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
             cause = None if result.timed_out else cause_of(result.tail)
@@ -342,6 +344,15 @@ class StepContext:
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
                                exit_status=result.exit_code, tail=result.tail)
         return result
+
+    def output(self, line: str) -> None:
+        """One line of an engine command's output: a progress report goes to the step's
+        progress, any other line to the step log."""
+        update = progress.parse(line)
+        if update is None:
+            self.log(line)
+        else:
+            self.progress.report(update)
 
     def _pinned(self, env: dict[str, str] | None) -> dict[str, str]:
         """`env` over the claimed GPUs' CUDA_VISIBLE_DEVICES; the uuids are noted for the record."""

@@ -85,4 +85,4 @@ def _checked(ctx: StepContext, outputs: dict, host_manifest: dict, made_by: str 
                         f"not the deployed {tree[:12]}", host=ctx.host.name)
     if outputs.get("backend"):
         ctx.record.backend = outputs["backend"]
-    return golden.matrix_row(ctx.reference.expected(), ctx.reference.local(), host_manifest, outputs)
+    return golden.matrix_row(ctx.reference.expected(), ctx.reference.local(ctx.progress), host_manifest, outputs)

@@ -38,6 +38,21 @@ def test_generator_passes_its_check(generated):
     assert "check: every bundle matches" in proc.stdout
 
 
+def test_generator_reports_its_progress(generated, bundle_paths):
+    """A progress report (kdtree_ref/progress.py) as each config starts and after each bundle:
+    bundles written of all, and the bytes written so far."""
+    _, _, proc = generated
+    reports = [line.split(" what=", 1) for line in proc.stdout.splitlines() if line.startswith("::kdtree-progress ")]
+    fields = [dict(f.split("=", 1) for f in head.split()[1:]) for head, _ in reports]
+    assert len(reports) == len(NAMES) + len(CONFIGS)
+    assert all(f["unit"] == "bundles" and f["total"] == str(len(NAMES)) for f in fields)
+    after = [(f, what) for f, (_, what) in zip(fields, reports) if what.startswith("wrote ")]
+    assert [what for _, what in after] == [f"wrote {path.name}" for path in bundle_paths.values()]
+    sizes = [path.stat().st_size for path in bundle_paths.values()]
+    assert [(int(f["done"]), int(f["bytes"])) for f, _ in after] == \
+        [(i + 1, sum(sizes[:i + 1])) for i in range(len(sizes))]
+
+
 def test_manifest_format(manifest, bundle_paths):
     assert manifest["version"] == 1
     assert [b["name"] for b in manifest["bundles"]] == NAMES
