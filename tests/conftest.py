@@ -7,10 +7,8 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from orchestrator import inventory as inventory_mod
 
 from early_builds import cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
 from fake_gpus import FakeGpus
-from sshd import SshLab
+from sshd import Hostile, SshLab
 
 # A test session started in the background of a non-interactive shell (nohup, `cmd &`) inherits
 # SIGINT ignored, and an ignored signal stays ignored across exec: every orchestrator the tests start
@@ -156,30 +154,6 @@ def remote_dir(lab, request) -> str:
     path = lab.hosts["h1"].root / request.node.name.replace("[", "_").replace("]", "")
     shutil.rmtree(path, ignore_errors=True)
     return str(path)
-
-
-class Hostile:
-    """A listener on 127.0.0.1 (at `port`, or a free one) that plays a broken SSH server, one
-    connection at a time: `how` (socket) -> None runs on each accepted connection; the connections
-    stay open until the end."""
-
-    def __init__(self, how, port: int = 0):
-        self.server = socket.create_server(("127.0.0.1", port))
-        self.port, self.how, self.open = self.server.getsockname()[1], how, []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.open.append(conn)
-            threading.Thread(target=self.how, args=(conn,), daemon=True).start()
-
-    def close(self):
-        for conn in [self.server, *self.open]:
-            conn.close()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -202,3 +203,27 @@ class SshLab:
         self.end_masters()
         for host in self.hosts.values():
             host.stop()
+
+
+class Hostile:
+    """A listener on 127.0.0.1 (at `port`, or a free one) that plays a broken SSH server, one
+    connection at a time: `how` (socket) -> None runs on each accepted connection; the connections
+    stay open until the end."""
+
+    def __init__(self, how, port: int = 0):
+        self.server = socket.create_server(("127.0.0.1", port))
+        self.port, self.how, self.open = self.server.getsockname()[1], how, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.open.append(conn)
+            threading.Thread(target=self.how, args=(conn,), daemon=True).start()
+
+    def close(self):
+        for conn in [self.server, *self.open]:
+            conn.close()

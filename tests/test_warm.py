@@ -24,7 +24,7 @@ from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.transport import SshTransport, open_transport
 
-from conftest import Hostile
+from sshd import Hostile
 
 _names = itertools.count(1)
 
