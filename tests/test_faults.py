@@ -358,7 +358,8 @@ def slow_rsync(tmp_path: Path, marker: str) -> Path:
     """An rsync_path for the host: rsync receiving through a pipe that passes 40 kB/s (the pipe
     process carries `marker` on its command line; both end when the connection does)."""
     wrapper = tmp_path / "slow-rsync"
-    wrapper.write_text(f"#!/bin/bash\nexec rsync \"$@\" < <(exec {sys.executable} -c {shlex.quote(SLOW_CAT)} {marker} 2>/dev/null)\n")
+    wrapper.write_text("#!/bin/bash\n[ \"$1\" = --version ] && exec rsync --version    # the sync's version query\n"
+                       f"exec rsync \"$@\" < <(exec {sys.executable} -c {shlex.quote(SLOW_CAT)} {marker} 2>/dev/null)\n")
     wrapper.chmod(0o755)
     return wrapper
 
