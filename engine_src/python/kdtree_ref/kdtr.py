@@ -280,13 +280,13 @@ def _nonneg_int(value) -> bool:
 
 
 def _entries(path, header: dict, data_start: int) -> dict[str, dict]:
-    """The tensor table checked entry by entry and as a layout; entries gain `start` (file offset)."""
+    """The tensor table checked entry by entry; entries gain `start` (their file offset)."""
     size = header["data_bytes"]
     if not _nonneg_int(size):
         raise KdtrError(path, f"bad header: data_bytes {size!r} is not a non-negative integer")
     if not isinstance(header["tensors"], list):
         raise KdtrError(path, "bad header: tensors is not a list")
-    entries, end = {}, 0
+    entries = {}
     for entry in header["tensors"]:
         if not isinstance(entry, dict):
             raise KdtrError(path, f"bad header: tensor entry {entry!r} is not an object")
@@ -309,14 +309,20 @@ def _entries(path, header: dict, data_start: int) -> dict[str, dict]:
         if offset + nbytes > size:
             raise KdtrError(path, f"tensor {name!r} out of bounds: [{offset}, {offset + nbytes}) "
                                   f"outside the {size}-byte data section")
-        if offset != align(end):
-            raise KdtrError(path, f"tensor {name!r}: offset {offset}, the layout puts it at {align(end)} "
-                                  "(tensors follow each other in table order, 64-aligned)")
-        end = offset + nbytes
         entries[name] = dict(entry, start=data_start + offset)
-    if size != end:
-        raise KdtrError(path, f"bad header: data_bytes {size}, the last tensor ends at {end}")
     return entries
+
+
+def _check_layout(path, header: dict, entries: dict[str, dict]) -> None:
+    """Tensors follow each other in table order, each at the next multiple of 64; data_bytes ends at the last."""
+    end = 0
+    for name, e in entries.items():
+        if e["offset"] != align(end):
+            raise KdtrError(path, f"tensor {name!r}: offset {e['offset']}, the layout puts it at {align(end)} "
+                                  "(tensors follow each other in table order, 64-aligned)")
+        end = e["offset"] + e["nbytes"]
+    if header["data_bytes"] != end:
+        raise KdtrError(path, f"bad header: data_bytes {header['data_bytes']}, the last tensor ends at {end}")
 
 
 def _check_tensor_set(path, header: dict, entries: dict[str, dict]) -> None:
@@ -382,6 +388,7 @@ def decode(blob, path="<bytes>", verify: bool = True, lazy: bool = False) -> Bun
     version, header, data_start = _header(path, buf)
     entries = _entries(path, header, data_start)
     _check_tensor_set(path, header, entries)
+    _check_layout(path, header, entries)
     _check_zero(path, buf, _PREFIX.size + struct.unpack_from("<Q", buf, 8)[0], data_start, "the header's fill")
     data_end = data_start + header["data_bytes"]
     ordered = list(entries.values())
