@@ -342,15 +342,24 @@ expect_failure "negative.loader_data_sha256" "data_sha256.kdtr: data_sha256 mism
 rewrite_bundle "$refs/$first_file" "$scratch/trailing.kdtr" trailing
 expect_failure "negative.loader_bytes_after_the_data" "trailing.kdtr: 1 bytes after the data section" "$kdtree" generate --bundle "$scratch/trailing.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/unknown_key.kdtr" unknown_key
-expect_failure "negative.loader_unknown_header_key" "unknown_key.kdtr: bad header: header: unknown key 'comment'" "$kdtree" generate --bundle "$scratch/unknown_key.kdtr" -n 2
+expect_failure "negative.loader_unknown_header_key" "unknown_key.kdtr: bad header: unknown top-level key 'comment'" "$kdtree" generate --bundle "$scratch/unknown_key.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/extra_layer.kdtr" extra_layer
 expect_failure "negative.loader_extra_layer_tensor" "extra_layer.kdtr: extra tensor layers\.[0-9]+\.attn_norm" "$kdtree" generate --bundle "$scratch/extra_layer.kdtr" -n 2
 
 # ---- format version 2: v2 copies (python/kdtr_convert.py) decode the golden tokens on every backend; every
 # defect of the index is refused by name ---------------------------------------------------------------------------
 v2_files="$(awk '$4 == "fp32" && !f {print $2; f = 1}' <<<"$bundle_list") $(awk '$4 == "int4" && !f {print $2; f = 1}' <<<"$bundle_list")"
+# verify_identity FILE WANT: `kdtree verify` passes FILE and names WANT as its identity.
+verify_identity() {
+    local out
+    out="$("$kdtree" verify --bundle "$1")" || return 1
+    [[ "$out" == *"identity $2" ]] || { echo "kdtree verify said: $out; expected identity $2"; return 1; }
+    echo "$out"
+}
+check "format_v1.verify.${first_file%.kdtr}" verify_identity "$refs/$first_file" "$(sha256sum "$refs/$first_file" | cut -c1-64)"
 for file in $v2_files; do
     check "format_v2.convert.${file%.kdtr}" "$PYTHON" python/kdtr_convert.py "$refs/$file" "$scratch/v2_$file"
+    check "format_v2.verify.${file%.kdtr}" verify_identity "$scratch/v2_$file" "$(tail -c 32 "$scratch/v2_$file" | od -An -tx1 | tr -d ' \n')"
     for be in "${backends[@]}"; do
         check "format_v2.$be.${file%.kdtr}.ar_equals_golden" "$kdtree" check --backend "$be" --bundle "$scratch/v2_$file" --expect golden
         check "format_v2.$be.${file%.kdtr}.ddtree_equals_ar" "$kdtree" check --backend "$be" --bundle "$scratch/v2_$file" \
@@ -360,7 +369,7 @@ done
 v2_base="$scratch/v2_${v2_files%% *}"
 for defect in "tensor_hash tensor .*: sha256 .* differs from the index's" "digest bundle digest mismatch" \
               "count index count mismatch: the index holds" "magic bad index magic" "trailing 32 bytes after the index" \
-              "truncated truncated: the index ends at" "data_sha256 bad header: header: unknown key 'data_sha256'"; do
+              "truncated truncated: the index ends at" "data_sha256 bad header: unknown top-level key 'data_sha256'"; do
     read -r what pattern <<<"$defect"
     "$PYTHON" - "$v2_base" "$scratch/v2_$what.kdtr" "$what" <<'PY'
 import hashlib, json, struct, sys

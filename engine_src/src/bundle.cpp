@@ -117,7 +117,7 @@ void check_keys(const Json& h, int version) {
     for (size_t i = 0; i < n; ++i) member(h, "header", kKeys[i]);
     for (const auto& kv : h.members())
         if (std::find_if(kKeys, kKeys + n, [&](const char* k) { return kv.first == k; }) == kKeys + n)
-            throw std::runtime_error("header: unknown key '" + printable(kv.first) + "' (a version " + std::to_string(version) +
+            throw std::runtime_error("unknown top-level key '" + printable(kv.first) + "' (a version " + std::to_string(version) +
                                      " header has only " + std::string(version == 1 ? "config, quant, drafter, prompt, golden, tensors, data_bytes, data_sha256"
                                                                                     : "config, quant, drafter, prompt, golden, tensors, data_bytes") + ")");
 }
@@ -220,7 +220,13 @@ void check_in_parallel(const std::vector<TensorView>& ts, const std::function<st
     std::vector<std::string> errors(ts.size());
     std::atomic<size_t> next{0};
     const auto work = [&] {
-        for (size_t k; (k = next++) < order.size();) errors[order[k]] = check(order[k]);
+        for (size_t k; (k = next++) < order.size();) {
+            try {
+                errors[order[k]] = check(order[k]);
+            } catch (const std::exception& e) {  // never out of a thread: that would terminate the process
+                errors[order[k]] = e.what();
+            }
+        }
     };
     const size_t n = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), ts.size());
     std::vector<std::thread> threads;
