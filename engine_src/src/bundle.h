@@ -1,4 +1,4 @@
-// bundle.h: the KDTR bundle loader, format versions 1 and 2 (README.md, "KDTR bundle format").
+// bundle.h: the KDTR bundle loader, format versions 1 and 2 (docs/engine/bundle-format.md).
 #pragma once
 
 #include "json.h"
@@ -78,7 +78,7 @@ struct Bundle {
     // Reads and validates a bundle before anything is allocated for it: the file size against
     // max_memory, the preamble (magic, version 1 or 2), the header (strict JSON, exactly the
     // format's keys), the config, quant (keep_fp32), drafter (kind, rank), tokens and tensor
-    // table (README.md, "Input validation"); the table as a layout (tensors in order, 64-aligned,
+    // table (docs/engine/scripts.md, "Input validation"); the table as a layout (tensors in order, 64-aligned,
     // data_bytes at the last one's end) holding exactly the config's tensor set (tensor_set.h);
     // the file exactly as long as the layout (v2: up to the end of the index); zero fill; the
     // hashes (v1: data_sha256; v2: the index's count, every tensor's sha256 in parallel threads,

@@ -1,5 +1,5 @@
-// tensor_set.h: the tensors a KDTR bundle holds, from its header alone (README.md, "KDTR bundle
-// format"): the loader refuses a bundle whose table lacks one of them or lists any other.
+// tensor_set.h: the tensors a KDTR bundle holds, from its header alone (docs/engine/bundle-format.md):
+// the loader refuses a bundle whose table lacks one of them or lists any other.
 #pragma once
 
 #include "bundle.h"
