@@ -85,6 +85,12 @@ MUTANTS = [
     ("system-dirs-allowed", "orchestrator/inventory.py",
      "if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):", "if False:",
      ["tests/test_faults.py::test_11_dangerous_destinations_in_the_inventory_are_refused_before_anything_runs"]),
+    ("bundle-extra-tensors-accepted", "engine_src/python/kdtree_ref/kdtr.py",
+     "    _check_tensor_set(path, header, entries)\n", "",
+     ["engine_src/python/tests/test_ref_kdtr.py::test_reader_error[extra_layer_tensors-1]"]),
+    ("bundle-v2-tensor-hashes-unchecked", "engine_src/python/kdtree_ref/kdtr.py",
+     "_check_hash(self._path, self._buf, e, self._unchecked[name])", "None",
+     ["engine_src/python/tests/test_ref_kdtr.py::test_v2_lazy_reader_checks_a_tensor_on_first_access"]),
 ]
 
 

@@ -272,11 +272,13 @@ done
 
 # ---- the checks can fail ----------------------------------------------------------------------
 read -r first_name first_file _ <<<"$bundle_list"
-# rewrite_bundle SRC DST MODE [KEY [VALUE]]: a copy of a bundle with its header or data changed (golden |
-# missing | bounds | nan | config: config KEY (a.b for a nested one) set to the JSON VALUE, or removed without one).
+# rewrite_bundle SRC DST MODE [KEY [VALUE]]: a copy of a version 1 bundle with its header or data changed
+# (golden | missing | bounds | nan | unknown_key | extra_layer | config: config KEY (a.b for a nested one) set
+# to the JSON VALUE, or removed without one), its data_sha256 recomputed so that the change is the only
+# defect; or with one defect of the file itself (data_sha256: a data byte flipped | trailing: a byte appended).
 rewrite_bundle() {
     "$PYTHON" - "$@" <<'PY'
-import json, struct, sys
+import hashlib, json, struct, sys
 src, dst, mode = sys.argv[1:4]
 blob = open(src, "rb").read()
 n = struct.unpack_from("<Q", blob, 8)[0]
@@ -294,6 +296,12 @@ elif mode == "bounds":    # the head's bytes point past the end of the data sect
 elif mode == "nan":       # one weight of the final norm is NaN
     t = next(t for t in header["tensors"] if t["name"] == "norm")
     data = data[:t["offset"]] + struct.pack("<f", float("nan")) + data[t["offset"] + 4:]
+elif mode == "unknown_key":   # a top-level header key the format does not have
+    header["comment"] = "x"
+elif mode == "extra_layer":   # one layer fewer in the config: the last layer's tensors are extra
+    header["config"]["n_layers"] -= 1
+elif mode == "data_sha256":   # one data byte flipped, data_sha256 left as it was
+    data = data[:-1] + bytes([data[-1] ^ 1])
 elif mode == "config":    # one config field changed or removed
     *path, last = sys.argv[4].split(".")
     obj = header["config"]
@@ -303,9 +311,11 @@ elif mode == "config":    # one config field changed or removed
         obj[last] = json.loads(sys.argv[5])
     else:
         del obj[last]
+if mode not in ("data_sha256", "trailing"):
+    header["data_sha256"] = hashlib.sha256(data).hexdigest()
 text = json.dumps(header, separators=(",", ":")).encode()
 pad = (16 + len(text) + 63) // 64 * 64 - 16 - len(text)
-open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data)
+open(dst, "wb").write(blob[:8] + struct.pack("<Q", len(text)) + text + b"\0" * pad + data + (b"\0" if mode == "trailing" else b""))
 PY
 }
 altered="$scratch/altered_$first_file"
@@ -317,8 +327,8 @@ rewrite_bundle "$refs/$first_file" "$scratch/bounds.kdtr" bounds
 expect_failure "negative.loader_tensor_out_of_bounds" "bounds.kdtr: tensor head out of bounds" "$kdtree" generate --bundle "$scratch/bounds.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/nan.kdtr" nan
 expect_failure "negative.loader_nan_weight" "nan.kdtr: tensor norm: element 0 is not finite" "$kdtree" generate --bundle "$scratch/nan.kdtr" -n 2
-printf 'KDTR\x02\x00\x00\x00' > "$scratch/version2.kdtr"; tail -c +9 "$refs/$first_file" >> "$scratch/version2.kdtr"
-expect_failure "negative.loader_bad_version" "version2.kdtr: unsupported version 2" "$kdtree" generate --bundle "$scratch/version2.kdtr" -n 2
+printf 'KDTR\x03\x00\x00\x00' > "$scratch/version3.kdtr"; tail -c +9 "$refs/$first_file" >> "$scratch/version3.kdtr"
+expect_failure "negative.loader_bad_version" "version3.kdtr: unsupported version 3" "$kdtree" generate --bundle "$scratch/version3.kdtr" -n 2
 head -c 16 "$refs/$first_file" > "$scratch/not_json.kdtr"; printf '{"config": [' >> "$scratch/not_json.kdtr"
 tail -c +29 "$refs/$first_file" >> "$scratch/not_json.kdtr"
 expect_failure "negative.loader_header_not_json" "not_json.kdtr: bad header, not JSON" "$kdtree" generate --bundle "$scratch/not_json.kdtr" -n 2
@@ -326,6 +336,72 @@ printf 'NOTK' > "$scratch/bad_magic.kdtr"; tail -c +5 "$refs/$first_file" >> "$s
 expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree" generate --bundle "$scratch/bad_magic.kdtr" -n 2
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
 expect_failure "negative.loader_truncated" "truncated.kdtr: truncated" "$kdtree" generate --bundle "$scratch/truncated.kdtr" -n 2
+# The bundle is exactly what its header says (format strictness, both versions).
+rewrite_bundle "$refs/$first_file" "$scratch/data_sha256.kdtr" data_sha256
+expect_failure "negative.loader_data_sha256" "data_sha256.kdtr: data_sha256 mismatch" "$kdtree" generate --bundle "$scratch/data_sha256.kdtr" -n 2
+rewrite_bundle "$refs/$first_file" "$scratch/trailing.kdtr" trailing
+expect_failure "negative.loader_bytes_after_the_data" "trailing.kdtr: 1 bytes after the data section" "$kdtree" generate --bundle "$scratch/trailing.kdtr" -n 2
+rewrite_bundle "$refs/$first_file" "$scratch/unknown_key.kdtr" unknown_key
+expect_failure "negative.loader_unknown_header_key" "unknown_key.kdtr: bad header: unknown top-level key 'comment'" "$kdtree" generate --bundle "$scratch/unknown_key.kdtr" -n 2
+rewrite_bundle "$refs/$first_file" "$scratch/extra_layer.kdtr" extra_layer
+expect_failure "negative.loader_extra_layer_tensor" "extra_layer.kdtr: extra tensor layers\.[0-9]+\.attn_norm" "$kdtree" generate --bundle "$scratch/extra_layer.kdtr" -n 2
+
+# ---- format version 2: v2 copies (python/kdtr_convert.py) decode the golden tokens on every backend; every
+# defect of the index is refused by name ---------------------------------------------------------------------------
+v2_files="$(awk '$4 == "fp32" && !f {print $2; f = 1}' <<<"$bundle_list") $(awk '$4 == "int4" && !f {print $2; f = 1}' <<<"$bundle_list")"
+# verify_identity FILE WANT: `kdtree verify` passes FILE and names WANT as its identity.
+verify_identity() {
+    local out
+    out="$("$kdtree" verify --bundle "$1")" || return 1
+    [[ "$out" == *"identity $2" ]] || { echo "kdtree verify said: $out; expected identity $2"; return 1; }
+    echo "$out"
+}
+check "format_v1.verify.${first_file%.kdtr}" verify_identity "$refs/$first_file" "$(sha256sum "$refs/$first_file" | cut -c1-64)"
+for file in $v2_files; do
+    check "format_v2.convert.${file%.kdtr}" "$PYTHON" python/kdtr_convert.py "$refs/$file" "$scratch/v2_$file"
+    check "format_v2.verify.${file%.kdtr}" verify_identity "$scratch/v2_$file" "$(tail -c 32 "$scratch/v2_$file" | od -An -tx1 | tr -d ' \n')"
+    for be in "${backends[@]}"; do
+        check "format_v2.$be.${file%.kdtr}.ar_equals_golden" "$kdtree" check --backend "$be" --bundle "$scratch/v2_$file" --expect golden
+        check "format_v2.$be.${file%.kdtr}.ddtree_equals_ar" "$kdtree" check --backend "$be" --bundle "$scratch/v2_$file" \
+            --expect ar --mode ddtree --budget 16 -n 16
+    done
+done
+v2_base="$scratch/v2_${v2_files%% *}"
+for defect in "tensor_hash tensor .*: sha256 .* differs from the index's" "digest bundle digest mismatch" \
+              "count index count mismatch: the index holds" "magic bad index magic" "trailing 32 bytes after the index" \
+              "truncated truncated: the index ends at" "data_sha256 bad header: unknown top-level key 'data_sha256'"; do
+    read -r what pattern <<<"$defect"
+    "$PYTHON" - "$v2_base" "$scratch/v2_$what.kdtr" "$what" <<'PY'
+import hashlib, json, struct, sys
+src, dst, what = sys.argv[1:4]
+blob = bytearray(open(src, "rb").read())
+n = struct.unpack_from("<Q", blob, 8)[0]
+header = json.loads(blob[16:16 + n])
+start = (16 + n + 63) // 64 * 64
+index = (start + header["data_bytes"] + 63) // 64 * 64
+if what == "tensor_hash":     # one byte of the last tensor
+    blob[start + header["data_bytes"] - 1] ^= 1
+elif what == "digest":        # the digest's last byte
+    blob[-1] ^= 1
+elif what == "count":         # the index's count one higher
+    struct.pack_into("<I", blob, index + 4, len(header["tensors"]) + 1)
+elif what == "magic":
+    blob[index] ^= 1
+elif what == "trailing":      # another 32 bytes after the digest
+    blob += bytes(32)
+elif what == "truncated":     # the digest's last byte missing
+    del blob[-1]
+elif what == "data_sha256":   # a v1 key in a v2 header (and the digest made to match)
+    header["data_sha256"] = "0" * 64
+    text = json.dumps(header, separators=(",", ":")).encode()
+    prefix = blob[:8] + struct.pack("<Q", len(text)) + text
+    prefix += bytes(-len(prefix) % 64)
+    blob = prefix + blob[start:]
+    blob[-32:] = hashlib.sha256(bytes(prefix) + bytes(blob[index - start + len(prefix):-32])).digest()
+open(dst, "wb").write(blob)
+PY
+    expect_failure "negative.v2_$what" "v2_$what.kdtr: $pattern" "$kdtree" generate --bundle "$scratch/v2_$what.kdtr" -n 2
+done
 
 # A long-context golden (a bundle with YaRN RoPE scaling) catches what it exists for: the same
 # bundle without the scaling, without its softmax-scale correction, with the original context

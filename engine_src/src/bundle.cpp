@@ -2,12 +2,17 @@
 // (docs/engine/scripts.md, "Input validation"); every failure names the file and what is wrong with it.
 #include "bundle.h"
 #include "checked.h"
+#include "tensor_set.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
-#include <algorithm>
+#include <system_error>
+#include <thread>
 
 namespace kd {
 namespace {
@@ -98,20 +103,173 @@ TensorView read_tensor(const Json& t, size_t i, const uint8_t* data, uint64_t da
                                  std::to_string(nbytes) + ") of the data section run past its end (" + std::to_string(data_len) + " bytes)");
     v.nbytes = static_cast<size_t>(nbytes);
     v.data = data + offset;
-    if (v.dtype == "f32") {
-        const float* f = static_cast<const float*>(v.data);
-        for (uint64_t k = 0; k < count; ++k) {
+    for (const auto& kv : t.members())
+        if (kv.first != "name" && kv.first != "dtype" && kv.first != "shape" && kv.first != "offset" && kv.first != "nbytes")
+            throw std::runtime_error(tw + ": unknown key '" + printable(kv.first) + "' in its table entry");
+    return v;
+}
+
+// The header's top-level keys: each of the version's present (in this order, so the first
+// missing one is named), no other.
+void check_keys(const Json& h, int version) {
+    static const char* const kKeys[] = {"quant", "config", "drafter", "prompt", "golden", "tensors", "data_bytes", "data_sha256"};
+    const size_t n = version == 1 ? 8 : 7;  // version 2 has no data_sha256: its hashes are in the index
+    for (size_t i = 0; i < n; ++i) member(h, "header", kKeys[i]);
+    for (const auto& kv : h.members())
+        if (std::find_if(kKeys, kKeys + n, [&](const char* k) { return kv.first == k; }) == kKeys + n)
+            throw std::runtime_error("unknown top-level key '" + printable(kv.first) + "' (a version " + std::to_string(version) +
+                                     " header has only " + std::string(version == 1 ? "config, quant, drafter, prompt, golden, tensors, data_bytes, data_sha256"
+                                                                                    : "config, quant, drafter, prompt, golden, tensors, data_bytes") + ")");
+}
+
+// Every key of object j is one of `known`; throws "<where>: unknown key 'k'".
+void only_keys(const Json& j, const std::string& where, std::initializer_list<const char*> known) {
+    for (const auto& kv : j.members())
+        if (std::find_if(known.begin(), known.end(), [&](const char* k) { return kv.first == k; }) == known.end())
+            throw std::runtime_error(where + ": unknown key '" + printable(kv.first) + "'");
+}
+
+// `quant`: {"type": "fp32"} | {"type": "int4", "group_size": 32, "keep_fp32": ["dense", "shared"]}.
+void read_quant(const Json& quant, Bundle& b) {
+    const std::string& type = string_of(member(quant, "quant", "type"), "quant.type");
+    if (type != "fp32" && type != "int4") throw std::runtime_error("quant.type: unknown quant type '" + printable(type) + "'");
+    b.int4 = type == "int4";
+    if (!b.int4) return only_keys(quant, "quant (fp32)", {"type"});
+    only_keys(quant, "quant", {"type", "group_size", "keep_fp32"});
+    if (quant.has("group_size")) int_in(quant.at("group_size"), "quant.group_size", 32, 32);
+    const Json* keep = quant.find("keep_fp32");
+    if (!keep) return;
+    if (!keep->is_array()) throw std::runtime_error(std::string("quant.keep_fp32: expected an array of weight classes, got ") + keep->type_name());
+    for (const Json& k : keep->items()) {
+        const std::string& name = string_of(k, "quant.keep_fp32[]");
+        bool& flag = name == "dense" ? b.keep_fp32_dense : b.keep_fp32_shared;
+        if (name != "dense" && name != "shared")
+            throw std::runtime_error("quant.keep_fp32: unknown weight class '" + printable(name) + "' (known: dense, shared)");
+        if (flag) throw std::runtime_error("quant.keep_fp32: '" + name + "' listed twice");
+        flag = true;
+    }
+}
+
+// `drafter`: {"block_size": L, "mask_token": m} plus "kind": "linear" (the default) or
+// "lowrank_head" with "rank": r in [1, 2 dim].
+void read_drafter(const Json& drafter, Bundle& b) {
+    const ModelConfig& c = b.config;
+    b.drafter_block = static_cast<int>(int_in(member(drafter, "drafter", "block_size"), "drafter.block_size", 1, 256));
+    checked_int_mul(b.drafter_block, c.vocab_size, "drafter.block_size x config.vocab_size");
+    b.mask_token = static_cast<int>(int_in(member(drafter, "drafter", "mask_token"), "drafter.mask_token", 0, c.vocab_size - 1));
+    if (const Json* kind = drafter.find("kind")) b.drafter_kind = string_of(*kind, "drafter.kind");
+    if (b.drafter_kind == "linear") return only_keys(drafter, "drafter (linear)", {"block_size", "mask_token", "kind"});
+    if (b.drafter_kind != "lowrank_head")
+        throw std::runtime_error("drafter.kind: unknown drafter kind '" + printable(b.drafter_kind) + "' (known: linear, lowrank_head)");
+    only_keys(drafter, "drafter (lowrank_head)", {"block_size", "mask_token", "kind", "rank"});
+    b.drafter_rank = static_cast<int>(int_in(member(drafter, "drafter", "rank"), "drafter.rank", 1, 2 * int64_t{c.dim}));
+}
+
+// The table holds exactly the tensors the header calls for (tensor_set.h), each with its dtype
+// and shape. The walk stops at the first one missing, so it ends within the table's size.
+void check_tensor_set(const Bundle& b) {
+    size_t found = 0;
+    for_each_tensor(b, [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape) {
+        const auto it = b.by_name.find(name);
+        if (it == b.by_name.end())
+            throw std::runtime_error("missing tensor " + name + " (the config calls for " + dtype + " " + shape_text(shape) + ")");
+        const TensorView& t = b.tensors[it->second];
+        if (t.dtype != dtype || t.shape != shape)
+            throw std::runtime_error("tensor " + name + " is " + t.dtype + " " + shape_text(t.shape) + ", the config calls for " + dtype + " " +
+                                     shape_text(shape));
+        ++found;
+        return true;
+    });
+    if (found == b.tensors.size()) return;
+    std::vector<bool> wanted(b.tensors.size(), false);
+    for_each_tensor(b, [&](const std::string& name, const char*, const std::vector<int64_t>&) {
+        wanted[b.by_name.at(name)] = true;
+        return true;
+    });
+    for (size_t i = 0; i < wanted.size(); ++i)
+        if (!wanted[i]) throw std::runtime_error("extra tensor " + printable(b.tensors[i].name) + ": not in the config's tensor set");
+}
+
+// The index of the first of n floats at p that is not finite, or n.
+size_t first_non_finite(const uint8_t* p, size_t n) {
+    constexpr size_t kBlock = 4096;
+    for (size_t start = 0; start < n; start += kBlock) {
+        const size_t end = std::min(n, start + kBlock);
+        uint32_t bad = 0;
+        for (size_t k = start; k < end; ++k) {
+            uint32_t u;
+            std::memcpy(&u, p + 4 * k, 4);
+            bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!bad) continue;
+        for (size_t k = start; k < end; ++k) {
             float x;
-            std::memcpy(&x, f + k, sizeof x);
-            if (!std::isfinite(x)) throw std::runtime_error(tw + ": element " + std::to_string(k) + " is not finite");
+            std::memcpy(&x, p + 4 * k, 4);
+            if (!std::isfinite(x)) return k;
         }
     }
-    return v;
+    return n;
+}
+
+// Runs check(i) for every tensor on up to hardware_concurrency threads, the largest tensors
+// first (one tensor's hash is sequential); throws the first failure in table order.
+void check_in_parallel(const std::vector<TensorView>& ts, const std::function<std::string(size_t)>& check) {
+    std::vector<size_t> order(ts.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ts[a].nbytes > ts[b].nbytes; });
+    std::vector<std::string> errors(ts.size());
+    std::atomic<size_t> next{0};
+    const auto work = [&] {
+        for (size_t k; (k = next++) < order.size();) {
+            try {
+                errors[order[k]] = check(order[k]);
+            } catch (const std::exception& e) {  // never out of a thread: that would terminate the process
+                errors[order[k]] = e.what();
+            }
+        }
+    };
+    const size_t n = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), ts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < n; ++i) {
+        try {
+            threads.emplace_back(work);
+        } catch (const std::system_error&) {
+            break;  // no more threads to be had: the ones started and this one do the rest
+        }
+    }
+    work();
+    for (std::thread& t : threads) t.join();
+    for (const std::string& e : errors)
+        if (!e.empty()) throw std::runtime_error(e);
+}
+
+// The checks of one tensor: its sha256 against want (when given), every f32 element finite.
+std::string check_tensor(const TensorView& t, const uint8_t* want) {
+    const uint8_t* p = static_cast<const uint8_t*>(t.data);
+    if (want) {
+        const Digest got = sha256(p, t.nbytes);
+        Digest stored;
+        std::memcpy(stored.data(), want, stored.size());
+        if (got != stored)
+            return "tensor " + printable(t.name) + ": sha256 " + hex(got).substr(0, 16) + "... differs from the index's " +
+                   hex(stored).substr(0, 16) + "...";
+    }
+    if (t.dtype == "f32") {
+        const size_t bad = first_non_finite(p, t.nbytes / 4);
+        if (bad < t.nbytes / 4) return "tensor " + printable(t.name) + ": element " + std::to_string(bad) + " is not finite";
+    }
+    return "";
+}
+
+bool all_zero(const uint8_t* p, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i)
+        if (p[i]) return false;
+    return true;
 }
 
 }  // namespace
 
-Bundle Bundle::load(const std::string& path, uint64_t max_memory) {
+std::vector<uint8_t> Bundle::read_bytes(const std::string& path, uint64_t max_memory) {
     const std::string name = "bundle " + printable(path, 200);
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error(name + ": cannot open the file");
@@ -123,8 +281,10 @@ Bundle Bundle::load(const std::string& path, uint64_t max_memory) {
     std::vector<uint8_t> bytes(static_cast<size_t>(size));
     in.seekg(0);
     if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) throw std::runtime_error(name + ": cannot read the file");
-    return from_bytes(path, std::move(bytes), max_memory);
+    return bytes;
 }
+
+Bundle Bundle::load(const std::string& path, uint64_t max_memory) { return from_bytes(path, read_bytes(path, max_memory), max_memory); }
 
 Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, uint64_t max_memory) {
     const auto fail = [&](const std::string& what) -> std::runtime_error {
@@ -134,12 +294,14 @@ Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, u
     b.path = path;
     b.max_memory = max_memory;
     b.bytes = std::move(bytes);
+    const uint8_t* const file = b.bytes.data();
     const uint64_t file_len = b.bytes.size();
     if (file_len < 16) throw fail("truncated: " + std::to_string(file_len) + " bytes, shorter than the 16-byte preamble");
-    if (std::memcmp(b.bytes.data(), "KDTR", 4) != 0) throw fail("bad magic (expected 'KDTR'): not a KDTR bundle");
-    const uint64_t version = read_le(b.bytes.data() + 4, 4);
-    if (version != 1) throw fail("unsupported version " + std::to_string(version) + " (this engine reads version 1)");
-    const uint64_t header_len = read_le(b.bytes.data() + 8, 8);
+    if (std::memcmp(file, "KDTR", 4) != 0) throw fail("bad magic (expected 'KDTR'): not a KDTR bundle");
+    const uint64_t version = read_le(file + 4, 4);
+    if (version != 1 && version != 2) throw fail("unsupported version " + std::to_string(version) + " (this engine reads versions 1 and 2)");
+    b.version = static_cast<int>(version);
+    const uint64_t header_len = read_le(file + 8, 8);
     if (header_len > file_len - 16)
         throw fail("truncated: header length " + std::to_string(header_len) + " runs past the end of the file (" +
                    std::to_string(file_len) + " bytes)");
@@ -148,42 +310,36 @@ Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, u
     try {
         JsonLimits limits;
         limits.max_bytes = static_cast<size_t>(std::min<uint64_t>(max_memory - std::min(max_memory, file_len), limits.max_bytes));
-        b.header = Json::parse(std::string(reinterpret_cast<const char*>(b.bytes.data() + 16), header_len), limits);
+        b.header = Json::parse(std::string(reinterpret_cast<const char*>(file + 16), header_len), limits);
     } catch (const std::exception& e) {
         throw fail(std::string("bad header, not JSON: ") + e.what());
     }
     const uint64_t data_start = (16 + header_len + 63) / 64 * 64;  // header_len <= file size: no overflow
     const uint64_t data_len = file_len > data_start ? file_len - data_start : 0;
+    const uint8_t* data = file + std::min(data_start, file_len);
+    uint64_t data_bytes = 0;
 
     try {
         const Json& h = b.header;
-        const Json& quant = member(h, "header", "quant");
-        const std::string& type = string_of(member(quant, "quant", "type"), "quant.type");
-        if (type != "fp32" && type != "int4") throw std::runtime_error("quant.type: unknown quant type '" + printable(type) + "'");
-        b.int4 = type == "int4";
-        if (b.int4 && quant.has("group_size")) int_in(quant.at("group_size"), "quant.group_size", 32, 32);
-        b.config = ModelConfig::from_json(member(h, "header", "config"), b.int4);
+        check_keys(h, b.version);
+        const Json& quant = h.at("quant");
+        read_quant(quant, b);
+        b.config = ModelConfig::from_json(h.at("config"), b.int4);
         const ModelConfig& c = b.config;
-        const Json& drafter = member(h, "header", "drafter");
-        b.drafter_block = static_cast<int>(int_in(member(drafter, "drafter", "block_size"), "drafter.block_size", 1, 256));
-        checked_int_mul(b.drafter_block, c.vocab_size, "drafter.block_size x config.vocab_size");
-        b.mask_token = static_cast<int>(int_in(member(drafter, "drafter", "mask_token"), "drafter.mask_token", 0, c.vocab_size - 1));
+        read_drafter(h.at("drafter"), b);
         const size_t max_tokens = static_cast<size_t>(c.max_seq_len) - 1;  // room for one generated token
-        b.prompt = read_tokens(member(h, "header", "prompt"), "prompt", c.vocab_size, max_tokens);
+        b.prompt = read_tokens(h.at("prompt"), "prompt", c.vocab_size, max_tokens);
         if (b.prompt.empty()) throw std::runtime_error("prompt: empty");
-        if (const Json* golden = h.find("golden"))
-            read_tokens(*golden, "golden", c.vocab_size, static_cast<size_t>(c.max_seq_len) - b.prompt.size());
-        uint64_t data_bytes = data_len;
-        if (const Json* db = h.find("data_bytes")) {
-            data_bytes = static_cast<uint64_t>(int_in(*db, "data_bytes", 0, INT64_MAX));
-            if (data_bytes > data_len)
-                throw std::runtime_error("truncated: the data section should hold " + std::to_string(data_bytes) +
-                                         " bytes, the file has " + std::to_string(data_len));
-        }
-        const Json& table = member(h, "header", "tensors");
+        read_tokens(h.at("golden"), "golden", c.vocab_size, static_cast<size_t>(c.max_seq_len) - b.prompt.size());
+        data_bytes = static_cast<uint64_t>(int_in(h.at("data_bytes"), "data_bytes", 0, INT64_MAX));
+        if (data_bytes > data_len)
+            throw std::runtime_error("truncated: the data section should hold " + std::to_string(data_bytes) + " bytes, the file has " +
+                                     std::to_string(data_len));
+        if (b.version == 1 && (!h.at("data_sha256").is_string() || h.at("data_sha256").as_string().size() != 64))
+            throw std::runtime_error("data_sha256: expected 64 hex digits, got " + describe(h.at("data_sha256")));
+        const Json& table = h.at("tensors");
         if (!table.is_array()) throw std::runtime_error(std::string("tensors: expected an array, got ") + table.type_name());
         if (table.items().size() > kMaxTensors) throw std::runtime_error("tensors: more than " + std::to_string(kMaxTensors) + " entries");
-        const uint8_t* data = b.bytes.data() + std::min(data_start, file_len);
         for (size_t i = 0; i < table.items().size(); ++i) {
             TensorView v = read_tensor(table.items()[i], i, data, data_bytes);
             if (!b.by_name.emplace(v.name, b.tensors.size()).second)
@@ -195,9 +351,68 @@ Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, u
         const std::string what = e.what();
         throw fail(what.rfind("truncated", 0) == 0 || what.rfind("tensor", 0) == 0 ? what : "bad header: " + what);
     }
+    try {
+        check_tensor_set(b);
+    } catch (const std::exception& e) {
+        throw fail(e.what());
+    }
+
+    // The layout: tensors in table order, each at the next multiple of 64 after the previous one,
+    // zero fill between; data_bytes ends at the last one; the file ends where its version says.
+    if (!all_zero(file + 16 + header_len, data_start - 16 - header_len)) throw fail("nonzero fill byte between the header and the data section");
+    uint64_t end = 0;
+    for (const TensorView& t : b.tensors) {
+        const uint64_t offset = static_cast<uint64_t>(static_cast<const uint8_t*>(t.data) - data), want = (end + 63) / 64 * 64;
+        if (offset != want)
+            throw fail("tensor " + printable(t.name) + ": offset " + std::to_string(offset) + ", the layout puts it at " + std::to_string(want) +
+                       " (tensors follow each other in table order, 64-aligned)");
+        if (!all_zero(data + end, offset - end)) throw fail("nonzero fill byte before tensor " + printable(t.name));
+        end = offset + t.nbytes;
+    }
+    if (end != data_bytes) throw fail("bad header: data_bytes " + std::to_string(data_bytes) + ", the last tensor ends at " + std::to_string(end));
+    const uint64_t data_end = data_start + data_bytes;
+    const uint8_t* index = nullptr;  // v2: the index's per-tensor hashes
+    if (b.version == 1) {
+        if (file_len > data_end)
+            throw fail(std::to_string(file_len - data_end) + " bytes after the data section: the file is longer than its header says (" +
+                       std::to_string(data_end) + " bytes)");
+    } else {
+        const uint64_t index_start = (data_end + 63) / 64 * 64;
+        const uint64_t count = b.tensors.size(), need = index_start + 8 + 32 * count + 32;  // count <= kMaxTensors: no overflow
+        if (file_len < index_start + 8)
+            throw fail("truncated: the index starts at " + std::to_string(index_start) + ", the file has " + std::to_string(file_len) + " bytes");
+        if (!all_zero(file + data_end, index_start - data_end)) throw fail("nonzero fill byte between the data section and the index");
+        if (std::memcmp(file + index_start, "KDTI", 4) != 0)
+            throw fail("bad index magic at byte " + std::to_string(index_start) + " (expected 'KDTI')");
+        if (read_le(file + index_start + 4, 4) != count)
+            throw fail("index count mismatch: the index holds " + std::to_string(read_le(file + index_start + 4, 4)) + " hashes, the header lists " +
+                       std::to_string(count) + " tensors");
+        if (file_len < need)
+            throw fail("truncated: the index ends at " + std::to_string(need) + ", the file has " + std::to_string(file_len) + " bytes");
+        if (file_len > need)
+            throw fail(std::to_string(file_len - need) + " bytes after the index: the file is longer than its header says (" + std::to_string(need) +
+                       " bytes)");
+        Sha256 digest;
+        digest.update(file, data_start);
+        digest.update(file + index_start, need - 32 - index_start);
+        b.digest = digest.digest();
+        if (std::memcmp(b.digest.data(), file + need - 32, 32) != 0)
+            throw fail("bundle digest mismatch: the index's digest differs from the sha256 of the header and index");
+        index = file + index_start + 8;
+    }
+    if (b.version == 1 && hex(sha256(data, data_bytes)) != b.header.at("data_sha256").as_string())
+        throw fail("data_sha256 mismatch: the data section's sha256 is " + hex(sha256(data, data_bytes)).substr(0, 16) + "..., the header says " +
+                   printable(b.header.at("data_sha256").as_string().substr(0, 16)) + "...");
+    try {
+        check_in_parallel(b.tensors, [&](size_t i) { return check_tensor(b.tensors[i], index ? index + 32 * i : nullptr); });
+    } catch (const std::exception& e) {
+        throw fail(e.what());
+    }
     b.check_memory(static_cast<int>(b.prompt.size()));
     return b;
 }
+
+std::string Bundle::identity() const { return version == 1 ? hex(sha256(bytes.data(), bytes.size())) : hex(digest); }
 
 uint64_t Bundle::check_memory(int max_batch) const {
     uint64_t need = 0, buffers = 0;

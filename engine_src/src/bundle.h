@@ -1,7 +1,8 @@
-// bundle.h: the KDTR bundle loader (format: engine_src/README.md, "KDTR bundle format").
+// bundle.h: the KDTR bundle loader, format versions 1 and 2 (docs/engine/bundle-format.md).
 #pragma once
 
 #include "json.h"
+#include "sha256.h"
 
 #include <cstdint>
 #include <string>
@@ -56,11 +57,17 @@ struct TensorView {
 
 struct Bundle {
     std::string path;
+    int version = 1;              // the format version: 1 or 2
     Json header;
     ModelConfig config;
     bool int4 = false;
+    bool keep_fp32_dense = false;   // int4 with quant.keep_fp32 "dense": the dense layers' FFN stays f32
+    bool keep_fp32_shared = false;  // ... "shared": the shared expert stays f32
     int drafter_block = 0;
     int mask_token = 0;
+    std::string drafter_kind = "linear";  // drafter.kind: "linear" or "lowrank_head"
+    int drafter_rank = 0;                 // drafter.rank of a lowrank_head drafter (else 0)
+    Digest digest{};              // version 2: the bundle digest (its identity), checked
     std::vector<int32_t> prompt;
     std::vector<uint8_t> bytes;   // the whole file
     std::vector<TensorView> tensors;
@@ -69,10 +76,17 @@ struct Bundle {
     uint64_t max_memory = kDefaultMaxMemory;  // the limit it was loaded under
 
     // Reads and validates a bundle before anything is allocated for it: the file size against
-    // max_memory, the preamble, the header (strict JSON), the config, tokens and tensor table
-    // (README.md, "Input validation"), every f32 tensor finite, and the memory a run of the
-    // bundle's own prompt needs against max_memory. Throws std::runtime_error("bundle <path>: <problem>").
+    // max_memory, the preamble (magic, version 1 or 2), the header (strict JSON, exactly the
+    // format's keys), the config, quant (keep_fp32), drafter (kind, rank), tokens and tensor
+    // table (docs/engine/scripts.md, "Input validation"); the table as a layout (tensors in order, 64-aligned,
+    // data_bytes at the last one's end) holding exactly the config's tensor set (tensor_set.h);
+    // the file exactly as long as the layout (v2: up to the end of the index); zero fill; the
+    // hashes (v1: data_sha256; v2: the index's count, every tensor's sha256 in parallel threads,
+    // the bundle digest); every f32 tensor finite; and the memory a run of the bundle's own
+    // prompt needs against max_memory. Throws std::runtime_error("bundle <path>: <problem>").
     static Bundle load(const std::string& path, uint64_t max_memory = kDefaultMaxMemory);
+    // The file's bytes, its size checked against max_memory first (what load reads).
+    static std::vector<uint8_t> read_bytes(const std::string& path, uint64_t max_memory);
     // The same from bytes already in memory (path only names them in errors).
     static Bundle from_bytes(const std::string& path, std::vector<uint8_t> bytes, uint64_t max_memory = kDefaultMaxMemory);
 
@@ -85,6 +99,9 @@ struct Bundle {
     bool has(const std::string& name) const;
     // The tensor, checked against the expected dtype and shape; throws naming file and tensor.
     const TensorView& get(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape) const;
+    // The bundle's identity, as a manifest's `sha256` holds it: v1 the sha256 of the whole file,
+    // v2 the bundle digest.
+    std::string identity() const;
     // The golden tokens stored in the header: for tests only, never read while generating.
     std::vector<int32_t> golden() const;
 };

@@ -27,7 +27,8 @@ const char* kUsage =
     "                  [--backend cpu|cuda] [--max-memory 4G]\n"
     "  kdtree bench    --manifest tests/refs/manifest.json [--out build/bench.json] [--budgets 4,8,16,32]\n"
     "                  [--repeats R] [-n N] [--moe-experts E] [--moe-tokens 1,2,4,8,16] [--backend cpu|cuda]\n"
-    "                  [--max-memory 4G]\n";
+    "                  [--max-memory 4G]\n"
+    "  kdtree verify   --bundle F [--max-memory 4G]\n";
 
 }  // namespace
 
@@ -59,6 +60,7 @@ int cli_main(int argc, char** argv) {
         if (cmd == "check") return cmd_check(argc, argv);
         if (cmd == "outputs") return cmd_outputs(argc, argv);
         if (cmd == "bench") return cmd_bench(argc, argv);
+        if (cmd == "verify") return cmd_verify(argc, argv);
         std::fprintf(stderr, "kdtree: unknown command '%s'\n%s", printable(cmd).c_str(), kUsage);
         return 2;
     } catch (const std::bad_alloc&) {

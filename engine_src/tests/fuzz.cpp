@@ -1,5 +1,6 @@
 // fuzz.cpp: a mutation fuzzer for the engine's input readers (README.md, "Input validation"):
-// KDTR bundles (preamble, header JSON, config, tensor table, data section), manifests, the JSON
+// KDTR bundles of format versions 1 and 2 (preamble, header JSON, config, tensor table, data
+// section, version 2's trailing index), manifests, the JSON
 // reader itself and the command-line flags. Each case runs in a forked child through the real
 // command line (kd::cli_main) or Json::parse, with a time limit; the parent classifies the end.
 // Built by `KD_SANITIZE=1 scripts/build.sh` as build/fuzz (ASan + UBSan catch what a crash
@@ -21,13 +22,19 @@
 // "args: <argv after the program name, space-separated; @BUNDLE @MANIFEST @OUT substituted>",
 // "data: <bytes of the base's data section to append, default all>", "expect: ok | <substring
 // of the error>", "set: <path> = <raw JSON>" (bundles, repeatable: the header with the value at
-// path, e.g. config.n_heads or tensors[0].shape, replaced by that text), then a line "---" and
+// path, e.g. config.n_heads or tensors[0].shape, replaced by that text), "version: 2" (bundles:
+// the base in format version 2: its header without data_sha256, and after the data the zero fill
+// and the index of the base's tensor hashes with the digest of the case's own header bytes),
+// "tail: stale | flip K | cut K | grow K | count K" (version 2: the digest of the base's header
+// instead, or bit 0 of index byte K flipped, K bytes cut from the end, K zero bytes appended, the
+// count set to K), then a line "---" and
 // the body: for bundles the preamble and header, or only a header (the preamble is then made for
 // it), or nothing (the base's own); the base's data section follows. For manifests and JSON the
 // body is the text. In a body "@@REPEAT n@@text@@END@@" stands for text n times ('#' in it
 // replaced by the repetition's index).
 #include "cli.h"
 #include "json.h"
+#include "sha256.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -78,6 +85,8 @@ struct Case {
     int64_t data = -1;      // bundle: bytes of the base's data section appended (-1: all)
     std::string expect;     // replay: "ok" or a substring of the error
     std::vector<std::string> sets;  // bundle: "<path> = <raw JSON>" applied to the header
+    int version = 1;        // bundle: the format version it is written in
+    std::string tail;       // bundle, version 2: how the index is spoiled (empty: not at all)
     std::string body;
 };
 
@@ -112,6 +121,8 @@ Case parse_case(const std::string& text, const std::string& name) {
         else if (key == "data") c.data = std::stoll(value);
         else if (key == "expect") c.expect = value;
         else if (key == "set") c.sets.push_back(value);
+        else if (key == "version") c.version = std::stoi(value);
+        else if (key == "tail") c.tail = value;
         else throw std::runtime_error(name + ": unknown header line '" + line + "'");
     }
     c.body = text.substr(pos);
@@ -125,6 +136,8 @@ std::string format_case(const Case& c) {
     if (c.data >= 0) s += "data: " + std::to_string(c.data) + "\n";
     if (!c.expect.empty()) s += "expect: " + c.expect + "\n";
     for (const std::string& set : c.sets) s += "set: " + set + "\n";
+    if (c.version != 1) s += "version: " + std::to_string(c.version) + "\n";
+    if (!c.tail.empty()) s += "tail: " + c.tail + "\n";
     return s + "---\n" + c.body;
 }
 
@@ -166,7 +179,11 @@ struct Base {
     std::string prefix;  // preamble + header + padding, as stored
     std::string header;
     std::string data;    // the data section
+    std::string v2_header;  // the header without data_sha256: what it is in format version 2
+    std::string hashes;     // the tensors' sha256, in table order: version 2's index entries
 };
+
+std::string preamble_and_header(const std::string& header, int version = 1);
 
 Base load_base(const std::string& dir, const std::string& file) {
     Base b;
@@ -180,12 +197,22 @@ Base load_base(const std::string& dir, const std::string& file) {
     b.prefix = bytes.substr(0, start);
     b.header = bytes.substr(16, n);
     b.data = bytes.substr(start);
+    const Json h = Json::parse(b.header);
+    Json v2 = Json::object();
+    for (const auto& kv : h.members())
+        if (kv.first != "data_sha256") v2.set(kv.first, kv.second);
+    b.v2_header = v2.dump();
+    for (const Json& t : h.at("tensors").items()) {
+        const kd::Digest d = kd::sha256(b.data.data() + t.at("offset").as_int(), static_cast<size_t>(t.at("nbytes").as_int()));
+        b.hashes.append(reinterpret_cast<const char*>(d.data()), d.size());
+    }
     return b;
 }
 
-std::string preamble_and_header(const std::string& header) {
+std::string preamble_and_header(const std::string& header, int version) {
     std::string s = "KDTR";
-    s += std::string("\x01\x00\x00\x00", 4);
+    s += static_cast<char>(version);
+    s += std::string(3, '\0');
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) s += static_cast<char>((n >> (8 * i)) & 0xFF);
     s += header;
@@ -213,15 +240,41 @@ std::string header_of(const std::string& prefix) {
     return prefix.substr(16, std::min<uint64_t>(n, prefix.size() - 16));
 }
 
+// Version 2's zero fill and index after the base's data: the base's tensor hashes and the digest
+// of `prefix` (the case's own bytes before the data, so that a header change is not refused for
+// the digest alone), then spoiled as `tail` says.
+std::string v2_index(const Base& b, const std::string& prefix, const std::string& tail) {
+    std::string index = "KDTI";
+    const uint32_t count = static_cast<uint32_t>(b.hashes.size() / 32);
+    for (int i = 0; i < 4; ++i) index += static_cast<char>((count >> (8 * i)) & 0xFF);
+    index += b.hashes;
+    const std::string& signed_prefix = tail == "stale" ? preamble_and_header(b.v2_header, 2) : prefix;
+    kd::Sha256 digest;
+    digest.update(signed_prefix.data(), signed_prefix.size());
+    digest.update(index.data(), index.size());
+    const kd::Digest d = digest.digest();
+    index.append(reinterpret_cast<const char*>(d.data()), d.size());
+    const size_t space = tail.find(' ');
+    const uint64_t k = space == std::string::npos ? 0 : std::stoull(tail.substr(space + 1));
+    const std::string op = tail.substr(0, space);
+    if (op == "flip" && k < index.size()) index[k] ^= 1;
+    else if (op == "cut") index.resize(index.size() - std::min<uint64_t>(k, index.size()));
+    else if (op == "grow") index.append(std::min<uint64_t>(k, 1 << 20), '\0');
+    else if (op == "count") for (int i = 0; i < 4; ++i) index[4 + i] = static_cast<char>((k >> (8 * i)) & 0xFF);
+    return std::string((64 - (prefix.size() + b.data.size()) % 64) % 64, '\0') + index;
+}
+
 // Writes the case's files under env.work and returns its argv (program name first).
 std::vector<std::string> materialize(const Env& env, const Case& c) {
     const std::string bundle = env.work + "/case.kdtr", manifest = env.work + "/manifest.json";
     if (c.kind == "bundle") {
         const Base& b = env.base(c.base);
-        std::string bytes = c.body.empty() ? b.prefix : expand(c.body);
-        if (bytes.rfind("KDTR", 0) != 0) bytes = preamble_and_header(bytes);
-        if (!c.sets.empty()) bytes = preamble_and_header(apply_sets(header_of(bytes), c.sets));
+        std::string bytes = c.body.empty() ? (c.version == 2 ? preamble_and_header(b.v2_header, 2) : b.prefix) : expand(c.body);
+        if (bytes.rfind("KDTR", 0) != 0) bytes = preamble_and_header(bytes, c.version);
+        if (!c.sets.empty()) bytes = preamble_and_header(apply_sets(header_of(bytes), c.sets), c.version);
+        const std::string prefix = bytes;
         bytes += c.data < 0 ? b.data : b.data.substr(0, static_cast<size_t>(std::min<int64_t>(c.data, static_cast<int64_t>(b.data.size()))));
+        if (c.version == 2) bytes += v2_index(b, prefix, c.tail);
         write_file(bundle, bytes);
     } else if (c.kind == "manifest") {
         write_file(manifest, expand(c.body));
@@ -553,14 +606,19 @@ size_t pick_base(Rng& r) {
 
 Case mutate_bundle(Rng& r, const Env& env, Case c) {
     const Base& b = env.base(c.base);
-    std::string body = c.body.empty() ? b.prefix : expand(c.body);
+    std::string body = c.body.empty() ? (c.version == 2 ? preamble_and_header(b.v2_header, 2) : b.prefix) : expand(c.body);
     const std::string header = header_of(body);
-    const size_t op = r.below(20);
-    if (op < 11) {  // a header value
+    const size_t op = r.below(c.version == 2 ? 22 : 20);
+    if (op >= 20) {  // version 2's index
+        static const char* const ops[] = {"stale", "flip", "cut", "grow", "count"};
+        const std::string what = ops[r.below(5)];
+        const uint64_t k = r.chance(50) ? r.below(72) : r.pick(std::vector<uint64_t>{0, 1, 4, 5, 8, 31, 32, 63, 64, uint64_t{1} << 31, ~uint32_t{0}});
+        c.tail = what == "stale" ? what : what + " " + std::to_string(k);
+    } else if (op < 11) {  // a header value
         const std::string m = mutate_tree(r, header);
-        body = preamble_and_header(m.empty() ? mutate_text(r, header) : m);
+        body = preamble_and_header(m.empty() ? mutate_text(r, header) : m, c.version);
     } else if (op < 15) {  // header bytes
-        body = preamble_and_header(mutate_text(r, header));
+        body = preamble_and_header(mutate_text(r, header), c.version);
     } else if (op < 17) {  // preamble
         body = body.size() >= 16 ? body : b.prefix;
         const size_t at = r.below(16);
@@ -575,7 +633,8 @@ Case mutate_bundle(Rng& r, const Env& env, Case c) {
         c.data = static_cast<int64_t>(r.below(b.data.size() + 1));
     } else {  // a different base: the same mutations meet another config
         c.base = env.bases[pick_base(r)].file;
-        body = r.chance(50) ? env.base(c.base).prefix : preamble_and_header(header);
+        body = r.chance(50) ? (c.version == 2 ? preamble_and_header(env.base(c.base).v2_header, 2) : env.base(c.base).prefix)
+                            : preamble_and_header(header, c.version);
     }
     c.body = body;
     return c;
@@ -737,8 +796,13 @@ int cmd_run(const Options& o) {
         else {
             const bool from_seed = r.chance(70);
             c = r.pick(from_seed ? seed_cases : pool);
-            if (from_seed && c.kind == "bundle")  // the small bases most often
+            if (from_seed && c.kind == "bundle") {  // the small bases most often, a third of them in version 2
                 c = seed_cases[2 * pick_base(r) + r.below(2)];
+                if (r.chance(33)) {
+                    c.version = 2;
+                    c.body.clear();
+                }
+            }
             if (c.kind == "flags") c = make_flags(r);
             const size_t rounds = 1 + r.below(3);
             for (size_t k = 0; k < rounds; ++k) {

@@ -8,6 +8,7 @@
 // exits 1 when any test failed.
 #include "backend.h"
 #include "rope.h"
+#include "sha256.h"
 #include "tree.h"
 
 #include <algorithm>
@@ -727,6 +728,40 @@ void test_tree() {
     }
 }
 
+// ---- SHA-256 (the bundle hashes) ---------------------------------------------------------------
+
+// FIPS 180-4's examples (NIST CSRC, SHA256.pdf and SHA2_Additional.pdf) and the same messages fed
+// in uneven pieces.
+void test_sha256() {
+    const std::string a448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    const std::string a896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+    const std::pair<std::string, const char*> vectors[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {a448, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+        {a896, "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+        {std::string(1000000, 'a'), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"},
+        // the padding's edges: 55 bytes pad within one block, 56 need a second, 64 fill one (Python's hashlib)
+        {std::string(55, 'x'), "d5e285683cd4efc02d021a5c62014694958901005d6f71e89e0989fac77e4072"},
+        {std::string(56, 'x'), "04c26261370ee7541549d16dee320c723e3fd14671e66a099afe0a377c16888e"},
+        {std::string(64, 'x'), "7ce100971f64e7001e8fe5a51973ecdfe1ced42befe7ee8d5fd6219506b5393c"},
+    };
+    bool ok = true;
+    std::string detail = "NIST vectors ('', abc, 448 and 896 bits, a million 'a') and padding edges, whole and in pieces";
+    for (const auto& v : vectors) {
+        const std::string one = hex(sha256(v.first.data(), v.first.size()));
+        Sha256 pieces;
+        for (size_t at = 0, step = 1; at < v.first.size(); at += step, step = step * 3 % 257 + 1)
+            pieces.update(v.first.data() + at, std::min(step, v.first.size() - at));
+        const std::string piecewise = hex(pieces.digest());
+        if (one != v.second || piecewise != v.second) {
+            ok = false;
+            detail = "message of " + std::to_string(v.first.size()) + " bytes: " + one + " / " + piecewise;
+        }
+    }
+    report("sha256.fips_180_4", ok, detail);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -747,6 +782,7 @@ int main(int argc, char** argv) {
         names.push_back(which);
     }
     test_tree();
+    test_sha256();
     for (const std::string& name : names) {
         std::unique_ptr<Backend> be;
         try {
