@@ -1,10 +1,11 @@
 """Run the shell blocks of docs/getting-started.md as a reader would, and fail when one fails.
 
 Every ```bash block of the page runs, in order, in one bash session (`set -euo pipefail`), in a
-copy of this checkout (its tracked and untracked, not ignored, files), with the checkout's
-`.venv` activated. A block the page marks with `<!-- ci: skip -->` on the line above its fence is
-not run; the page says why beside it (.ci/run already runs the first-validate command itself).
-The loopback sshd the page starts is stopped at the end whatever happened, by its pid file.
+copy of this checkout (its tracked and untracked, not ignored, files, and its build/ caches), with
+the checkout's `.venv` activated. A block the page marks with `<!-- ci: skip -->` on the line above
+its fence is not run; the page says why beside it (.ci/run already runs the first-validate command
+itself). The loopback sshd the page starts is stopped at the end whatever happened, by its pid
+file.
 
     python3 .ci/getting_started.py [--keep]      # from the checkout, with .venv built
 """
@@ -37,7 +38,9 @@ def blocks(text: str) -> list[tuple[str, bool]]:
 
 
 def copy_checkout(dest: Path) -> None:
-    """The checkout's tracked and untracked (not ignored) files, as they are now, into dest."""
+    """The checkout's tracked and untracked (not ignored) files, as they are now, into dest, with
+    its build/: the orchestrator's caches (this machine's bundle regeneration among them) that a
+    reader's checkout holds after the page's first validate, which .ci/run has just run here."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO, check=True, capture_output=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -45,6 +48,8 @@ def copy_checkout(dest: Path) -> None:
         if src.is_file() or src.is_symlink():     # a tracked file deleted in the work tree is left out
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name, follow_symlinks=False)
+    if (REPO / "build").is_dir():
+        shutil.copytree(REPO / "build", dest / "build", symlinks=True)
 
 
 def stop_sshd(pid_file: Path) -> None:

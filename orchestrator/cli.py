@@ -312,6 +312,8 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
             run_summary(console, run, plan)
             raise
     run_summary(console, run, plan)
+    if store is not None:       # absolute, as every path of the run's last lines: run.json's link is the report's
+        console.say(f"benchmark history: {store.path.absolute()} (dashboard {board.absolute()})")
     console.say(f"\nrun {run.run_id}: {run.status}  report: {paths['html']}  junit: {paths['junit']}")
     if run.status == "interrupted":
         return interrupted_code()
@@ -377,7 +379,6 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
                    else "measured under contention (other processes took the cores or their caches)")
             console.say(f"NOT JUDGED {c['host']} {c['metric']}: x{c['ratio']:.2f} on the wall clock, "
                         f"{c['cpu_change']:+.1%} per CPU second{probe}: {why}")
-        console.say(f"benchmark history: {run.history['store']} (dashboard {run.history['dashboard']})")
 
 
 def history(inv: Inventory, console: Console, history: str | None = None, rebuild: bool = False,

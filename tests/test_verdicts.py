@@ -296,6 +296,24 @@ def test_two_runs_in_one_process_do_not_interfere(lab, make_inventory, tmp_path)
 
 
 # -- doctor and deploy leave a run record -------------------------------------------------------------
+def test_the_paths_a_run_ends_with_are_found_from_the_current_directory(make_inventory, tmp_path):
+    """The last lines of a validate name the benchmark history, its dashboard, the report and
+    junit.xml by paths that work where the user is (this test runs the task from the checkout,
+    the inventory and its runs/ being elsewhere): the dashboard was once `../history.html`, a
+    path relative to the run directory."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
+    proc = run_task("validate", "--inventory", str(inv.path), "--steps", "preflight")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    history = re.search(r"^benchmark history: (\S+) \(dashboard (\S+)\)$", proc.stdout, re.M)
+    last = re.search(r"^run \S+: passed  report: (\S+)  junit: (\S+)$", proc.stdout, re.M)
+    assert history and last, proc.stdout
+    printed = [*history.groups(), *last.groups()]
+    assert [(REPO / p).resolve() for p in printed] == [tmp_path / "runs" / "history.sqlite", tmp_path / "runs" / "history.html",
+                                                       (tmp_path / "runs" / "latest").resolve() / "report.html",
+                                                       (tmp_path / "runs" / "latest").resolve() / "junit.xml"]
+    assert all((REPO / p).is_file() for p in printed)
+
+
 def test_doctor_and_deploy_write_a_run_record_like_validate(make_inventory, tmp_path):
     inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
     for task, step in (("doctor", "preflight"), ("deploy", "sync")):
