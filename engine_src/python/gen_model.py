@@ -32,10 +32,10 @@ from kdtree_ref import ddtree, kdtr, progress, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, RopeScaling, Trajectory, Transformer, generate  # noqa: E402
 from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized, quantize  # noqa: E402
+from kdtree_ref.weights import SEED, Weights  # noqa: E402
 
 MANIFEST_VERSION = 1
 BUNDLES_PER_CONFIG = 2      # build_config's fp32 and int4 bundles (the total of the progress reports)
-SEED = "kdtree-ref-v1"
 CONFIGS = {
     "tiny": ModelArgs(
         name="tiny", vocab_size=400, dim=192, n_layers=6, n_dense_layers=1, n_heads=4,
@@ -67,12 +67,6 @@ CONFIGS = {
 PROMPT_LEN = 16     # fit and eval prompts, and the golden prompts of the tiny configs
 GOLDEN_LEN = 64
 BLOCK_SIZE = 8
-# Weight scales (uniform weights with std gain / sqrt(fan_in)). Small attention and FFN outputs
-# keep the residual stream close to the token embedding, so the next token is predictable
-# enough for a linear drafter; a head gain of 4 makes the logits peaked (std about 4).
-GAIN_OUT = 0.2      # wo and every w2
-GAIN_GATE = 3.0     # router logits u . x with std about 3: sigmoid scores spread over (0, 1)
-GAIN_HEAD = 4.0
 # A golden trajectory is accepted only if every step stays this far from a tie. FP32 rounding
 # moves logits (std about 4) by about 1e-5 and router scores (in (0, 1)) by about 1e-6, so
 # these leave a factor of 100 or more; stricter ones leave too few candidates.
@@ -114,50 +108,7 @@ EVAL_BUDGETS = (8, 32)
 
 def init_weights(args: ModelArgs) -> dict[str, np.ndarray]:
     """Random float32 weights under the README's tensor names, from the integer PRNG."""
-    weights = {}
-
-    def uniform(name, shape, std):
-        u = prng.uniform(prng.stream_key(SEED, args.name, name), shape)
-        weights[name] = (u * (std * 3**0.5)).astype(np.float32)
-
-    def norm(name, n):
-        u = prng.uniform(prng.stream_key(SEED, args.name, name), (n,))
-        weights[name] = (1.0 + 0.1 * u).astype(np.float32)
-
-    def mlp(prefix, inter):
-        uniform(prefix + "w1", (inter, args.dim), args.dim**-0.5)
-        uniform(prefix + "w2", (args.dim, inter), GAIN_OUT * inter**-0.5)
-        uniform(prefix + "w3", (inter, args.dim), args.dim**-0.5)
-
-    h, heads = args.dim, args.n_heads
-    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
-    uniform("embed", (args.vocab_size, h), 1.0)
-    for layer in range(args.n_layers):
-        p = f"layers.{layer}."
-        norm(p + "attn_norm", h)
-        norm(p + "ffn_norm", h)
-        if args.q_lora_rank:
-            uniform(p + "attn.wq_a", (args.q_lora_rank, h), h**-0.5)
-            norm(p + "attn.q_norm", args.q_lora_rank)
-            uniform(p + "attn.wq_b", (heads * qk, args.q_lora_rank), args.q_lora_rank**-0.5)
-        else:
-            uniform(p + "attn.wq", (heads * qk, h), h**-0.5)
-        uniform(p + "attn.wkv_a", (args.kv_lora_rank + args.qk_rope_head_dim, h), h**-0.5)
-        norm(p + "attn.kv_norm", args.kv_lora_rank)
-        uniform(p + "attn.wkv_b", (heads * (args.qk_nope_head_dim + args.v_head_dim), args.kv_lora_rank),
-                args.kv_lora_rank**-0.5)
-        uniform(p + "attn.wo", (h, heads * args.v_head_dim), GAIN_OUT * (heads * args.v_head_dim)**-0.5)
-        if layer < args.n_dense_layers:
-            mlp(p + "ffn.", args.inter_dim)
-        else:
-            uniform(p + "ffn.gate.weight", (args.n_routed_experts, h), GAIN_GATE * h**-0.5)
-            uniform(p + "ffn.gate.bias", (args.n_routed_experts,), 0.1)
-            for e in range(args.n_routed_experts):
-                mlp(p + f"ffn.experts.{e}.", args.moe_inter_dim)
-            mlp(p + "ffn.shared.", args.n_shared_experts * args.moe_inter_dim)
-    norm("norm", h)
-    uniform("head", (args.vocab_size, h), GAIN_HEAD * h**-0.5)
-    return weights
+    return Weights(args).all_fp32()
 
 
 def quantize_weights(weights: dict[str, np.ndarray]):
