@@ -20,11 +20,14 @@ _M2 = 0x94D049BB133111EB
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's output function on a uint64 array (wrapping arithmetic)."""
-    z = np.asarray(x, dtype=np.uint64)
+    z = np.array(x, dtype=np.uint64)     # a copy: the steps below work in place
     with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    return z ^ (z >> np.uint64(31))
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(_M1)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(_M2)
+        z ^= z >> np.uint64(31)
+    return z
 
 
 def stream_key(*parts) -> int:
@@ -35,9 +38,10 @@ def stream_key(*parts) -> int:
 
 def bits(key: int, n: int, first: int = 0) -> np.ndarray:
     """Outputs first .. first+n-1 of the stream `key` (uint64)."""
-    counter = np.arange(first + 1, first + n + 1, dtype=np.uint64)
+    state = np.arange(first + 1, first + n + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        state = np.uint64(key) + counter * np.uint64(GAMMA)
+        state *= np.uint64(GAMMA)
+        state += np.uint64(key)
     return splitmix64(state)
 
 
@@ -60,19 +64,27 @@ def integers(key: int, n: int, high: int) -> np.ndarray:
 
 CODE_DIGITS = 14    # base-15 digits (INT4 codes) per 64-bit output
 _BASE = np.uint64(15)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
 
 
 def int4_codes(key: int, n: int, first: int = 0) -> np.ndarray:
-    """Codes first .. first+n-1 of the stream `key`, in -7..7 (int8): code c is digit c mod 14
-    (least significant first) of output c // 14 written in base 15, minus 7:
-    floor(x / 15^(c mod 14)) mod 15 - 7. Fourteen digits, not the 16 that fit in 2^64: the digit
-    k of a uniform 64-bit x is uniform up to 15^(k+1) / 2^64, below 0.16 % for k <= 13, while the
-    15th and 16th digits would be off by up to 36 % and a factor 1.5 (their mean not 0)."""
+    """Codes first .. first+n-1 of the stream `key`, in -7..7 (int8): code c is digit k = c mod 14
+    of output x = c // 14 read as a base-15 fraction x / 2^64, most significant first, minus 7:
+    floor(x 15^(k+1) / 2^64) mod 15 - 7. Fourteen digits, not the 16 that fit in 2^64: digit k
+    is uniform up to 15^(k+1) / 2^64, below 0.16 % for k <= 13, while the 15th and 16th digits
+    would be off by 2.4 % and 36 %. Computed on 32-bit halves (x 15 needs 68 bits)."""
     start, stop = first // CODE_DIGITS, (first + n + CODE_DIGITS - 1) // CODE_DIGITS
     x = bits(key, stop - start, start)
+    hi, lo = x >> _SHIFT32, x & _LOW32
     digits = np.empty((stop - start, CODE_DIGITS), dtype=np.int8)
     for k in range(CODE_DIGITS):
-        x, digit = np.divmod(x, _BASE)
-        digits[:, k] = digit
+        # (hi 2^32 + lo) x 15 = hi' 2^32 + lo' with lo' < 2^32: the digit is hi' >> 32
+        lo *= _BASE
+        hi *= _BASE
+        hi += lo >> _SHIFT32
+        digits[:, k] = hi >> _SHIFT32
+        hi &= _LOW32
+        lo &= _LOW32
     skip = first - start * CODE_DIGITS
     return digits.reshape(-1)[skip:skip + n] - np.int8(7)

@@ -122,16 +122,28 @@ class Weights:
             return (1.0 + 0.1 * u).astype(np.float32)
         return (u * (spec.std * 3**0.5)).astype(np.float32)
 
-    def expert_int4(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(qw int32 [out][in/8], sc float32 [out][in/32]) of a direct routed expert matrix."""
+    def expert_codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(codes int8 [out][in] in -7..7, scales float32 [out][in/32]) of a direct routed expert matrix."""
         if not self.is_direct(name):
             raise ValueError(f"{name} is not a routed expert made directly as INT4")
-        spec = self.specs[name]
-        out_dim, in_dim = spec.shape
+        out_dim, in_dim = self.specs[name].shape
         codes = prng.int4_codes(self._key(name, "codes"), out_dim * in_dim).reshape(out_dim, in_dim)
-        s0 = spec.std / math.sqrt(CODE_VARIANCE * (1 + SCALE_SPREAD**2 / 3))
+        s0 = self.specs[name].std / math.sqrt(CODE_VARIANCE * (1 + SCALE_SPREAD**2 / 3))
         u = prng.uniform(self._key(name, "scales"), (out_dim, in_dim // GROUP_SIZE))
-        return pack_nibbles(codes + 8), (s0 * (1.0 + SCALE_SPREAD * u)).astype(np.float32)
+        return codes, (s0 * (1.0 + SCALE_SPREAD * u)).astype(np.float32)
+
+    def expert_int4(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(qw int32 [out][in/8], sc float32 [out][in/32]) of a direct routed expert matrix, as stored."""
+        codes, scales = self.expert_codes(name)
+        return pack_nibbles(codes + 8), scales
+
+    def expert_fp32(self, name: str) -> np.ndarray:
+        """The float32 weight a direct routed expert matrix stands for: code x scale in float32
+        (equal to quant.dequantize of expert_int4, without packing)."""
+        codes, scales = self.expert_codes(name)
+        out_dim, in_dim = codes.shape
+        grouped = codes.reshape(out_dim, in_dim // GROUP_SIZE, GROUP_SIZE).astype(np.float32)
+        return (grouped * scales[..., None]).reshape(out_dim, in_dim)
 
     def all_fp32(self) -> dict[str, np.ndarray]:
         """Every float32 master tensor, in bundle order (not for configs with direct experts)."""

@@ -38,7 +38,7 @@ def test_stream_parts_equal_the_whole_stream(first, n):
 def test_int4_codes_are_base15_digits_of_the_stream(first, n):
     key = prng.stream_key("t", "codes")
     codes = prng.int4_codes(key, n, first)
-    expected = [(splitmix_int(key, c // 14) // 15 ** (c % 14)) % 15 - 7 for c in range(first, first + n)]
+    expected = [splitmix_int(key, c // 14) * 15 ** (c % 14 + 1) // 2**64 % 15 - 7 for c in range(first, first + n)]
     assert codes.dtype == np.int8 and codes.tolist() == expected
 
 
@@ -70,6 +70,7 @@ def test_direct_experts_follow_their_rule():
     u = prng.uniform(prng.stream_key(weights.SEED, SMALL.name, name, "scales"), sc.shape)
     assert np.array_equal(sc, (s0 * (1 + u / 2)).astype(np.float32))
     assert np.array_equal(dequantize(qw, sc), codes.astype(np.float32) * np.repeat(sc, 32, axis=1))
+    assert np.array_equal(w.expert_fp32(name), dequantize(qw, sc))
     with pytest.raises(ValueError, match="no float32 master"):
         w.fp32(name)
     assert not w.is_direct("layers.1.ffn.shared.w1") and not weights.Weights(SMALL).is_direct(name)
