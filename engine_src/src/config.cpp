@@ -90,7 +90,8 @@ RopeScaling rope_scaling_from_json(const Json& j) {
     r.original_max_position_embeddings = static_cast<int>(original->as_int());
     r.beta_fast = number("beta_fast", 32, 1e-6, 1e6);
     r.beta_slow = number("beta_slow", 1, 1e-6, 1e6);
-    if (!(r.beta_fast > r.beta_slow)) throw std::runtime_error(where + ": needs beta_fast > beta_slow");
+    // Equal betas are Kimi-K2's (both 1): rope.cpp handles the zero-width ramp as its reference code does.
+    if (!(r.beta_fast >= r.beta_slow)) throw std::runtime_error(where + ": needs beta_fast >= beta_slow");
     r.mscale = number("mscale", 1, 0, 1e3);
     r.mscale_all_dim = number("mscale_all_dim", 0, 0, 1e3);
     return r;

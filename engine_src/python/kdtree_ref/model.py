@@ -31,16 +31,17 @@ class RopeScaling:
     factor: float = 1.0                         # context extension factor s
     original_max_position_embeddings: int = 0   # the context the model was pretrained at (required)
     beta_fast: float = 32.0                     # rotations per original context above which a pair is kept
-    beta_slow: float = 1.0                      # ... below which a pair is interpolated (divided by s)
+    beta_slow: float = 1.0                      # ... below which a pair is interpolated (divided by s);
+                                                # equal to beta_fast (Kimi-K2: both 1) is allowed
     mscale: float = 1.0                         # cos/sin scale yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)
     mscale_all_dim: float = 0.0                 # softmax scale times yarn_mscale(s, mscale_all_dim)^2 (0: none)
 
     def __post_init__(self):
         if self.type != "yarn":
             raise ValueError(f"rope_scaling: unknown type {self.type!r} (this reference knows 'yarn')")
-        if not self.factor >= 1 or self.original_max_position_embeddings <= 0 or not self.beta_fast > self.beta_slow > 0:
+        if not self.factor >= 1 or self.original_max_position_embeddings <= 0 or not self.beta_fast >= self.beta_slow > 0:
             raise ValueError(f"rope_scaling: need factor >= 1, original_max_position_embeddings > 0 and "
-                             f"beta_fast > beta_slow > 0, got {self}")
+                             f"beta_fast >= beta_slow > 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,16 @@ def yarn_correction_range(args: ModelArgs) -> tuple[int, int]:
     return max(math.floor(pair(s.beta_fast)), 0), min(math.ceil(pair(s.beta_slow)), d - 1)
 
 
+def linear_ramp(low: float, high: float, n: int) -> np.ndarray:
+    """YaRN's ramp over pairs 0..n-1: 0 up to `low`, 1 from `high` on, linear in between. Equal ends
+    (Kimi-K2's beta_fast == beta_slow, or both clamped to one end) are handled as DeepSeek-V3's and
+    Kimi-K2's reference code does (linear_ramp_factor / yarn_linear_ramp_mask: high += 0.001), a
+    step at `low`."""
+    if low == high:
+        high += 0.001
+    return np.clip((np.arange(n, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+
+
 def rope_frequencies(args: ModelArgs) -> tuple[np.ndarray, float]:
     """(inv_freq [d_r/2], magnitude): pair i at position p turns by p inv_freq[i], and cos/sin are
     multiplied by magnitude. Plain RoPE: theta^(-2i/d_r) and 1. YaRN: pairs below the ramp keep
@@ -126,7 +137,7 @@ def rope_frequencies(args: ModelArgs) -> tuple[np.ndarray, float]:
     if s is None:
         return extra, 1.0
     low, high = yarn_correction_range(args)
-    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low if high != low else 0.001), 0.0, 1.0)
+    ramp = linear_ramp(low, high, d // 2)
     inv_freq = extra / s.factor * ramp + extra * (1.0 - ramp)
     return inv_freq, yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
 
