@@ -240,8 +240,17 @@ class Transformer:
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return rope(x, positions, self.rope_freq, self.rope_magnitude)
 
-    def _ffn_weights(self, prefix: str):
-        return self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"]
+    def _swiglu(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        """The SwiGLU FFN `prefix` (w1, w2, w3: a dense FFN, an expert, the shared expert) on rows x."""
+        return swiglu(x, self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"])
+
+    def embed_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of tokens (any shape), [..., h]."""
+        return self.w["embed"][tokens]
+
+    def head_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """The logits [..., V] of final-normed states [..., h]."""
+        return hidden @ self.wt["head"]
 
     # ---- building blocks -------------------------------------------------------------
 
@@ -331,11 +340,11 @@ class Transformer:
         """MoE FFN of rows x [M][h]: (y [M][h], route margins [M], group margins [M])."""
         prefix = f"layers.{layer}.ffn."
         idx, weights, route_margin, group_margin = self.route(layer, x)
-        y = swiglu(x, *self._ffn_weights(prefix + "shared."))
+        y = self._swiglu(prefix + "shared.", x)
         for e in range(self.args.n_routed_experts):
             rows, slot = np.nonzero(idx == e)
             if rows.size:
-                out = swiglu(x[rows], *self._ffn_weights(f"{prefix}experts.{e}."))
+                out = self._swiglu(f"{prefix}experts.{e}.", x[rows])
                 y[rows] += weights[rows, slot][:, None] * out
         return y, route_margin, group_margin
 
@@ -345,7 +354,7 @@ class Transformer:
         prefix = f"layers.{layer}.ffn."
         if layer < a.n_dense_layers:
             inf = np.full(x.shape[:2], np.inf)
-            return swiglu(x, *self._ffn_weights(prefix)), inf, inf
+            return self._swiglu(prefix, x), inf, inf
         y, rm, gm = self._moe(layer, x.reshape(-1, a.dim))
         return y.reshape(x.shape), rm.reshape(x.shape[:2]), gm.reshape(x.shape[:2])
 
@@ -363,7 +372,7 @@ class Transformer:
         positions = np.asarray(positions)
         if cache.length + tokens.shape[1] > cache.capacity:
             raise ValueError(f"cache overflow: {cache.length} + {tokens.shape[1]} > {cache.capacity}")
-        x = w["embed"][tokens]
+        x = self.embed_rows(tokens)
         route_margin = np.full(tokens.shape, np.inf)
         group_margin = np.full(tokens.shape, np.inf)
         for layer in range(a.n_layers):
@@ -374,7 +383,7 @@ class Transformer:
             route_margin = np.minimum(route_margin, rm)
             group_margin = np.minimum(group_margin, gm)
         hidden = rms_norm(x, w["norm"], a.norm_eps)
-        return ForwardOut(hidden @ self.wt["head"], hidden, route_margin, group_margin)
+        return ForwardOut(self.head_logits(hidden), hidden, route_margin, group_margin)
 
     def forward_full(self, tokens: np.ndarray) -> np.ndarray:
         """Cacheless causal forward of one sequence (tokens [T]) with the textbook MLA
@@ -385,7 +394,7 @@ class Transformer:
         positions = np.arange(t)
         causal = np.tril(np.ones((t, t), dtype=bool))
         tau = self.tau
-        x = w["embed"][tokens]
+        x = self.embed_rows(tokens)
         for layer in range(a.n_layers):
             lp = f"layers.{layer}."
             prefix = lp + "attn."
@@ -404,7 +413,7 @@ class Transformer:
             x = x + o @ self.wt[prefix + "wo"]
             y, _, _ = self._ffn(layer, rms_norm(x, w[lp + "ffn_norm"], a.norm_eps)[None])
             x = x + y[0]
-        return rms_norm(x, w["norm"], a.norm_eps) @ self.wt["head"]
+        return self.head_logits(rms_norm(x, w["norm"], a.norm_eps))
 
 
 def prefill(model: Transformer, prompts: np.ndarray, cache: KVCache) -> ForwardOut:

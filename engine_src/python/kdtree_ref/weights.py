@@ -145,6 +145,18 @@ class Weights:
         grouped = codes.reshape(out_dim, in_dim // GROUP_SIZE, GROUP_SIZE).astype(np.float32)
         return (grouped * scales[..., None]).reshape(out_dim, in_dim)
 
+    def lowrank_drafter(self, rank: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(v [r][2h], u [L][h][r], b [L][V]) float32 of a lowrank_head drafter made from the PRNG
+        (streams drafter.v, drafter.u, drafter.b): u std r^-1/2 and v std (2h)^-1/2 give u (v f)
+        about unit entries, so the head makes logits like the model's (std about GAIN_HEAD);
+        b has std 1. Not fitted: its acceptance is low, which DDTree == AR checks do not mind."""
+        h, vocab = self.args.dim, self.args.vocab_size
+        made = []
+        for name, shape, std in (("drafter.v", (rank, 2 * h), (2 * h)**-0.5), ("drafter.u", (block, h, rank), rank**-0.5),
+                                 ("drafter.b", (block, vocab), 1.0)):
+            made.append((prng.uniform(self._key(name), shape) * (std * 3**0.5)).astype(np.float32))
+        return made[0], made[1], made[2]
+
     def all_fp32(self) -> dict[str, np.ndarray]:
         """Every float32 master tensor, in bundle order (not for configs with direct experts)."""
         return {name: self.fp32(name) for name in self.specs}

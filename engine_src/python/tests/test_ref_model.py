@@ -12,7 +12,7 @@ from kdtree_ref import prng
 from kdtree_ref.model import (KVCache, ModelArgs, RopeScaling, Transformer, decode_step, generate, prefill, rope,
                               rope_frequencies, softmax_scale, top_margin, yarn_correction_range)
 
-CONFIGS = sorted(gen_model.CONFIGS)
+CONFIGS = sorted(gen_model.DEFAULT_CONFIGS)
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
