@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from kdtree_ref import ddtree, kdtr, progress, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, RopeScaling, Trajectory, Transformer, generate  # noqa: E402
-from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized, quantize  # noqa: E402
+from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized  # noqa: E402
 from kdtree_ref.weights import SEED, Weights  # noqa: E402
 
 MANIFEST_VERSION = 1
@@ -159,19 +159,15 @@ def quant_header(recipe: Recipe, quant: str) -> dict:
 def bundle_weights(source: Weights, header: dict):
     """(tensors to store, in bundle order; the float32 weights the model computes with; the number of
     INT4 matrices) of a bundle whose header `quant` is `header`."""
-    int4, keep = header["type"] == "int4", tuple(header.get("keep_fp32", ()))
     stored, model_weights, count = {}, {}, 0
     for name in source.specs:
-        if source.is_direct(name):
-            qw, sc = source.expert_int4(name)
-        elif int4 and is_quantized(name, keep):
-            qw, sc = quantize(source.fp32(name), GROUP_SIZE)
+        tensors = source.stored(name, header)
+        stored.update(tensors)
+        if name in tensors:
+            model_weights[name] = tensors[name]
         else:
-            stored[name] = model_weights[name] = source.fp32(name)
-            continue
-        stored[name + ".qw"], stored[name + ".sc"] = qw, sc
-        model_weights[name] = dequantize(qw, sc, GROUP_SIZE)
-        count += 1
+            model_weights[name] = dequantize(tensors[name + ".qw"], tensors[name + ".sc"], GROUP_SIZE)
+            count += 1
     return stored, model_weights, count
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import prng
 from .model import ModelArgs
-from .quant import GROUP_SIZE, pack_nibbles
+from .quant import GROUP_SIZE, dequantize, is_quantized, pack_nibbles, quantize
 
 SEED = "kdtree-ref-v1"
 # Weight scales (uniform weights with std gain / sqrt(fan_in)). Small attention and FFN outputs
@@ -156,6 +156,29 @@ class Weights:
                                  ("drafter.b", (block, vocab), 1.0)):
             made.append((prng.uniform(self._key(name), shape) * (std * 3**0.5)).astype(np.float32))
         return made[0], made[1], made[2]
+
+    def stored(self, name: str, quant: dict) -> dict[str, np.ndarray]:
+        """The tensors a bundle whose header `quant` is `quant` stores for the weight `name`:
+        {name: float32}, or {name.qw, name.sc} for an INT4 one (a direct routed expert, or a
+        quantized class: quant.py) made as quant.quantize of the float32 master."""
+        if self.is_direct(name):
+            qw, sc = self.expert_int4(name)
+        elif quant["type"] == "int4" and is_quantized(name, tuple(quant.get("keep_fp32", ()))):
+            qw, sc = quantize(self.fp32(name), GROUP_SIZE)
+        else:
+            return {name: self.fp32(name)}
+        return {name + ".qw": qw, name + ".sc": sc}
+
+    def model_weight(self, name: str, quant: dict, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The float32 weight `name` (or its rows [r0, r1)) that a bundle with header `quant` stands for:
+        the master, its dequantized INT4 form, or a direct expert's code x scale."""
+        if self.is_direct(name):
+            weight = self.expert_fp32(name)
+            return weight if rows is None else weight[rows[0]:rows[1]]
+        master = self.fp32(name, rows)
+        if quant["type"] == "int4" and is_quantized(name, tuple(quant.get("keep_fp32", ()))):
+            return dequantize(*quantize(master, GROUP_SIZE), GROUP_SIZE)
+        return master
 
     def all_fp32(self) -> dict[str, np.ndarray]:
         """Every float32 master tensor, in bundle order (not for configs with direct experts)."""
