@@ -6,7 +6,8 @@
 Runs greedy decoding of the config's first golden candidate prompt with the streaming reference
 (kdtree_ref/streaming.py) of one of its bundles and prints JSON: seconds to make the resident
 weights, the prefill, each decode step, the whole trajectory extrapolated (prefill + GOLDEN_LEN - 1
-steps), and the process's peak RSS. --save keeps logits, router selection scores and margins;
+steps), each as wall and CPU seconds (`*_cpu_s`, all threads: on a shared machine the wall time
+says more about the other load than about the reference), and the process's peak RSS. --save keeps logits, router selection scores and margins;
 --compare (the same prompt in another dtype) reports the largest differences from them: the FP32
 error the golden rule's margins must leave room for.
 """
@@ -41,6 +42,19 @@ class Recording(StreamingTransformer):
         return scores
 
 
+class Clock:
+    """Wall and CPU seconds between laps."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = (round(wall - self.wall, 1), round(cpu - self.cpu, 1))
+        self.wall, self.cpu = wall, cpu
+        return out
+
+
 def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # ru_maxrss is in KiB on Linux
 
@@ -61,28 +75,31 @@ def main() -> int:
     prompt = gen_model.prompts_from(args, "golden", 1, 0, length)
     result = {"config": opts.config, "quant": opts.quant, "dtype": opts.dtype, "prompt_len": length}
 
-    t0 = time.perf_counter()
+    clock = Clock()
     model = Recording(Weights(args, direct_int4=recipe.direct_int4), gen_model.quant_header(recipe, opts.quant),
                       dtype=np.dtype(opts.dtype).type)
-    result["resident_s"] = round(time.perf_counter() - t0, 1)
+    result["resident_s"], result["resident_cpu_s"] = clock.lap()
     result["resident_rss_gib"] = round(peak_rss_gib(), 2)
     cache = KVCache(args, 1, capacity=length + opts.steps + 1, dtype=model.dtype)
-    t0 = time.perf_counter()
+    clock.lap()
     out = prefill(model, prompt, cache)
-    result["prefill_s"] = round(time.perf_counter() - t0, 1)
+    result["prefill_s"], result["prefill_cpu_s"] = clock.lap()
     logits, margins = [out.logits[0, -1]], [float(np.min(out.route_margin))]
-    steps = []
+    steps, steps_cpu = [], []
     for _ in range(opts.steps):
         token = np.argmax(logits[-1])[None]
-        t0 = time.perf_counter()
+        clock.lap()
         out = decode_step(model, token, cache)
-        steps.append(round(time.perf_counter() - t0, 1))
+        wall, cpu = clock.lap()
+        steps.append(wall)
+        steps_cpu.append(cpu)
         logits.append(out.logits[0, 0])
         margins.append(float(np.min(out.route_margin)))
-    result["decode_s"] = steps
-    mean_step = float(np.mean(steps)) if steps else 0.0
-    result["trajectory_s_extrapolated"] = round(result["resident_s"] + result["prefill_s"]
-                                                + (gen_model.GOLDEN_LEN - 1) * mean_step, 0)
+    result["decode_s"], result["decode_cpu_s"] = steps, steps_cpu
+    for unit, per_step in (("s", steps), ("cpu_s", steps_cpu)):
+        mean_step = float(np.mean(per_step)) if per_step else 0.0
+        result[f"trajectory_{unit}_extrapolated"] = round(result[f"resident_{unit}"] + result[f"prefill_{unit}"]
+                                                          + (gen_model.GOLDEN_LEN - 1) * mean_step)
     result["peak_rss_gib"] = round(peak_rss_gib(), 2)
     logits = np.array(logits, dtype=np.float64)
     result["tokens"] = [int(t) for t in np.argmax(logits, axis=-1)]
