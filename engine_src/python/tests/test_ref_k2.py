@@ -2,17 +2,18 @@
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gen_model
-from conftest import PYTHON_DIR
 from kdtree_ref import bundle, ddtree, kdtr
 from kdtree_ref.drafter import LowRankDrafter
 from kdtree_ref.model import RopeScaling, generate
 
-sys.path.insert(0, str(PYTHON_DIR.parent / "tests"))
+# tests/small_k2.py of engine_src (not conftest's PYTHON_DIR: the full suite has two conftest modules)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import small_k2  # noqa: E402
 
 

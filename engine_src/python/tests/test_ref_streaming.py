@@ -1,18 +1,19 @@
 """The streaming reference (weights made on demand) computes what the full reference computes."""
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gen_model
-from conftest import PYTHON_DIR
 from kdtree_ref import prng
 from kdtree_ref.model import KVCache, Transformer, decode_step, generate, prefill
 from kdtree_ref.streaming import StreamingTransformer
 from kdtree_ref.weights import Weights
 
-sys.path.insert(0, str(PYTHON_DIR.parent / "tests"))
+# tests/small_k2.py of engine_src (not conftest's PYTHON_DIR: the full suite has two conftest modules)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import small_k2  # noqa: E402
 
 CASES = {  # config, recipe, bundle label
