@@ -36,20 +36,6 @@ private:
     bool open_ = true;
 };
 
-// The rank of a bundle's drafter: 0 for the linear kind (`drafter.kind` absent or "linear"), r for
-// "lowrank_head" (`drafter.rank`). The reader (bundle.cpp) has checked the header; the tensors'
-// shapes are checked as they load.
-int drafter_rank(const Bundle& b) {
-    const Json& d = b.header.at("drafter");
-    const Json* kind = d.find("kind");
-    if (!kind || (kind->is_string() && kind->as_string() == "linear")) return 0;
-    const Json* rank = d.find("rank");
-    if (!kind->is_string() || kind->as_string() != "lowrank_head" || !rank || !rank->is_integer() || rank->as_int() < 1 ||
-        rank->as_int() > 2 * static_cast<int64_t>(b.config.dim))
-        throw std::runtime_error("bundle " + b.path + ": drafter: expected kind \"linear\", or \"lowrank_head\" with a rank in [1, 2 x dim]");
-    return static_cast<int>(rank->as_int());
-}
-
 // Record keys of the models of this process: each model takes max_batch + 1 of them (one per
 // row count), so two models never share a recording.
 std::atomic<int> next_record_key{0};
@@ -108,7 +94,7 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
         norm_ = load_f32(b, "norm", {D});
         head_ = load_f32(b, "head", {V, D});
         drafter_block_ = b.drafter_block;
-        drafter_rank_ = drafter_rank(b);
+        drafter_rank_ = b.drafter_kind == "lowrank_head" ? b.drafter_rank : 0;  // kind and rank checked by the reader
         if (drafter_rank_ > 0) {
             drafter_v_ = load_f32(b, "drafter.v", {drafter_rank_, 2 * D});
             drafter_u_ = load_f32(b, "drafter.u", {drafter_block_, D, drafter_rank_});
