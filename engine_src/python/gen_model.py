@@ -13,6 +13,7 @@ expected one and exits 1 naming the first difference.
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -31,11 +32,11 @@ import numpy as np  # noqa: E402
 from kdtree_ref import ddtree, kdtr, progress, prng  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, RopeScaling, Trajectory, Transformer, generate  # noqa: E402
-from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized, quantize  # noqa: E402
+from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized  # noqa: E402
+from kdtree_ref.weights import SEED, Weights  # noqa: E402
 
 MANIFEST_VERSION = 1
 BUNDLES_PER_CONFIG = 2      # build_config's fp32 and int4 bundles (the total of the progress reports)
-SEED = "kdtree-ref-v1"
 CONFIGS = {
     "tiny": ModelArgs(
         name="tiny", vocab_size=400, dim=192, n_layers=6, n_dense_layers=1, n_heads=4,
@@ -63,16 +64,40 @@ CONFIGS = {
         rope_scaling=RopeScaling(factor=40.0, original_max_position_embeddings=512, beta_fast=32.0, beta_slow=1.0,
                                  mscale=1.0, mscale_all_dim=1.0),
         norm_eps=1e-6, max_seq_len=4096),
+    # Kimi K2's widths, routing and RoPE at two layers (the first dense, the second MoE): the shapes
+    # the engine exists for, which the tiny configs never reach (7168-long reductions, 64-head
+    # latent attention, 384 experts). Not in the default run (DEFAULT_CONFIGS): its bundles
+    # (RECIPES: routed experts made directly as INT4, a low-rank drafter) are 13-15 GB and are
+    # written on the GPU host, cached by its own generator key (generator_key).
+    "k2wide": ModelArgs(
+        name="k2wide", vocab_size=32768, dim=7168, n_layers=2, n_dense_layers=1, n_heads=64,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        inter_dim=18432, moe_inter_dim=2048, n_routed_experts=384, n_shared_experts=1,
+        n_activated_experts=8, n_expert_groups=1, n_limited_groups=1, route_scale=2.827,
+        rope_theta=50000.0,
+        rope_scaling=RopeScaling(factor=32.0, original_max_position_embeddings=4096, beta_fast=1.0, beta_slow=1.0,
+                                 mscale=1.0, mscale_all_dim=1.0),
+        norm_eps=1e-6, max_seq_len=4096),
 }
+DEFAULT_CONFIGS = ["tiny", "tiny2", "k2mini"]   # what a plain run builds (k2wide only when named)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a config's two bundles are made, beyond its ModelArgs (the default: the tiny configs')."""
+
+    direct_int4: bool = False       # routed experts made directly as INT4 codes (weights.py), no fp32 master
+    # Non-empty: the bundle labelled `quant: fp32` is an int4 bundle keeping these weight classes
+    # fp32 (header quant.keep_fp32; its routed experts are int4 like the int4 bundle's), the twin
+    # the INT4 != FP32 check pairs with the int4 bundle. Empty: a plain fp32 bundle.
+    twin_keep_fp32: tuple[str, ...] = ()
+    drafter_rank: int = 0           # > 0: a lowrank_head drafter of this rank from the PRNG; 0: the fitted linear one
+
+
+RECIPES = {"k2wide": Recipe(direct_int4=True, twin_keep_fp32=("dense", "shared"), drafter_rank=64)}
 PROMPT_LEN = 16     # fit and eval prompts, and the golden prompts of the tiny configs
 GOLDEN_LEN = 64
 BLOCK_SIZE = 8
-# Weight scales (uniform weights with std gain / sqrt(fan_in)). Small attention and FFN outputs
-# keep the residual stream close to the token embedding, so the next token is predictable
-# enough for a linear drafter; a head gain of 4 makes the logits peaked (std about 4).
-GAIN_OUT = 0.2      # wo and every w2
-GAIN_GATE = 3.0     # router logits u . x with std about 3: sigmoid scores spread over (0, 1)
-GAIN_HEAD = 4.0
 # A golden trajectory is accepted only if every step stays this far from a tie. FP32 rounding
 # moves logits (std about 4) by about 1e-5 and router scores (in (0, 1)) by about 1e-6, so
 # these leave a factor of 100 or more; stricter ones leave too few candidates.
@@ -102,7 +127,17 @@ class GoldenRule:
 # 2e-5 still leaves a factor of 30, and the prompt's noise (1e-4) is 150 times that drift.
 RULES = {"tiny": GoldenRule(), "tiny2": GoldenRule(),
          "k2mini": GoldenRule(prompt_len=1024, min_route_margin=2e-5, min_group_margin=2e-5, prompt_noise=1e-4,
+                              search_batch=1),
+         # k2wide: the streaming reference in float32 moved the router selection scores by at most
+         # 1.1e-6 and the logits by at most 8.9e-6 (std 4) against float64 (bench/k2wide_reference.py,
+         # an 8-token prompt and 3 steps: 4.3k routing choices over 384 experts), k2mini's order of
+         # drift; so k2mini's factors: routing margins 3e-5 (28 times), prompt noise 1e-4 (90 times),
+         # the logit margin 0.01 (1100 times). No group margin: one group.
+         "k2wide": GoldenRule(prompt_len=256, min_route_margin=3e-5, min_group_margin=3e-5, prompt_noise=1e-4,
                               search_batch=1)}
+# The modules whose code decides the bytes of a config's bundles besides gen_model.py's own
+# functions listed in KEY_FUNCTIONS (generator_key).
+KEY_MODULES = ("prng.py", "quant.py", "weights.py", "model.py", "drafter.py", "kdtr.py")
 MAX_CANDIDATES = 512
 MIN_DISTINCT = 24
 MAX_PERIOD = 16
@@ -114,63 +149,30 @@ EVAL_BUDGETS = (8, 32)
 
 def init_weights(args: ModelArgs) -> dict[str, np.ndarray]:
     """Random float32 weights under the README's tensor names, from the integer PRNG."""
-    weights = {}
-
-    def uniform(name, shape, std):
-        u = prng.uniform(prng.stream_key(SEED, args.name, name), shape)
-        weights[name] = (u * (std * 3**0.5)).astype(np.float32)
-
-    def norm(name, n):
-        u = prng.uniform(prng.stream_key(SEED, args.name, name), (n,))
-        weights[name] = (1.0 + 0.1 * u).astype(np.float32)
-
-    def mlp(prefix, inter):
-        uniform(prefix + "w1", (inter, args.dim), args.dim**-0.5)
-        uniform(prefix + "w2", (args.dim, inter), GAIN_OUT * inter**-0.5)
-        uniform(prefix + "w3", (inter, args.dim), args.dim**-0.5)
-
-    h, heads = args.dim, args.n_heads
-    qk = args.qk_nope_head_dim + args.qk_rope_head_dim
-    uniform("embed", (args.vocab_size, h), 1.0)
-    for layer in range(args.n_layers):
-        p = f"layers.{layer}."
-        norm(p + "attn_norm", h)
-        norm(p + "ffn_norm", h)
-        if args.q_lora_rank:
-            uniform(p + "attn.wq_a", (args.q_lora_rank, h), h**-0.5)
-            norm(p + "attn.q_norm", args.q_lora_rank)
-            uniform(p + "attn.wq_b", (heads * qk, args.q_lora_rank), args.q_lora_rank**-0.5)
-        else:
-            uniform(p + "attn.wq", (heads * qk, h), h**-0.5)
-        uniform(p + "attn.wkv_a", (args.kv_lora_rank + args.qk_rope_head_dim, h), h**-0.5)
-        norm(p + "attn.kv_norm", args.kv_lora_rank)
-        uniform(p + "attn.wkv_b", (heads * (args.qk_nope_head_dim + args.v_head_dim), args.kv_lora_rank),
-                args.kv_lora_rank**-0.5)
-        uniform(p + "attn.wo", (h, heads * args.v_head_dim), GAIN_OUT * (heads * args.v_head_dim)**-0.5)
-        if layer < args.n_dense_layers:
-            mlp(p + "ffn.", args.inter_dim)
-        else:
-            uniform(p + "ffn.gate.weight", (args.n_routed_experts, h), GAIN_GATE * h**-0.5)
-            uniform(p + "ffn.gate.bias", (args.n_routed_experts,), 0.1)
-            for e in range(args.n_routed_experts):
-                mlp(p + f"ffn.experts.{e}.", args.moe_inter_dim)
-            mlp(p + "ffn.shared.", args.n_shared_experts * args.moe_inter_dim)
-    norm("norm", h)
-    uniform("head", (args.vocab_size, h), GAIN_HEAD * h**-0.5)
-    return weights
+    return Weights(args).all_fp32()
 
 
-def quantize_weights(weights: dict[str, np.ndarray]):
-    """(tensors to store, dequantized weights for the model, number of quantized matrices)."""
+def quant_header(recipe: Recipe, quant: str) -> dict:
+    """The header `quant` of a config's bundle labelled `quant` ("fp32" or "int4")."""
+    if quant == "int4":
+        return {"type": "int4", "group_size": GROUP_SIZE}
+    if recipe.twin_keep_fp32:
+        return {"type": "int4", "group_size": GROUP_SIZE, "keep_fp32": list(recipe.twin_keep_fp32)}
+    return {"type": "fp32"}
+
+
+def bundle_weights(source: Weights, header: dict):
+    """(tensors to store, in bundle order; the float32 weights the model computes with; the number of
+    INT4 matrices) of a bundle whose header `quant` is `header`."""
     stored, model_weights, count = {}, {}, 0
-    for name, w in weights.items():
-        if is_quantized(name):
-            qw, sc = quantize(w, GROUP_SIZE)
-            stored[name + ".qw"], stored[name + ".sc"] = qw, sc
-            model_weights[name] = dequantize(qw, sc, GROUP_SIZE)
-            count += 1
+    for name in source.specs:
+        tensors = source.stored(name, header)
+        stored.update(tensors)
+        if name in tensors:
+            model_weights[name] = tensors[name]
         else:
-            stored[name] = model_weights[name] = w
+            model_weights[name] = dequantize(tensors[name + ".qw"], tensors[name + ".sc"], GROUP_SIZE)
+            count += 1
     return stored, model_weights, count
 
 
@@ -248,10 +250,9 @@ class Golden:
     int4: Trajectory
 
 
-def search_prompt(args: ModelArgs, fp32: Transformer, int4: Transformer) -> Golden:
-    """The first candidate prompt whose FP32 and INT4 goldens are robust, not degenerate and differ
-    (the INT4 model runs only on a batch with an FP32 trajectory that passes)."""
-    rule = RULES[args.name]
+def search_prompt(args: ModelArgs, fp32: Transformer, int4: Transformer, rule: GoldenRule) -> Golden:
+    """The first candidate prompt whose FP32 and INT4 goldens are robust under `rule`, not degenerate
+    and differ (the INT4 model runs only on a batch with an FP32 trajectory that passes)."""
 
     def passes(traj: Trajectory) -> np.ndarray:
         margins = held_margins(traj, rule)
@@ -281,7 +282,18 @@ def fit_drafter(args: ModelArgs, model: Transformer) -> drafting.Drafter:
     return drafting.fit(features, targets, args.vocab_size)
 
 
-def measure_acceptance(args: ModelArgs, model: Transformer, drafter: drafting.Drafter) -> dict:
+def make_drafter(source: Weights, recipe: Recipe, model: Transformer):
+    """(drafter, its header object, its tensors): the recipe's low-rank drafter, or the linear one fitted to `model`."""
+    header = {"block_size": BLOCK_SIZE, "mask_token": source.args.vocab_size - 1}
+    if recipe.drafter_rank:
+        v, u, b = source.lowrank_drafter(recipe.drafter_rank, BLOCK_SIZE)
+        header.update(kind="lowrank_head", rank=recipe.drafter_rank)
+        return drafting.LowRankDrafter(v, u, b, model.head_logits), header, {"drafter.v": v, "drafter.u": u, "drafter.b": b}
+    drafter = fit_drafter(source.args, model)
+    return drafter, header, {"drafter.w": drafter.w, "drafter.b": drafter.b}
+
+
+def measure_acceptance(args: ModelArgs, model: Transformer, drafter: drafting.AnyDrafter) -> dict:
     """Mean DDTree acceptance length per budget on held-out prompts (not used by the fit)."""
     prompts = prompts_from(args, "eval", EVAL_PROMPTS)
     result = {}
@@ -308,23 +320,23 @@ class Built:
     candidate: int      # index of the golden prompt among the candidates
 
 
-def build_config(args: ModelArgs) -> list[Built]:
-    """The fp32 and int4 bundles of one config."""
-    weights = init_weights(args)
-    stored_q, weights_q, n_quantized = quantize_weights(weights)
-    models = {"fp32": Transformer(args, weights), "int4": Transformer(args, weights_q)}
-    golden = search_prompt(args, models["fp32"], models["int4"])
+def build_config(args: ModelArgs, recipe: Recipe | None = None, rule: GoldenRule | None = None) -> list[Built]:
+    """The fp32 and int4 bundles of one config (in memory: not for k2wide), by its recipe and golden
+    rule (default: RECIPES' and RULES' entries for its name)."""
+    recipe = recipe or RECIPES.get(args.name, Recipe())
+    rule = rule or RULES[args.name]
+    source = Weights(args, direct_int4=recipe.direct_int4)
+    made = {quant: bundle_weights(source, quant_header(recipe, quant)) for quant in ("fp32", "int4")}
+    models = {quant: Transformer(args, made[quant][1]) for quant in made}
+    golden = search_prompt(args, models["fp32"], models["int4"], rule)
     built = []
-    for quant, stored, count, traj in (("fp32", weights, 0, golden.fp32),
-                                       ("int4", stored_q, n_quantized, golden.int4)):
+    for quant, traj in (("fp32", golden.fp32), ("int4", golden.int4)):
+        stored, _, count = made[quant]
         model = models[quant]
-        drafter = fit_drafter(args, model)
-        tensors = dict(stored)
-        tensors["drafter.w"], tensors["drafter.b"] = drafter.w, drafter.b
-        quant_header = {"type": "fp32"} if quant == "fp32" else {"type": "int4", "group_size": GROUP_SIZE}
+        drafter, drafter_header, drafter_tensors = make_drafter(source, recipe, model)
+        tensors = {**stored, **drafter_tensors}
         prompt, tokens = [int(t) for t in golden.prompt], [int(t) for t in traj.tokens[0]]
-        meta = {"config": args.to_json(), "quant": quant_header,
-                "drafter": {"block_size": BLOCK_SIZE, "mask_token": args.vocab_size - 1},
+        meta = {"config": args.to_json(), "quant": quant_header(recipe, quant), "drafter": drafter_header,
                 "prompt": prompt, "golden": tokens}
         blob = kdtr.encode(meta, tensors)
         lm, rm, gm = step_margins(traj)[0]
@@ -373,15 +385,56 @@ def check(manifest: dict, expected_path: Path) -> str | None:
     return f"{extra[0]}: written but not in {expected_path}" if extra else None
 
 
+def generator_key(name: str) -> str:
+    """The key a config's bundles are cached and rebuilt by (sha256, hex): its config, recipe, golden
+    rule, the generator's constants, and the code that makes its bytes (KEY_MODULES and
+    KEY_FUNCTIONS), so that a change to another config (the tiny ones: the default run) leaves it."""
+    args = CONFIGS[name]
+    spec = {"seed": SEED, "config": args.to_json(), "recipe": dataclasses.asdict(RECIPES.get(name, Recipe())),
+            "rule": dataclasses.asdict(RULES[name]), "golden_len": GOLDEN_LEN, "block_size": BLOCK_SIZE,
+            "group_size": GROUP_SIZE, "thresholds": [MIN_LOGIT_MARGIN, MIN_ROUTE_MARGIN, MIN_GROUP_MARGIN],
+            "candidates": [MAX_CANDIDATES, MIN_DISTINCT, MAX_PERIOD]}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    package = Path(kdtr.__file__).resolve().parent
+    for module in KEY_MODULES:
+        digest.update(b"\0" + module.encode() + b"\0" + (package / module).read_bytes())
+    for function in KEY_FUNCTIONS:
+        digest.update(b"\0" + inspect.getsource(function).encode())
+    return digest.hexdigest()
+
+
+def bundle_nbytes(args: ModelArgs, recipe: Recipe, quant: str) -> int:
+    """The tensors' bytes of a config's bundle labelled `quant` (its file is this plus the header and
+    at most 64 bytes of alignment per tensor), from the shapes alone."""
+    source = Weights(args, direct_int4=recipe.direct_int4)
+    header = quant_header(recipe, quant)
+    int4, keep = header["type"] == "int4", tuple(header.get("keep_fp32", ()))
+    total = 0
+    for name_, spec in source.specs.items():
+        count = int(np.prod(spec.shape, dtype=np.int64))
+        # INT4: 4 bits per weight and a float32 scale per group
+        quantized = source.is_direct(name_) or (int4 and is_quantized(name_, keep))
+        total += count // 2 + 4 * (count // GROUP_SIZE) if quantized else 4 * count
+    block, h, vocab = BLOCK_SIZE, args.dim, args.vocab_size
+    rank = recipe.drafter_rank
+    drafter = rank * 2 * h + block * h * rank if rank else block * vocab * 2 * h
+    return total + 4 * (drafter + block * vocab)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "refs",
                         help="output folder (default: engine_src/tests/refs)")
     parser.add_argument("--check", type=Path, metavar="EXPECTED",
                         help="compare sha256 and golden tokens with this manifest; exit 1 on a difference")
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
-                        help="configs to build (default: all)")
+    parser.add_argument("--key", choices=sorted(CONFIGS), metavar="CONFIG",
+                        help="print CONFIG's generator key (the cache key of its bundles) and exit")
+    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=DEFAULT_CONFIGS,
+                        help=f"configs to build (default: {' '.join(DEFAULT_CONFIGS)})")
     opts = parser.parse_args(argv)
+    if opts.key:
+        print(generator_key(opts.key))
+        return 0
     start = time.perf_counter()
     opts.out.mkdir(parents=True, exist_ok=True)
     bundles, acceptance, candidates = [], {}, {}
@@ -426,6 +479,11 @@ def main(argv=None) -> int:
             return 1
         print(f"check: every bundle matches {opts.check}")
     return 0
+
+
+# gen_model.py's functions that decide a bundle's bytes (generator_key).
+KEY_FUNCTIONS = (quant_header, bundle_weights, make_drafter, fit_drafter, search_prompt, held_margins, robust,
+                 degenerate, survives_prompt_noise, prompts_from, build_config)
 
 
 if __name__ == "__main__":

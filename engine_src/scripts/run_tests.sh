@@ -2,7 +2,8 @@
 # The engine's test suite: op tests for every backend in the build (build/test_ops), then model
 # tests on every bundle: AR == golden, engine == Python reference on prompts outside the
 # bundles, DDTree == AR over budgets and block sizes (mean acceptance > 1), INT4 golden != FP32,
-# an altered golden token is caught, the long-context golden catches an engine without YaRN or
+# the same on k2small (tests/small_k2.py: k2wide's kinds of bundle at a tiny width, AR and DDTree
+# == the float64 reference), an altered golden token is caught, the long-context golden catches an engine without YaRN or
 # the group limit, bad bundles are rejected, every reproducer of
 # tests/fuzz/regress ends as it should (and, with KD_FUZZ_SECONDS, a bounded fuzz run finds
 # nothing). KD_SANITIZE=1 runs all of it on the ASan + UBSan build. One line per test, and a
@@ -235,6 +236,26 @@ for e in json.loads(sys.argv[1]): print(",".join(map(str, e["prompt"])), ",".joi
         fi
     done <<<"$bundle_list"
 done
+
+# ---- k2small: k2wide's shapes of bundle at a tiny width (tests/small_k2.py, made here, not committed) ------
+# Routed experts made directly as INT4, the keep_fp32 twin, the lowrank_head drafter and YaRN with
+# beta_fast == beta_slow: AR equals the float64 reference's tokens (the golden), and so does DDTree
+# (its random drafter accepts little: the budgets are those where it accepts some drafted nodes).
+t0=$(now_ms)
+if small="$("$PYTHON" tests/small_k2.py "$scratch/k2small" 2>&1)"; then
+    for be in "${backends[@]}"; do
+        while read -r name file _; do
+            check "model.$be.$name.ar_equals_reference" "$kdtree" check --backend "$be" --bundle "$scratch/k2small/$file" --expect golden
+            for bl in "32 8" "48 4"; do
+                read -r budget block <<<"$bl"
+                check "model.$be.$name.ddtree_equals_reference.B${budget}_L${block}" "$kdtree" check --backend "$be" \
+                    --bundle "$scratch/k2small/$file" --expect golden --mode ddtree --budget "$budget" --block "$block"
+            done
+        done <<<"$small"
+    done
+else
+    record model.k2small failed "$(secs "$t0")" "tests/small_k2.py failed: $(tail -n2 <<<"$small" | tr '\n' ' ')"
+fi
 
 if [[ -n "$GPU_LOAD_PID" ]]; then
     if gpu_load_stop; then

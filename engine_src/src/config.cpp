@@ -90,7 +90,8 @@ RopeScaling rope_scaling_from_json(const Json& j) {
     r.original_max_position_embeddings = static_cast<int>(original->as_int());
     r.beta_fast = number("beta_fast", 32, 1e-6, 1e6);
     r.beta_slow = number("beta_slow", 1, 1e-6, 1e6);
-    if (!(r.beta_fast > r.beta_slow)) throw std::runtime_error(where + ": needs beta_fast > beta_slow");
+    // Equal betas are Kimi-K2's (both 1): rope.cpp handles the zero-width ramp as its reference code does.
+    if (!(r.beta_fast >= r.beta_slow)) throw std::runtime_error(where + ": needs beta_fast >= beta_slow");
     r.mscale = number("mscale", 1, 0, 1e3);
     r.mscale_all_dim = number("mscale_all_dim", 0, 0, 1e3);
     return r;
@@ -230,8 +231,10 @@ uint64_t model_buffer_bytes(const ModelConfig& c, int drafter_block, int max_bat
     per_row = add(per_row, std::max({D, ffn_width, H * static_cast<uint64_t>(c.v_head_dim)}));
     per_row = add(per_row, row_width);  // kv_new_, the forward's latent rows before kv_append
     floats = add(floats, mul(M, per_row));
-    // The drafter: feature [2D], logits [block][V], and the decode loop's top-K lists (K <= V).
+    // The drafter: feature [2D], logits [block][V], and the decode loop's top-K lists (K <= V);
+    // a lowrank_head drafter's v f [r <= 2D] and u_j (v f) [block][D].
     floats = add(floats, add(mul(D, 2), mul(mul(block, V), 3)));
+    floats = add(floats, add(mul(D, 2), mul(block, D)));
     // One 256-byte-aligned allocation per buffer at most 256 bytes over.
     const uint64_t buffers = add(mul(static_cast<uint64_t>(c.n_layers), 4), 64);
     return add(mul(floats, 4), mul(buffers, 256));

@@ -94,7 +94,13 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
         norm_ = load_f32(b, "norm", {D});
         head_ = load_f32(b, "head", {V, D});
         drafter_block_ = b.drafter_block;
-        drafter_w_ = load_f32(b, "drafter.w", {drafter_block_, V, 2 * D});
+        drafter_rank_ = b.drafter_kind == "lowrank_head" ? b.drafter_rank : 0;  // kind and rank checked by the reader
+        if (drafter_rank_ > 0) {
+            drafter_v_ = load_f32(b, "drafter.v", {drafter_rank_, 2 * D});
+            drafter_u_ = load_f32(b, "drafter.u", {drafter_block_, D, drafter_rank_});
+        } else {
+            drafter_w_ = load_f32(b, "drafter.w", {drafter_block_, V, 2 * D});
+        }
         drafter_b_ = load_f32(b, "drafter.b", {drafter_block_, V});
         for (int i = 0; i < c.n_layers; ++i) {
             const std::string p = "layers." + std::to_string(i) + ".";
@@ -199,6 +205,10 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
         logits_ = scratch(M * V);
         feature_ = scratch(2 * static_cast<size_t>(D));
         draft_logits_ = scratch(static_cast<size_t>(drafter_block_) * V);
+        if (drafter_rank_ > 0) {
+            draft_z_ = scratch(static_cast<size_t>(drafter_rank_));
+            draft_y_ = scratch(static_cast<size_t>(drafter_block_) * D);
+        }
         const size_t draft_ints = 2 * static_cast<size_t>(drafter_block_) * std::min(V, max_batch);
         round_ints_ = reinterpret_cast<int32_t*>(scratch(draft_ints + AcceptedPath::size(max_batch)));
     } catch (...) {
@@ -375,8 +385,17 @@ void Model::check_draft(int block, int K) const {
 
 void Model::propose(int block, int K) {
     const int D = cfg_.dim, V = cfg_.vocab_size;
-    // The first `block` drafter rows are one [block * V][2D] matrix.
-    be_.matmul_f32(draft_logits_, feature_, drafter_w_, drafter_b_, 1, block * V, 2 * D);
+    if (drafter_rank_ > 0) {
+        // lowrank_head: z = v f, y_j = u_j z (the first `block` u_j are one [block * D][r] matrix),
+        // logits_j = head y_j + b_j.
+        be_.matmul_f32(draft_z_, feature_, drafter_v_, nullptr, 1, drafter_rank_, 2 * D);
+        be_.matmul_f32(draft_y_, draft_z_, drafter_u_, nullptr, 1, block * D, drafter_rank_);
+        be_.matmul_f32(draft_logits_, draft_y_, head_, nullptr, block, V, D);
+        be_.add(draft_logits_, draft_logits_, drafter_b_, static_cast<size_t>(block) * V);
+    } else {
+        // The first `block` drafter rows are one [block * V][2D] matrix.
+        be_.matmul_f32(draft_logits_, feature_, drafter_w_, drafter_b_, 1, block * V, 2 * D);
+    }
     be_.log_softmax_topk(round_ints_, reinterpret_cast<float*>(round_ints_ + block * K), draft_logits_, block, V, K);
 }
 

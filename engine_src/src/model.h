@@ -108,7 +108,11 @@ private:
     float softmax_scale_ = 0;    // tau, with YaRN's correction
     std::vector<void*> owned_;  // every buffer this model allocated
     const float *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
-    const float *drafter_w_ = nullptr, *drafter_b_ = nullptr;
+    // The drafter (README.md, "The drafter"): linear, logits_j = w_j f + b_j with w [L][V][2D]; or
+    // lowrank_head (drafter_rank_ > 0), logits_j = head (u_j (v f)) + b_j with v [r][2D], u [L][D][r].
+    const float *drafter_w_ = nullptr, *drafter_b_ = nullptr, *drafter_v_ = nullptr, *drafter_u_ = nullptr;
+    int drafter_rank_ = 0;
+    float *draft_z_ = nullptr, *draft_y_ = nullptr;  // lowrank_head: v f [r] and u_j (v f) [L][D]
     std::vector<LayerWeights> layers_;
     float *x_ = nullptr, *xn_ = nullptr, *qa_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *tmp_ = nullptr;
     float *ffn_a_ = nullptr, *ffn_b_ = nullptr, *gate_logits_ = nullptr, *route_w_ = nullptr, *moe_out_ = nullptr;

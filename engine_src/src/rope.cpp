@@ -33,9 +33,12 @@ RopeTable rope_table(const ModelConfig& c) {
         return d * std::log(s.original_max_position_embeddings / (rotations * 2 * kPi)) / (2 * std::log(theta));
     };
     const double low = std::max(std::floor(pair_of(s.beta_fast)), 0.0);
-    const double high = std::min(std::ceil(pair_of(s.beta_slow)), static_cast<double>(d - 1));
+    double high = std::min(std::ceil(pair_of(s.beta_slow)), static_cast<double>(d - 1));
+    // Equal ends (Kimi-K2: beta_fast == beta_slow, or both clamped): a step at `low`, as DeepSeek-V3's
+    // and Kimi-K2's reference code makes it (linear_ramp_factor: max += 0.001).
+    if (high == low) high += 0.001;
     for (int i = 0; i < pairs; ++i) {
-        const double ramp = std::clamp((i - low) / (high != low ? high - low : 0.001), 0.0, 1.0);
+        const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
         t.inv_freq[i] = t.inv_freq[i] / s.factor * ramp + t.inv_freq[i] * (1.0 - ramp);
     }
     t.magnitude = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);

@@ -250,8 +250,15 @@ void test_elementwise(Backend& be, const std::string& p) {
         k2mini.beta_fast = 32; k2mini.beta_slow = 1; k2mini.mscale = 1; k2mini.mscale_all_dim = 1;
         RopeScaling v2 = k2mini;  // mscale != mscale_all_dim: cos/sin scaled (DeepSeek-V2 style)
         v2.mscale = 0.707; v2.mscale_all_dim = 0;
+        RopeScaling k2 = k2mini;  // Kimi-K2's: factor 32, original context 4096, beta_fast == beta_slow == 1
+        k2.factor = 32; k2.original_max_position_embeddings = 4096; k2.beta_fast = 1; k2.beta_slow = 1;
+        // Equal betas whose correction pair is -0.5: both ends clamp to pair 0, the zero-width ramp
+        // the reference code widens by 0.001.
+        RopeScaling step = k2mini;
+        step.beta_fast = step.beta_slow = 512 / (2 * 3.14159265358979323846 * std::pow(10000.0, 2 * -0.5 / 32));
         const Case cases[] = {{"rope", 16, 10000.0, RopeScaling()}, {"rope.yarn_k2mini", 32, 10000.0, k2mini},
-                              {"rope.yarn_mscale", 32, 10000.0, v2}};
+                              {"rope.yarn_mscale", 32, 10000.0, v2}, {"rope.yarn_k2", 64, 50000.0, k2},
+                              {"rope.yarn_equal_ends", 32, 10000.0, step}};
         for (const Case& cs : cases) {
             const int M = 7, H = 3, d_n = 8, d_r = cs.d_r, vs = d_n + d_r, rs = H * vs;
             ModelConfig cfg;

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kdtr
-from .drafter import Drafter
+from .drafter import AnyDrafter, Drafter, LowRankDrafter
 from .model import ModelArgs, Transformer
 from .quant import dequantize
 
@@ -16,7 +16,7 @@ class Loaded:
 
     args: ModelArgs
     model: Transformer
-    drafter: Drafter
+    drafter: AnyDrafter
     header: dict
 
     @property
@@ -42,5 +42,15 @@ def load(path) -> Loaded:
             weights[base] = dequantize(b.tensors[name], b.tensor(base + ".sc"), group)
         else:
             weights[name] = b.tensors[name]
-    return Loaded(args, Transformer(args, weights), Drafter(b.tensor("drafter.w"), b.tensor("drafter.b")),
-                  b.header)
+    model = Transformer(args, weights)
+    return Loaded(args, model, drafter_of(b, model), b.header)
+
+
+def drafter_of(b: kdtr.Bundle, model: Transformer) -> AnyDrafter:
+    """The drafter of a bundle's header kind ("linear" when absent, or "lowrank_head" over the model's head)."""
+    kind = b.header["drafter"].get("kind", "linear")
+    if kind == "lowrank_head":
+        return LowRankDrafter(b.tensor("drafter.v"), b.tensor("drafter.u"), b.tensor("drafter.b"), model.head_logits)
+    if kind == "linear":
+        return Drafter(b.tensor("drafter.w"), b.tensor("drafter.b"))
+    raise kdtr.KdtrError(b.path, f"drafter.kind: unknown kind {kind!r} (linear or lowrank_head)")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .drafter import Drafter
+from .drafter import AnyDrafter
 from .model import KVCache, Transformer, log_softmax, prefill
 
 
@@ -116,7 +116,7 @@ class DecodeResult:
         return float(np.mean(self.accepted)) if self.accepted else 0.0
 
 
-def decode(model: Transformer, drafter: Drafter, prompt, n: int, budget: int,
+def decode(model: Transformer, drafter: AnyDrafter, prompt, n: int, budget: int,
            block: int | None = None) -> DecodeResult:
     """Greedy DDTree decode of n tokens after `prompt` with node budget B and block size <= L
     (the drafter's first `block` positions; budget 0 is plain AR decoding)."""
@@ -128,9 +128,8 @@ def decode(model: Transformer, drafter: Drafter, prompt, n: int, budget: int,
     out = prefill(model, prompt[None], cache)
     bonus, hidden = int(np.argmax(out.logits[0, -1])), out.hidden[0, -1]
     tokens, accepted = [bonus], []
-    embed = model.w["embed"]
     while len(tokens) < n:
-        lq = log_softmax(drafter.logits(hidden, embed[bonus])[:block])
+        lq = log_softmax(drafter.logits(hidden, model.embed_rows(bonus))[:block])
         tree = build_tree(bonus, lq, budget)
         start = cache.length
         out = model.forward(tree.tokens[None], start + tree.depths, verify_mask(tree, start), cache)

@@ -1,8 +1,14 @@
-"""Linear DFlash-style block drafter (engine_src/README.md, "The drafter") and its ridge fit.
+"""DFlash-style block drafters (engine_src/README.md, "The drafter") and the linear one's ridge fit.
 
-The drafter reads the bonus token b and the target's final hidden state h_T at the position
-that produced b, as the feature f = [h_T ; embed[b]], and returns in one pass the logits of
-the L block positions: logits_j = w[j] f + b[j] (position j is depth j+1).
+A drafter reads the bonus token b and the target's final hidden state h_T (after the final
+RMSNorm) at the position that produced b, as the feature f = [h_T ; embed[b]], and returns in one
+pass the logits of the L block positions (position j is depth j+1). Two kinds, the header's
+`drafter.kind`:
+
+- "linear" (or no kind; the tiny configs'): logits_j = w[j] f + b[j], w [L][V][2h], b [L][V].
+- "lowrank_head" (big configs, where [L][V][2h] would take gigabytes): logits_j =
+  head (u[j] (v f)) + b[j], v [r][2h], u [L][h][r], b [L][V], `head` the model's own lm head
+  [V][h], no extra norm; at k2wide's width 19 MB instead of 15 GB.
 
 The fit is a ridge regression of one-hot targets (the target's own next L greedy tokens) on f,
 scaled by a fixed temperature so its softmax is a usable distribution, and rounded to a 2^-GRID_BITS
@@ -10,6 +16,7 @@ grid before it is stored: a float64 solve differs across BLAS libraries in the l
 the rounding makes the stored weights (and the bundle bytes) the same everywhere.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +47,37 @@ class Drafter:
     def logits(self, hidden: np.ndarray, embed_row: np.ndarray) -> np.ndarray:
         """Block logits [L][V] for h_T [h] and embed[b] [h], in float64."""
         return self._w64 @ np.concatenate([hidden, embed_row]) + self._b64
+
+
+@dataclass
+class LowRankDrafter:
+    """A lowrank_head drafter: v [r][2h], u [L][h][r], b [L][V] (float32, as stored) and the model's
+    head as a function of states [..., h] -> logits [..., V] (Transformer.head_logits)."""
+
+    v: np.ndarray
+    u: np.ndarray
+    b: np.ndarray
+    head: Callable[[np.ndarray], np.ndarray]
+
+    def __post_init__(self):
+        self._v64, self._u64 = np.asarray(self.v, dtype=np.float64), np.asarray(self.u, dtype=np.float64)
+        self._b64 = np.asarray(self.b, dtype=np.float64)
+
+    @property
+    def block_size(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def rank(self) -> int:
+        return self.v.shape[0]
+
+    def logits(self, hidden: np.ndarray, embed_row: np.ndarray) -> np.ndarray:
+        """Block logits [L][V] for h_T [h] and embed[b] [h], in float64."""
+        z = self._v64 @ np.concatenate([hidden, embed_row])            # [r]
+        return self.head(self._u64 @ z) + self._b64                      # head([L][h]) + b
+
+
+AnyDrafter = Drafter | LowRankDrafter
 
 
 def training_pairs(traj: Trajectory, embed: np.ndarray, block: int):

@@ -31,16 +31,17 @@ class RopeScaling:
     factor: float = 1.0                         # context extension factor s
     original_max_position_embeddings: int = 0   # the context the model was pretrained at (required)
     beta_fast: float = 32.0                     # rotations per original context above which a pair is kept
-    beta_slow: float = 1.0                      # ... below which a pair is interpolated (divided by s)
+    beta_slow: float = 1.0                      # ... below which a pair is interpolated (divided by s);
+                                                # equal to beta_fast (Kimi-K2: both 1) is allowed
     mscale: float = 1.0                         # cos/sin scale yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)
     mscale_all_dim: float = 0.0                 # softmax scale times yarn_mscale(s, mscale_all_dim)^2 (0: none)
 
     def __post_init__(self):
         if self.type != "yarn":
             raise ValueError(f"rope_scaling: unknown type {self.type!r} (this reference knows 'yarn')")
-        if not self.factor >= 1 or self.original_max_position_embeddings <= 0 or not self.beta_fast > self.beta_slow > 0:
+        if not self.factor >= 1 or self.original_max_position_embeddings <= 0 or not self.beta_fast >= self.beta_slow > 0:
             raise ValueError(f"rope_scaling: need factor >= 1, original_max_position_embeddings > 0 and "
-                             f"beta_fast > beta_slow > 0, got {self}")
+                             f"beta_fast >= beta_slow > 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,16 @@ def yarn_correction_range(args: ModelArgs) -> tuple[int, int]:
     return max(math.floor(pair(s.beta_fast)), 0), min(math.ceil(pair(s.beta_slow)), d - 1)
 
 
+def linear_ramp(low: float, high: float, n: int) -> np.ndarray:
+    """YaRN's ramp over pairs 0..n-1: 0 up to `low`, 1 from `high` on, linear in between. Equal ends
+    (Kimi-K2's beta_fast == beta_slow, or both clamped to one end) are handled as DeepSeek-V3's and
+    Kimi-K2's reference code does (linear_ramp_factor / yarn_linear_ramp_mask: high += 0.001), a
+    step at `low`."""
+    if low == high:
+        high += 0.001
+    return np.clip((np.arange(n, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+
+
 def rope_frequencies(args: ModelArgs) -> tuple[np.ndarray, float]:
     """(inv_freq [d_r/2], magnitude): pair i at position p turns by p inv_freq[i], and cos/sin are
     multiplied by magnitude. Plain RoPE: theta^(-2i/d_r) and 1. YaRN: pairs below the ramp keep
@@ -126,7 +137,7 @@ def rope_frequencies(args: ModelArgs) -> tuple[np.ndarray, float]:
     if s is None:
         return extra, 1.0
     low, high = yarn_correction_range(args)
-    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low if high != low else 0.001), 0.0, 1.0)
+    ramp = linear_ramp(low, high, d // 2)
     inv_freq = extra / s.factor * ramp + extra * (1.0 - ramp)
     return inv_freq, yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
 
@@ -229,8 +240,17 @@ class Transformer:
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return rope(x, positions, self.rope_freq, self.rope_magnitude)
 
-    def _ffn_weights(self, prefix: str):
-        return self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"]
+    def _swiglu(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        """The SwiGLU FFN `prefix` (w1, w2, w3: a dense FFN, an expert, the shared expert) on rows x."""
+        return swiglu(x, self.wt[prefix + "w1"], self.wt[prefix + "w2"], self.wt[prefix + "w3"])
+
+    def embed_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of tokens (any shape), [..., h]."""
+        return self.w["embed"][tokens]
+
+    def head_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """The logits [..., V] of final-normed states [..., h]."""
+        return hidden @ self.wt["head"]
 
     # ---- building blocks -------------------------------------------------------------
 
@@ -320,11 +340,11 @@ class Transformer:
         """MoE FFN of rows x [M][h]: (y [M][h], route margins [M], group margins [M])."""
         prefix = f"layers.{layer}.ffn."
         idx, weights, route_margin, group_margin = self.route(layer, x)
-        y = swiglu(x, *self._ffn_weights(prefix + "shared."))
+        y = self._swiglu(prefix + "shared.", x)
         for e in range(self.args.n_routed_experts):
             rows, slot = np.nonzero(idx == e)
             if rows.size:
-                out = swiglu(x[rows], *self._ffn_weights(f"{prefix}experts.{e}."))
+                out = self._swiglu(f"{prefix}experts.{e}.", x[rows])
                 y[rows] += weights[rows, slot][:, None] * out
         return y, route_margin, group_margin
 
@@ -334,7 +354,7 @@ class Transformer:
         prefix = f"layers.{layer}.ffn."
         if layer < a.n_dense_layers:
             inf = np.full(x.shape[:2], np.inf)
-            return swiglu(x, *self._ffn_weights(prefix)), inf, inf
+            return self._swiglu(prefix, x), inf, inf
         y, rm, gm = self._moe(layer, x.reshape(-1, a.dim))
         return y.reshape(x.shape), rm.reshape(x.shape[:2]), gm.reshape(x.shape[:2])
 
@@ -352,7 +372,7 @@ class Transformer:
         positions = np.asarray(positions)
         if cache.length + tokens.shape[1] > cache.capacity:
             raise ValueError(f"cache overflow: {cache.length} + {tokens.shape[1]} > {cache.capacity}")
-        x = w["embed"][tokens]
+        x = self.embed_rows(tokens)
         route_margin = np.full(tokens.shape, np.inf)
         group_margin = np.full(tokens.shape, np.inf)
         for layer in range(a.n_layers):
@@ -363,7 +383,7 @@ class Transformer:
             route_margin = np.minimum(route_margin, rm)
             group_margin = np.minimum(group_margin, gm)
         hidden = rms_norm(x, w["norm"], a.norm_eps)
-        return ForwardOut(hidden @ self.wt["head"], hidden, route_margin, group_margin)
+        return ForwardOut(self.head_logits(hidden), hidden, route_margin, group_margin)
 
     def forward_full(self, tokens: np.ndarray) -> np.ndarray:
         """Cacheless causal forward of one sequence (tokens [T]) with the textbook MLA
@@ -374,7 +394,7 @@ class Transformer:
         positions = np.arange(t)
         causal = np.tril(np.ones((t, t), dtype=bool))
         tau = self.tau
-        x = w["embed"][tokens]
+        x = self.embed_rows(tokens)
         for layer in range(a.n_layers):
             lp = f"layers.{layer}."
             prefix = lp + "attn."
@@ -393,7 +413,7 @@ class Transformer:
             x = x + o @ self.wt[prefix + "wo"]
             y, _, _ = self._ffn(layer, rms_norm(x, w[lp + "ffn_norm"], a.norm_eps)[None])
             x = x + y[0]
-        return rms_norm(x, w["norm"], a.norm_eps) @ self.wt["head"]
+        return self.head_logits(rms_norm(x, w["norm"], a.norm_eps))
 
 
 def prefill(model: Transformer, prompts: np.ndarray, cache: KVCache) -> ForwardOut:

@@ -15,7 +15,7 @@ from kdtree_ref.drafter import Drafter
 from kdtree_ref.model import Transformer, generate
 from kdtree_ref.quant import is_quantized
 
-CONFIGS = list(gen_model.CONFIGS)
+CONFIGS = list(gen_model.DEFAULT_CONFIGS)
 NAMES = [f"{config}_{quant}" for config in CONFIGS for quant in ("fp32", "int4")]
 
 

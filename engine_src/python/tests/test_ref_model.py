@@ -12,7 +12,7 @@ from kdtree_ref import prng
 from kdtree_ref.model import (KVCache, ModelArgs, RopeScaling, Transformer, decode_step, generate, prefill, rope,
                               rope_frequencies, softmax_scale, top_margin, yarn_correction_range)
 
-CONFIGS = sorted(gen_model.CONFIGS)
+CONFIGS = sorted(gen_model.DEFAULT_CONFIGS)
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
@@ -102,6 +102,30 @@ def test_yarn_frequencies_follow_deepseek_v3(dim, original):
     assert softmax_scale(args) == pytest.approx((128 + dim) ** -0.5 * (0.1 * math.log(40) + 1) ** 2, rel=1e-15)
     if (dim, original) == (64, 4096):
         assert (low, high) == (10, 23)     # DeepSeek-V3's own rope dims and context
+
+
+def pair_rotations(pair, dim, base, original):
+    """The rotations per original context whose YaRN correction pair is `pair` (find_correction_dim inverted)."""
+    return original / (2 * math.pi * base ** (2 * pair / dim))
+
+
+@pytest.mark.parametrize("dim,base,original,beta,equal_ends", [
+    (64, 50000.0, 4096, 1.0, False),                                   # Kimi-K2's own: pairs 19 and 20
+    (32, 10000.0, 512, pair_rotations(-0.5, 32, 10000.0, 512), True),  # both ends clamped to pair 0
+    (16, 10000.0, 512, pair_rotations(15.5, 16, 10000.0, 512), True)])  # both clamped to dim - 1
+def test_yarn_with_equal_betas_follows_the_reference(dim, base, original, beta, equal_ends):
+    """beta_fast == beta_slow (Kimi-K2: both 1) is accepted and gives the reference code's frequencies,
+    including its 0.001 widening of a zero-width ramp."""
+    scaling = RopeScaling(factor=32.0, original_max_position_embeddings=original, beta_fast=beta, beta_slow=beta,
+                          mscale=1.0, mscale_all_dim=1.0)
+    args = ModelArgs(qk_nope_head_dim=128, qk_rope_head_dim=dim, rope_theta=base, rope_scaling=scaling)
+    inv_freq, magnitude = rope_frequencies(args)
+    want, (low, high) = hf_yarn(dim, base, 32.0, original, beta, beta)
+    np.testing.assert_allclose(inv_freq, want, rtol=1e-14, atol=0)
+    assert (high == low + 0.001) == equal_ends and magnitude == 1.0
+    assert yarn_correction_range(args) == (low, round(high))
+    with pytest.raises(ValueError, match="beta_fast >= beta_slow"):
+        RopeScaling(factor=32.0, original_max_position_embeddings=original, beta_fast=1.0, beta_slow=2.0)
 
 
 def test_yarn_mscale_terms():
