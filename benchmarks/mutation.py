@@ -41,13 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-W = "orchestrator.warm."
+W = "orchestrator.connectors.openssh."
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "orchestrator/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
+    "orchestrator/connectors/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
                                   "hostkeys or host_key or trust or pin or unknown or changed"], []),
-    "orchestrator/connection.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
+    "orchestrator/connectors/paramiko.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
                                     "host_key or trust or pin or unknown or changed or jump or proxy or target or nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
@@ -70,7 +70,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
-    "orchestrator/warm.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
+    "orchestrator/connectors/openssh.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
                              ["control_dir", "_default_dir", "check_private", "_not_private", "uses_warm",
                               "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_pin_command", "_control",
                               "_start_master", "_Probe.*", "_fresh_error", "_ssh_g", "_read_ssh_config",
@@ -80,12 +80,12 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 
 # mutant name -> why it cannot change behaviour (checked by reading its diff in the report)
 EQUIVALENT: dict[str, str] = {
-    "orchestrator.hostkeys.x_fingerprint__mutmut_9":
+    "orchestrator.connectors.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
-    "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
-    "orchestrator.hostkeys.x_blob_fingerprint__mutmut_9":
+    "orchestrator.connectors.hostkeys.x_pin__mutmut_18": "385 is 0o600",
+    "orchestrator.connectors.hostkeys.x_blob_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
-    "orchestrator.hostkeys.x_pinned_transport__mutmut_1":
+    "orchestrator.connectors.hostkeys.x_pinned_transport__mutmut_1":
         "the event given to start_client: SSHClient.connect passes none (it waits for the key exchange itself)",
     "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
                                                     "the failed checks' only)",
@@ -98,14 +98,14 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.remote.x_secret_input__mutmut_6": "the same: the NUL check's message cannot be reached",
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
     "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
-    "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
-    **{f"orchestrator.connection.x__connect__mutmut_{n}":
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
+    **{f"orchestrator.connectors.paramiko.x__connect__mutmut_{n}":
        "banner_timeout left to Paramiko's 15 s: SSHClient.connect hands the same connect timeout to start_client, "
        "which gives up on a host silent before its banner as soon (tests/test_ssh.py: a target that never sends a "
        "banner fails within the connect timeout either way)" for n in (36, 45)},
-    "orchestrator.connection.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
-    "orchestrator.connection.x__open_once__mutmut_8": "the same (found left out)",
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_8": "the same (found left out)",
     "orchestrator.safe_text.x_markdown_fence__mutmut_11": "max(3, longest + 1): a default longest of 1 instead of 0 "
                                                           "gives 3 all the same",
     "orchestrator.state.x_read_json__mutmut_3": "the name only labels bounded.loads's ValueError, which read_json turns "
@@ -177,7 +177,7 @@ EQUIVALENT: dict[str, str] = {
        "never compared (symlinks are always sent, directories always listed)" for n in (5, 6, 12, 13)},
     "orchestrator.sync.x_deployed_tree__mutmut_12": "any mark, readable or too large, means a broken sync: the read's "
                                                     "bound changes nothing",
-    # warm.py
+    # connectors/openssh.py
     f"{W}x__content__mutmut_2": "the marker of a missing file: a constant in the socket name's hash either way",
     **{f"{W}x__control__mutmut_{n}": "`ssh -O` reads nothing from stdin" for n in (15, 20)},
     **{f"{W}x__control__mutmut_{n}": "the host word of `ssh -O` with an explicit ControlPath (no % tokens) only "
@@ -220,12 +220,12 @@ EQUIVALENT: dict[str, str] = {
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
 ACCEPTED: dict[str, str] = {
-    **{f"orchestrator.warm.xǁ_Probeǁ{m}": "only a host that asks no authentication runs the probe's command: "
+    **{f"orchestrator.connectors.openssh.xǁ_Probeǁ{m}": "only a host that asks no authentication runs the probe's command: "
        "then the probe is not accepted, the master is ended and the fresh connection checks the key, the same "
        "verdict one connection later" for m in ("__init____mutmut_14", "__init____mutmut_15", "accepted__mutmut_6")},
-    "orchestrator.warm.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
+    "orchestrator.connectors.openssh.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
                                                     "still bounded",
-    **{f"orchestrator.warm.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
+    **{f"orchestrator.connectors.openssh.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
        "~/.ssh/config (no KDTREE_SSH_CONFIG) are in the name; a test would have to edit that file. They choose "
        "how we authenticate, not which host key is checked" for n in (24, 25, 26, 28, 29, 30)},
 }

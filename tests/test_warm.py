@@ -1,4 +1,4 @@
-"""Warm connections (orchestrator/warm.py) against real sshd hosts on 127.0.0.1: kept between
+"""Warm connections (orchestrator/connectors/openssh.py) against real sshd hosts on 127.0.0.1: kept between
 runs and reused; a host restarted or rebooted between runs, a changed host key under a live
 master, a stale socket, a second user, --no-persist, the socket directory's checks."""
 from __future__ import annotations
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, hostkeys, inventory as inventory_mod, parallel, remote, warm
+from orchestrator import cli, inventory as inventory_mod, parallel, remote
+from orchestrator.connectors import hostkeys, openssh as warm
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
-from orchestrator.transport import SshTransport, open_transport
+from orchestrator.connectors.factory import open_transport
+from orchestrator.connectors.paramiko import SshTransport
 
 from sshd import Hostile
 
@@ -407,7 +409,7 @@ def test_a_command_over_a_master_that_dies_is_a_lost_connection_and_its_own_exit
 
 def test_a_fresh_connection_that_fails_outside_the_host_errors_is_still_this_hosts_failure(lab, warm_inventory,
                                                                                               monkeypatch):
-    from orchestrator.connection import SshConnection
+    from orchestrator.connectors.paramiko import SshConnection
     host = warm_inventory(fresh(lab)).hosts["w"]
 
     def broken(*args, **kwargs):
@@ -465,7 +467,7 @@ def test_a_fresh_connection_failing_oddly_after_the_warm_path_failed_says_which(
                                                                                 failing):
     """The warm path failed (the key probe under a live master, or the master's start), and the
     fresh connection that should say why fails outside the host errors: the error names both."""
-    from orchestrator.connection import SshConnection
+    from orchestrator.connectors.paramiko import SshConnection
     host = warm_inventory(fresh(lab)).hosts["w"]
     t = warm.WarmTransport(host)
     if failing == "probe":

@@ -24,10 +24,13 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from ..errors import AuthError, ConnectError, HostError
+from ..inventory import Host
 from . import hostkeys
-from .errors import AuthError, ConnectError, HostError
-from .inventory import Host
+from .base import CHUNK, Transport, feed, remaining
+from .ssh_common import ssh_rsync_dest
 
 CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
 KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
@@ -293,3 +296,76 @@ def _no_delay(sock) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+
+
+class SshTransport(Transport):
+    """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
+    opened on first use and reused by every command (and by rsync, through relay.py)."""
+
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
+        self.connection: SshConnection | None = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        self._await_early()
+        with self._lock:
+            if self.connection is not None and self.connection.is_connected:
+                return
+            self._refuse_if_stopped()
+            self.connection = SshConnection.open(self.host, self.stopped)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.connection is not None:
+                self.connection.close()
+            self.connection = None
+
+    def server_key(self) -> tuple[str, Any]:
+        """The verified host key of the connection: (known_hosts name, Paramiko key)."""
+        self.connect()
+        assert self.connection is not None         # connect() opened it
+        return self.connection.server_key()
+
+    def rsync_dest(self, path: str) -> str:
+        return ssh_rsync_dest(self.host, path)
+
+    def _exec(self, command, stdin, sink, deadline):
+        self.connect()
+        connection = self.connection
+        transport = connection.paramiko
+        try:
+            chan = transport.open_session(timeout=self.host.timeout("connect"))
+        except Exception as e:
+            raise ConnectError(f"cannot open a session: {e}", host=self.host.name, retry=False) from None
+        with chan:
+            chan.set_combine_stderr(True)
+            chan.exec_command(command)
+            if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
+                feed(stdin, chan.sendall, chan.shutdown_write)
+            while True:
+                wait = remaining(deadline)
+                if wait is not None and wait <= 0:
+                    return None
+                chan.settimeout(min(wait, 1.0) if wait is not None else 1.0)
+                try:
+                    data = chan.recv(CHUNK)
+                except socket.timeout:
+                    if not transport.is_active():
+                        break
+                    continue
+                if not data:
+                    break
+                sink(data)
+            while not chan.status_event.wait(0.5):
+                wait = remaining(deadline)
+                if not transport.is_active() or (wait is not None and wait <= 0):
+                    break
+            # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
+            code = chan.recv_exit_status() if chan.exit_status_ready() else None
+            if code is None and transport.is_active():
+                return None
+            if code is None or code < 0:
+                raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
+                                   host=self.host.name, command=command, retry=False)
+            return code

@@ -30,9 +30,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import remote
-from .errors import ConnectError
-from .transport import SshTransport, Transport
+from .. import remote
+from ..errors import ConnectError
+from .base import Transport
+from .paramiko import SshTransport
 
 HELPER = Path(__file__).with_name("rsh_helper.py")
 CHUNK = 64 * 1024

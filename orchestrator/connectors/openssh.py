@@ -49,10 +49,13 @@ import threading
 import time
 from pathlib import Path
 
-from . import hostkeys, ownership, remote
-from .errors import ConnectError, HostError, UsageError
-from .inventory import Host
-from .transport import ProcessTransport, ssh_rsync_dest
+from .. import ownership, remote
+from ..errors import ConnectError, HostError, UsageError
+from ..inventory import Host
+from . import hostkeys
+from .local import ProcessTransport
+from .paramiko import SshConnection
+from .ssh_common import ssh_rsync_dest
 
 # The probe only verifies the host key, so its key exchange is the fastest the host offers
 # (Paramiko's curve25519 first; OpenSSH's post-quantum default costs ~70 ms of CPU a side).
@@ -365,7 +368,6 @@ class _Probe:
 def _fresh_error(host: Host, stopped: threading.Event, why: str) -> None:
     """Raise what a fresh (Paramiko) connection raises now: the same error, the same words, the
     same retries as without warm connections. Returns when that connection succeeds."""
-    from .connection import SshConnection
     try:
         SshConnection.open(host, stopped).close()
     except HostError:

@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from .errors import HostKeyError
+from ..errors import HostKeyError
 
 
 def fingerprint(key) -> str:
