@@ -45,8 +45,11 @@ W = "orchestrator.connectors.openssh."
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "orchestrator/connectors/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
-                                  "hostkeys or host_key or trust or pin or unknown or changed"], []),
+    "orchestrator/connectors/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "tests/test_warm.py", "-k",
+                                             "hostkeys or host_key or trust or pin or unknown or changed or options"],
+                                            []),
+    "orchestrator/connectors/ssh_common.py": (["tests/test_warm.py", "tests/test_commands.py", "-k",
+                                               "config or jump or warm"], ["openssh_config", "_read_ssh_config"]),
     "orchestrator/connectors/paramiko.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
                                     "host_key or trust or pin or unknown or changed or jump or proxy or target or nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
@@ -72,9 +75,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
     "orchestrator/connectors/openssh.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
                              ["control_dir", "_default_dir", "check_private", "_not_private", "uses_warm",
-                              "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_pin_command", "_control",
-                              "_start_master", "_Probe.*", "_fresh_error", "_ssh_g", "_read_ssh_config",
-                              "_pin_contradicted", "_content", "_remove_stale", "_locked", "_note_use",
+                              "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_control",
+                              "_start_master", "_Probe.*", "_fresh_error", "_content", "_remove_stale", "_locked", "_note_use",
                               "_idle_bound_far"]),
 }
 
@@ -189,11 +191,14 @@ EQUIVALENT: dict[str, str] = {
     **{f"{W}{name}": "OpenSSH reads option names, and yes/no values, without regard to case" for name in (
         "x__start_master__mutmut_15", "x__start_master__mutmut_16", "x_client_argv__mutmut_6",
         "x_client_argv__mutmut_7", "xǁ_Probeǁ__init____mutmut_7")},
-    **{f"{W}x__base_argv__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
+    **{f"{prefix}__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
        "reads both without regard to case (tests/test_warm.py reads the options back with ssh -G, which catches "
-       "every other change)" for n in (20, 21, 23, 25, 26, 28, 30, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46, 48,
-                                       49, 51, 54, 56, 58, 59, 61, 63, 64, 66, 68, 69, 71, 73, 74, 76, 78, 79,
-                                       81, 83, 84, 96, 97, 109, 113, 114, 119)},
+       "every other change)" for prefix, numbers in (
+           (f"{W}x__base_argv", (12, 13, 15, 19, 21, 23, 24, 26, 28, 29, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46,
+                                 48, 49, 61, 62, 74)),
+           ("orchestrator.connectors.hostkeys.x_openssh_options", (6, 7, 9, 11, 12, 14, 15, 17, 19, 20, 22, 24, 25,
+                                                                   27, 29, 30, 32, 34, 35, 40)))
+       for n in numbers},
     f"{W}x_check_private__mutmut_4": "'' is as falsy as None for `why`",
     f"{W}xǁ_Probeǁ__init____mutmut_8": "ControlPath NONE is a relative path to OpenSSH, where no master "
                                         "listens: with ControlMaster off the probe connects itself, as with none",
@@ -205,12 +210,12 @@ EQUIVALENT: dict[str, str] = {
     f"{W}x_client_argv__mutmut_17": "a client of the master with an explicit ControlPath and ProxyCommand "
                                      "/bin/false: the host word resolves nothing, the master's connection is used",
     **{f"{W}x_socket_path__mutmut_{n}": "a constant for an absent part (no ssh config, no identity, no pin): "
-       "the name still changes whenever the part does" for n in (11, 22, 31, 33, 38)},
-    f"{W}x_socket_path__mutmut_13": "the directory is the user's own (check_private): the uid in the name "
+       "the name still changes whenever the part does" for n in (8, 19, 28, 30, 35)},
+    f"{W}x_socket_path__mutmut_10": "the directory is the user's own (check_private): the uid in the name "
                                      "never separates two sockets that the directory does not",
-    f"{W}x_socket_path__mutmut_35": "_content of the empty path is a constant (a directory): the same as the "
+    f"{W}x_socket_path__mutmut_32": "_content of the empty path is a constant (a directory): the same as the "
                                      "constant for no ssh config",
-    f"{W}x_socket_path__mutmut_45": "the parts' separator: no part holds a NUL, so either separator keeps "
+    f"{W}x_socket_path__mutmut_42": "the parts' separator: no part holds a NUL, so either separator keeps "
                                      "them apart",
     **{f"{W}{name}": "None is as falsy as False for _ready" for name in (
         "xǁWarmTransportǁ__init____mutmut_5", "xǁWarmTransportǁconnect__mutmut_14")},
@@ -227,7 +232,7 @@ ACCEPTED: dict[str, str] = {
                                                     "still bounded",
     **{f"orchestrator.connectors.openssh.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
        "~/.ssh/config (no KDTREE_SSH_CONFIG) are in the name; a test would have to edit that file. They choose "
-       "how we authenticate, not which host key is checked" for n in (24, 25, 26, 28, 29, 30)},
+       "how we authenticate, not which host key is checked" for n in (21, 22, 23, 25, 26, 27)},
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name

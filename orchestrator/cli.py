@@ -194,7 +194,7 @@ def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
     """Print every command a deploy would run on each host and resolve each host's address
     (ssh config, then DNS); 1 when an address does not resolve. Nothing is changed."""
     from . import state, sync
-    from .connectors.paramiko import resolve_address
+    from .connectors.ssh_common import resolve_address
     from .connectors.factory import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)

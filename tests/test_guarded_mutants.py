@@ -23,7 +23,7 @@ MUTANTS = [
     ("host-key-pin-after-authentication", "orchestrator/connectors/paramiko.py",
      "transport_factory=factory)", "transport_factory=None)",
      ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[paramiko]"]),
-    ("warm-pin-contradiction-ignored", "orchestrator/connectors/openssh.py",
+    ("warm-pin-contradiction-ignored", "orchestrator/connectors/hostkeys.py",
      "    if not host.host_key:\n        return False\n", "    if True:\n        return False\n",
      ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[warm]"]),
     ("warm-key-probe-trusted-without-an-answer", "orchestrator/connectors/openssh.py",
