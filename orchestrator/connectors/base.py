@@ -1,6 +1,6 @@
 """Transports: one small interface to run commands on a host and read files back, three kinds.
 
-    t = open_transport(host)            # WarmTransport, SshTransport or LocalTransport, nothing opened yet
+    t = open_transport(host)            # factory.py: WarmTransport, SshTransport or LocalTransport, unopened
     r = t.run(command, on_output=print)   # a remote.Command -> Result(exit_code, seconds, tail, timed_out)
     t.check(command)                    # the same, raises CommandError unless it exited 0
     out = t.capture(command, max_bytes=1 << 20)   # its raw output (bytes)
@@ -14,10 +14,10 @@
 the client's deadline is derived: when it passes the client stops waiting and the Result says
 timed_out), its stdin. A bare command line with `timeout=` (the client's limit) is accepted for
 tests and for commands held open for the run's length (the lock). SshTransport runs each command
-in a session of one verified connection per host (connection.py: host keys, ssh config, jump
+in a session of one verified connection per host (paramiko.py: host keys, ssh config, jump
 hosts, keepalive), opened on first use and reused by every command of the run and by rsync
 (relay.py). LocalTransport runs the same command lines with bash on this machine. WarmTransport
-(warm.py), the default for a host reached directly, runs them as `ssh` clients of an OpenSSH
+(openssh.py), the default for a host reached directly, runs them as `ssh` clients of an OpenSSH
 master kept between runs; it shares LocalTransport's process handling (ProcessTransport).
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ STOP_GRACE = 2          # seconds a stopped local command gets before it is kill
 
 class ProcessTransport(Transport):
     """Commands run as local processes (`argv(command)`), each in its own session: bash on this
-    machine (LocalTransport), or an ssh client of a warm connection (warm.WarmTransport)."""
+    machine (LocalTransport), or an ssh client of a warm connection (openssh.WarmTransport)."""
 
     def __init__(self, host: Host, stopped: threading.Event | None = None):
         super().__init__(host, stopped)

@@ -3,7 +3,7 @@ skips the handshake (docs/transport.md says why OpenSSH here, and what it costs)
 
     t = WarmTransport(host, stopped)    # a Transport: each command is an `ssh` over the master
     t.connect()                          # key probed, master reused or started (verified)
-    warm.listing(); warm.close_all()     # `invoke connections [--close]`
+    openssh.listing(); openssh.close_all()   # `invoke connections [--close]`
 
 Security model (docs/security.md):
 - The master is started with the same key checks as a fresh connection: StrictHostKeyChecking=yes
@@ -312,7 +312,7 @@ def _start_master(host: Host, sock: Path) -> str | None:
                                "-o", f"ControlPersist={int(host.persist)}", str(host.address)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=host.timeout("connect") + START_MARGIN)    # a handshake's bound (connection.py)
+                              timeout=host.timeout("connect") + START_MARGIN)    # a handshake's bound (paramiko.py)
     except subprocess.TimeoutExpired:
         return f"no connection within {host.timeout('connect')} s"
     return None if proc.returncode == 0 else (proc.stderr.strip()[-500:] or f"ssh exited {proc.returncode}")

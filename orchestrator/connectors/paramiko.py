@@ -231,7 +231,7 @@ def _no_delay(sock) -> None:
 
 
 class SshTransport(Transport):
-    """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
+    """Commands run in sessions of one verified Paramiko connection to the host (SshConnection),
     opened on first use and reused by every command (and by rsync, through relay.py)."""
 
     def __init__(self, host: Host, stopped: threading.Event | None = None):

@@ -70,7 +70,7 @@ def dry_run_shell(transport: Transport) -> str | None:
 def rsync_shell(transport: Transport):
     """rsync's `-e` value (a command line) that runs rsync's remote side over the transport's own
     connection, while the block lasts; None for a transport without one (local: no remote shell).
-    A warm connection (warm.py) is used by rsync's ssh directly, with no relay."""
+    A warm connection (openssh.py) is used by rsync's ssh directly, with no relay."""
     own = transport.own_rsync_shell()
     if own is not None:
         yield own
