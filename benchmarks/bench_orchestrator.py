@@ -396,7 +396,8 @@ def floor_cases(inventory: Path, lab, host, bare, invoke: list[str]) -> dict[str
     nothing to send. Their sum bounds a warm no-change deploy from below, whatever else it does."""
     sys.path.insert(0, str(REPO))
     os.environ.update(lab.env())        # the lab's ssh config, known_hosts and socket directory, as the runs see them
-    from orchestrator import inventory as inventory_mod, warm
+    from orchestrator import inventory as inventory_mod
+    from orchestrator.connectors import openssh as warm
     entry = inventory_mod.load(inventory).hosts[host.name]
     probe = warm._base_argv(entry) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={warm.PROBE_KEX}", "-o",
                                       f"PreferredAuthentications={warm.PROBE_METHOD}", str(entry.address), "true"]
@@ -573,13 +574,14 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
     """A no-op validate in this process, the transport instrumented: sessions (round trips) per step,
     Paramiko connections, rsync/ssh subprocesses."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import cli, connection as connection_mod, pipeline, transport as transport_mod, sync as sync_mod
+    from orchestrator import cli, pipeline, sync as sync_mod
+    from orchestrator.connectors import paramiko as connection_mod
     from orchestrator.console import Console
     import io
 
     local = threading.local()
     counts = collections.defaultdict(lambda: collections.Counter())
-    orig_exec, orig_open = transport_mod.SshTransport._exec, connection_mod._open_once
+    orig_exec, orig_open = connection_mod.SshTransport._exec, connection_mod._open_once
     orig_step, orig_run = pipeline._run_step, subprocess.run
 
     def step_of():
@@ -608,13 +610,13 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
     with lab.environment():         # bring the host up to date first (not counted): the counted run is a no-op
         inv, selected = cli.load_selection(str(inventory), [host.name])
         cli.validate(inv, selected, Console(io.StringIO()), report_dir=str(inventory.parent / "runs" / "settle"))
-    transport_mod.SshTransport._exec, connection_mod._open_once = exec_, open_
+    connection_mod.SshTransport._exec, connection_mod._open_once = exec_, open_
     pipeline._run_step, sync_mod.subprocess.run = run_step, run
     try:
         with lab.environment():
             cli.validate(inv, selected, Console(io.StringIO()), report_dir=str(inventory.parent / "runs" / "counted"))
     finally:
-        transport_mod.SshTransport._exec, connection_mod._open_once = orig_exec, orig_open
+        connection_mod.SshTransport._exec, connection_mod._open_once = orig_exec, orig_open
         pipeline._run_step, sync_mod.subprocess.run = orig_step, orig_run
     return {step: dict(c) for step, c in counts.items()}
 

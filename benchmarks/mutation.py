@@ -41,13 +41,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-W = "orchestrator.warm."
+W = "orchestrator.connectors.openssh."
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "orchestrator/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "-k",
-                                  "hostkeys or host_key or trust or pin or unknown or changed"], []),
-    "orchestrator/connection.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
+    "orchestrator/connectors/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "tests/test_warm.py", "-k",
+                                             "hostkeys or host_key or trust or pin or unknown or changed or options"],
+                                            []),
+    "orchestrator/connectors/ssh_common.py": (["tests/test_warm.py", "tests/test_commands.py", "-k",
+                                               "config or jump or warm"], ["openssh_config", "_read_ssh_config"]),
+    "orchestrator/connectors/paramiko.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
                                     "host_key or trust or pin or unknown or changed or jump or proxy or target or nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
@@ -70,22 +73,21 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
-    "orchestrator/warm.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
+    "orchestrator/connectors/openssh.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
                              ["control_dir", "_default_dir", "check_private", "_not_private", "uses_warm",
-                              "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_pin_command", "_control",
-                              "_start_master", "_Probe.*", "_fresh_error", "_ssh_g", "_read_ssh_config",
-                              "_pin_contradicted", "_content", "_remove_stale", "_locked", "_note_use",
+                              "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_control",
+                              "_start_master", "_Probe.*", "_fresh_error", "_content", "_remove_stale", "_locked", "_note_use",
                               "_idle_bound_far"]),
 }
 
 # mutant name -> why it cannot change behaviour (checked by reading its diff in the report)
 EQUIVALENT: dict[str, str] = {
-    "orchestrator.hostkeys.x_fingerprint__mutmut_9":
+    "orchestrator.connectors.hostkeys.x_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
-    "orchestrator.hostkeys.x_pin__mutmut_18": "385 is 0o600",
-    "orchestrator.hostkeys.x_blob_fingerprint__mutmut_9":
+    "orchestrator.connectors.hostkeys.x_pin__mutmut_18": "385 is 0o600",
+    "orchestrator.connectors.hostkeys.x_blob_fingerprint__mutmut_9":
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
-    "orchestrator.hostkeys.x_pinned_transport__mutmut_1":
+    "orchestrator.connectors.hostkeys.x_pinned_transport__mutmut_1":
         "the event given to start_client: SSHClient.connect passes none (it waits for the key exchange itself)",
     "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
                                                     "the failed checks' only)",
@@ -98,14 +100,14 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.remote.x_secret_input__mutmut_6": "the same: the NUL check's message cannot be reached",
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",
     "orchestrator.safe_text.x__escape__mutmut_10": "code < 257: the same",
-    "orchestrator.connection.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
-    **{f"orchestrator.connection.x__connect__mutmut_{n}":
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
+    **{f"orchestrator.connectors.paramiko.x__connect__mutmut_{n}":
        "banner_timeout left to Paramiko's 15 s: SSHClient.connect hands the same connect timeout to start_client, "
        "which gives up on a host silent before its banner as soon (tests/test_ssh.py: a target that never sends a "
        "banner fails within the connect timeout either way)" for n in (36, 45)},
-    "orchestrator.connection.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
-    "orchestrator.connection.x__open_once__mutmut_8": "the same (found left out)",
+    "orchestrator.connectors.paramiko.x__open_once__mutmut_8": "the same (found left out)",
     "orchestrator.safe_text.x_markdown_fence__mutmut_11": "max(3, longest + 1): a default longest of 1 instead of 0 "
                                                           "gives 3 all the same",
     "orchestrator.state.x_read_json__mutmut_3": "the name only labels bounded.loads's ValueError, which read_json turns "
@@ -177,7 +179,7 @@ EQUIVALENT: dict[str, str] = {
        "never compared (symlinks are always sent, directories always listed)" for n in (5, 6, 12, 13)},
     "orchestrator.sync.x_deployed_tree__mutmut_12": "any mark, readable or too large, means a broken sync: the read's "
                                                     "bound changes nothing",
-    # warm.py
+    # connectors/openssh.py
     f"{W}x__content__mutmut_2": "the marker of a missing file: a constant in the socket name's hash either way",
     **{f"{W}x__control__mutmut_{n}": "`ssh -O` reads nothing from stdin" for n in (15, 20)},
     **{f"{W}x__control__mutmut_{n}": "the host word of `ssh -O` with an explicit ControlPath (no % tokens) only "
@@ -189,11 +191,14 @@ EQUIVALENT: dict[str, str] = {
     **{f"{W}{name}": "OpenSSH reads option names, and yes/no values, without regard to case" for name in (
         "x__start_master__mutmut_15", "x__start_master__mutmut_16", "x_client_argv__mutmut_6",
         "x_client_argv__mutmut_7", "xǁ_Probeǁ__init____mutmut_7")},
-    **{f"{W}x__base_argv__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
+    **{f"{prefix}__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
        "reads both without regard to case (tests/test_warm.py reads the options back with ssh -G, which catches "
-       "every other change)" for n in (20, 21, 23, 25, 26, 28, 30, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46, 48,
-                                       49, 51, 54, 56, 58, 59, 61, 63, 64, 66, 68, 69, 71, 73, 74, 76, 78, 79,
-                                       81, 83, 84, 96, 97, 109, 113, 114, 119)},
+       "every other change)" for prefix, numbers in (
+           (f"{W}x__base_argv", (12, 13, 15, 19, 21, 23, 24, 26, 28, 29, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46,
+                                 48, 49, 61, 62, 74)),
+           ("orchestrator.connectors.hostkeys.x_openssh_options", (6, 7, 9, 11, 12, 14, 15, 17, 19, 20, 22, 24, 25,
+                                                                   27, 29, 30, 32, 34, 35, 40)))
+       for n in numbers},
     f"{W}x_check_private__mutmut_4": "'' is as falsy as None for `why`",
     f"{W}xǁ_Probeǁ__init____mutmut_8": "ControlPath NONE is a relative path to OpenSSH, where no master "
                                         "listens: with ControlMaster off the probe connects itself, as with none",
@@ -205,12 +210,12 @@ EQUIVALENT: dict[str, str] = {
     f"{W}x_client_argv__mutmut_17": "a client of the master with an explicit ControlPath and ProxyCommand "
                                      "/bin/false: the host word resolves nothing, the master's connection is used",
     **{f"{W}x_socket_path__mutmut_{n}": "a constant for an absent part (no ssh config, no identity, no pin): "
-       "the name still changes whenever the part does" for n in (11, 22, 31, 33, 38)},
-    f"{W}x_socket_path__mutmut_13": "the directory is the user's own (check_private): the uid in the name "
+       "the name still changes whenever the part does" for n in (8, 19, 28, 30, 35)},
+    f"{W}x_socket_path__mutmut_10": "the directory is the user's own (check_private): the uid in the name "
                                      "never separates two sockets that the directory does not",
-    f"{W}x_socket_path__mutmut_35": "_content of the empty path is a constant (a directory): the same as the "
+    f"{W}x_socket_path__mutmut_32": "_content of the empty path is a constant (a directory): the same as the "
                                      "constant for no ssh config",
-    f"{W}x_socket_path__mutmut_45": "the parts' separator: no part holds a NUL, so either separator keeps "
+    f"{W}x_socket_path__mutmut_42": "the parts' separator: no part holds a NUL, so either separator keeps "
                                      "them apart",
     **{f"{W}{name}": "None is as falsy as False for _ready" for name in (
         "xǁWarmTransportǁ__init____mutmut_5", "xǁWarmTransportǁconnect__mutmut_14")},
@@ -220,14 +225,14 @@ EQUIVALENT: dict[str, str] = {
 
 # mutant name -> why it is left alive on purpose (it still counts as a survivor in the score)
 ACCEPTED: dict[str, str] = {
-    **{f"orchestrator.warm.xǁ_Probeǁ{m}": "only a host that asks no authentication runs the probe's command: "
+    **{f"orchestrator.connectors.openssh.xǁ_Probeǁ{m}": "only a host that asks no authentication runs the probe's command: "
        "then the probe is not accepted, the master is ended and the fresh connection checks the key, the same "
        "verdict one connection later" for m in ("__init____mutmut_14", "__init____mutmut_15", "accepted__mutmut_6")},
-    "orchestrator.warm.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
+    "orchestrator.connectors.openssh.x__start_master__mutmut_47": "one character more of ssh's own error in the message: "
                                                     "still bounded",
-    **{f"orchestrator.warm.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
+    **{f"orchestrator.connectors.openssh.x_socket_path__mutmut_{n}": "the identity files ssh -G reads from the user's own "
        "~/.ssh/config (no KDTREE_SSH_CONFIG) are in the name; a test would have to edit that file. They choose "
-       "how we authenticate, not which host key is checked" for n in (24, 25, 26, 28, 29, 30)},
+       "how we authenticate, not which host key is checked" for n in (21, 22, 23, 25, 26, 27)},
 }
 
 SEP = "\u01c1"     # mutmut's separator of class and method in a mutant's name

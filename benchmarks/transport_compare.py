@@ -123,7 +123,7 @@ def main() -> None:
     try:
         with lab.environment():
             from orchestrator import inventory
-            from orchestrator.transport import SshTransport
+            from orchestrator.connectors.paramiko import SshTransport
             entries = {h.name: lab.inventory_entry(h) for h in hosts}
             inv = inventory.parse({"project": {"source": str(REPO / "engine_src"), "excludes": [],
                                                "commands": {c: "true" for c in inventory.REQUIRED_COMMANDS},
@@ -148,7 +148,7 @@ def main() -> None:
                                "openssh": measure(lambda: ssh.warm(first), args.repeats)}
 
             script = ("import sys; sys.path.insert(0, sys.argv[1]); from orchestrator import inventory; "
-                      "from orchestrator.transport import SshTransport; "
+                      "from orchestrator.connectors.paramiko import SshTransport; "
                       "inv = inventory.load(sys.argv[2]); t = SshTransport(inv.hosts[sys.argv[3]]); "
                       "assert t.run('true', timeout=30).ok; t.close()")
             (work / "hosts.yaml").write_text(json.dumps({
@@ -161,7 +161,7 @@ def main() -> None:
                                                             first.name], check=True, env=env), args.repeats),
                 "openssh": measure(lambda: ssh.warm(first), args.repeats),
                 "python_import_only": measure(lambda: subprocess.run(
-                    [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import orchestrator.transport, "
+                    [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import orchestrator.connectors.factory, "
                      "paramiko", str(REPO)], check=True), args.repeats)}
 
             payload = work / "payload.bin"

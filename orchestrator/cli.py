@@ -139,15 +139,15 @@ def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = 
 
 def connections(console: Console, close: bool = False) -> int:
     """List this user's warm connections (host, where, idle bound, master alive); with `close`, end them all."""
-    from . import warm
+    from .connectors import openssh
     if close:
-        ended = warm.close_all()
-        console.say(f"ended {ended} warm connection(s) in {warm.control_dir()}")
+        ended = openssh.close_all()
+        console.say(f"ended {ended} warm connection(s) in {openssh.control_dir()}")
         return 0
     rows = [(r.get("host", "?"), r.get("where", "?"), f"{r.get('persist', '?')} s", r.get("started", "?"), r["state"])
-            for r in warm.listing()]
+            for r in openssh.listing()]
     if not rows:
-        console.say(f"no warm connections in {warm.control_dir()}")
+        console.say(f"no warm connections in {openssh.control_dir()}")
         return 0
     console.table(["host", "where", "idle bound", "started", "master"], rows)
     return 0
@@ -194,8 +194,8 @@ def dry_run_deploy(inv: Inventory, hosts: list[Host], console: Console) -> int:
     """Print every command a deploy would run on each host and resolve each host's address
     (ssh config, then DNS); 1 when an address does not resolve. Nothing is changed."""
     from . import state, sync
-    from .connection import resolve_address
-    from .transport import open_transport
+    from .connectors.ssh_common import resolve_address
+    from .connectors.factory import open_transport
     owner = state.Owner.now("deploy")
     console.width = max(len(h.name) for h in hosts)
     unresolved = []
@@ -224,8 +224,8 @@ def load_host(inventory: str | None, name: str | None, task: str) -> Host:
 def trust(host: Host, fingerprints: list[str], console: Console) -> int:
     """Show the host's key (and its jump hosts' keys) and pin unknown ones into the project
     known_hosts file; with --fingerprint, only keys with those fingerprints are pinned."""
-    from . import hostkeys
-    from .transport import SshTransport
+    from .connectors import hostkeys
+    from .connectors.paramiko import SshTransport
     if host.is_local:
         raise UsageError(f"host {host.name!r} is local: it has no host key")
     out = console.host(host.name)
@@ -281,8 +281,8 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
-        from . import warm
-        warm.control_dir()          # a socket directory another user could reach: exit 2 before any host
+        from .connectors import openssh
+        openssh.control_dir()          # a socket directory another user could reach: exit 2 before any host
     runs_root = inv.project.root / "runs"
     reference = _baseline(baseline) if plan.command == "nightly" else None
     tolerances = (reference or {}).get("thresholds") or {}

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from . import remote
 from .errors import AuthError, ConnectError, HostError, HostKeyError
 from .inventory import Host
-from .transport import Transport
+from .connectors.base import Transport
 
 MIN_FREE_MB = 1024
 LOW_FREE_MB = 5 * 1024

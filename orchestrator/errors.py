@@ -10,13 +10,21 @@ TAIL_LINES = 20
 # Causes worth naming in a failure's first line (strerror texts, as tools print them).
 KNOWN_CAUSES = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied",
                 "Input/output error", "Too many open files", "Cannot allocate memory", "File name too long")
+UNSAFE_PREFIX = "UNSAFE "    # how the host-side ownership check (ownership.CHECK) begins its refusal
+
+
+def refusal(output: str) -> str | None:
+    """The ownership check's refusal in a command's output (`UNSAFE ...` without the word), or None."""
+    for line in output.splitlines():
+        if line.startswith(UNSAFE_PREFIX):
+            return line[len(UNSAFE_PREFIX):].strip()
+    return None
 
 
 def cause_of(output: str) -> str | None:
     """The well-known cause of a failure found in a command's output (e.g. `No space left on
     device`, or the ownership check's refusal), so that the message says why and not only that it
     failed; None if there is none."""
-    from .ownership import refusal      # here: ownership's errors come from this module
     refused = refusal(output)
     if refused:
         return f"unsafe: {refused}"

@@ -25,7 +25,7 @@ from . import gpus as gpus_mod
 from . import ownership, remote, state
 from .errors import DestinationError
 from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
-from .transport import Transport
+from .connectors.base import Transport
 
 POLL_SECONDS = 2.0            # between two looks at the GPUs while waiting for enough (gpu_wait)
 

@@ -87,7 +87,7 @@ class Host:
     known_hosts: str | None = None      # the project known_hosts file (absolute)
     host_key: str | None = None         # a pinned SHA256 fingerprint
     secret_env: tuple[str, ...] = ()    # variables of the orchestrator's environment the steps get (stdin, redacted)
-    persist: float = DEFAULT_PERSIST    # seconds a warm connection may stay idle (warm.py); 0: none kept
+    persist: float = DEFAULT_PERSIST    # seconds a warm connection may stay idle (connectors/openssh.py); 0: none kept
 
     def timeout(self, name: str) -> float:
         """The timeout in seconds for a step (or connect/keepalive/lock)."""

@@ -16,7 +16,7 @@ The rule, for the deploying user U (the host login's uid):
 "Group-writable" does not count when the group is U's private group (U's primary group, with no
 other member and no other user's primary group), as Debian's OpenSSH decides: with a umask of
 002 (user private groups) nobody else gains anything from it.
-A refusal prints `UNSAFE <what and why>` and exits with UNSAFE_EXIT; refusal(output) finds it.
+A refusal prints `UNSAFE <what and why>` and exits with UNSAFE_EXIT; errors.refusal(output) finds it.
 
 On this machine, the same rule for the run directory and the orchestrator's local state:
 
@@ -38,7 +38,6 @@ from typing import Iterator
 from .errors import LocalWriteError, UsageError
 
 UNSAFE_EXIT = 86
-UNSAFE_PREFIX = "UNSAFE "
 
 # kd_owned DIR [new]: refuse (UNSAFE ..., exit 86) unless DIR and the way to it pass the rule above;
 # `new`: DIR need not exist yet (the lock creates it, then checks again).
@@ -108,14 +107,6 @@ def guarded(remote_dir: str, line: str) -> str:
     """A command line that runs only once remote_dir passes the ownership check."""
     check = shlex.quote(CHECK + 'kd_owned "$1"')
     return f"bash -c {check} kdtree-owner {shlex.quote(remote_dir)} && {line}"
-
-
-def refusal(output: str) -> str | None:
-    """The ownership check's refusal in a command's output (`UNSAFE ...` without the word), or None."""
-    for line in output.splitlines():
-        if line.startswith(UNSAFE_PREFIX):
-            return line[len(UNSAFE_PREFIX):].strip()
-    return None
 
 
 # -- this machine --------------------------------------------------------------------------------------

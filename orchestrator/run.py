@@ -22,7 +22,8 @@ from . import gpu_claims, state
 from .errors import HostError
 from .gpus import Request
 from .inventory import Host
-from .transport import Transport, open_transport
+from .connectors.base import Transport
+from .connectors.factory import open_transport
 
 STOP_LOCK_WAIT = 2      # seconds each lock gets to be released on an interrupt, before connections close
 
@@ -50,7 +51,7 @@ class Run:
         return self._open(host)
 
     def prepare(self, hosts: list[Host], first: Callable[[Transport], object] | None = None) -> None:
-        """Start opening `hosts`' transports (reading their ssh config: warm.uses_warm) and
+        """Start opening `hosts`' transports (reading their ssh config: openssh.uses_warm) and
         connecting them (Transport.connect_soon), in the background, for transport() to hand out
         (the hosts that run first, while this machine hashes the source); a failure is raised by
         transport() or the first command. Given `first` (a read-only command: the doctor probe),

@@ -34,7 +34,7 @@ from typing import Iterator
 
 from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
-from .transport import OutputOverflow, Transport
+from .connectors.base import OutputOverflow, Transport
 
 STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"

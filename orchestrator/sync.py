@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import ownership, relay, remote, state
+from . import ownership, remote, state
 from .errors import CommandError, FetchError, KdError, SyncError, cause_of
 from .inventory import Host, Project
-from .transport import READ_MISSING, Transport
+from .connectors import relay
+from .connectors.base import READ_MISSING, Transport
 
 STATE_EXCLUDE = "/" + state.STATE_DIR + "/"    # always excluded: --delete spares the state dir
 TREE_HASH_CACHE = "build/tree-hashes"     # under the project root, private: the local tree hash by its files' stat

@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator import console, doctor, inventory, ownership, parallel, remote, state, sync
 from orchestrator.inventory import Host
-from orchestrator.transport import LocalTransport, SshTransport
+from orchestrator.connectors.local import LocalTransport
+from orchestrator.connectors.paramiko import SshTransport
 
 CT200 = Host(name="ct200", transport="ssh", remote_dir="/root/kdtree-engine", address="ct200", user="root",
              cuda_home="/usr/local/cuda-13.0", python="/root/venv_sglang211/bin/python", arch="sm_120", gpus=8,
@@ -52,18 +53,18 @@ def test_the_ssh_config_resolves_targets_and_jump_hosts(tmp_path, monkeypatch):
     config.write_text("Host gpu7\n  HostName gpu7.lab.example\n  Port 2200\n  User ops\n  IdentityFile /keys/gpu\n"
                       "  ProxyJump admin@gate:2222,inner\n\nHost *\n  User fallback\n")
     monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
-    from orchestrator import connection
+    from orchestrator.connectors import paramiko as connection, ssh_common
     host = Host(**{**CT200.__dict__, "address": "gpu7", "user": None, "port": None, "identity": "/keys/id"})
-    assert connection.jump_hops(host) == ["admin@gate:2222", "inner"]
-    assert connection.jump_hops(Host(**{**host.__dict__, "jump": "ops@bastion:2222"})) == ["ops@bastion:2222"]
-    assert connection._hop_parts("admin@gate:2222") == ("gate", "admin", 2222)
-    assert connection._hop_parts("inner") == ("inner", None, None)
-    target = connection._Target.of(connection.ssh_config(), "gpu7", None, None, "/keys/id")
+    assert ssh_common.jump_hops(host) == ["admin@gate:2222", "inner"]
+    assert ssh_common.jump_hops(Host(**{**host.__dict__, "jump": "ops@bastion:2222"})) == ["ops@bastion:2222"]
+    assert ssh_common.hop_parts("admin@gate:2222") == ("gate", "admin", 2222)
+    assert ssh_common.hop_parts("inner") == ("inner", None, None)
+    target = connection._Target.of(ssh_common.paramiko_config(), "gpu7", None, None, "/keys/id")
     assert (target.hostname, target.port, target.user, target.key_files) == \
         ("gpu7.lab.example", 2200, "ops", ["/keys/id", "/keys/gpu"])
-    target = connection._Target.of(connection.ssh_config(), "gpu7", "root", 22, None)    # the inventory wins
+    target = connection._Target.of(ssh_common.paramiko_config(), "gpu7", "root", 22, None)    # the inventory wins
     assert (target.port, target.user) == (22, "root")
-    other = connection._Target.of(connection.ssh_config(), "elsewhere", None, None, None)
+    other = connection._Target.of(ssh_common.paramiko_config(), "elsewhere", None, None, None)
     assert (other.hostname, other.port, other.user, other.key_files) == ("elsewhere", 22, "fallback", [])
 
 

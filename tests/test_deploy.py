@@ -18,7 +18,7 @@ import yaml
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, LockError, SyncError
-from orchestrator.transport import open_transport
+from orchestrator.connectors.factory import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -233,7 +233,7 @@ def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inven
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
     """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
     over ssh only (a local host runs this machine's rsync)."""
-    from orchestrator.transport import SshTransport
+    from orchestrator.connectors.paramiko import SshTransport
     inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree", "rsync_path": "/opt/rsync dir/rsync"},
                           "local": {"transport": "local", "remote_dir": "/srv/kd", "rsync_path": "/opt/rsync"}})
     argv = sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project)

@@ -25,10 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, connection, inventory as inventory_mod, relay, state, sync
+from orchestrator import cli, inventory as inventory_mod, state, sync
+from orchestrator.connectors import paramiko as connection, relay
 from orchestrator.console import Console
 from orchestrator.errors import AuthError, HostKeyError, InventoryError
-from orchestrator.transport import SshTransport, open_transport
+from orchestrator.connectors.factory import open_transport
+from orchestrator.connectors.paramiko import SshTransport
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"connect": 3, "keepalive": 2, "lock": 10}

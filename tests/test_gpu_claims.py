@@ -16,7 +16,7 @@ import pytest
 from orchestrator import gpu_claims, gpus, state
 from orchestrator.errors import DestinationError
 from orchestrator.gpus import GpuQueryError, GpuSelectionError, Request
-from orchestrator.transport import open_transport
+from orchestrator.connectors.factory import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -188,7 +188,7 @@ CLIENT = """
 import sys, time
 from orchestrator import gpu_claims, inventory, state
 from orchestrator.gpus import Request
-from orchestrator.transport import open_transport
+from orchestrator.connectors.factory import open_transport
 host = inventory.load(sys.argv[1]).hosts["g1"]
 claim = gpu_claims.acquire(open_transport(host), Request(count=1), state.Owner.now("nightly"))
 print("CLAIMED", claim.visible_devices(), flush=True)

@@ -257,7 +257,7 @@ def test_a_run_that_needs_another_tree_waits_then_names_the_runs_using_it(full_r
     """Another run of the deployed tree holds it (shared, as a validate on its GPU does); a run of
     a changed source must sync: it waits timeouts.lock for the tree alone, then fails naming it."""
     from orchestrator import inventory as inventory_mod, state
-    from orchestrator.transport import open_transport
+    from orchestrator.connectors.factory import open_transport
     _, _, fake, host = full_run
     fake.set(2)
     changed = workdir / "changed"

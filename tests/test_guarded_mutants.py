@@ -20,16 +20,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 # (id, file, text, replacement, tests that must fail with the bug in)
 MUTANTS = [
-    ("host-key-pin-after-authentication", "orchestrator/connection.py",
+    ("host-key-pin-after-authentication", "orchestrator/connectors/paramiko.py",
      "transport_factory=factory)", "transport_factory=None)",
      ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[paramiko]"]),
-    ("warm-pin-contradiction-ignored", "orchestrator/warm.py",
+    ("warm-pin-contradiction-ignored", "orchestrator/connectors/hostkeys.py",
      "    if not host.host_key:\n        return False\n", "    if True:\n        return False\n",
      ["tests/test_ssh.py::test_a_pin_in_the_inventory_overrides_a_known_hosts_entry[warm]"]),
-    ("warm-key-probe-trusted-without-an-answer", "orchestrator/warm.py",
+    ("warm-key-probe-trusted-without-an-answer", "orchestrator/connectors/openssh.py",
      "            self.cancel()\n            return False\n", "            self.cancel()\n            return True\n",
      ["tests/test_warm.py::test_a_key_probe_that_gets_no_key_exchange_is_refused_within_its_bound"]),
-    ("unknown-host-key-accepted", "orchestrator/hostkeys.py",
+    ("unknown-host-key-accepted", "orchestrator/connectors/hostkeys.py",
      "raise unknown(host, hostname, key, hop)", "return",
      ["tests/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs"]),
     ("group-kill-leader-only", "orchestrator/remote.py",

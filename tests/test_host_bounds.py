@@ -237,19 +237,20 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
     more (the lock's, after its answer) keeps at most UNREAD_BYTES of it waiting."""
     import resource
 
-    from orchestrator import gpu_claims, state, transport as transport_mod
+    from orchestrator import gpu_claims, state
+    from orchestrator.connectors import base, factory
     from orchestrator.errors import HostError
     remote = flooding_host.root / f"claims-{tmp_path.name}"
     (remote / ".kdtree").mkdir(parents=True)
     host = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(remote))}).hosts["h"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with transport_mod.open_transport(host) as t:
+    with factory.open_transport(host) as t:
         with pytest.raises(HostError, match="the GPU claim command printed more than 1048576 bytes"):
             gpu_claims.held_claims(t, ["GPU-0"])
         process = t.start(state.lock_command(str(remote), state.Owner.now("probe")))
         time.sleep(3)               # the flood arrives with nobody reading it
-        assert process._unread <= transport_mod.UNREAD_BYTES
-        with pytest.raises(transport_mod.OutputOverflow):
+        assert process._unread <= base.UNREAD_BYTES
+        with pytest.raises(base.OutputOverflow):
             while process.readline(timeout=10) is not None:
                 pass
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024 < 60

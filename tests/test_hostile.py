@@ -28,7 +28,8 @@ from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
 from orchestrator.safe_text import visible
-from orchestrator.transport import LocalTransport, open_transport
+from orchestrator.connectors.factory import open_transport
+from orchestrator.connectors.local import LocalTransport
 
 from test_faults import entry, fake_commands, run_validate, tree, wait_for
 
@@ -368,7 +369,8 @@ def tampered_local_host(tmp_path) -> Host:
 
 def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     """Every kind of command the orchestrator runs under remote_dir, with its stdin."""
-    from orchestrator import sync, transport
+    from orchestrator import sync
+    from orchestrator.connectors import base
     from orchestrator.steps import executables
     owner = state.Owner.now("test")
     d = host.remote_dir
@@ -376,9 +378,9 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
         "lock": (state.lock_command(d, owner), None),
         "write state": (remote.script_command(state._WRITE_JSON_SCRIPT, d, "build.json", timeout=10, reads_stdin=True),
                         b"{}"),
-        "read file": (remote.script_command(transport._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),
+        "read file": (remote.script_command(base._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10),
                       None),
-        "read files": (remote.script_command(transport._READ_FILES_SCRIPT, d, "mark", f"{d}/.kdtree/build.json", "100",
+        "read files": (remote.script_command(base._READ_FILES_SCRIPT, d, "mark", f"{d}/.kdtree/build.json", "100",
                                              timeout=10), None),
         "list (tar)": (remote.script_command(sync._LIST_SCRIPT, d, timeout=10), None),
         "delete (tar)": (remote.script_command(sync._DELETE_SCRIPT, d, timeout=10, reads_stdin=True), b"build\0"),
@@ -647,7 +649,7 @@ def test_a_key_contradicting_host_key_is_changed_and_never_pinned(lab, make_inve
     known = tmp_path / "known_hosts"
     known.write_text("")
     inv = make_inventory({"h": entry(lab, impostor, known_hosts=str(known), host_key=lab.hosts["h2"].fingerprint())})
-    from orchestrator.transport import SshTransport
+    from orchestrator.connectors.paramiko import SshTransport
     with pytest.raises(HostKeyError) as caught:
         SshTransport(inv.hosts["h"]).connect()
     assert caught.value.changed and "HOST KEY CHANGED" in str(caught.value)

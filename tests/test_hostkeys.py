@@ -1,4 +1,4 @@
-"""orchestrator.hostkeys on its own (no sshd): fingerprints as ssh-keygen prints them, the
+"""orchestrator.connectors.hostkeys on its own (no sshd): fingerprints as ssh-keygen prints them, the
 known_hosts names and files, pinning, the errors, and verify_policy on its own (a pinned host's
 key is checked first by the connection's Transport, hostkeys.pinned_transport: tests/test_ssh.py)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import paramiko
 import pytest
 
-from orchestrator import hostkeys
+from orchestrator.connectors import hostkeys
 from orchestrator.errors import HostKeyError
 
 

@@ -22,7 +22,7 @@ import pytest
 from orchestrator import state
 from orchestrator.errors import HostError, LockError
 from orchestrator.state import EXCLUSIVE, SHARED, Owner
-from orchestrator.transport import open_transport
+from orchestrator.connectors.factory import open_transport
 
 WAIT = 2
 REPO = Path(__file__).resolve().parent.parent
@@ -222,9 +222,9 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
 def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
     """The heartbeat never keeps a finished client alive (it beats from a daemon thread): a process
     that exits while it holds the lock ends at once, and the host lets the lock go."""
-    code = ("import sys; from orchestrator import inventory, state, transport; "
+    code = ("import sys; from orchestrator import inventory, state; from orchestrator.connectors import factory; "
             f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
-            "state.acquire(transport.open_transport(host), state.Owner.now('validate')); print('held'); sys.exit(0)")
+            "state.acquire(factory.open_transport(host), state.Owner.now('validate')); print('held'); sys.exit(0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
     assert out == "held\n"
     lock, _ = take(local, "nightly", 2, EXCLUSIVE, wait=WAIT)
@@ -234,9 +234,9 @@ def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):
 def test_a_client_cut_off_while_it_holds_the_lock_loses_it(local, tmp_path):
     """A client that stops beating without closing its connection (frozen, or cut off by a network
     partition the host never hears about): the holder on the host lets go after its silence."""
-    code = ("import time; from orchestrator import inventory, state, transport; "
+    code = ("import time; from orchestrator import inventory, state; from orchestrator.connectors import factory; "
             f"host = inventory.load({str(tmp_path / 'hosts.yaml')!r}).hosts['h']; "
-            "lock = state.acquire(transport.open_transport(host), state.Owner.now('validate')); "
+            "lock = state.acquire(factory.open_transport(host), state.Owner.now('validate')); "
             "print('held', flush=True); time.sleep(60)")
     client = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import connection, doctor, record, state, sync, transport
+from orchestrator import doctor, record, state, sync
+from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
 from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
@@ -64,7 +65,7 @@ def context(make_inventory, tmp_path):
 
     def make(command="validate", use_cache=True, build_key=None):
         run_dir = record.create_run_dir(tmp_path / "runs")
-        ctx = StepContext(host, transport.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
+        ctx = StepContext(host, factory.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
                           state.Owner.now(command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
                           use_cache, step="test", log=lines.append)
         return ctx
@@ -265,7 +266,7 @@ def test_a_validate_preflight_reads_numpys_version_from_its_metadata_and_doctor_
     python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"), "python": str(python)}})
-    with transport.open_transport(inv.hosts["local"]) as t:
+    with factory.open_transport(inv.hosts["local"]) as t:
         checks = {deep: {f.check: f for f in doctor.examine(t, import_numpy=deep)[0]} for deep in (False, True)}
     assert (checks[False]["python"].status, checks[False]["python"].detail.endswith("numpy 9.9")) == ("ok", True)
     assert checks[True]["python"].status == "fail" and "has no numpy" in checks[True]["python"].detail
@@ -477,7 +478,7 @@ def test_files_read_at_once_are_each_what_read_file_gives(context):
             alone = (e.message, e.exit_status)
         got = found[path]
         assert (got if isinstance(got, bytes) else (got.message, got.exit_status)) == alone, path
-    assert found["nul"] == b"a\0b\n\n" and found["empty"] == b"" and found["missing"].exit_status == transport.READ_MISSING
+    assert found["nul"] == b"a\0b\n\n" and found["empty"] == b"" and found["missing"].exit_status == base.READ_MISSING
 
 
 def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
@@ -718,7 +719,7 @@ def test_writing_a_stamp_is_bounded_by_the_lock_timeout(make_inventory, tmp_path
     fake_tool("mv", "exec sleep 30")
     start = time.monotonic()
     with pytest.raises(CommandError) as caught:
-        state.write_json(transport.open_transport(inv.hosts["local"]), "build.json", {"key": 1})
+        state.write_json(factory.open_transport(inv.hosts["local"]), "build.json", {"key": 1})
     assert time.monotonic() - start < 10
     assert "local: writing .kdtree/build.json timed out" in str(caught.value), caught.value
     assert not (tmp_path / "host" / ".kdtree" / "build.json").exists()
@@ -748,7 +749,7 @@ def test_reading_the_state_files_is_bounded_by_the_lock_timeout(make_inventory, 
                                     "timeouts": {"lock": 1}}})
     (tmp_path / "host" / ".kdtree").mkdir(parents=True)
     (tmp_path / "host" / ".kdtree" / "build.json").write_text('{"key": 1}')
-    host = transport.open_transport(inv.hosts["local"])
+    host = factory.open_transport(inv.hosts["local"])
     assert state.read_jsons(host, state.STAMPS)["build.json"] == {"key": 1}
     fake_tool("head", "exec sleep 30")
     start = time.monotonic()
@@ -757,8 +758,9 @@ def test_reading_the_state_files_is_bounded_by_the_lock_timeout(make_inventory, 
 
 
 def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
-    from orchestrator import relay, sync
-    from orchestrator.transport import SshTransport
+    from orchestrator import sync
+    from orchestrator.connectors import relay
+    from orchestrator.connectors.paramiko import SshTransport
     inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree", "rsync_path": "/opt/rsync dir/rsync"}})
     rsh = relay.remote.quote(relay.helper_argv("/tmp/kdtree-rsh-x/s"))
     argv = sync.rsync_argv(SshTransport(inv.hosts["h"]), inv.project, rsh=rsh)
@@ -780,13 +782,15 @@ def test_rsync_runs_over_the_relay_with_its_helper(make_inventory):
     ("rsync --server . /x\ntouch /tmp/canary", None, False),
 ])
 def test_the_relay_runs_only_rsyncs_server(command, rsync_path, ok):
-    from orchestrator import relay
+    from orchestrator.connectors import relay
     assert relay.allowed(command, rsync_path) is ok
 
 
 def test_dry_run_shows_the_relay(make_inventory):
-    from orchestrator import relay, state, sync
-    from orchestrator.transport import LocalTransport, SshTransport
+    from orchestrator import state, sync
+    from orchestrator.connectors import relay
+    from orchestrator.connectors.local import LocalTransport
+    from orchestrator.connectors.paramiko import SshTransport
     inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"},
                           "local": {"transport": "local", "remote_dir": "/work/.deploy/local"}})
     transfer = dict(sync.deploy_commands(SshTransport(inv.hosts["h"]), inv.project, state.Owner.now("deploy")))
@@ -796,9 +800,9 @@ def test_dry_run_shows_the_relay(make_inventory):
 
 
 def test_the_relay_never_reconnects_behind_the_lock(make_inventory):
-    from orchestrator import relay
+    from orchestrator.connectors import relay
     from orchestrator.errors import ConnectError
-    from orchestrator.transport import SshTransport
+    from orchestrator.connectors.paramiko import SshTransport
     inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"}})
     with pytest.raises(ConnectError, match="lost before the transfer"):
         with relay.rsync_shell(SshTransport(inv.hosts["h"])):
@@ -809,8 +813,8 @@ def test_the_relay_socket_is_private_and_gone_once_rsync_connected(make_inventor
     import os
     import stat
     import time
-    from orchestrator import relay
-    from orchestrator.transport import SshTransport
+    from orchestrator.connectors import relay
+    from orchestrator.connectors.paramiko import SshTransport
     inv = make_inventory({"h": {"address": "h", "remote_dir": "/srv/kdtree"}})
     r = relay._Relay(SshTransport(inv.hosts["h"]))
     try:

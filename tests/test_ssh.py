@@ -18,7 +18,7 @@ import pytest
 from orchestrator import cli, doctor, remote, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
-from orchestrator.transport import open_transport
+from orchestrator.connectors.factory import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -479,7 +479,7 @@ def test_a_target_takes_the_inventory_then_the_ssh_config_then_the_defaults():
     import getpass
 
     import paramiko
-    from orchestrator.connection import _Target
+    from orchestrator.connectors.paramiko import _Target
     config = paramiko.SSHConfig.from_text("Host full\n  HostName 127.0.0.9\n  Port 2200\n  User cfg\n"
                                           "  IdentityFile /k/cfg\nHost *\n")
     t = _Target.of(config, "full", "inv", 2300, "/k/inv")

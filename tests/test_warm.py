@@ -1,4 +1,4 @@
-"""Warm connections (orchestrator/warm.py) against real sshd hosts on 127.0.0.1: kept between
+"""Warm connections (orchestrator/connectors/openssh.py) against real sshd hosts on 127.0.0.1: kept between
 runs and reused; a host restarted or rebooted between runs, a changed host key under a live
 master, a stale socket, a second user, --no-persist, the socket directory's checks."""
 from __future__ import annotations
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, hostkeys, inventory as inventory_mod, parallel, remote, warm
+from orchestrator import cli, inventory as inventory_mod, parallel, remote
+from orchestrator.connectors import hostkeys, openssh as warm, ssh_common
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
-from orchestrator.transport import SshTransport, open_transport
+from orchestrator.connectors.factory import open_transport
+from orchestrator.connectors.paramiko import SshTransport
 
 from sshd import Hostile
 
@@ -407,7 +409,7 @@ def test_a_command_over_a_master_that_dies_is_a_lost_connection_and_its_own_exit
 
 def test_a_fresh_connection_that_fails_outside_the_host_errors_is_still_this_hosts_failure(lab, warm_inventory,
                                                                                               monkeypatch):
-    from orchestrator.connection import SshConnection
+    from orchestrator.connectors.paramiko import SshConnection
     host = warm_inventory(fresh(lab)).hosts["w"]
 
     def broken(*args, **kwargs):
@@ -465,7 +467,7 @@ def test_a_fresh_connection_failing_oddly_after_the_warm_path_failed_says_which(
                                                                                 failing):
     """The warm path failed (the key probe under a live master, or the master's start), and the
     fresh connection that should say why fails outside the host errors: the error names both."""
-    from orchestrator.connection import SshConnection
+    from orchestrator.connectors.paramiko import SshConnection
     host = warm_inventory(fresh(lab)).hosts["w"]
     t = warm.WarmTransport(host)
     if failing == "probe":
@@ -497,7 +499,7 @@ def test_the_socket_name_binds_everything_the_master_was_verified_against(lab, w
     base = {"known_hosts": str(known)}
 
     def sock(**entry):
-        warm._read_ssh_config.cache_clear()
+        ssh_common._read_ssh_config.cache_clear()
         return warm.socket_path(warm_inventory(host, **{**base, **entry}).hosts["w"])
     first = sock()
     assert first == sock() and first.parent == lab.control_dir and re.fullmatch(r"[0-9a-f]{24}\.sock", first.name)
@@ -545,7 +547,7 @@ def test_the_ssh_options_are_the_key_checks_and_nothing_weaker_as_ssh_reads_them
         "checkhostip": "no", "clearallforwardings": "yes", "forwardagent": "no", "forwardx11": "no",
         "permitlocalcommand": "no", "requesttty": "false", "loglevel": "ERROR", "connecttimeout": "7",
         "serveraliveinterval": "4", "serveralivecountmax": "3", "port": "2222", "user": "kd"}
-    assert read["knownhostscommand"] == warm._pin_command(pin) and pin in read["knownhostscommand"]
+    assert read["knownhostscommand"] == hostkeys.pin_command(pin) and pin in read["knownhostscommand"]
     small = warm._base_argv(dataclasses.replace(host, timeouts={"connect": 0.5, "keepalive": 0.5}))
     assert {"ConnectTimeout=1", "ServerAliveInterval=1"} <= set(small)        # whole seconds, at least one
     monkeypatch.delenv("KDTREE_SSH_CONFIG")
@@ -619,16 +621,16 @@ def test_a_host_behind_a_jump_or_a_proxy_command_keeps_its_own_connection(lab, w
     monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
     for line in ("", "ProxyJump nobody@127.0.0.1:1", "ProxyCommand /bin/false"):
         config.write_text(f"Host *\n  {line}\n" if line else "")
-        warm._read_ssh_config.cache_clear()
+        ssh_common._read_ssh_config.cache_clear()
         assert warm.uses_warm(warm_inventory(host).hosts["w"]) is (not line), line
     config.write_text("Host *\n  NoSuchOption yes\n")
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
     entry = warm_inventory(host).hosts["w"]
     with pytest.raises(ConnectError) as e:
         warm.uses_warm(entry)
     assert e.value.message.startswith(f"ssh -G cannot read the ssh config for {entry.address}: ") and \
         "bad configuration option" in e.value.message and (e.value.host, e.value.retry) == ("w", False)
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
 
 
 def test_a_host_whose_ssh_config_cannot_be_read_fails_in_the_run_record(lab, warm_inventory, tmp_path, monkeypatch):
@@ -638,11 +640,11 @@ def test_a_host_whose_ssh_config_cannot_be_read_fails_in_the_run_record(lab, war
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n  NoSuchOption yes\n")
     monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
     try:
         code, out = deploy(inv, "w")
     finally:
-        warm._read_ssh_config.cache_clear()
+        ssh_common._read_ssh_config.cache_clear()
     assert code == 1 and re.search(r"w\s+FAILED.*sync: ssh -G cannot read the ssh config for ", out), out
 
 
@@ -668,10 +670,10 @@ def test_two_aliases_of_one_host_get_two_masters(lab, warm_inventory, tmp_path, 
     config = tmp_path / "ssh_config"
     config.write_text("".join(f"Host {alias}\n  HostName 127.0.0.1\n  Port {host.port}\n" for alias in ("a1", "a2")))
     monkeypatch.setenv("KDTREE_SSH_CONFIG", str(config))
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
     first, second = (warm.socket_path(warm_inventory(host, address=alias).hosts["w"])
                      for alias in ("a1", "a2"))
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
     assert first != second
 
 
@@ -683,7 +685,7 @@ def test_a_pin_contradicted_by_the_users_known_hosts_keeps_its_own_connection(la
     users = tmp_path / "user_known_hosts"
     users.write_text(lab.known_hosts.read_text())
     monkeypatch.setenv("KDTREE_USER_KNOWN_HOSTS", str(users))
-    warm._read_ssh_config.cache_clear()
+    ssh_common._read_ssh_config.cache_clear()
     entry = warm_inventory(host, known_hosts=str(tmp_path / "missing"), host_key="SHA256:" + "A" * 43).hosts["w"]
     assert not warm.uses_warm(entry)
     assert warm.uses_warm(dataclasses.replace(entry, host_key=host.fingerprint()))

@@ -24,7 +24,7 @@ from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
 from ..sync import SourceId
-from ..transport import Result, Transport, capture_failure
+from ..connectors.base import Result, Transport, capture_failure
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 # The result files each step pulls when it reuses an earlier run's results (read_ahead)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import ownership, remote
 from ..inventory import Host, Project
-from ..transport import Transport
+from ..connectors.base import Transport
 
 LOCAL_RECORDS = "build/host-builds"      # under the project root: what this user's builds produced
 RECORDS_KEPT = 16                       # builds remembered per key (one per host, builds differ)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import ownership, remote
 from ..inventory import Project
-from ..transport import Transport
+from ..connectors.base import Transport
 
 OUTPUT_MAX_BYTES = 4 << 20
 SECONDS = 120

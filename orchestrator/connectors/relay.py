@@ -30,9 +30,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import remote
-from .errors import ConnectError
-from .transport import SshTransport, Transport
+from .. import remote
+from ..errors import ConnectError
+from .base import Transport
+from .paramiko import SshTransport
 
 HELPER = Path(__file__).with_name("rsh_helper.py")
 CHUNK = 64 * 1024
@@ -69,7 +70,7 @@ def dry_run_shell(transport: Transport) -> str | None:
 def rsync_shell(transport: Transport):
     """rsync's `-e` value (a command line) that runs rsync's remote side over the transport's own
     connection, while the block lasts; None for a transport without one (local: no remote shell).
-    A warm connection (warm.py) is used by rsync's ssh directly, with no relay."""
+    A warm connection (openssh.py) is used by rsync's ssh directly, with no relay."""
     own = transport.own_rsync_shell()
     if own is not None:
         yield own

@@ -1,6 +1,6 @@
 """Transports: one small interface to run commands on a host and read files back, three kinds.
 
-    t = open_transport(host)            # WarmTransport, SshTransport or LocalTransport, nothing opened yet
+    t = open_transport(host)            # factory.py: WarmTransport, SshTransport or LocalTransport, unopened
     r = t.run(command, on_output=print)   # a remote.Command -> Result(exit_code, seconds, tail, timed_out)
     t.check(command)                    # the same, raises CommandError unless it exited 0
     out = t.capture(command, max_bytes=1 << 20)   # its raw output (bytes)
@@ -14,10 +14,10 @@
 the client's deadline is derived: when it passes the client stops waiting and the Result says
 timed_out), its stdin. A bare command line with `timeout=` (the client's limit) is accepted for
 tests and for commands held open for the run's length (the lock). SshTransport runs each command
-in a session of one verified connection per host (connection.py: host keys, ssh config, jump
+in a session of one verified connection per host (paramiko.py: host keys, ssh config, jump
 hosts, keepalive), opened on first use and reused by every command of the run and by rsync
 (relay.py). LocalTransport runs the same command lines with bash on this machine. WarmTransport
-(warm.py), the default for a host reached directly, runs them as `ssh` clients of an OpenSSH
+(openssh.py), the default for a host reached directly, runs them as `ssh` clients of an OpenSSH
 master kept between runs; it shares LocalTransport's process handling (ProcessTransport).
 """
 from __future__ import annotations
@@ -28,23 +28,18 @@ import os
 import posixpath
 import queue
 import secrets
-import select
-import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol, Sequence
 
-from . import ownership, remote
-from .connection import SshConnection
-from .errors import CommandError, ConnectError, FetchError, HostError, cause_of
-from .inventory import Host
+from .. import ownership, remote
+from ..errors import CommandError, FetchError, HostError, cause_of, refusal
+from ..inventory import Host
 
 TAIL_BYTES = 64 * 1024
 MAX_LINE = 64 * 1024    # a longer output line is passed on (logged, printed) in pieces of this size
 CHUNK = 64 * 1024
-STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
 UNREAD_BYTES = 4 << 20  # a started command's output not yet read: beyond it the rest is dropped (Process)
 
 OutputCallback = Callable[[str], None]
@@ -210,7 +205,7 @@ class Transport:
         if code == 0 and len(data) <= max_bytes:
             return data
         if code == ownership.UNSAFE_EXIT:
-            why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}"
+            why = f"cannot be read safely: {refusal(data.decode(errors='replace'))}"
             raise FetchError(f"{path} {why}", host=self.host.name, command=command.line, exit_status=code,
                              tail=data[-2000:].decode(errors="replace"))
         raise self._unread(path, code, data, max_bytes, command.line)
@@ -236,7 +231,7 @@ class Transport:
             found[path] = content if status == b"0" and len(content) <= most else \
                 self._unread(posixpath.join(root, path), int(status), content, most, command.line)
         if len(found) != len(paths) or rest:
-            why = f"cannot be read safely: {ownership.refusal(data.decode(errors='replace'))}" \
+            why = f"cannot be read safely: {refusal(data.decode(errors='replace'))}" \
                 if code == ownership.UNSAFE_EXIT else f"could not be read (exit code {code}, an answer of {len(data)} bytes)"
             raise FetchError(f"{', '.join(p for p, _ in paths)} {why}", host=self.host.name, command=command.line,
                              exit_status=code, tail=data[-2000:].decode(errors="replace"))
@@ -371,156 +366,6 @@ class Process:
         return self.result
 
 
-class ProcessTransport(Transport):
-    """Commands run as local processes (`argv(command)`), each in its own session: bash on this
-    machine (LocalTransport), or an ssh client of a warm connection (warm.WarmTransport)."""
-
-    def __init__(self, host: Host, stopped: threading.Event | None = None):
-        super().__init__(host, stopped)
-        self._running: set[subprocess.Popen] = set()
-
-    def close(self) -> None:
-        """Stop the commands still running (as a closed channel does on an ssh host)."""
-        for proc in list(self._running):
-            _stop(proc)
-
-    def argv(self, command: str) -> list[str]:
-        """The process that runs `command`."""
-        raise NotImplementedError
-
-    def _exec(self, command, stdin, sink, deadline):
-        proc = subprocess.Popen(self.argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self._running.add(proc)
-        feeder = _feed(stdin, lambda data: (proc.stdin.write(data), proc.stdin.flush()), proc.stdin.close) \
-            if stdin else None
-        fd = proc.stdout.fileno()
-        try:
-            while True:
-                wait = _remaining(deadline)
-                if wait is not None and wait <= 0:
-                    _stop(proc)
-                    return None
-                ready, _, _ = select.select([fd], [], [], min(wait, 1.0) if wait is not None else 1.0)
-                if ready:
-                    data = os.read(fd, CHUNK)
-                    if not data:
-                        break
-                    sink(data)
-            wait = _remaining(deadline)
-            try:
-                return proc.wait(timeout=max(wait, 0.1) if wait is not None else None)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                return None
-        finally:
-            self._running.discard(proc)
-            proc.stdout.close()
-            if isinstance(stdin, HeldInput):
-                stdin.release()
-            if feeder:
-                feeder.join(1)
-            else:
-                _close(proc.stdin)      # the end of stdin stops a guarded command (remote.GUARD)
-
-
-class LocalTransport(ProcessTransport):
-    """Commands run with bash on this machine, in their own session."""
-
-    def argv(self, command: str) -> list[str]:
-        return ["bash", "-c", command]
-
-
-class SshTransport(Transport):
-    """Commands run in sessions of one verified Paramiko connection to the host (connection.py),
-    opened on first use and reused by every command (and by rsync, through relay.py)."""
-
-    def __init__(self, host: Host, stopped: threading.Event | None = None):
-        super().__init__(host, stopped)
-        self.connection: SshConnection | None = None
-        self._lock = threading.Lock()
-
-    def connect(self) -> None:
-        self._await_early()
-        with self._lock:
-            if self.connection is not None and self.connection.is_connected:
-                return
-            self._refuse_if_stopped()
-            self.connection = SshConnection.open(self.host, self.stopped)
-
-    def close(self) -> None:
-        with self._lock:
-            if self.connection is not None:
-                self.connection.close()
-            self.connection = None
-
-    def server_key(self) -> tuple[str, Any]:
-        """The verified host key of the connection: (known_hosts name, Paramiko key)."""
-        self.connect()
-        assert self.connection is not None         # connect() opened it
-        return self.connection.server_key()
-
-    def rsync_dest(self, path: str) -> str:
-        return ssh_rsync_dest(self.host, path)
-
-    def _exec(self, command, stdin, sink, deadline):
-        self.connect()
-        connection = self.connection
-        transport = connection.paramiko
-        try:
-            chan = transport.open_session(timeout=self.host.timeout("connect"))
-        except Exception as e:
-            raise ConnectError(f"cannot open a session: {e}", host=self.host.name, retry=False) from None
-        with chan:
-            chan.set_combine_stderr(True)
-            chan.exec_command(command)
-            if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
-                _feed(stdin, chan.sendall, chan.shutdown_write)
-            while True:
-                wait = _remaining(deadline)
-                if wait is not None and wait <= 0:
-                    return None
-                chan.settimeout(min(wait, 1.0) if wait is not None else 1.0)
-                try:
-                    data = chan.recv(CHUNK)
-                except socket.timeout:
-                    if not transport.is_active():
-                        break
-                    continue
-                if not data:
-                    break
-                sink(data)
-            while not chan.status_event.wait(0.5):
-                wait = _remaining(deadline)
-                if not transport.is_active() or (wait is not None and wait <= 0):
-                    break
-            # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
-            code = chan.recv_exit_status() if chan.exit_status_ready() else None
-            if code is None and transport.is_active():
-                return None
-            if code is None or code < 0:
-                raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
-                                   host=self.host.name, command=command, retry=False)
-            return code
-
-
-def ssh_rsync_dest(host: Host, path: str) -> str:
-    """`path` on an ssh host as rsync's destination (an IPv6 address in brackets)."""
-    address = host.address
-    assert address is not None                 # the inventory gives every ssh host one
-    address = f"[{address}]" if ":" in address else address
-    return f"{address}:{path}"
-
-
-def open_transport(host: Host, stopped: threading.Event | None = None) -> Transport:
-    """The transport for a host (nothing is opened until it is used); `stopped`: its run's stop
-    flag. An ssh host whose connection is kept warm (warm.uses_warm) gets a WarmTransport."""
-    if host.is_local:
-        return LocalTransport(host, stopped)
-    from . import warm
-    return warm.WarmTransport(host, stopped) if warm.uses_warm(host) else SshTransport(host, stopped)
-
-
 # kd_read FILE MAX ROOT REAL (ROOT and FILE resolved: REAL): FILE's first MAX + 1 bytes (more than MAX:
 # the client refuses it), when it is a regular file inside ROOT and not a symlink; else an exit status
 # of _READ_ERRORS.
@@ -622,8 +467,8 @@ class _BytesReader:
         return chunk
 
 
-def _feed(source, write, done) -> threading.Thread:
-    """Copy `source` to `write` in a thread, then call `done` (end of input)."""
+def feed(source, write, done) -> threading.Thread:
+    """Copy `source` (a command's stdin) to `write` in a thread, then call `done` (end of input)."""
     def pump():
         try:
             while chunk := source.read(CHUNK):
@@ -640,25 +485,6 @@ def _feed(source, write, done) -> threading.Thread:
     return thread
 
 
-def _close(stream) -> None:
-    try:
-        stream.close()
-    except OSError:
-        pass
-
-
-def _remaining(deadline: float | None) -> float | None:
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until `deadline` (time.monotonic), negative once past; None for no deadline."""
     return None if deadline is None else deadline - time.monotonic()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a local command: end its stdin (a guarded command kills its group), then kill."""
-    _close(proc.stdin)
-    try:
-        proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        proc.wait()

@@ -1,4 +1,4 @@
-"""rsync's remote shell when it runs over the run's own SSH connection (orchestrator/relay.py).
+"""rsync's remote shell when it runs over the run's own SSH connection (orchestrator/connectors/relay.py).
 
 rsync starts it as `python3 -I -S rsh_helper.py SOCKET [-l USER] HOST COMMAND...` (its `-e`). It
 sends COMMAND (joined with spaces, as ssh does) to the relay listening on SOCKET, a Unix socket in

@@ -3,10 +3,9 @@
     conn = SshConnection.open(host, stopped)   # jump hosts first, every host key verified
     conn.paramiko                              # the Paramiko Transport commands open sessions on
     conn.server_key(); conn.lost; conn.close()
-    resolve_address(host)                      # why this machine cannot resolve it (dry run)
 
-The ssh config is honoured as OpenSSH reads it (~/.ssh/config, then /etc/ssh/ssh_config; or
-$KDTREE_SSH_CONFIG alone): HostName, Port, User, IdentityFile, ProxyJump, ProxyCommand. Host keys
+The ssh config is honoured as OpenSSH reads it (ssh_common.paramiko_config): HostName, Port, User,
+IdentityFile, ProxyJump, ProxyCommand. Host keys
 are checked against the project's known_hosts files with RejectPolicy (hostkeys.verify_policy): an
 unknown key stops the connection before authentication, a changed one is refused, and a key
 other than a pinned `host_key:` is refused as soon as the key exchange ends (hostkeys.pinned_transport),
@@ -19,19 +18,19 @@ from __future__ import annotations
 
 import getpass
 import itertools
-import os
 import socket
 import threading
 import time
-from pathlib import Path
+from typing import Any
 
+from ..errors import AuthError, ConnectError, HostError
+from ..inventory import Host
 from . import hostkeys
-from .errors import AuthError, ConnectError, HostError
-from .inventory import Host
+from .base import CHUNK, Transport, feed, remaining
+from .ssh_common import hop_parts, jump_hops, paramiko_config, ssh_rsync_dest
 
 CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
 KEEPALIVE_COUNT = 3             # a host that answers no keepalive for interval * count is gone
-SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 
 
 class SshConnection:
@@ -110,10 +109,10 @@ class SshConnection:
 def _open_once(host: Host) -> SshConnection:
     """Open the jump hosts' connections in order, then the host's through them."""
     import paramiko
-    config = ssh_config()
+    config = paramiko_config()
     found = config.lookup(host.address)
     hops = jump_hops(host, found)
-    chain = [_Target.of(config, *_hop_parts(hop), host.identity) for hop in hops]
+    chain = [_Target.of(config, *hop_parts(hop), host.identity) for hop in hops]
     chain.append(_Target.of(config, str(host.address), host.user, host.port, host.identity))
     proxy = found.get("proxycommand", "none")
     sock = paramiko.ProxyCommand(proxy) if not hops and proxy.lower() != "none" else None
@@ -152,13 +151,6 @@ class _Target:
     @property
     def where(self) -> str:
         return f"{self.hostname}:{self.port}"
-
-
-def _hop_parts(hop: str) -> tuple[str, str | None, int | None]:
-    """`[user@]host[:port]` -> (host, user, port)."""
-    user, _, rest = hop.rpartition("@")
-    alias, _, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
-    return alias, user or None, int(port) if port else None
 
 
 def _connect(host: Host, target: _Target, sock, pinned: str | None, hop: bool):
@@ -227,63 +219,6 @@ def _connect_error(host: Host, target: _Target, e: Exception, elapsed: float = 0
     return ConnectError(f"cannot connect to {where}: {type(e).__name__}: {e}", host=host.name, retry=False)
 
 
-def jump_hops(host: Host, found: dict | None = None) -> list[str]:
-    """The jump hosts in order (first hop first): `jump:` or the ssh config's ProxyJump."""
-    if host.jump:
-        return host.jump.split(",")
-    found = ssh_config().lookup(host.address) if found is None else found
-    jump = found.get("proxyjump", "none")
-    return [] if jump.lower() == "none" else jump.split(",")
-
-
-def ssh_config_file() -> str | None:
-    """The ssh config used instead of ~/.ssh/config and /etc/ssh/ssh_config ($KDTREE_SSH_CONFIG)."""
-    return os.environ.get("KDTREE_SSH_CONFIG") or None
-
-
-def ssh_config():
-    """The ssh config as OpenSSH reads it: $KDTREE_SSH_CONFIG alone, else ~/.ssh/config then
-    /etc/ssh/ssh_config (the first value found for a key wins)."""
-    import paramiko
-    config = paramiko.SSHConfig()
-    files = [ssh_config_file()] if ssh_config_file() else [str(Path("~/.ssh/config").expanduser()), SYSTEM_SSH_CONFIG]
-    for path in files:
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                config.parse(f)
-    return config
-
-
-def resolve_address(host: Host) -> str | None:
-    """Why this machine cannot resolve the address it would connect to for `host` (its ssh
-    config HostName, or its first jump host's), or None when it can (or needs not: `local`, or a
-    ProxyCommand, which finds the host its own way)."""
-    if host.is_local:
-        return None
-    config = ssh_config()
-    found = config.lookup(host.address)
-    hops = jump_hops(host, found)
-    if hops:
-        alias = _hop_parts(hops[0])[0]
-        found, what = config.lookup(alias), f"jump host {alias}"
-    elif found.get("proxycommand", "none").lower() != "none":
-        return None
-    else:
-        alias, what = str(host.address), f"address {host.address}"
-    name = found.get("hostname", alias)
-    try:
-        socket.getaddrinfo(name, None)
-    except UnicodeError:                # an empty or over-long DNS label: no resolver is even asked
-        return f"{what}{_shown(name, alias)} does not resolve here: it is not a valid DNS name"
-    except socket.gaierror as e:
-        return f"{what}{_shown(name, alias)} does not resolve here: {e.strerror or e}"
-    return None
-
-
-def _shown(name: str, alias: str) -> str:
-    return f" (HostName {name})" if name != alias else ""
-
-
 def _no_delay(sock) -> None:
     """Send small SSH packets at once (TCP_NODELAY, as OpenSSH does): without it every command's
     last packet waits for the peer's delayed ACK, ~40 ms per round trip. A jump host's channel
@@ -293,3 +228,76 @@ def _no_delay(sock) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+
+
+class SshTransport(Transport):
+    """Commands run in sessions of one verified Paramiko connection to the host (SshConnection),
+    opened on first use and reused by every command (and by rsync, through relay.py)."""
+
+    def __init__(self, host: Host, stopped: threading.Event | None = None):
+        super().__init__(host, stopped)
+        self.connection: SshConnection | None = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        self._await_early()
+        with self._lock:
+            if self.connection is not None and self.connection.is_connected:
+                return
+            self._refuse_if_stopped()
+            self.connection = SshConnection.open(self.host, self.stopped)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.connection is not None:
+                self.connection.close()
+            self.connection = None
+
+    def server_key(self) -> tuple[str, Any]:
+        """The verified host key of the connection: (known_hosts name, Paramiko key)."""
+        self.connect()
+        assert self.connection is not None         # connect() opened it
+        return self.connection.server_key()
+
+    def rsync_dest(self, path: str) -> str:
+        return ssh_rsync_dest(self.host, path)
+
+    def _exec(self, command, stdin, sink, deadline):
+        self.connect()
+        connection = self.connection
+        transport = connection.paramiko
+        try:
+            chan = transport.open_session(timeout=self.host.timeout("connect"))
+        except Exception as e:
+            raise ConnectError(f"cannot open a session: {e}", host=self.host.name, retry=False) from None
+        with chan:
+            chan.set_combine_stderr(True)
+            chan.exec_command(command)
+            if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
+                feed(stdin, chan.sendall, chan.shutdown_write)
+            while True:
+                wait = remaining(deadline)
+                if wait is not None and wait <= 0:
+                    return None
+                chan.settimeout(min(wait, 1.0) if wait is not None else 1.0)
+                try:
+                    data = chan.recv(CHUNK)
+                except socket.timeout:
+                    if not transport.is_active():
+                        break
+                    continue
+                if not data:
+                    break
+                sink(data)
+            while not chan.status_event.wait(0.5):
+                wait = remaining(deadline)
+                if not transport.is_active() or (wait is not None and wait <= 0):
+                    break
+            # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
+            code = chan.recv_exit_status() if chan.exit_status_ready() else None
+            if code is None and transport.is_active():
+                return None
+            if code is None or code < 0:
+                raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
+                                   host=self.host.name, command=command, retry=False)
+            return code

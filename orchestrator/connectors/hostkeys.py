@@ -1,6 +1,8 @@
 """Host keys: SHA256 fingerprints, the known_hosts files consulted, verification, pinning.
 
-Keys are verified always (docs/security.md): against the project's known_hosts file
+The one host-key policy of both SSH connectors: Paramiko's (paramiko.py: verify_policy,
+pinned_transport) and OpenSSH's (openssh.py: pin_command, pin_contradicted) read the same files
+(known_hosts_files) and the same pin. Keys are verified always (docs/security.md): against the project's known_hosts file
 (`known_hosts:` of the host, default `known_hosts` beside hosts.yaml) and the user's
 (~/.ssh/known_hosts, or $KDTREE_USER_KNOWN_HOSTS), or against a fingerprint pinned in the
 inventory (`host_key:`). An unknown or changed key raises HostKeyError with the fingerprint
@@ -11,9 +13,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 
-from .errors import HostKeyError
+from ..errors import HostKeyError
+from ..inventory import Host
 
 
 def fingerprint(key) -> str:
@@ -106,3 +110,39 @@ def pinned_transport(host: str, name: str, pinned: str):
                 self.close()
                 raise changed(host, name, key, pinned, "host_key: in the inventory")
     return PinnedTransport
+
+
+def openssh_options(host: Host) -> dict[str, str]:
+    """OpenSSH's options (`-o KEY=VALUE`) for the policy verify_policy and pinned_transport apply
+    to Paramiko: the key is checked against known_hosts_files alone (no global file, no DNS, no
+    key updates, no address check), an unknown or changed key refused, a `host_key:` pin
+    answered by pin_command."""
+    files = " ".join(f'"{f}"' for f in known_hosts_files(host.known_hosts))
+    return {"StrictHostKeyChecking": "yes", "UserKnownHostsFile": files,
+            "GlobalKnownHostsFile": "none", "UpdateHostKeys": "no", "VerifyHostKeyDNS": "no",
+            "CheckHostIP": "no",
+            "KnownHostsCommand": pin_command(host.host_key) if host.host_key else "none"}
+
+
+def pin_command(pin: str) -> str:
+    """OpenSSH's KnownHostsCommand answering the offered key as known only when its fingerprint is the pin."""
+    # ssh also asks without a key (to order its algorithms): nothing to answer then, and no failure
+    return f"/bin/sh -c 'test \"$1\" = \"$0\" && echo \"$2 $3 $4\"; exit 0' {pin} %f %H %t %K"
+
+
+def pin_contradicted(host: Host, found: dict[str, str]) -> bool:
+    """Whether a known_hosts file has a key for a pinned host other than the pin: Paramiko
+    refuses such a host, OpenSSH would accept either, so such a host keeps Paramiko's connection
+    (openssh.uses_warm). `found`: the host as `ssh -G` resolves it (ssh_common.openssh_config)."""
+    if not host.host_key:
+        return False
+    name = known_name(found["hostname"], int(found["port"]))      # ssh -G always prints both
+    for file in known_hosts_files(host.known_hosts):
+        if not Path(file).is_file():
+            continue
+        lines = subprocess.run(["ssh-keygen", "-F", name, "-f", str(file)], capture_output=True, text=True).stdout
+        for line in lines.splitlines():
+            words = line.split()
+            if len(words) >= 3 and not line.startswith("#") and blob_fingerprint(base64.b64decode(words[2])) != host.host_key:
+                return True
+    return False

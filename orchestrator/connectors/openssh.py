@@ -3,7 +3,7 @@ skips the handshake (docs/transport.md says why OpenSSH here, and what it costs)
 
     t = WarmTransport(host, stopped)    # a Transport: each command is an `ssh` over the master
     t.connect()                          # key probed, master reused or started (verified)
-    warm.listing(); warm.close_all()     # `invoke connections [--close]`
+    openssh.listing(); openssh.close_all()   # `invoke connections [--close]`
 
 Security model (docs/security.md):
 - The master is started with the same key checks as a fresh connection: StrictHostKeyChecking=yes
@@ -34,10 +34,8 @@ Security model (docs/security.md):
 """
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -49,10 +47,13 @@ import threading
 import time
 from pathlib import Path
 
-from . import hostkeys, ownership, remote
-from .errors import ConnectError, HostError, UsageError
-from .inventory import Host
-from .transport import ProcessTransport, ssh_rsync_dest
+from .. import ownership, remote
+from ..errors import ConnectError, HostError, UsageError
+from ..inventory import Host
+from . import hostkeys
+from .local import ProcessTransport
+from .paramiko import SshConnection
+from .ssh_common import config_file, openssh_config, ssh_rsync_dest
 
 # The probe only verifies the host key, so its key exchange is the fastest the host offers
 # (Paramiko's curve25519 first; OpenSSH's post-quantum default costs ~70 ms of CPU a side).
@@ -136,9 +137,9 @@ def uses_warm(host: Host) -> bool:
     this machine has OpenSSH's client."""
     if host.is_local or not host.persist or not shutil.which("ssh"):
         return False            # no OpenSSH client on this machine: Paramiko needs none
-    found = _ssh_g(host)
+    found = openssh_config(host)
     return found.get("proxyjump", "none") == "none" and found.get("proxycommand", "none") == "none" \
-        and not host.jump and not _pin_contradicted(host, found)
+        and not host.jump and not hostkeys.pin_contradicted(host, found)
 
 
 class WarmTransport(ProcessTransport):
@@ -191,9 +192,9 @@ class WarmTransport(ProcessTransport):
 
 def socket_path(host: Host) -> Path:
     """The host's control socket: its name hashes what the master was verified against (module doc)."""
-    found = _ssh_g(host)
+    found = openssh_config(host)
     files = [Path(f) for f in hostkeys.known_hosts_files(host.known_hosts)]
-    config = os.environ.get("KDTREE_SSH_CONFIG") or ""
+    config = config_file() or ""
     parts = [str(os.geteuid()), str(host.address), found["hostname"], found["port"], found["user"],    # ssh -G prints these
              host.identity or "", " ".join(found.get("identityfile", "").split()),
              host.host_key or "", config, _content(Path(config)) if config else ""]
@@ -271,17 +272,15 @@ def close_all() -> int:
 
 # -- ssh command lines -----------------------------------------------------------------------------
 def _base_argv(host: Host) -> list[str]:
-    """ssh with the orchestrator's key checks (exactly those of connection.py) and nothing else
-    taken from the ssh config that could weaken them."""
-    argv = ["ssh"] + (["-F", os.environ["KDTREE_SSH_CONFIG"]] if os.environ.get("KDTREE_SSH_CONFIG") else [])
-    files = " ".join(f'"{f}"' for f in hostkeys.known_hosts_files(host.known_hosts))
-    options = {"BatchMode": "yes", "StrictHostKeyChecking": "yes", "UserKnownHostsFile": files,
-               "GlobalKnownHostsFile": "none", "UpdateHostKeys": "no", "VerifyHostKeyDNS": "no",
-               "CheckHostIP": "no", "ClearAllForwardings": "yes", "ForwardAgent": "no", "ForwardX11": "no",
+    """ssh with the orchestrator's key checks (hostkeys.openssh_options: the policy paramiko.py
+    applies) and nothing else taken from the ssh config that could weaken them."""
+    config = config_file()
+    argv = ["ssh"] + (["-F", config] if config else [])
+    options = {"BatchMode": "yes", **hostkeys.openssh_options(host),
+               "ClearAllForwardings": "yes", "ForwardAgent": "no", "ForwardX11": "no",
                "PermitLocalCommand": "no", "RequestTTY": "no", "LogLevel": "ERROR",
                "ConnectTimeout": str(int(max(1, host.timeout("connect")))),
-               "ServerAliveInterval": str(int(max(1, host.timeout("keepalive")))), "ServerAliveCountMax": "3",
-               "KnownHostsCommand": _pin_command(host.host_key) if host.host_key else "none"}
+               "ServerAliveInterval": str(int(max(1, host.timeout("keepalive")))), "ServerAliveCountMax": "3"}
     for key, value in options.items():
         argv += ["-o", f"{key}={value}"]
     argv += ["-p", str(host.port)] if host.port else []
@@ -294,12 +293,6 @@ def client_argv(host: Host, sock: Path) -> list[str]:
     """An ssh client of the master only: without the socket it cannot connect at all."""
     return _base_argv(host) + ["-o", "ControlMaster=no", "-o", f"ControlPath={sock}",
                                "-o", "ProxyCommand=/bin/false", "-T", str(host.address)]
-
-
-def _pin_command(pin: str) -> str:
-    """KnownHostsCommand answering the offered key as known only when its fingerprint is the pin."""
-    # ssh also asks without a key (to order its algorithms): nothing to answer then, and no failure
-    return f"/bin/sh -c 'test \"$1\" = \"$0\" && echo \"$2 $3 $4\"; exit 0' {pin} %f %H %t %K"
 
 
 def _control(sock: Path, op: str) -> tuple[bool, str]:
@@ -319,7 +312,7 @@ def _start_master(host: Host, sock: Path) -> str | None:
                                "-o", f"ControlPersist={int(host.persist)}", str(host.address)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=host.timeout("connect") + START_MARGIN)    # a handshake's bound (connection.py)
+                              timeout=host.timeout("connect") + START_MARGIN)    # a handshake's bound (paramiko.py)
     except subprocess.TimeoutExpired:
         return f"no connection within {host.timeout('connect')} s"
     return None if proc.returncode == 0 else (proc.stderr.strip()[-500:] or f"ssh exited {proc.returncode}")
@@ -333,7 +326,7 @@ class _Probe:
         argv = _base_argv(host) + ["-o", "ControlPath=none", "-o", f"KexAlgorithms={PROBE_KEX}",
                                    "-o", f"PreferredAuthentications={PROBE_METHOD}", str(host.address), "true"]
         self._limit = host.timeout("connect") + START_MARGIN      # a handshake's bound, as a master's
-        found = _ssh_g(host)
+        found = openssh_config(host)
         # ssh's own words when it gives up for want of a method, which it says only after the key
         # checks passed: `user@host: Permission denied (publickey).` (its stderr lines end in \r\n)
         self._refusal = re.compile(re.escape(f"{found['user']}@{found['hostname']}") +
@@ -365,57 +358,12 @@ class _Probe:
 def _fresh_error(host: Host, stopped: threading.Event, why: str) -> None:
     """Raise what a fresh (Paramiko) connection raises now: the same error, the same words, the
     same retries as without warm connections. Returns when that connection succeeds."""
-    from .connection import SshConnection
     try:
         SshConnection.open(host, stopped).close()
     except HostError:
         raise
     except Exception as e:      # noqa: BLE001 - anything else is still this host's failure
         raise ConnectError(f"{why}: {e}", host=host.name, retry=False) from None
-
-
-def _ssh_g(host: Host) -> dict[str, str]:
-    """What the ssh config makes of the host (`ssh -G`: OpenSSH's own reading of it)."""
-    try:
-        return dict(_read_ssh_config(str(host.address), host.port, host.user, os.environ.get("KDTREE_SSH_CONFIG")))
-    except ValueError as e:
-        raise ConnectError(f"ssh -G cannot read the ssh config for {host.address}: {e}", host=host.name,
-                           retry=False) from None
-
-
-@functools.lru_cache(maxsize=1024)
-def _read_ssh_config(address: str, port: int | None, user: str | None, config: str | None) -> tuple:
-    """`ssh -G`'s answer as (key, value) pairs, read once per process (uses_warm and the socket name ask)."""
-    argv = ["ssh", "-G"] + (["-F", config] if config else [])
-    argv += (["-p", str(port)] if port else []) + (["-l", user] if user else [])
-    proc = subprocess.run(argv + [address], capture_output=True, text=True, timeout=CHECK_TIMEOUT)
-    if proc.returncode != 0:
-        raise ValueError(proc.stderr.strip()[-300:])
-    found: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "identityfile" and key in found:
-            found[key] += " " + value
-        else:
-            found.setdefault(key, value)
-    return tuple(found.items())
-
-
-def _pin_contradicted(host: Host, found: dict[str, str]) -> bool:
-    """Whether a known_hosts file has a key for a pinned host other than the pin: Paramiko
-    refuses such a host, OpenSSH would accept either; it keeps Paramiko's connection."""
-    if not host.host_key:
-        return False
-    name = hostkeys.known_name(found["hostname"], int(found["port"]))      # ssh -G always prints both
-    for file in hostkeys.known_hosts_files(host.known_hosts):
-        if not Path(file).is_file():
-            continue
-        lines = subprocess.run(["ssh-keygen", "-F", name, "-f", str(file)], capture_output=True, text=True).stdout
-        for line in lines.splitlines():
-            words = line.split()
-            if len(words) >= 3 and not line.startswith("#") and hostkeys.blob_fingerprint(base64.b64decode(words[2])) != host.host_key:
-                return True
-    return False
 
 
 def _content(path: Path) -> str:
