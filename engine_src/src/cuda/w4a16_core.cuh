@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 namespace kd::cuda {
@@ -72,6 +73,7 @@ struct W4Params {
     float* y = nullptr;
     long ldy = 0;
     int M = 0, N = 0, K = 0;  // M: token rows (plain) or pairs (grouped)
+    int sc_len = KD_W4_SCHUNK;  // inputs per super-chunk: a multiple of 256, at most KD_W4_SCHUNK (w4_schunk)
     int n_sc = 1;             // super-chunks of K
     int max_passes = 1;       // passes of 4Q token rows a slot may take (counters are per pass)
     // Grouped mode (slot_expert != null): slot s has the rows [slot_start[s], slot_start[s + 1])
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
     constexpr bool BT = w4_block_ticket(Q);
-    const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
+    const int kb = sc * p.sc_len, klen = min(p.sc_len, K - kb), n_groups = klen / 32;
 
     constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
     const int n_tiles = (N + TILE - 1) / TILE;
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     const int k_steps = (K + 32 * KD_W4_STEP - 1) / (32 * KD_W4_STEP), n_halves = (N + 7) / 8;
     const auto tile_rows = [&](int tile) {
         const long ha = GLU ? tile : 2 * tile, hb = GLU ? tile : min(2 * tile + 1, n_halves - 1);  // a missing half is never stored
-        const long first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+        const long first = sc * (p.sc_len / 32 / KD_W4_STEP);
         return W4Rows{reinterpret_cast<const uint4*>(qa) + (ha * k_steps + first) * 64 + lane,
                       reinterpret_cast<const uint4*>(qb) + (hb * k_steps + first) * 64 + lane,
                       reinterpret_cast<const float2*>(sa) + (ha * k_steps + first) * 32 + lane,
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     constexpr bool IDX = w4_full_steps(Q);
     W4Rows rows{};
     unsigned ha = 0, hb = 0;
-    const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+    const unsigned first = sc * (p.sc_len / 32 / KD_W4_STEP);
     const auto set_tile = [&](int tl) {
         if constexpr (IDX) {
             ha = static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first;
@@ -563,6 +565,30 @@ constexpr int w4_smem_bytes(int Q) {
     return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
+// The super-chunk length forced for every shape (a measurement knob: 256, 512 or 1024 from
+// KD_W4_SCHUNK; 0, the default: w4_schunk's choice by shape). Bench tools set it between calls.
+inline int& w4_schunk_override() {
+    static int v = [] {
+        const char* e = std::getenv("KD_W4_SCHUNK");
+        const int n = e ? std::atoi(e) : 0;
+        return n == 256 || n == 512 || n == 1024 ? n : 0;
+    }();
+    return v;
+}
+
+// Matrices of at most this many weights take KD_W4_SMALL_SCHUNK-input super-chunks (the K2
+// expert's 2048 x 7168 and 7168 x 2048: with 1024 their tiles x super-chunks gave under half of
+// the H200's resident warps one unit each); larger ones KD_W4_SCHUNK.
+constexpr long KD_W4_SMALL_WEIGHTS = 1L << 25;
+constexpr int KD_W4_SMALL_SCHUNK = 512;
+
+// Inputs per super-chunk for an N x K matrix. A function of the shape alone: a row's bits depend
+// on it (the activations' scale is per super-chunk), never on M, the pass or the grouping.
+inline int w4_schunk(int N, int K) {
+    if (const int o = w4_schunk_override()) return o;
+    return static_cast<long>(N) * K <= KD_W4_SMALL_WEIGHTS ? KD_W4_SMALL_SCHUNK : KD_W4_SCHUNK;
+}
+
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
@@ -591,7 +617,8 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // A device that gives a block less shared memory than a 16-row pass needs takes 8-row
     // passes, which give the same bits (rows never depend on the pass size).
     if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
-    p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
+    p.sc_len = w4_schunk(p.N, p.K);
+    p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
