@@ -4,9 +4,9 @@
 # super-chunk forced to 1024, 512 and 256 inputs), tinygemm and cuBLAS bf16 interleaved in one
 # process (bench/torch_ref.py --schunk); bench_gpu --quick (ceiling, table, K2 MoE layer with its
 # share of the byte limit) with KD_W4_SCHUNK=1024 (every shape as before the pass) and by shape;
-# ncu of w4_kernel on the K2 expert shape and on 28672 x 8192 at M = 16.
-#   bench/gpu_schunk.sh [OUT_DIR]   (from engine_src/; env KD_ARCH as for build.sh; KD_SCHUNK_GATES=1:
-#   run_tests.sh and compute-sanitizer memcheck of the op tests after)
+# with KD_SCHUNK_GATES=1 run_tests.sh and compute-sanitizer memcheck of the op tests; then ncu
+# of w4_kernel on the K2 expert shape and on 28672 x 8192 at M = 16.
+#   bench/gpu_schunk.sh [OUT_DIR]   (from engine_src/; env KD_ARCH as for build.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out="${1:-build/gpu_schunk}"
@@ -35,6 +35,12 @@ for sc in 1024 shape; do
     echo "bench_gpu --quick KD_W4_SCHUNK=$sc rc=$? ($((SECONDS - t0)) s)"
     grep -E "^read-band|M=1 |M=16 |T=" "$out/bench_$sc.log" | sed "s/^/$sc: /"
 done
+if [[ "${KD_SCHUNK_GATES:-0}" == 1 ]]; then
+    timeout 200 bash scripts/run_tests.sh >"$out/run_tests.log" 2>&1
+    echo "run_tests rc=$? ($((SECONDS - t0)) s): $(grep -E 'TESTS (PASSED|FAILED)' "$out/run_tests.log" | head -n 2 | tr '\n' ';')"
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda >"$out/memcheck.log" 2>&1
+    echo "memcheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log")"
+fi
 for shape in "2048 7168 1" "2048 7168 16" "28672 8192 16"; do
     n="ncu_${shape// /_}"
     # shellcheck disable=SC2086  # N K M as three words
@@ -46,9 +52,3 @@ for shape in "2048 7168 1" "2048 7168 16" "28672 8192 16"; do
     grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|hmma|inst_executed|Grid Size|Achieved Occupancy|Registers Per" \
         "$out/$n.txt" | sed "s/^ */  /"
 done
-if [[ "${KD_SCHUNK_GATES:-0}" == 1 ]]; then
-    timeout 200 bash scripts/run_tests.sh >"$out/run_tests.log" 2>&1
-    echo "run_tests rc=$? ($((SECONDS - t0)) s): $(grep -E 'TESTS (PASSED|FAILED)' "$out/run_tests.log" | head -n 2 | tr '\n' ';')"
-    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/test_ops --backend cuda >"$out/memcheck.log" 2>&1
-    echo "memcheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log")"
-fi
