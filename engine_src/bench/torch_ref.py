@@ -112,7 +112,7 @@ class Ours:
                                 ("kd_w4_tile", ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2),
                                 ("kd_w4_matmul", ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3),
                                 ("kd_w4_set_schunk", ctypes.c_int, [ctypes.c_int]),
-                                ("kd_w4_schunk", ctypes.c_int, [ctypes.c_int, ctypes.c_int])):
+                                ("kd_w4_schunk", ctypes.c_int, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self.lib = lib
@@ -138,7 +138,7 @@ class Ours:
         return tq, ts
 
     def matmul(self, y, x, tq, ts, sc_len: int) -> None:
-        """y = x W^T with the super-chunk forced to sc_len inputs (0: by shape)."""
+        """y = x W^T with the super-chunk forced to sc_len inputs (0: the default)."""
         M, K = x.shape
         self._check(self.lib.kd_w4_set_schunk(sc_len), "kd_w4_set_schunk")
         self._check(self.lib.kd_w4_matmul(y.data_ptr(), x.data_ptr(), tq.data_ptr(), ts.data_ptr(), M, y.shape[1], K),
@@ -164,7 +164,7 @@ def _nmse(got, ref) -> float:
 
 
 def _our_kernels(schunks: list[int]) -> list[tuple[str, int]]:
-    """Our rows' names and forced super-chunk lengths: w4a16 (by shape), then w4a16_sc<L>."""
+    """Our rows' names and forced super-chunk lengths: w4a16 (the default), then w4a16_sc<L>."""
     return [("w4a16", 0)] + [(f"w4a16_sc{L}", L) for L in schunks]
 
 
@@ -219,7 +219,7 @@ def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks:
             if name.startswith("w4a16"):
                 L = dict(_our_kernels(schunks))[name]
                 ours.lib.kd_w4_set_schunk(L)
-                row["schunk"] = ours.lib.kd_w4_schunk(N, K)
+                row["schunk"] = ours.lib.kd_w4_schunk()
             rows.append(row)
         if ours:
             ours.lib.kd_w4_set_schunk(0)

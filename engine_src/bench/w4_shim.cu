@@ -63,7 +63,7 @@ int kd_w4_matmul(float* y, const float* x, const uint32_t* tq, const float* ts, 
     return guarded([&](Context& ctx) { matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq), ts, M, N, K); });
 }
 
-// Forces the super-chunk length (256, 512, 1024) for the calls that follow; 0: by shape (w4_schunk).
+// Forces the super-chunk length (256, 512, 1024) for the calls that follow; 0: the default (w4_schunk).
 int kd_w4_set_schunk(int sc_len) {
     if (sc_len != 0 && sc_len != 256 && sc_len != 512 && sc_len != 1024) {
         g_error = "kd_w4_set_schunk: " + std::to_string(sc_len) + " is not 0, 256, 512 or 1024";
@@ -73,7 +73,7 @@ int kd_w4_set_schunk(int sc_len) {
     return 0;
 }
 
-// The super-chunk length the next call on an N x K matrix takes.
-int kd_w4_schunk(int N, int K) { return w4_schunk(N, K); }
+// The super-chunk length the next call takes.
+int kd_w4_schunk() { return w4_schunk(); }
 
 }  // extern "C"

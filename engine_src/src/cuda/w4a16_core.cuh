@@ -73,7 +73,7 @@ struct W4Params {
     float* y = nullptr;
     long ldy = 0;
     int M = 0, N = 0, K = 0;  // M: token rows (plain) or pairs (grouped)
-    int sc_len = KD_W4_SCHUNK;  // inputs per super-chunk: a multiple of 256, at most KD_W4_SCHUNK (w4_schunk)
+    int sc_len = KD_W4_SCHUNK;  // inputs per super-chunk: a multiple of 256, at most KD_W4_SCHUNK (w4_schunk())
     int n_sc = 1;             // super-chunks of K
     int max_passes = 1;       // passes of 4Q token rows a slot may take (counters are per pass)
     // Grouped mode (slot_expert != null): slot s has the rows [slot_start[s], slot_start[s + 1])
@@ -565,28 +565,26 @@ constexpr int w4_smem_bytes(int Q) {
     return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
-// The super-chunk length forced for every shape (a measurement knob: 256, 512 or 1024 from
-// KD_W4_SCHUNK; 0, the default: w4_schunk's choice by shape). Bench tools set it between calls.
+// The super-chunk length forced for every shape (a measurement knob: 256 or 512 from
+// KD_W4_SCHUNK, or set by bench tools between calls; 0, the default: KD_W4_SCHUNK).
 inline int& w4_schunk_override() {
     static int v = [] {
         const char* e = std::getenv("KD_W4_SCHUNK");
         const int n = e ? std::atoi(e) : 0;
-        return n == 256 || n == 512 || n == 1024 ? n : 0;
+        return n == 256 || n == 512 || n == KD_W4_SCHUNK ? n : 0;
     }();
     return v;
 }
 
-// Matrices of at most this many weights take KD_W4_SMALL_SCHUNK-input super-chunks (the K2
-// expert's 2048 x 7168 and 7168 x 2048: with 1024 their tiles x super-chunks gave under half of
-// the H200's resident warps one unit each); larger ones KD_W4_SCHUNK.
-constexpr long KD_W4_SMALL_WEIGHTS = 1L << 25;
-constexpr int KD_W4_SMALL_SCHUNK = 512;
-
-// Inputs per super-chunk for an N x K matrix. A function of the shape alone: a row's bits depend
-// on it (the activations' scale is per super-chunk), never on M, the pass or the grouping.
-inline int w4_schunk(int N, int K) {
-    if (const int o = w4_schunk_override()) return o;
-    return static_cast<long>(N) * K <= KD_W4_SMALL_WEIGHTS ? KD_W4_SMALL_SCHUNK : KD_W4_SCHUNK;
+// Inputs per super-chunk: KD_W4_SCHUNK for every shape unless the knob forces another. Shorter
+// ones for the K2 expert's shapes (issue 38's ninth pass, H100, one process): 256 made the plain
+// 2048 x 7168 and 7168 x 2048 matmuls up to 10 % faster, but 512 made the MoE layer, whose
+// grouped launches run the same shapes, 2-2.5 % slower (more super-chunk sums). A row's bits
+// depend on the length, so the plain and grouped launches of a shape must share it (the shared
+// expert runs in either): a rule may depend on the shape alone, never on M, the pass or grouping.
+inline int w4_schunk() {
+    const int o = w4_schunk_override();
+    return o ? o : KD_W4_SCHUNK;
 }
 
 template <int Q, bool GLU>
@@ -617,7 +615,7 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // A device that gives a block less shared memory than a 16-row pass needs takes 8-row
     // passes, which give the same bits (rows never depend on the pass size).
     if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
-    p.sc_len = w4_schunk(p.N, p.K);
+    p.sc_len = w4_schunk();
     p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
