@@ -99,3 +99,32 @@ def test_torch_ref_without_torch_writes_a_skip_note_and_exits_0(tmp_path):
     bad = subprocess.run([sys.executable, str(TORCH_REF), "--json", str(out), "--m", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--m must be" in bad.stderr
+
+
+def test_ours_timed_interleaved_with_torch_defines_the_w4a16_metrics_and_ratios(tmp_path):
+    """torch_ref.py's "w4a16" rows (ours, timed in the same process between PyTorch's kernels)
+    replace bench_gpu's own time of that shape and M, their share of the ceiling is computed
+    from bench_gpu's ceiling, and PyTorch's ratios are against them; forced-super-chunk rows
+    (w4a16_sc<L>) make no metric; the MoE layer's share of its byte limit becomes a metric."""
+    rows = TORCH["rows"] + [
+        {"kernel": "w4a16", "N": 28672, "K": 8192, "M": 1, "us": 42.0, "p10_us": 41.5, "p90_us": 43.0},
+        {"kernel": "w4a16_sc512", "N": 28672, "K": 8192, "M": 1, "us": 40.0, "p10_us": 39.0, "p90_us": 41.0},
+        {"kernel": "w4a16", "N": 28672, "K": 8192, "M": 16, "error": "RuntimeError: kd_w4_matmul: boom"}]
+    gpu = dict(GPU, moe_k2_layer=[dict(GPU["moe_k2_layer"][0], pct_ceiling=61.5, byte_limit_bytes=2.6e8)])
+    bench, gpu_path, torch_path = tmp_path / "bench.json", tmp_path / "bench_gpu.json", tmp_path / "bench_torch.json"
+    bench.write_text(json.dumps({"version": 1, "metrics": {}}))
+    gpu_path.write_text(json.dumps(gpu))
+    torch_path.write_text(json.dumps(dict(TORCH, rows=rows)))
+    done = subprocess.run([sys.executable, str(MERGE), str(bench), str(gpu_path), str(torch_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = json.loads(bench.read_text())["metrics"]
+    assert m["gpu.w4a16.28672x8192.m1.us"]["value"] == 42.0
+    expected_pct = 100.0 * (28672 * 8192 * 0.625 + 4.0 * (8192 + 28672)) / 42.0 / 1e3 / 4500.0
+    assert abs(m["gpu.w4a16.28672x8192.m1.pct_ceiling"]["value"] - expected_pct) < 1e-9
+    assert m["gpu.torch.tinygemm.28672x8192.m1.w4a16_speedup"]["value"] == 84.0 / 42.0
+    # Ours failed at M = 16 in the interleaved run: bench_gpu's own figure stays.
+    assert m["gpu.w4a16.28672x8192.m16.us"]["value"] == 147.0
+    assert m["gpu.torch.tinygemm.28672x8192.m16.w4a16_speedup"]["value"] == 274.0 / 147.0
+    assert not any("w4a16_sc512" in k for k in m)
+    assert m["gpu.moe_k2.t1.pct_ceiling"] == {"value": 61.5, "unit": "%", "better": "higher"}

@@ -2,13 +2,15 @@
 # GPU kernel benchmarks (bench/bench_gpu.cu): the read-bandwidth ceiling, w4a16 GEMM at
 # M = 1..16 against cuBLAS SGEMM and bf16 on K2 shapes, and a K2-shaped MoE layer INT4 vs FP32.
 # Builds bench_gpu with nvcc (needs a GPU and cuBLAS), runs it, writes bench_gpu.json, all three
-# in $KD_RESULTS_DIR (default build/: build/bench_gpu, build/bench_gpu.json). Then PyTorch's tinygemm
-# and cuBLAS bf16 on the same shapes (bench/torch_ref.py) into bench_torch.json there: skipped, said
-# so in that file, when the Python has no torch or no GPU; it never fails this script.
+# in $KD_RESULTS_DIR (default build/: build/bench_gpu, build/bench_gpu.json). Then our matmul_w4a16
+# (libkd_w4.so there, bench/w4_shim.cu), PyTorch's tinygemm and cuBLAS bf16 interleaved in one
+# process on the same shapes (bench/torch_ref.py) into bench_torch.json there: skipped, said so in
+# that file, when the Python has no torch or no GPU; it never fails this script.
 #   KD_ARCH     sm_90, sm_120, ... (default: from nvidia-smi)   CUDA_HOME (default /usr/local/cuda)
 #   KD_BENCH_GPU_ARGS  extra flags for bench_gpu (--quick: fewer repeats and token counts)
 #   KD_BENCH_GPU_BUILD_ONLY=1  build bench_gpu and stop
 #   KD_TORCH_PYTHON  the Python for bench/torch_ref.py (default $PYTHON, else python3); KD_BENCH_TORCH=0: skip it
+#   KD_BENCH_TORCH_ARGS  extra flags for bench/torch_ref.py (--schunk 512,256: ours with forced super-chunks too)
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -37,6 +39,9 @@ for src in "${sources[@]}"; do
     "$NVCC" "${flags[@]}" -c "$src" -o "$o" &
     pids+=($!)
 done
+# The shim torch_ref.py loads: matmul_w4a16 with position-independent host code.
+"$NVCC" "${flags[@]}" -Xcompiler -fPIC -shared bench/w4_shim.cu src/cuda/matmul_w4a16.cu -o "$results/libkd_w4.so" &
+pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2; exit 1; }; done
 "$NVCC" "${flags[@]}" "${objects[@]}" -o "$results/bench_gpu" -lcublas
 [[ "${KD_BENCH_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
@@ -46,7 +51,9 @@ rm -f "$results/bench_torch.json"
 if [[ "${KD_BENCH_TORCH:-1}" != 0 ]]; then
     quick=()
     [[ " ${KD_BENCH_GPU_ARGS:-} " == *" --quick "* ]] && quick=(--quick)
+    # shellcheck disable=SC2086  # a list of flags
     timeout -k 5 "${KD_BENCH_TORCH_TIMEOUT:-180}" "${KD_TORCH_PYTHON:-${PYTHON:-python3}}" bench/torch_ref.py \
-        --json "$results/bench_torch.json" ${quick[@]+"${quick[@]}"} ||
+        --json "$results/bench_torch.json" --ours "$results/libkd_w4.so" ${quick[@]+"${quick[@]}"} \
+        ${KD_BENCH_TORCH_ARGS:-} ||
         echo "bench_gpu.sh: bench/torch_ref.py exited $? (its figures are missing from this run)" >&2
 fi

@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 namespace kd::cuda {
@@ -72,6 +73,7 @@ struct W4Params {
     float* y = nullptr;
     long ldy = 0;
     int M = 0, N = 0, K = 0;  // M: token rows (plain) or pairs (grouped)
+    int sc_len = KD_W4_SCHUNK;  // inputs per super-chunk: a multiple of 256, at most KD_W4_SCHUNK (w4_schunk())
     int n_sc = 1;             // super-chunks of K
     int max_passes = 1;       // passes of 4Q token rows a slot may take (counters are per pass)
     // Grouped mode (slot_expert != null): slot s has the rows [slot_start[s], slot_start[s + 1])
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     unsigned* ctr = nullptr;           // global ticket
     __shared__ unsigned block_ctr;     // block ticket: the next k
     constexpr bool BT = w4_block_ticket(Q);
-    const int kb = sc * KD_W4_SCHUNK, klen = min(KD_W4_SCHUNK, K - kb), n_groups = klen / 32;
+    const int kb = sc * p.sc_len, klen = min(p.sc_len, K - kb), n_groups = klen / 32;
 
     constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
     const int n_tiles = (N + TILE - 1) / TILE;
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     const int k_steps = (K + 32 * KD_W4_STEP - 1) / (32 * KD_W4_STEP), n_halves = (N + 7) / 8;
     const auto tile_rows = [&](int tile) {
         const long ha = GLU ? tile : 2 * tile, hb = GLU ? tile : min(2 * tile + 1, n_halves - 1);  // a missing half is never stored
-        const long first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+        const long first = sc * (p.sc_len / 32 / KD_W4_STEP);
         return W4Rows{reinterpret_cast<const uint4*>(qa) + (ha * k_steps + first) * 64 + lane,
                       reinterpret_cast<const uint4*>(qb) + (hb * k_steps + first) * 64 + lane,
                       reinterpret_cast<const float2*>(sa) + (ha * k_steps + first) * 32 + lane,
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     constexpr bool IDX = w4_full_steps(Q);
     W4Rows rows{};
     unsigned ha = 0, hb = 0;
-    const unsigned first = sc * (KD_W4_SCHUNK / 32 / KD_W4_STEP);
+    const unsigned first = sc * (p.sc_len / 32 / KD_W4_STEP);
     const auto set_tile = [&](int tl) {
         if constexpr (IDX) {
             ha = static_cast<unsigned>(GLU ? tl : 2 * tl) * k_steps + first;
@@ -563,6 +565,28 @@ constexpr int w4_smem_bytes(int Q) {
     return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
 
+// The super-chunk length forced for every shape (a measurement knob: 256 or 512 from
+// KD_W4_SCHUNK, or set by bench tools between calls; 0, the default: KD_W4_SCHUNK).
+inline int& w4_schunk_override() {
+    static int v = [] {
+        const char* e = std::getenv("KD_W4_SCHUNK");
+        const int n = e ? std::atoi(e) : 0;
+        return n == 256 || n == 512 || n == KD_W4_SCHUNK ? n : 0;
+    }();
+    return v;
+}
+
+// Inputs per super-chunk: KD_W4_SCHUNK for every shape unless the knob forces another. Shorter
+// ones for the K2 expert's shapes (issue 38's ninth pass, H100, one process): 256 made the plain
+// 2048 x 7168 and 7168 x 2048 matmuls up to 10 % faster, but 512 made the MoE layer, whose
+// grouped launches run the same shapes, 2-2.5 % slower (more super-chunk sums). A row's bits
+// depend on the length, so the plain and grouped launches of a shape must share it (the shared
+// expert runs in either): a rule may depend on the shape alone, never on M, the pass or grouping.
+inline int w4_schunk() {
+    const int o = w4_schunk_override();
+    return o ? o : KD_W4_SCHUNK;
+}
+
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
@@ -591,7 +615,8 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // A device that gives a block less shared memory than a 16-row pass needs takes 8-row
     // passes, which give the same bits (rows never depend on the pass size).
     if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
-    p.n_sc = ceil_div(p.K, KD_W4_SCHUNK);
+    p.sc_len = w4_schunk();
+    p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
