@@ -18,6 +18,17 @@ import math
 from dataclasses import dataclass
 
 
+def finite_number(value: object) -> float | None:
+    """``value`` as a finite float; None for bools, non-numbers, NaN, infinities, huge ints."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 class OutOfRange(ValueError):
     """A host's number is outside its field's range; the message names the field, value and range."""
 
@@ -32,13 +43,8 @@ class Range:
 
     def number(self, value: object) -> float | None:
         """`value` as a float when it is a number inside the range, else None (bools are no numbers)."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        try:
-            number = float(value)
-        except OverflowError:
-            return None
-        if math.isfinite(number) and (self.low <= number <= self.high or self.zero and number == 0):
+        number = finite_number(value)
+        if number is not None and (self.low <= number <= self.high or self.zero and number == 0):
             return number
         return None
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import re
 import secrets as _random
@@ -69,6 +68,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from orchestrator import ownership, ranges
+from orchestrator.ranges import finite_number
 from orchestrator.errors import UsageError
 from orchestrator.inventory import STEPS
 
@@ -335,17 +335,6 @@ def _depth(value: Any, limit: int = DETAILS_DEPTH + 1) -> int:
         return 0
     children = value.values() if isinstance(value, dict) else value
     return 1 + max((_depth(c, limit - 1) for c in children), default=0)
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a finite float; None for bools, non-numbers, NaN, infinities, huge ints."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def short_text(value: Any, limit: int) -> str:

@@ -25,6 +25,7 @@ import jinja2
 from orchestrator import gpus as gpus_mod
 from orchestrator import ownership
 from orchestrator.errors import UsageError
+from orchestrator.ranges import finite_number
 from orchestrator.regression import compare
 from orchestrator.safe_text import markdown, markdown_block, markdown_code, markdown_fence, visible
 from orchestrator.record import (
@@ -36,7 +37,6 @@ from orchestrator.record import (
     RUN_JSON,
     STEP_STATUSES,
     atomic_write,
-    finite_number,
     load_run,
     redact,
     mapping as _dict,
