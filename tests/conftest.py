@@ -157,6 +157,26 @@ def remote_dir(lab, request) -> str:
 
 
 @pytest.fixture
+def tmpfs():
+    """tmpfs(path, size, mode) -> path: a tmpfs of `size` (e.g. "512k": a disk that fills up) mounted
+    at `path` (made when missing), unmounted when the test ends; the test is skipped where mount is
+    refused (it needs root)."""
+    mounted = []
+
+    def mount(path: Path, size: str, mode: str = "700") -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode={mode}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
+        mounted.append(path)
+        return path
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)])
+
+
+@pytest.fixture
 def hostile(make_inventory, tmp_path, monkeypatch):
     """hostile(how, **entry) -> (host, listener): an inventory host at a Hostile listener, as user
     kd-deployer, connect timeout 1 s, its own empty known_hosts and ssh config."""

@@ -509,18 +509,9 @@ def test_8_sshd_killed_during_a_sync_is_repaired_by_the_next_run(lab, make_inven
 
 # -- 9: remote disk full ----------------------------------------------------------------------------------
 @pytest.fixture
-def small_disk(lab, tmp_path):
+def small_disk(lab, tmp_path, tmpfs):
     """A 512 kB tmpfs mounted on h2 (its own filesystem: it fills up); skipped where mount is refused."""
-    mountpoint = lab.hosts["h2"].root / f"disk-{tmp_path.name}"
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=755", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)])
+    return tmpfs(lab.hosts["h2"].root / f"disk-{tmp_path.name}", "512k", "755")
 
 
 def test_9_remote_disk_full(lab, make_inventory, source, tmp_path, small_disk):

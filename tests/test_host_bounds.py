@@ -258,19 +258,9 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
 
 # -- 12: a full local disk ----------------------------------------------------------------------------------
 @pytest.fixture
-def full_disk(tmp_path):
+def full_disk(tmp_path, tmpfs):
     """A 200 kB tmpfs for runs/ (a disk that fills up); skipped where mount is refused."""
-    import subprocess
-    mountpoint = tmp_path / "small-runs"
-    mountpoint.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k,mode=700", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)])
+    return tmpfs(tmp_path / "small-runs", "200k")
 
 
 def test_12_a_full_local_disk_ends_the_run_with_one_line_the_summary_and_the_logs(lab, make_inventory, tmp_path,
