@@ -45,7 +45,10 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                       "golden_status": "passed|failed|null", "tests": {"passed", "failed", "skipped",
                       "failed_names"} | null, "tests_status": "passed|failed|null", "message"}]
                     (golden and test once per selected GPU, each pinned to its GPU),
-        "build_key": {...} | null, "seconds"}},
+        "build_key": {...} | null, "seconds",
+        "bundles": null | {"tiers", "configs", "bundles": [{"name", "file", "config", "disk_bytes", "ram_bytes",
+                   "gpu_bytes"}], "disk_bytes", "ram_bytes_per_engine", "gpu_bytes", "max_memory",
+                   "timeouts": {STEP: SECONDS}, "seconds_per_gb"} (bundle_plan.py)}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
      "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "cal_change"?,
@@ -383,6 +386,7 @@ class HostRecord:
     gpu_runs: list[GpuRun] = field(default_factory=list)
     seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
+    bundles: dict | None = None         # the bundles the host runs, their needs, the scaled timeouts (bundle_plan)
 
 
 @dataclass

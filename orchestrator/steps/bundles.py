@@ -15,6 +15,8 @@ def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged
     and the bundle folder (the manifest's) holds, hash for hash, what the last regeneration left."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
+    if ctx.bundles is not None and not ctx.bundles.is_default:     # another selection: other bundles
+        key["configs"] = " ".join(ctx.bundles.configs)
     stamp = ctx.stamp(STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
