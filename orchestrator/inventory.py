@@ -257,6 +257,20 @@ def is_dangerous_dir(path: str) -> str | None:
     return None
 
 
+def path_problem(value: str) -> str | None:
+    """Why `value` may not be a path an inventory could hold (also for paths given on the command
+    line, such as check-bundle's): empty, a newline, a leading '-', too long, unsafe characters."""
+    if not value:
+        return "is empty"
+    if value.startswith("-"):
+        return "must not start with '-'"
+    if len(value) > MAX_VALUE:
+        return f"must be at most {MAX_VALUE} characters, not {len(value)}"
+    if not _PATH.match(value):
+        return "is not a safe path (letters, digits, space and ._/+,:@=- only)"
+    return None
+
+
 def _did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(choices)) or 'none'})"

@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, remote, state, sync
 from .console import Console
@@ -50,9 +51,10 @@ OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps nam
 # probe what its question needs, exec the user's own command.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
                  "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
-                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",)}
+                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",),
+                 "check-bundle": ("check_bundle",), "clean-bundles": ("clean_bundles",)}
 UNLOCKED_COMMANDS = ("doctor", "exec")     # no tree lock (see Locks above)
-BUNDLE_STEPS = ("preflight", "bundles", "golden", "test", "bench", "stress")   # the steps a bundle plan shapes
+BUNDLE_STEPS = ("preflight", "bundles", "golden", "test", "bench", "stress", "clean_bundles")   # steps a bundle plan shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +68,12 @@ class Plan:
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
     user_command: UserCommand | None = None     # exec: the command typed after --
+    task: Any = None                        # check-bundle, clean-bundles: steps.bundle_tasks.BundleTask
 
     @property
     def claims_gpus(self) -> bool:
-        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly)."""
-        return self.command in ("validate", "nightly")
+        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly, check-bundle)."""
+        return self.command in ("validate", "nightly", "check-bundle")
 
     @property
     def takes_lock(self) -> bool:
@@ -295,7 +298,8 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                                                                         hash_line),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command)
+                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command,
+                      task=plan.task)
     stopped_by = None
     try:
         for step in plan.listed:

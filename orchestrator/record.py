@@ -79,7 +79,7 @@ RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect", "exec")
+COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect", "exec", "check-bundle", "clean-bundles")
 BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
 HOST_STATUSES = RUN_STATUSES

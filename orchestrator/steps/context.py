@@ -103,6 +103,7 @@ class StepContext:
     user_command: UserCommand | None = None   # exec: what the user typed after --
     progress: Any = dataclasses.field(default_factory=progress.Ignored)   # progress.Reporter of the current step
     bundles: Any = None                 # bundle_plan.BundlePlan: the bundles the host runs (None: deploy, exec)
+    task: Any = None                    # bundle_tasks.BundleTask: what check-bundle or clean-bundles was asked
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
