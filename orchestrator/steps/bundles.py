@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
+from ..bundle_plan import gb
 from . import inputs
 from .context import Outcome, StepContext
 
@@ -24,6 +25,11 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
     with ctx.changing():
+        if ctx.bundles is not None:
+            # The bytes the writer will leave: the total a progress display measures the writer's
+            # output (bytes written) against, when one reports this step (issue 39, item 4).
+            ctx.log(f"writing {len(ctx.bundles.bundles)} bundles of tiers {', '.join(ctx.bundles.tiers)}: "
+                    f"{gb(ctx.bundles.disk_bytes)}")
         ctx.engine("bundles")
         ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
