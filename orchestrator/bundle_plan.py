@@ -51,9 +51,10 @@ class Bundle:
     name: str
     file: str
     config: str
-    disk_bytes: int
-    ram_bytes: int
-    gpu_bytes: int
+    disk_bytes: int = 0
+    ram_bytes: int = 0
+    gpu_bytes: int = 0
+    declared: bool = True       # False: the manifest declares no needs (one written before they existed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +86,15 @@ class BundlePlan:
 
     @property
     def max_memory(self) -> int:
-        """The engine's --max-memory: the largest one bundle's RAM need (0: no bundle declared)."""
+        """The engine's --max-memory: the largest one bundle's RAM need; 0 (the engine's default)
+        when a selected bundle declares none (an older manifest: a bisect's earlier commits)."""
+        if self.undeclared():
+            return 0
         return max((b.ram_bytes for b in self.bundles), default=0)
 
-    def names(self) -> set[str]:
-        return {b.name for b in self.bundles}
+    def undeclared(self) -> list[str]:
+        """The selected bundles whose needs are not declared: not judged, never guessed."""
+        return [b.name for b in self.bundles if not b.declared]
 
     def expected(self, manifest: dict) -> dict:
         """The expected manifest with only the selected configs' bundles (what golden checks)."""
@@ -116,7 +121,7 @@ class BundlePlan:
         return {"tiers": list(self.tiers), "configs": list(self.configs),
                 "bundles": [dataclasses.asdict(b) for b in self.bundles],
                 "disk_bytes": self.disk_bytes, "ram_bytes_per_engine": self.ram_bytes, "gpu_bytes": self.gpu_bytes,
-                "max_memory": self.max_memory or None,
+                "max_memory": self.max_memory or None, "undeclared": self.undeclared(),
                 "timeouts": {k: v for k, v in self.timeouts(host).items() if k in SCALED_STEPS},
                 "seconds_per_gb": SECONDS_PER_GB}
 
@@ -140,7 +145,8 @@ def parse_flag(text: str | None, project: Project) -> tuple[str, ...] | None:
 def for_host(host: Host, project: Project, expected: dict) -> BundlePlan:
     """The bundles of the host's tiers in the expected manifest `expected`. PlanError when a tier
     other than the default names a config without bundles there (the default tier's configs may
-    have none: a project without reference bundles), or a selected bundle declares no valid needs."""
+    have none: a project without reference bundles), or a selected bundle declares needs that are not byte counts (a bundle declaring none is
+    `declared` False: see BundlePlan.undeclared)."""
     entries = expected.get("bundles") if isinstance(expected, dict) else None
     entries = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
     configs: list[str] = []
@@ -164,16 +170,17 @@ def for_host(host: Host, project: Project, expected: dict) -> BundlePlan:
 def _bundle(entry: dict) -> Bundle:
     name = str(entry.get("name"))[:200]
     needs = entry.get("needs")
+    if needs is None:
+        return Bundle(name, str(entry.get("file")), str(entry.get("config")), declared=False)
     if not isinstance(needs, dict):
-        raise PlanError(f"expected manifest: bundle {name!r} declares no needs (disk_bytes, ram_bytes, gpu_bytes)")
-    values = {}
+        raise PlanError(f"expected manifest: bundle {name!r}: needs must be a mapping of disk_bytes, ram_bytes, gpu_bytes")
     for key in NEEDS_KEYS:
         value = needs.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NEED:
             raise PlanError(f"expected manifest: bundle {name!r}: needs.{key} must be bytes from 0 to {MAX_NEED}, "
                             f"not {str(value)[:40]!r}")
-        values[key] = value
-    return Bundle(name, str(entry.get("file")), str(entry.get("config")), **values)
+    return Bundle(name, str(entry.get("file")), str(entry.get("config")), needs["disk_bytes"], needs["ram_bytes"],
+                  needs["gpu_bytes"])
 
 
 def gb(n: int) -> str:

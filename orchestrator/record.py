@@ -47,7 +47,7 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                     (golden and test once per selected GPU, each pinned to its GPU),
         "build_key": {...} | null, "seconds",
         "bundles": null | {"tiers", "configs", "bundles": [{"name", "file", "config", "disk_bytes", "ram_bytes",
-                   "gpu_bytes"}], "disk_bytes", "ram_bytes_per_engine", "gpu_bytes", "max_memory",
+                   "gpu_bytes", "declared"}], "disk_bytes", "ram_bytes_per_engine", "gpu_bytes", "max_memory", "undeclared",
                    "timeouts": {STEP: SECONDS}, "seconds_per_gb"} (bundle_plan.py)}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],

@@ -31,9 +31,10 @@ def needs(disk=GB // 100, ram=GB // 10, gpu=GB // 2) -> dict:
 
 
 def write_manifest(source: Path, **bundles: dict) -> None:
-    """The source tree's expected manifest: one bundle per keyword (name = CONFIG_QUANT) with these needs."""
+    """The source tree's expected manifest: one bundle per keyword (name = CONFIG_QUANT) with these
+    needs (None: none declared, as a manifest written before they existed)."""
     entries = [{"name": name, "file": f"model_{name}.kdtr", "config": name.rsplit("_", 1)[0],
-                "quant": name.rsplit("_", 1)[1], "prompt": [1], "golden": [2], "needs": value}
+                "quant": name.rsplit("_", 1)[1], "prompt": [1], "golden": [2], **({"needs": value} if value else {})}
                for name, value in bundles.items()]
     (source / "tests/refs/expected_manifest.json").write_text(json.dumps({"version": 1, "bundles": entries}))
 
@@ -81,6 +82,8 @@ def test_the_default_tier_keeps_the_commands_default_and_a_tier_without_bundles_
     assert plan.is_default and plan.env() == {"KD_MAX_MEMORY": str(GB // 10)}     # no KD_CONFIGS: today's bundles
     with pytest.raises(bundle_plan.PlanError, match=r"project.bundle_tiers.big: config 'big' has no bundle"):
         plan_for(make_inventory, source, ("big",), tiny_fp32=needs())
+    older = plan_for(make_inventory, source, tiny_fp32=needs(), tiny_int4=None)     # a bisect's earlier commit
+    assert older.undeclared() == ["tiny_int4"] and older.env() == {} and older.disk_bytes == needs()["disk_bytes"]
     with pytest.raises(bundle_plan.PlanError, match=r"bundle 'tiny_fp32': needs.ram_bytes must be bytes"):
         plan_for(make_inventory, source, tiny_fp32={"disk_bytes": 1, "ram_bytes": -1, "gpu_bytes": 1})
 

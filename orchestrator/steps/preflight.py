@@ -45,6 +45,9 @@ def _room(ctx: StepContext) -> capacity.Room | None:
     ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
             f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
             f"{plan.max_memory} bytes")
+    if plan.undeclared():
+        ctx.log(f"bundles    {', '.join(plan.undeclared())}: the manifest declares no needs: not judged, and the "
+                "engine keeps its own --max-memory")
     problem = capacity.disk_problem(room, plan, ctx.host)
     if problem:
         raise StepError(f"disk: {problem}", host=ctx.host.name)
