@@ -26,8 +26,8 @@ def run(ctx: StepContext) -> Outcome:
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
     with ctx.changing():
         if ctx.bundles is not None:
-            # The bytes the writer will leave: the total a progress display measures the writer's
-            # output (bytes written) against, when one reports this step (issue 39, item 4).
+            # What the writer will leave in all, beside its own progress reports (bundles and
+            # bytes written so far): the declared disk need of the selected bundles.
             ctx.log(f"writing {len(ctx.bundles.bundles)} bundles of tiers {', '.join(ctx.bundles.tiers)}: "
                     f"{gb(ctx.bundles.disk_bytes)}")
         ctx.engine("bundles")
