@@ -346,8 +346,8 @@ def build_config(args: ModelArgs, recipe: Recipe | None = None, rule: GoldenRule
                  "margins": {"logit_min": rounded_margin(lm), "route_min": rounded_margin(rm),
                              "group_min": rounded_margin(gm)},
                  "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]],
-                 "needs": bundle_needs(args, len(blob), sum(4 * t.size for t in tensors.values()), BLOCK_SIZE,
-                                       len(prompt))}
+                 "needs": bundle_needs(args, len(blob), sum(4 * t.size for t in tensors.values()),
+                                       drafter_header["block_size"], len(prompt))}
         built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter), golden.candidate))
     # the prompt search guarantees these; checked again on what is written, loudly
     for b in built:
@@ -385,6 +385,7 @@ def bundle_needs(args: ModelArgs, file_bytes: int, weight_bytes: int, block_size
                + experts + 2 * top_k + a.vocab_size + (top_k + 2) * a.dim + 2 * max(a.moe_inter_dim, a.inter_dim)
                + max(a.dim, ffn_width, a.n_heads * a.v_head_dim) + row_width)
     floats += rows * per_row + 2 * a.dim + 3 * block_size * a.vocab_size
+    floats += 2 * a.dim + block_size * a.dim      # a lowrank_head drafter's buffers (counted for every drafter)
     buffers = 4 * floats + 256 * (4 * a.n_layers + 64)
     return {"disk_bytes": file_bytes, "ram_bytes": file_bytes + weight_bytes + buffers + NEEDS_PROCESS_BYTES,
             "gpu_bytes": weight_bytes + buffers + NEEDS_GPU_WORKSPACE}
