@@ -18,7 +18,7 @@ from . import remote
 from .bundle_plan import BundlePlan, gb
 from .gpus import visible
 from .inventory import Host
-from .transport import Transport
+from .connectors.base import Transport
 
 MAX_OUTPUT = 64 * 1024
 _LINE = re.compile(r"(disk_free_kb|mem_available_kb|have_bytes)=(\d{1,20})(?: (.*))?\Z")
