@@ -142,22 +142,9 @@ def test_gpu_selection_takes_gpus_with_enough_free_memory_or_says_why_none_quali
 
 # ---- preflight on loopback hosts ----------------------------------------------------------------
 
-@pytest.fixture
-def tmpfs_dir(lab, tmp_path):
-    """A 1200 MB tmpfs on h2 (above doctor's 1 GiB floor; it allocates nothing until written)."""
-    mountpoint = lab.hosts["h2"].root / f"big-{tmp_path.name}"
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200m,mode=755", "tmpfs", str(mountpoint)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root and mount permission): {proc.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)])
-
-
-def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_inventory, source, tmpfs_dir):
+def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_inventory, source, tmpfs, tmp_path):
+    # 1200 MB: above doctor's 1 GiB floor (a tmpfs allocates nothing until written)
+    tmpfs_dir = tmpfs(lab.hosts["h2"].root / f"big-{tmp_path.name}", "1200m", "755")
     write_manifest(source, tiny_fp32=needs(disk=2 * GB))
     inv = make_inventory({"small": host_entry(lab, "h2", remote_dir=str(tmpfs_dir / "engine"))}, bundle_tiers=TIERS)
     proc = invoke(lab, "validate", inv, "--host", "small", "--steps", "preflight,sync")
