@@ -258,13 +258,52 @@ def trust(host: Host, fingerprints: list[str], console: Console) -> int:
 def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str | None = None,
              skip: str | None = None, report_dir: str | None = None, no_cache: bool = False,
              command: str = "validate", baseline: str | None = None, history: str | None = None,
-             gpus: str | None = None, parallel: int | None = None) -> int:
+             gpus: str | None = None, parallel: int | None = None, bundles: str | None = None) -> int:
     """Run the pipeline's steps (--steps/--skip) on the hosts, `parallel` at a time, on the GPUs
-    --gpus asks for (over each host's gpu_policy and gpu_count); see run_plan."""
+    --gpus asks for (over each host's gpu_policy and gpu_count), with the bundle tiers --bundles
+    names (over each host's `bundles`); see run_plan."""
     from . import gpus as gpus_mod, pipeline
     plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus),
                                 max_parallel=parallel)
-    return run_plan(inv, hosts, plan, console, report_dir=report_dir, baseline=baseline, history=history)
+    return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console, report_dir=report_dir, baseline=baseline,
+                    history=history)
+
+
+def with_tiers(inv: Inventory, hosts: list[Host], bundles: str | None) -> list[Host]:
+    """The hosts with the bundle tiers of --bundles (a comma list; UsageError if unknown), if given."""
+    from . import bundle_plan
+    tiers = bundle_plan.parse_flag(bundles, inv.project)
+    return hosts if tiers is None else [dataclasses.replace(h, bundles=tiers) for h in hosts]
+
+
+def check_bundle(inv: Inventory, host: Host, console: Console, path: str | None,
+                 max_memory: str | None = None) -> int:
+    """Run the deployed engine's bundle check on `path` on the host (check-bundle: one step,
+    steps.bundle_tasks); `max_memory`: the engine's --max-memory in bytes. See run_plan."""
+    from . import pipeline
+    from .steps.bundle_tasks import BundleTask
+    if path is None:
+        raise UsageError("check-bundle: give the bundle's path on the host (absolute, or relative to remote_dir)")
+    problem = inventory_mod.path_problem(path)
+    if problem:
+        raise UsageError(f"check-bundle: the path {path[:200]!r} {problem}")
+    memory = None
+    if max_memory is not None:
+        if not str(max_memory).isdigit() or not (1 << 20) <= int(max_memory) <= (1 << 50):
+            raise UsageError(f"--max-memory {str(max_memory)[:40]!r}: give bytes from {1 << 20} to {1 << 50}")
+        memory = int(max_memory)
+    task = BundleTask(path=path, max_memory=memory)
+    return run_plan(inv, [host], pipeline.Plan.of("check-bundle", task=task), console)
+
+
+def clean_bundles(inv: Inventory, hosts: list[Host], console: Console, bundles: str | None = None,
+                  remove: bool = False, parallel: int | None = None) -> int:
+    """List each host's bundles and, with `remove`, remove those its tiers (--bundles over its
+    `bundles`) do not use (clean-bundles: one step, steps.bundle_tasks). See run_plan."""
+    from . import pipeline
+    from .steps.bundle_tasks import BundleTask
+    plan = pipeline.Plan.of("clean-bundles", task=BundleTask(remove=remove), max_parallel=parallel)
+    return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console)
 
 
 def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, report_dir: str | None = None,

@@ -11,7 +11,9 @@ is checked against the exact shape of its query (a line that fits none is an err
 line), numbers are bounded, text fields are shortened and their control characters escaped.
 `[N/A]`-style values become None. Selection (`gpu_policy`): `idle` takes GPUs without compute
 processes and with at most `gpu_max_used_mib` in use; `any` takes any GPU, idle ones first; a list
-of indices takes those GPUs whatever their load. `gpu_count` says how many (a list: all of it),
+of indices takes those GPUs whatever their load. Under every policy a GPU whose free memory
+(total less used) is below the selected bundles' need (Request.min_free_mib) is not taken, and
+says so. `gpu_count` says how many (a list: all of it),
 `--gpus` overrides either. The host-side claims that keep two runs off one GPU: gpu_claims.py.
 """
 from __future__ import annotations
@@ -98,6 +100,17 @@ class Gpu:
             return "memory in use is not reported"
         if self.memory_used_mib > max_used_mib:
             return f"{self.memory_used_mib} MiB in use (more than {max_used_mib} MiB)"
+        return None
+
+    def why_too_small(self, need_mib: int) -> str | None:
+        """Why this GPU cannot hold `need_mib` MiB more (its free memory, total less used), or None."""
+        if not need_mib:
+            return None
+        if self.memory_used_mib is None or self.memory_total_mib is None:
+            return f"free memory is not reported (the bundles need {need_mib} MiB)"
+        free = self.memory_total_mib - self.memory_used_mib
+        if free < need_mib:
+            return f"{free} MiB free of {self.memory_total_mib} MiB, the bundles need {need_mib} MiB"
         return None
 
     def label(self) -> str:
@@ -313,14 +326,16 @@ class Request:
     max_used_mib: int = DEFAULT_MAX_USED_MIB
     wait: float = 0.0
     explicit: bool = False          # --gpus or a list in the inventory: a host without GPUs fails
+    min_free_mib: int = 0           # the selected bundles' GPU memory need: a GPU with less free is not taken
 
     @classmethod
-    def for_host(cls, host, override: Override | None = None) -> "Request":
-        """The host's gpu_policy, gpu_count, gpu_max_used_mib, gpu_wait, with --gpus over them."""
+    def for_host(cls, host, override: Override | None = None, min_free_mib: int = 0) -> "Request":
+        """The host's gpu_policy, gpu_count, gpu_max_used_mib, gpu_wait, with --gpus over them;
+        `min_free_mib`: the free memory each GPU taken must have (the bundles' need)."""
         policy = host.gpu_policy
         indices = tuple(policy) if not isinstance(policy, str) else ()
         request = cls("list" if indices else policy, indices, None if indices else host.gpu_count,
-                      host.gpu_max_used_mib, float(host.gpu_wait), explicit=bool(indices))
+                      host.gpu_max_used_mib, float(host.gpu_wait), explicit=bool(indices), min_free_mib=min_free_mib)
         if override is None:
             return request
         if override.indices is not None:
@@ -331,11 +346,12 @@ class Request:
         """What is asked for, e.g. `2 idle GPUs (no compute process, at most 1024 MiB in use)`."""
         many = "every" if self.count is None else str(self.count)
         noun = "GPUs" if self.count not in (None, 1) else "GPU"
+        free = f" with {self.min_free_mib} MiB free for the bundles" if self.min_free_mib else ""
         if self.policy == "list":
-            return f"{many} {noun} of the list {', '.join(map(str, self.indices))}"
+            return f"{many} {noun} of the list {', '.join(map(str, self.indices))}{free}"
         if self.policy == "any":
-            return f"{many} {noun} (gpu_policy any)"
-        return f"{many} idle {noun} (no compute process, at most {self.max_used_mib} MiB in use)"
+            return f"{many} {noun} (gpu_policy any){free}"
+        return f"{many} idle {noun} (no compute process, at most {self.max_used_mib} MiB in use){free}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,6 +405,7 @@ def choose(gpus: Sequence[Gpu], request: Request, claimed: Mapping[str, str] | N
     for gpu in candidates:
         why = f"claimed by another run ({claimed[gpu.uuid]})" if gpu.uuid in claimed else \
             gpu.why_busy(request.max_used_mib) if request.policy == "idle" else None
+        why = why or gpu.why_too_small(request.min_free_mib)
         if why:
             refused.append((gpu, why))
         else:

@@ -30,8 +30,12 @@ DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60,
 DEFAULT_PERSIST = 600.0     # seconds an idle warm connection is kept (ControlPersist)
 MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")
-PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled", "documentation")
-OPTIONAL_PROJECT_KEYS = ("compiled", "documentation")
+PROJECT_KEYS = ("source", "excludes", "commands", "results", "compiled", "documentation", "bundle_tiers")
+OPTIONAL_PROJECT_KEYS = ("compiled", "documentation", "bundle_tiers")
+# The tier every host runs unless its `bundles:` (or --bundles) says otherwise: the bundles the
+# project's bundles command writes by default. Without project.bundle_tiers it is every config of
+# the expected manifest.
+DEFAULT_TIER = "default"
 # Every step reads one of these (optional: stress, bench_nightly; docs/inventory.md).
 REQUIRED_COMMANDS = ("build", "build_key", "bundles", "bundles_key", "generate", "test", "bench", "tree_hash", "version")
 GROUP_KEYS = ("description",)
@@ -88,6 +92,7 @@ class Host:
     host_key: str | None = None         # a pinned SHA256 fingerprint
     secret_env: tuple[str, ...] = ()    # variables of the orchestrator's environment the steps get (stdin, redacted)
     persist: float = DEFAULT_PERSIST    # seconds a warm connection may stay idle (connectors/openssh.py); 0: none kept
+    bundles: tuple[str, ...] = (DEFAULT_TIER,)  # the bundle tiers the host runs (project.bundle_tiers)
 
     def timeout(self, name: str) -> float:
         """The timeout in seconds for a step (or connect/keepalive/lock)."""
@@ -120,6 +125,10 @@ class Project:
     compiled: tuple[str, ...] = ()
     # the paths that no command reads (notes, experiments' records): an edit there reuses every result
     documentation: tuple[str, ...] = ()
+    # tier -> the configs of its bundles (a host's `bundles:` names tiers); None: every config of
+    # the expected manifest
+    bundle_tiers: Mapping[str, tuple[str, ...] | None] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({DEFAULT_TIER: None}), hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +218,7 @@ def parse(data: Any, path: Path) -> Inventory:
     v.known_keys(data, TOP_KEYS, None)
     root = path.parent
     project = v.project(v.mapping(data.get("project"), None, "project", "a mapping"), root)
+    v.tiers = tuple(project.bundle_tiers)
     defaults = v.mapping(data.get("defaults", {}), "defaults", None, "a mapping")
     hosts_data = v.mapping(data.get("hosts"), None, "hosts", "a mapping of host names")
     groups_data = v.mapping(data.get("groups", {}), None, "groups", "a mapping")
@@ -247,6 +257,20 @@ def is_dangerous_dir(path: str) -> str | None:
     return None
 
 
+def path_problem(value: str) -> str | None:
+    """Why `value` may not be a path an inventory could hold (also for paths given on the command
+    line, such as check-bundle's): empty, a newline, a leading '-', too long, unsafe characters."""
+    if not value:
+        return "is empty"
+    if value.startswith("-"):
+        return "must not start with '-'"
+    if len(value) > MAX_VALUE:
+        return f"must be at most {MAX_VALUE} characters, not {len(value)}"
+    if not _PATH.match(value):
+        return "is not a safe path (letters, digits, space and ._/+,:@=- only)"
+    return None
+
+
 def _did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(choices)) or 'none'})"
@@ -257,6 +281,7 @@ class _Validator:
 
     def __init__(self, file: Path):
         self.file = file
+        self.tiers: tuple[str, ...] = (DEFAULT_TIER,)     # the project's bundle tiers, once read
 
     def fail(self, host, key, problem):
         raise InventoryError(self.file, problem, host=host, key=key)
@@ -337,9 +362,25 @@ class _Validator:
             self.path(rel, None, f"project.results.{name}")
             if posixpath.isabs(rel) or ".." in rel.split("/"):
                 self.fail(None, f"project.results.{name}", "must be a path inside the deployed tree")
-        left_out = {key: self.tree_paths(data.get(key, []), f"project.{key}") for key in OPTIONAL_PROJECT_KEYS}
+        left_out = {key: self.tree_paths(data.get(key, []), f"project.{key}") for key in ("compiled", "documentation")}
         return Project(root, source, excludes, MappingProxyType(dict(commands)), MappingProxyType(dict(results)),
-                       **left_out)
+                       **left_out, bundle_tiers=self.bundle_tiers(data.get("bundle_tiers")))
+
+    def bundle_tiers(self, data: Any) -> Mapping[str, tuple[str, ...] | None]:
+        """project.bundle_tiers: tier name -> list of config names; it must name the default tier."""
+        if data is None:
+            return MappingProxyType({DEFAULT_TIER: None})
+        key = "project.bundle_tiers"
+        self.mapping(data, None, key, "a mapping of tier name to a list of config names")
+        if DEFAULT_TIER not in data:
+            self.fail(None, key, f"must name the tier {DEFAULT_TIER!r} (what a host runs without `bundles:`)")
+        tiers = {}
+        for tier, configs in data.items():
+            self.string(tier, None, key, _NAME, "a tier name (letters, digits, '_', '.', '-')")
+            if not isinstance(configs, list) or not configs:
+                self.fail(None, f"{key}.{tier}", f"must be a non-empty list of config names, not {_type(configs)}")
+            tiers[tier] = tuple(self.string(c, None, f"{key}.{tier}", _NAME, "a config name") for c in configs)
+        return MappingProxyType(tiers)
 
     def tree_paths(self, paths: Any, key: str) -> tuple[str, ...]:
         """A list of paths inside the source tree (`key` names it in errors)."""
@@ -420,10 +461,25 @@ class _Validator:
             values["secret_env"] = tuple(dict.fromkeys(names))
         if "persist" in entry:
             values["persist"] = self.persist(entry["persist"], name)
+        if "bundles" in entry:
+            values["bundles"] = self.tier_list(entry["bundles"], name)
         if "host_key" in entry:
             values["host_key"] = self.string(entry["host_key"], name, "host_key", _FINGERPRINT,
                                              "a SHA256 fingerprint (SHA256: and 43 base64 characters)")
         return Host(**values)
+
+    def tier_list(self, value, name) -> tuple[str, ...]:
+        """A host's `bundles`: a non-empty list of tiers of project.bundle_tiers, each once."""
+        if not isinstance(value, list) or not value:
+            self.fail(name, "bundles", f"must be a non-empty list of bundle tiers, not {_type(value)}")
+        known = self.tiers
+        for tier in value:
+            if tier not in known:
+                self.fail(name, "bundles", f"unknown bundle tier {tier!r}{_did_you_mean(str(tier), known)} "
+                                           "(tiers are declared in project.bundle_tiers)")
+        if len(set(value)) != len(value):
+            self.fail(name, "bundles", "names a tier twice")
+        return tuple(value)
 
     def persist(self, value, name) -> float:
         """`persist`: false (no warm connection), true (the default idle bound) or seconds."""

@@ -31,8 +31,9 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from . import doctor, gpus, ownership, parallel, progress, record, remote, state, sync
+from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, remote, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -50,8 +51,10 @@ OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps nam
 # probe what its question needs, exec the user's own command.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
                  "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
-                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",)}
+                 "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",),
+                 "check-bundle": ("check_bundle",), "clean-bundles": ("clean_bundles",)}
 UNLOCKED_COMMANDS = ("doctor", "exec")     # no tree lock (see Locks above)
+BUNDLE_STEPS = ("preflight", "bundles", "golden", "test", "bench", "stress", "clean_bundles")   # steps a bundle plan shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +68,12 @@ class Plan:
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
     user_command: UserCommand | None = None     # exec: the command typed after --
+    task: Any = None                        # check-bundle, clean-bundles: steps.bundle_tasks.BundleTask
 
     @property
     def claims_gpus(self) -> bool:
-        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly)."""
-        return self.command in ("validate", "nightly")
+        """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly, check-bundle)."""
+        return self.command in ("validate", "nightly", "check-bundle")
 
     @property
     def takes_lock(self) -> bool:
@@ -280,16 +284,22 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     The host lock is taken before the first step that changes the host and held to the end."""
     out = console.host(host.name)
     start = time.monotonic()
+    bundles = _bundles_for(host, plan, shared, rec)
+    if bundles is not None:         # its steps' timeouts scale with the bundles (bundle_plan)
+        host = dataclasses.replace(host, timeouts=bundles.timeouts(host))
     transport = run.transport(host)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
-                      gpu_request=gpus.Request.for_host(host, plan.gpus),
+                      gpu_request=gpus.Request.for_host(host, plan.gpus,
+                                                        -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0),
+                      bundles=bundles,
                       take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync,
                                                                         hash_line),
                       sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command)
+                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command,
+                      task=plan.task)
     stopped_by = None
     try:
         for step in plan.listed:
@@ -317,6 +327,16 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
         rec.seconds = round(time.monotonic() - start, 3)
     rec.status = record.host_status(rec.steps, run.stopped.is_set())
     return rec
+
+
+def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bundle_plan.BundlePlan | None:
+    """The bundles the host runs (its tiers in the expected manifest), recorded; None for a plan
+    without a step they shape (deploy, exec)."""
+    if not set(plan.steps) & set(BUNDLE_STEPS):
+        return None
+    bundles = bundle_plan.for_host(host, shared.project, shared.reference.expected())
+    rec.bundles = bundles.to_record(host)
+    return bundles
 
 
 def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:

@@ -45,7 +45,10 @@ A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user
                       "golden_status": "passed|failed|null", "tests": {"passed", "failed", "skipped",
                       "failed_names"} | null, "tests_status": "passed|failed|null", "message"}]
                     (golden and test once per selected GPU, each pinned to its GPU),
-        "build_key": {...} | null, "seconds"}},
+        "build_key": {...} | null, "seconds",
+        "bundles": null | {"tiers", "configs", "bundles": [{"name", "file", "config", "disk_bytes", "ram_bytes",
+                   "gpu_bytes", "declared"}], "disk_bytes", "ram_bytes_per_engine", "gpu_bytes", "max_memory", "undeclared",
+                   "timeouts": {STEP: SECONDS}, "seconds_per_gb"} (bundle_plan.py)}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
      "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "cal_change"?,
@@ -76,7 +79,7 @@ RUN_VERSION = 1
 RUN_JSON = "run.json"
 LATEST = "latest"
 
-COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect", "exec")
+COMMANDS = ("doctor", "deploy", "validate", "nightly", "bisect", "exec", "check-bundle", "clean-bundles")
 BASELINE_COMMANDS = ("validate", "nightly")      # runs that measure: baselines and comparisons use them
 RUN_STATUSES = ("passed", "failed", "interrupted")
 HOST_STATUSES = RUN_STATUSES
@@ -383,6 +386,7 @@ class HostRecord:
     gpu_runs: list[GpuRun] = field(default_factory=list)
     seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
+    bundles: dict | None = None         # the bundles the host runs, their needs, the scaled timeouts (bundle_plan)
 
 
 @dataclass

@@ -95,30 +95,53 @@ STEP_HELP = {"steps": "comma list of steps to run (default: preflight,sync,build
              "no_cache": "rebuild and regenerate even when nothing changed",
              "history": "the benchmark history file (default: runs/history.sqlite)",
              "gpus": "GPUs per host, over gpu_policy/gpu_count: a count (2), all (every GPU the policy allows), "
-                     "or indices (0,3; one index as 3,)"}
+                     "or indices (0,3; one index as 3,)",
+             "bundles": "bundle tiers per host, over its `bundles`: a comma list of project.bundle_tiers (default,k2wide)"}
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP})
 def validate(c, host=None, group=None, all=False, inventory=None, steps=None, skip=None, report_dir=None,
-             no_cache=False, history=None, gpus=None, parallel=None, no_persist=False):
+             no_cache=False, history=None, gpus=None, parallel=None, no_persist=False, bundles=None):
     """Sync, build, regenerate bundles, check golden tokens, test and benchmark; write the reports."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
-                                     no_cache=no_cache, history=history, gpus=gpus, parallel=_parallel(parallel)))
+                                     no_cache=no_cache, history=history, gpus=gpus, parallel=_parallel(parallel),
+                                     bundles=bundles))
+
+
+@task(positional=["path"], help={"host": "the host the bundle is on", "path": "the bundle on the host (absolute, or relative to remote_dir)",
+            "max_memory": "the engine's --max-memory in bytes (default: the engine's 4 GiB)",
+            "inventory": SELECT_HELP["inventory"]})
+def check_bundle(c, path=None, host=None, max_memory=None, inventory=None):
+    """Check a bundle already on a host (your own weights) with the deployed engine: read it, AR == its golden tokens."""
+    with cli.exit_codes():
+        raise Exit(code=cli.check_bundle(cli.load_inventory(_inventory(c, inventory)),
+                                         cli.load_host(_inventory(c, inventory), host, "check-bundle"), Console(),
+                                         path, max_memory))
+
+
+@task(iterable=["host"], help={**SELECT_HELP, "bundles": STEP_HELP["bundles"],
+                               "remove": "remove the stale bundles (default: only list them, a dry run)"})
+def clean_bundles(c, host=None, group=None, all=False, inventory=None, bundles=None, remove=False, parallel=None,
+                  no_persist=False):
+    """List the bundles on the hosts with their sizes; --remove deletes those their bundle tiers do not use."""
+    with cli.exit_codes():
+        inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, persist=not no_persist)
+        raise Exit(code=cli.clean_bundles(inv, selected, Console(), bundles, remove, _parallel(parallel)))
 
 
 @task(iterable=["host"], help={**SELECT_HELP, **STEP_HELP,
                                "baseline": "compare with this baseline file by a fixed ratio instead of the history"})
 def nightly(c, host=None, group=None, all=False, inventory=None, baseline=None, report_dir=None, steps=None,
-            skip=None, no_cache=False, history=None, gpus=None, parallel=None, no_persist=False):
+            skip=None, no_cache=False, history=None, gpus=None, parallel=None, no_persist=False, bundles=None):
     """Validate every host but `local` (or the selection) and flag benchmark regressions from history (exit 3)."""
     with cli.exit_codes():
         inv, selected = cli.load_selection(_inventory(c, inventory), host, group, all, nightly=True,
                                            persist=not no_persist)
         raise Exit(code=cli.validate(inv, selected, Console(), steps=steps, skip=skip, report_dir=report_dir,
                                      no_cache=no_cache, command="nightly", baseline=baseline, history=history, gpus=gpus,
-                                     parallel=_parallel(parallel)))
+                                     parallel=_parallel(parallel), bundles=bundles))
 
 
 @task(help={"close": "end every warm connection (and remove stale entries)"})

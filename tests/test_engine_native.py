@@ -226,3 +226,20 @@ def test_bench_runs_last_the_min_time(engine_run, tmp_path):
         assert all(s >= 8 * g / t for s, g, t in zip(samples, ar["generations"], ar["run_seconds"])), samples
     proc = _bench(copy, tmp_path, "--min-time-ms", "10001")
     assert proc.returncode == 1 and "--min-time-ms" in proc.stderr
+
+
+def test_a_bundles_declared_ram_need_is_the_engines_own_estimate_for_the_largest_run(engine_run):
+    """The manifest's needs.ram_bytes (gen_model.bundle_needs) less the process allowance is what the
+    engine itself asks for the largest run the scripts make (DDTree budget 64, or the whole prompt):
+    --max-memory at that figure runs, one byte under is refused naming the need."""
+    copy, _ = engine_run
+    allowance = int(subprocess.run([sys.executable, "-c", "import gen_model; print(gen_model.NEEDS_PROCESS_BYTES)"],
+                                   cwd=copy / "python", capture_output=True, text=True, check=True).stdout)
+    for bundle in json.loads((copy / "tests/refs/manifest.json").read_text())["bundles"]:
+        exact = bundle["needs"]["ram_bytes"] - allowance
+        for limit, status in ((exact, 0), (exact - 1, 1)):
+            run = subprocess.run(["build/kdtree", "check", "--bundle", f"tests/refs/{bundle['file']}", "--expect", "golden",
+                                  "--mode", "ddtree", "--budget", "64", "-n", "2", "--max-memory", str(limit)],
+                                 cwd=copy, env=_env(), capture_output=True, text=True, timeout=120)
+            assert run.returncode == status, (bundle["name"], limit, run.stdout[-500:], run.stderr[-500:])
+        assert "over --max-memory" in run.stderr

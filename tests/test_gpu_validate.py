@@ -195,7 +195,9 @@ def test_not_enough_idle_gpus_fails_preflight_naming_them(lab, workdir, g1):
     proc = invoke(lab, "validate", inventory, "--steps", "preflight", "--report-dir", str(run_dir))
     assert proc.returncode == 1
     message = load(run_dir)["steps"]["preflight"]["message"]
-    assert message == ("not enough GPUs: needs 1 idle GPU (no compute process, at most 1024 MiB in use), none usable; "
+    # 546 MiB: the largest GPU need of the default tier's bundles (the expected manifest's k2mini_fp32)
+    assert message == ("not enough GPUs: needs 1 idle GPU (no compute process, at most 1024 MiB in use) with 546 MiB "
+                       "free for the bundles, none usable; "
                        "GPU 0 (NVIDIA H200): 1 compute process: pid 4242 python3 -m sglang.launch_server 30000 MiB; "
                        "GPU 1 (NVIDIA H200): 2 compute processes: pid 777 ollama 2048 MiB, pid 778 python3 512 MiB")
     anyway = invoke(lab, "validate", write_inventory(workdir, lab, host, "any", gpu_policy="any"), "--steps",

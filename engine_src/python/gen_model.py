@@ -345,7 +345,9 @@ def build_config(args: ModelArgs, recipe: Recipe | None = None, rule: GoldenRule
                  "config": args.name, "quant": quant, "prompt": prompt, "golden": tokens,
                  "margins": {"logit_min": rounded_margin(lm), "route_min": rounded_margin(rm),
                              "group_min": rounded_margin(gm)},
-                 "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]]}
+                 "golden_margins": [rounded_margin(m) for m in traj.logit_margin[0]],
+                 "needs": bundle_needs(args, len(blob), sum(4 * t.size for t in tensors.values()),
+                                       drafter_header["block_size"], len(prompt))}
         built.append(Built(name, blob, entry, count, measure_acceptance(args, model, drafter), golden.candidate))
     # the prompt search guarantees these; checked again on what is written, loudly
     for b in built:
@@ -355,6 +357,38 @@ def build_config(args: ModelArgs, recipe: Recipe | None = None, rule: GoldenRule
     if built[0].entry["golden"] == built[1].entry["golden"]:
         raise SystemExit(f"gen_model: {args.name}: INT4 golden equals FP32 golden: quantization left no trace")
     return built
+
+
+# What a bundle needs of the host that runs it (the manifest entry's `needs`, read by the
+# orchestrator's preflight before anything is written). Rows per forward the scripts' runs ask for
+# at most: DDTree budgets up to 64 (bench's default list) plus the root, or the whole prompt.
+NEEDS_MAX_BUDGET = 64
+NEEDS_PROCESS_BYTES = 64 << 20    # the engine process itself (code, stacks, allocator slack)
+NEEDS_GPU_WORKSPACE = 512 << 20   # the CUDA context and the backend's scratch on the GPU
+
+
+def bundle_needs(args: ModelArgs, file_bytes: int, weight_bytes: int, block_size: int, prompt_len: int) -> dict:
+    """The bundle's needs in bytes: disk (the file), RAM of one engine process running it (the
+    engine's own estimate, Bundle::check_memory: the file read whole, the weights as the backend
+    holds them, KV caches for max_seq_len and the forward's buffers for the largest run; plus
+    NEEDS_PROCESS_BYTES) and GPU memory (weights, the same KV caches and buffers, and
+    NEEDS_GPU_WORKSPACE)."""
+    a = args
+    rows = max(prompt_len, 1 + NEEDS_MAX_BUDGET)
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    row_width = a.kv_lora_rank + a.qk_rope_head_dim
+    ffn_width = max(a.inter_dim, a.n_shared_experts * a.moe_inter_dim)
+    experts, top_k = max(a.n_routed_experts, 1), max(a.n_activated_experts, 1)
+    # model_buffer_bytes (engine_src/src/config.cpp), term for term
+    floats = a.n_layers * (a.max_seq_len + rows) * row_width
+    per_row = (6 * a.dim + max(a.q_lora_rank, 1) + a.n_heads * qk + a.n_heads * a.v_head_dim + 2 * ffn_width
+               + experts + 2 * top_k + a.vocab_size + (top_k + 2) * a.dim + 2 * max(a.moe_inter_dim, a.inter_dim)
+               + max(a.dim, ffn_width, a.n_heads * a.v_head_dim) + row_width)
+    floats += rows * per_row + 2 * a.dim + 3 * block_size * a.vocab_size
+    floats += 2 * a.dim + block_size * a.dim      # a lowrank_head drafter's buffers (counted for every drafter)
+    buffers = 4 * floats + 256 * (4 * a.n_layers + 64)
+    return {"disk_bytes": file_bytes, "ram_bytes": file_bytes + weight_bytes + buffers + NEEDS_PROCESS_BYTES,
+            "gpu_bytes": weight_bytes + buffers + NEEDS_GPU_WORKSPACE}
 
 
 def first_difference(a: list, b: list) -> int:

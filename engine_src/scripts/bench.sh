@@ -4,6 +4,7 @@
 # (FP32 vs INT4 MoE), and a K2-width MoE layer (h 7168, moe_inter 2048, top-8 + 1 shared) in FP32
 # and INT4. Builds and regenerates bundles when missing, unless KD_NO_BUILD is set.
 #   KD_BENCH_ARGS: extra flags for `kdtree bench` (e.g. "--moe-experts 384 --moe-tokens 1,4,16").
+#   KD_MAX_MEMORY (bytes, default the engine's 4 GiB): --max-memory, what one bundle may ask for.
 # Reports each phase it starts (python/kdtree_ref/progress.py).
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +30,8 @@ progress() {  # progress DONE WHAT: a progress report (its shape: python/kdtree_
 }
 progress 0 "kdtree bench: every bundle, the layers, the K2-width MoE layer"
 # shellcheck disable=SC2086  # KD_BENCH_ARGS is a list of flags
-build/kdtree bench --manifest "$refs/manifest.json" --out "$results/bench.json" ${KD_BENCH_ARGS:-}
+build/kdtree bench --manifest "$refs/manifest.json" --out "$results/bench.json" \
+    ${KD_MAX_MEMORY:+--max-memory "$KD_MAX_MEMORY"} ${KD_BENCH_ARGS:-}
 if $cuda; then
     progress 1 "GPU kernel benchmarks (bench_gpu.sh)"
     KD_BENCH_GPU_ARGS="${KD_BENCH_GPU_ARGS:---quick}" bash scripts/bench_gpu.sh

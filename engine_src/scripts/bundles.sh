@@ -5,4 +5,7 @@
 # `python/gen_model.py --check tests/refs/expected_manifest.json` checks by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${PYTHON:-python3}" python/gen_model.py --out "${KD_BUNDLE_DIR:-tests/refs}"
+# KD_CONFIGS (space-separated config names): those configs' bundles instead of the default run's.
+configs=()
+if [[ -n "${KD_CONFIGS:-}" ]]; then read -r -a configs <<<"$KD_CONFIGS"; configs=(--configs "${configs[@]}"); fi
+"${PYTHON:-python3}" python/gen_model.py --out "${KD_BUNDLE_DIR:-tests/refs}" "${configs[@]}"

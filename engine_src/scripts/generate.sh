@@ -4,6 +4,7 @@
 # The token count is each bundle's golden length; the golden tokens themselves are never read.
 # Builds and regenerates bundles when missing, unless KD_NO_BUILD is set (then they must exist).
 #   KD_BUDGET (default 16) and KD_BLOCK (default: the bundle's drafter block) shape the tree.
+#   KD_MAX_MEMORY (bytes, default the engine's 4 GiB): --max-memory, what one bundle may ask for.
 set -euo pipefail
 engine="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$engine"
@@ -19,4 +20,5 @@ fi
 mkdir -p "$results"
 flags=(--manifest "$refs/manifest.json" --out "$results/outputs.json" --budget "${KD_BUDGET:-16}")
 [[ -n "${KD_BLOCK:-}" ]] && flags+=(--block "$KD_BLOCK")
+[[ -n "${KD_MAX_MEMORY:-}" ]] && flags+=(--max-memory "$KD_MAX_MEMORY")
 build/kdtree outputs "${flags[@]}"

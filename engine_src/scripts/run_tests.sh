@@ -27,6 +27,10 @@ refs="${KD_BUNDLE_DIR:-tests/refs}"   # where scripts/bundles.sh writes them
 manifest="$refs/manifest.json"
 results="${KD_RESULTS_DIR:-build}"
 kdtree=build/kdtree
+# KD_MAX_MEMORY (bytes): the engine's --max-memory for the model tests (the orchestrator sets it
+# from the bundles' declared RAM need; default: the engine's own 4 GiB)
+mem=()
+if [[ -n "${KD_MAX_MEMORY:-}" ]]; then mem=(--max-memory "$KD_MAX_MEMORY"); fi
 scratch="$(mktemp -d)"
 source scripts/gpu_load.sh
 cleanup() {
@@ -211,12 +215,12 @@ for be in "${backends[@]}"; do
         fi
         bundle="$refs/$file"
         # The bundle's own golden tokens (prompt from the bundle, n = golden length).
-        check "model.$be.$name.ar_equals_golden" "$kdtree" check --backend "$be" --bundle "$bundle" --expect golden
+        check "model.$be.$name.ar_equals_golden" "$kdtree" check "${mem[@]}" --backend "$be" --bundle "$bundle" --expect golden
         # The manifest's golden tokens, the list the orchestrator compares against.
-        check "model.$be.$name.ar_equals_manifest_golden" "$kdtree" check --backend "$be" --bundle "$bundle" --expect "$golden"
+        check "model.$be.$name.ar_equals_manifest_golden" "$kdtree" check "${mem[@]}" --backend "$be" --bundle "$bundle" --expect "$golden"
         for bl in "4 2" "8 8" "16 4" "48 8"; do
             read -r budget block <<<"$bl"
-            check "model.$be.$name.ddtree_equals_ar.B${budget}_L${block}" "$kdtree" check --backend "$be" --bundle "$bundle" \
+            check "model.$be.$name.ddtree_equals_ar.B${budget}_L${block}" "$kdtree" check "${mem[@]}" --backend "$be" --bundle "$bundle" \
                 --expect ar --mode ddtree --budget "$budget" --block "$block" -n 64
         done
         # Prompts in no bundle: engine == the float64 reference (kdtree_ref) up to the first near-tie.
@@ -224,8 +228,8 @@ for be in "${backends[@]}"; do
         if ref="$("$PYTHON" tests/ref_tokens.py "$bundle" --prompts 2 -n 24 2>&1)"; then
             i=0
             while read -r prompt tokens; do
-                check "model.$be.$name.reference_prompt$i" "$kdtree" check --backend "$be" --bundle "$bundle" --prompt "$prompt" --expect "$tokens"
-                check "model.$be.$name.reference_prompt$i.ddtree" "$kdtree" check --backend "$be" --bundle "$bundle" --prompt "$prompt" \
+                check "model.$be.$name.reference_prompt$i" "$kdtree" check "${mem[@]}" --backend "$be" --bundle "$bundle" --prompt "$prompt" --expect "$tokens"
+                check "model.$be.$name.reference_prompt$i.ddtree" "$kdtree" check "${mem[@]}" --backend "$be" --bundle "$bundle" --prompt "$prompt" \
                     --expect "$tokens" --mode ddtree --budget 16
                 i=$((i + 1))
             done < <("$PYTHON" -c '

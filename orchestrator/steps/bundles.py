@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
+from ..bundle_plan import gb
 from . import inputs
 from .context import Outcome, StepContext
 
@@ -15,6 +16,8 @@ def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged
     and the bundle folder (the manifest's) holds, hash for hash, what the last regeneration left."""
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
+    if ctx.bundles is not None and not ctx.bundles.is_default:     # another selection: other bundles
+        key["configs"] = " ".join(ctx.bundles.configs)
     stamp = ctx.stamp(STAMP) or {}
     if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
@@ -22,6 +25,11 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
     with ctx.changing():
+        if ctx.bundles is not None:
+            # What the writer will leave in all, beside its own progress reports (bundles and
+            # bytes written so far): the declared disk need of the selected bundles.
+            ctx.log(f"writing {len(ctx.bundles.bundles)} bundles of tiers {', '.join(ctx.bundles.tiers)}: "
+                    f"{gb(ctx.bundles.disk_bytes)}")
         ctx.engine("bundles")
         ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")

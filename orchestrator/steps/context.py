@@ -102,6 +102,8 @@ class StepContext:
     ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
     user_command: UserCommand | None = None   # exec: what the user typed after --
     progress: Any = dataclasses.field(default_factory=progress.Ignored)   # progress.Reporter of the current step
+    bundles: Any = None                 # bundle_plan.BundlePlan: the bundles the host runs (None: deploy, exec)
+    task: Any = None                    # bundle_tasks.BundleTask: what check-bundle or clean-bundles was asked
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
@@ -242,7 +244,7 @@ class StepContext:
             self.log(f"not reused: {e.message}")
             return None
         key = {"command": self.project.commands.get(self.step_command()), "build": build,
-               "env": {**remote.host_env(self.host), **self.gpu_env()},
+               "env": {**remote.host_env(self.host), **self.bundle_env(), **self.gpu_env()},
                "secret_env": sorted(self.host.secret_env),      # names only: a hash of a value could be guessed
                "executables": found.executables, "files": found.files}
         self.inputs_digest = inputs.digest(key)
@@ -354,9 +356,14 @@ class StepContext:
         else:
             self.progress.report(update)
 
+    def bundle_env(self) -> dict[str, str]:
+        """The selected bundles' environment of every engine command (bundle_plan: KD_MAX_MEMORY,
+        KD_CONFIGS)."""
+        return self.bundles.env() if self.bundles is not None else {}
+
     def _pinned(self, env: dict[str, str] | None) -> dict[str, str]:
-        """`env` over the claimed GPUs' CUDA_VISIBLE_DEVICES; the uuids are noted for the record."""
-        env = {**self.gpu_env(), **(env or {})}
+        """`env` over the bundles' and the claimed GPUs' environment; the uuids are noted for the record."""
+        env = {**self.bundle_env(), **self.gpu_env(), **(env or {})}
         for uuid in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
             if uuid and uuid not in self.devices_used:
                 self.devices_used.append(uuid)

@@ -85,4 +85,7 @@ def _checked(ctx: StepContext, outputs: dict, host_manifest: dict, made_by: str 
                         f"not the deployed {tree[:12]}", host=ctx.host.name)
     if outputs.get("backend"):
         ctx.record.backend = outputs["backend"]
-    return golden.matrix_row(ctx.reference.expected(), ctx.reference.local(ctx.progress), host_manifest, outputs)
+    expected = ctx.reference.expected()
+    if ctx.bundles is not None:         # the selected tiers' bundles only
+        expected = ctx.bundles.expected(expected)
+    return golden.matrix_row(expected, ctx.reference.local(ctx.progress), host_manifest, outputs)

@@ -1,11 +1,13 @@
-"""Preflight: the doctor's checks on the host, the host's fingerprint for the record, and its
-GPUs: the table of what nvidia-smi reports, the ones this run claims (validate, nightly) or would
-take (doctor, which is this step alone)."""
+"""Preflight: the doctor's checks on the host, the host's fingerprint for the record, whether
+the host can hold the selected bundles (disk and RAM: capacity.py; GPU memory: the GPU
+selection), and its GPUs: the table of what nvidia-smi reports, the ones this run claims
+(validate, nightly) or would take (doctor, which is this step alone)."""
 from __future__ import annotations
 
+import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .. import doctor, gpu_claims, gpus, state
+from .. import capacity, doctor, gpu_claims, gpus, state
 from ..record import Fingerprint
 from .context import Outcome, StepContext, StepError
 
@@ -28,7 +30,43 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    return Outcome("passed", "; ".join(warnings + [take_gpus(ctx, query, lock)]))
+    room = _room(ctx)
+    taken = take_gpus(ctx, query, lock)
+    return Outcome("passed", "; ".join(warnings + [taken] + ([_ram(ctx, room)] if room else [])))
+
+
+def _room(ctx: StepContext) -> capacity.Room | None:
+    """The host's room for the selected bundles, logged; StepError with the numbers when its disk
+    cannot hold them. None without a bundle plan or a declared need."""
+    plan = ctx.bundles
+    if plan is None or not plan.bundles:
+        return None
+    room = capacity.probe(ctx.transport, plan, posixpath.dirname(ctx.project.results["manifest"]))
+    ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
+            f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
+            f"{plan.max_memory} bytes")
+    if plan.undeclared():
+        ctx.log(f"bundles    {', '.join(plan.undeclared())}: the manifest declares no needs: not judged, and the "
+                "engine keeps its own --max-memory")
+    problem = capacity.disk_problem(room, plan, ctx.host)
+    if problem:
+        raise StepError(f"disk: {problem}", host=ctx.host.name)
+    return room
+
+
+def _ram(ctx: StepContext, room: capacity.Room) -> str:
+    """The RAM verdict for the engine processes the run will have at once: one per GPU claimed
+    (doctor: per GPU a run would ask for), one on a host without GPUs. StepError with the
+    numbers when they do not fit."""
+    if ctx.claim_gpus is not None or not ctx.record.gpus:
+        engines = len(ctx.gpus)
+    else:
+        request = ctx.gpu_request
+        engines = len(request.indices) if request.policy == "list" else request.count or len(ctx.record.gpus)
+    problem = capacity.ram_problem(room, ctx.bundles, max(1, engines))
+    if problem:
+        raise StepError(f"RAM: {problem}", host=ctx.host.name)
+    return capacity.summary(room, ctx.bundles, max(1, engines))
 
 
 def take_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:

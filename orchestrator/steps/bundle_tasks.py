@@ -1,0 +1,141 @@
+"""The bundle commands, each one step on a host: `check-bundle` runs the deployed engine's bundle
+reader and golden check on a bundle already on the host (a user's own weights), reading it only;
+`clean-bundles` lists the bundles in the deployed tree's bundle folder with their sizes and, when
+told to, removes those the host's selected tiers do not use (never anything else, never outside
+that folder of remote_dir).
+"""
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+
+from .. import remote
+from ..bundle_plan import gb
+from ..errors import CommandError, cause_of
+from ..gpus import visible
+from .context import Outcome, StepContext, StepError
+
+ENGINE = "build/kdtree"       # the deployed engine, relative to remote_dir (what the build step leaves)
+LISTED_MAX = 4096             # bundle files listed at most (more: refused, nothing removed)
+_LISTED = re.compile(r"(\d{1,20}) ([A-Za-z0-9_.+-][A-Za-z0-9_./+-]*\.kdtr)\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleTask:
+    """What a bundle command was asked: check-bundle's `path` (absolute, or relative to
+    remote_dir) and its --max-memory (None: the engine's default); clean-bundles' `remove`
+    (False: list only)."""
+
+    path: str | None = None
+    max_memory: int | None = None
+    remove: bool = False
+
+
+def check_bundle(ctx: StepContext) -> Outcome:
+    """`kdtree check --bundle PATH --expect golden` in remote_dir on the claimed GPUs: passed when the
+    engine reads the bundle and its AR tokens equal the bundle's golden tokens; else a CommandError
+    with what the engine said."""
+    task = ctx.task
+    assert task is not None and task.path is not None      # the check-bundle plan always carries one
+    argv = [ENGINE, "check", "--bundle", task.path, "--expect", "golden"]
+    if task.max_memory:
+        argv += ["--max-memory", str(task.max_memory)]
+    snippet = (f'[ -x {ENGINE} ] || {{ echo "{ENGINE} is not built here: run invoke validate --steps sync,build '
+               f'on this host first" >&2; exit 3; }}; exec {remote.quote(argv)}')
+    timeout = ctx.host.timeout("golden")
+    ctx.log(f"$ {remote.quote(argv)}")
+    result = ctx.transport.run(remote.step(ctx.host, snippet, timeout, env=ctx.gpu_env(), what="the bundle check"),
+                               on_output=ctx.log)
+    said = _last_line(result.tail)
+    if result.ok:
+        return Outcome("passed", f"{visible(task.path, 300)}: {said}")
+    why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
+    raise CommandError(f"the bundle check of {visible(task.path, 300)} {why}: {cause_of(result.tail) or said}",
+                       host=ctx.host.name, command=remote.quote(argv), exit_status=result.exit_code, tail=result.tail)
+
+
+def clean_bundles(ctx: StepContext) -> Outcome:
+    """List the bundle files of the deployed bundle folder (sizes; used by the selected tiers or
+    stale) and, with BundleTask.remove, remove the stale ones; say what was (or would be) freed."""
+    task, plan = ctx.task, ctx.bundles
+    assert task is not None and plan is not None
+    folder = posixpath.dirname(ctx.project.results["manifest"])
+    listed = _list(ctx, folder)
+    used = {b.file for b in plan.bundles}
+    stale = {path: size for path, size in listed.items() if path not in used}
+    for path, size in sorted(listed.items()):
+        ctx.log(f"{'stale' if path in stale else 'used ':5}  {gb(size):>10}  {folder}/{path}")
+    freed = gb(sum(stale.values()))
+    if not stale:
+        return Outcome("passed", f"{len(listed)} bundles in {folder}, all used by tiers {', '.join(plan.tiers)}")
+    if not task.remove:
+        return Outcome("passed", f"{len(stale)} stale bundles ({freed}) of {len(listed)} in {folder} would be removed "
+                                 "(a dry run: --remove removes them)")
+    _remove(ctx, folder, sorted(stale))
+    return Outcome("passed", f"removed {len(stale)} stale bundles ({freed}) of {len(listed)} in {folder}; "
+                             f"kept the {len(listed) - len(stale)} of tiers {', '.join(plan.tiers)}")
+
+
+def _list(ctx: StepContext, folder: str) -> dict[str, int]:
+    """The bundle files (*.kdtr, regular files, not through a link) under `folder` of remote_dir:
+    relative path -> bytes. A name of another shape is refused, never removed."""
+    command = remote.script(_LIST_SCRIPT, ctx.host.remote_dir, folder, timeout=ctx.host.timeout("preflight"),
+                            what="listing the bundles")
+    out = ctx.transport.capture(command, max_bytes=256 * 1024).decode("utf-8", errors="replace")
+    found: dict[str, int] = {}
+    for line in out.splitlines():
+        m = _LISTED.match(line)
+        if line and (m is None or ".." in m.group(2).split("/")):
+            raise StepError(f"{folder} holds a bundle whose name cannot be handled safely: {visible(line, 200)} "
+                            "(nothing removed)", host=ctx.host.name)
+        if m:
+            found[m.group(2)] = int(m.group(1))
+    if len(found) > LISTED_MAX:
+        raise StepError(f"{folder} holds more than {LISTED_MAX} bundles (nothing removed)", host=ctx.host.name)
+    return found
+
+
+def _remove(ctx: StepContext, folder: str, paths: list[str]) -> None:
+    """Remove these files of `folder` (each checked again on the host: a regular file, not a link,
+    inside the folder); CommandError with the host's words when one cannot be removed."""
+    command = remote.script(_REMOVE_SCRIPT, ctx.host.remote_dir, folder, *paths, timeout=ctx.host.timeout("preflight"),
+                            what="removing stale bundles")
+    result = ctx.transport.run(command, on_output=ctx.log)
+    if not result.ok:
+        raise CommandError(f"removing stale bundles exited with {result.exit_code}", host=ctx.host.name,
+                           command=command.line, exit_status=result.exit_code, tail=result.tail)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return visible(lines[-1].strip(), 300) if lines else "(no output)"
+
+
+# Arguments: remote_dir, the bundle folder relative to it. The folder must be a real folder inside
+# remote_dir (no link on the way out); prints "BYTES RELATIVE-PATH" for each *.kdtr regular file.
+_LIST_SCRIPT = r'''
+d=$1 f=$2
+[ -d "$d/$f" ] || exit 0
+real=$(cd -P -- "$d" && pwd) && inner=$(cd -P -- "$d/$f" && pwd) || exit 4
+case $inner/ in "$real"/*) ;; *) echo "the bundle folder $f leads outside remote_dir" >&2; exit 4 ;; esac
+cd -P -- "$d/$f" && find . -xdev -type f -name '*.kdtr' -printf '%s %P\n'
+'''
+
+# Arguments: remote_dir, the bundle folder, then files relative to the folder: each removed only
+# when it is a regular file (not a link) whose real path lies inside the folder.
+_REMOVE_SCRIPT = r'''
+d=$1 f=$2; shift 2
+inner=$(cd -P -- "$d/$f" && pwd) || exit 4
+real=$(cd -P -- "$d" && pwd) || exit 4
+case $inner/ in "$real"/*) ;; *) echo "the bundle folder $f leads outside remote_dir" >&2; exit 4 ;; esac
+rc=0
+for p; do
+  case /$p/ in */../*) echo "refused: $p" >&2; rc=4; continue ;; esac
+  t=$inner/$p
+  if [ -L "$t" ] || [ ! -f "$t" ]; then echo "refused: $p is not a regular file" >&2; rc=4; continue; fi
+  case $(cd -P -- "$(dirname -- "$t")" && pwd)/ in "$inner"/*) ;; *) echo "refused: $p is outside" >&2; rc=4; continue ;; esac
+  rm -f -- "$t" && echo "removed $f/$p" || rc=1
+done
+exit $rc
+'''
