@@ -384,7 +384,9 @@ kd_begin_sync() {
   printf 'started %s\n' "$1" > sync.partial
   r=$2; [ -n "$r" ] || r=$(command -v rsync) || r=
   if [ -n "$r" ] && [ -x "$r" ]; then
-    printf 'RSYNC %s\nRSYNC_VERSION %s\n' "$r" "$("$r" --version 2>/dev/null | head -n 1 | tr -c '[:print:]' ' ')"
+    # never on this script's stdin (the lock's commands), and never for long: an rsync_path may be a wrapper
+    printf 'RSYNC %s\nRSYNC_VERSION %s\n' "$r" \
+      "$(timeout 10 "$r" --version </dev/null 2>/dev/null | head -n 1 | tr -c '[:print:]' ' ')"
   fi
   return 0
 }

@@ -230,6 +230,17 @@ def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inven
     assert log[0] == "rsync failed with exit code 12, retrying: connection unexpectedly closed"
 
 
+@pytest.mark.timeout(120)
+def test_the_rsync_version_query_leaves_the_lock_holders_commands_alone(make_inventory, source, tmp_path, fake_tool):
+    """The lock holder asks the host's rsync for its version as the sync begins; an rsync (or an
+    rsync_path wrapper) that reads its stdin there gets nothing of the lock's own command stream."""
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
+    fake_tool("rsync", f'[ "$1" = --version ] && cat > /dev/null\nexec {shutil.which("rsync")} "$@"')
+    with open_transport(inv.hosts["local"]) as t:
+        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), [].append)
+    assert result.method == "rsync" and files(tmp_path / "host") == SYNCED
+
+
 def test_the_rsync_argv_of_a_sync(make_inventory, source):
     """What rsync is told: contents compared only when asked (a repair), the host's rsync_path
     over ssh only (a local host runs this machine's rsync)."""
