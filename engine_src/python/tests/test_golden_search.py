@@ -1,0 +1,62 @@
+"""The big configs' golden search (streaming reference, parallel jobs, resumable) chooses what
+gen_model's in-memory search chooses."""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import gen_model
+import golden_search
+from golden_search import Config, Job
+from kdtree_ref.weights import Weights
+from kdtree_ref.model import Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import small_k2  # noqa: E402
+
+# k2small with a noisy-prompt rule, so that every kind of job runs (k2wide's rule has noise)
+RULE = dataclasses.replace(small_k2.RULE, prompt_noise=1e-4)
+CONFIG = Config(small_k2.ARGS, small_k2.RECIPE, RULE)
+
+
+def in_memory_golden() -> gen_model.Golden:
+    """gen_model.search_prompt's choice over the full float64 models of k2small's two bundles."""
+    source = Weights(small_k2.ARGS, direct_int4=True)
+    models = {q: Transformer(small_k2.ARGS, gen_model.bundle_weights(source, gen_model.quant_header(small_k2.RECIPE, q))[1])
+              for q in ("fp32", "int4")}
+    return gen_model.search_prompt(small_k2.ARGS, models["fp32"], models["int4"], RULE)
+
+
+def test_streaming_search_chooses_the_in_memory_searchs_golden(tmp_path):
+    status, result = golden_search.search(CONFIG, tmp_path, workers=2, deadline=float("inf"))
+    want = in_memory_golden()
+    assert status == 0 and result["accepted"] == want.candidate
+    fp32, int4 = result["bundles"]
+    assert fp32["prompt"] == [int(t) for t in want.prompt]
+    assert fp32["golden"] == [int(t) for t in want.fp32.tokens[0]]
+    assert int4["golden"] == [int(t) for t in want.int4.tokens[0]]
+    assert fp32["golden"] != int4["golden"]
+    assert fp32["golden_margins"] == [gen_model.rounded_margin(m) for m in want.fp32.logit_margin[0]]
+    # every candidate before the accepted one was refused, saying why
+    assert sorted(map(int, result["refused"])) == list(range(want.candidate))
+    assert all(result["refused"].values())
+    json.dumps(result)
+
+
+def test_a_job_stopped_at_its_deadline_goes_on_from_its_saved_step(tmp_path, monkeypatch):
+    job = Job(CONFIG.args.name, 0, "int4")
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "part").mkdir()
+    whole = golden_search.run_job(CONFIG, job, str(tmp_path / "whole"), float("inf"))
+    ticks = iter(np.arange(0.0, 1000.0))             # one tick per look at the clock
+    monkeypatch.setattr(golden_search, "clock", lambda: float(next(ticks)))
+    paused = golden_search.run_job(CONFIG, job, str(tmp_path / "part"), deadline=5.0)
+    assert paused["status"] == "paused" and 0 < paused["steps"] < gen_model.GOLDEN_LEN
+    monkeypatch.undo()
+    resumed = golden_search.run_job(CONFIG, job, str(tmp_path / "part"), float("inf"))
+    assert {**resumed, "cpu_s": 0} == {**whole, "cpu_s": 0}
+    # an ended job's outcome is read back, not recomputed
+    assert golden_search.run_job(CONFIG, job, str(tmp_path / "part"), deadline=-1.0) == resumed
