@@ -32,9 +32,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+import gen_model  # first: it sets the BLAS thread counts (one per worker) before NumPy loads
 import numpy as np
-
-import gen_model  # sets the BLAS thread counts before NumPy loads
 from kdtree_ref import progress
 from kdtree_ref.model import KVCache, ModelArgs, decode_step, prefill, top_margin
 from kdtree_ref.streaming import StreamingTransformer
