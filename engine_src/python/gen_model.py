@@ -29,13 +29,15 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from kdtree_ref import ddtree, kdtr, progress, prng  # noqa: E402
+from kdtree_ref import bundle_writer, ddtree, kdtr, progress, prng  # noqa: E402
+from kdtree_ref.needs import bundle_needs  # noqa: E402
 from kdtree_ref import drafter as drafting  # noqa: E402
 from kdtree_ref.model import ModelArgs, RopeScaling, Trajectory, Transformer, generate  # noqa: E402
 from kdtree_ref.quant import GROUP_SIZE, dequantize, is_quantized  # noqa: E402
 from kdtree_ref.weights import SEED, Weights  # noqa: E402
 
 MANIFEST_VERSION = 1
+EXPECTED_MANIFEST = Path(__file__).resolve().parent.parent / "tests" / "refs" / "expected_manifest.json"
 BUNDLES_PER_CONFIG = 2      # build_config's fp32 and int4 bundles (the total of the progress reports)
 CONFIGS = {
     "tiny": ModelArgs(
@@ -137,7 +139,8 @@ RULES = {"tiny": GoldenRule(), "tiny2": GoldenRule(),
                               search_batch=1)}
 # The modules whose code decides the bytes of a config's bundles besides gen_model.py's own
 # functions listed in KEY_FUNCTIONS (generator_key).
-KEY_MODULES = ("prng.py", "quant.py", "weights.py", "model.py", "drafter.py", "kdtr.py")
+KEY_MODULES = ("prng.py", "quant.py", "weights.py", "model.py", "drafter.py", "kdtr.py", "schema.py", "stream.py",
+               "bundle_writer.py")
 MAX_CANDIDATES = 512
 MIN_DISTINCT = 24
 MAX_PERIOD = 16
@@ -282,12 +285,19 @@ def fit_drafter(args: ModelArgs, model: Transformer) -> drafting.Drafter:
     return drafting.fit(features, targets, args.vocab_size)
 
 
+def drafter_header(args: ModelArgs, recipe: Recipe) -> dict:
+    """The header `drafter` object of a config's bundles (a lowrank_head one when the recipe says so)."""
+    header = {"block_size": BLOCK_SIZE, "mask_token": args.vocab_size - 1}
+    if recipe.drafter_rank:
+        header.update(kind="lowrank_head", rank=recipe.drafter_rank)
+    return header
+
+
 def make_drafter(source: Weights, recipe: Recipe, model: Transformer):
     """(drafter, its header object, its tensors): the recipe's low-rank drafter, or the linear one fitted to `model`."""
-    header = {"block_size": BLOCK_SIZE, "mask_token": source.args.vocab_size - 1}
+    header = drafter_header(source.args, recipe)
     if recipe.drafter_rank:
         v, u, b = source.lowrank_drafter(recipe.drafter_rank, BLOCK_SIZE)
-        header.update(kind="lowrank_head", rank=recipe.drafter_rank)
         return drafting.LowRankDrafter(v, u, b, model.head_logits), header, {"drafter.v": v, "drafter.u": u, "drafter.b": b}
     drafter = fit_drafter(source.args, model)
     return drafter, header, {"drafter.w": drafter.w, "drafter.b": drafter.b}
@@ -359,38 +369,6 @@ def build_config(args: ModelArgs, recipe: Recipe | None = None, rule: GoldenRule
     return built
 
 
-# What a bundle needs of the host that runs it (the manifest entry's `needs`, read by the
-# orchestrator's preflight before anything is written). Rows per forward the scripts' runs ask for
-# at most: DDTree budgets up to 64 (bench's default list) plus the root, or the whole prompt.
-NEEDS_MAX_BUDGET = 64
-NEEDS_PROCESS_BYTES = 64 << 20    # the engine process itself (code, stacks, allocator slack)
-NEEDS_GPU_WORKSPACE = 512 << 20   # the CUDA context and the backend's scratch on the GPU
-
-
-def bundle_needs(args: ModelArgs, file_bytes: int, weight_bytes: int, block_size: int, prompt_len: int) -> dict:
-    """The bundle's needs in bytes: disk (the file), RAM of one engine process running it (the
-    engine's own estimate, Bundle::check_memory: the file read whole, the weights as the backend
-    holds them, KV caches for max_seq_len and the forward's buffers for the largest run; plus
-    NEEDS_PROCESS_BYTES) and GPU memory (weights, the same KV caches and buffers, and
-    NEEDS_GPU_WORKSPACE)."""
-    a = args
-    rows = max(prompt_len, 1 + NEEDS_MAX_BUDGET)
-    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-    row_width = a.kv_lora_rank + a.qk_rope_head_dim
-    ffn_width = max(a.inter_dim, a.n_shared_experts * a.moe_inter_dim)
-    experts, top_k = max(a.n_routed_experts, 1), max(a.n_activated_experts, 1)
-    # model_buffer_bytes (engine_src/src/config.cpp), term for term
-    floats = a.n_layers * (a.max_seq_len + rows) * row_width
-    per_row = (6 * a.dim + max(a.q_lora_rank, 1) + a.n_heads * qk + a.n_heads * a.v_head_dim + 2 * ffn_width
-               + experts + 2 * top_k + a.vocab_size + (top_k + 2) * a.dim + 2 * max(a.moe_inter_dim, a.inter_dim)
-               + max(a.dim, ffn_width, a.n_heads * a.v_head_dim) + row_width)
-    floats += rows * per_row + 2 * a.dim + 3 * block_size * a.vocab_size
-    floats += 2 * a.dim + block_size * a.dim      # a lowrank_head drafter's buffers (counted for every drafter)
-    buffers = 4 * floats + 256 * (4 * a.n_layers + 64)
-    return {"disk_bytes": file_bytes, "ram_bytes": file_bytes + weight_bytes + buffers + NEEDS_PROCESS_BYTES,
-            "gpu_bytes": weight_bytes + buffers + NEEDS_GPU_WORKSPACE}
-
-
 def first_difference(a: list, b: list) -> int:
     """Index of the first position where two token lists differ (or the shorter length)."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -417,6 +395,73 @@ def check(manifest: dict, expected_path: Path) -> str | None:
                 return f"{want['name']}: {key} differs from {expected_path} ({detail})"
     extra = sorted(set(got) - {b["name"] for b in wanted})
     return f"{extra[0]}: written but not in {expected_path}" if extra else None
+
+
+def is_streamed(name: str) -> bool:
+    """Whether a config's bundles are written by kdtree_ref.bundle_writer (too big to make in memory;
+    their golden tokens come from golden_search.py, committed in the expected manifest)."""
+    return RECIPES.get(name, Recipe()).direct_int4
+
+
+def golden_entries(path: Path, name: str) -> dict[str, dict]:
+    """{label: manifest entry} of config `name` in a manifest or a golden_search result (their `bundles`)."""
+    try:
+        found = {b["quant"]: b for b in json.loads(path.read_text())["bundles"] if b.get("config") == name}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise SystemExit(f"gen_model: {name}: cannot read golden tokens from {path}: {err}") from err
+    if set(found) != {"fp32", "int4"}:
+        raise SystemExit(f"gen_model: {name}: {path} holds no golden tokens for both bundles (fp32 and int4): "
+                         f"run golden_search.py --config {name} and commit its result")
+    return found
+
+
+def reusable(name: str, key: str, golden: dict[str, dict], out: Path) -> list[dict] | None:
+    """The previous run's manifest entries of a streamed config, when its generator key and golden
+    tokens are unchanged and each file is whole (its size and stored digest those entries name)."""
+    try:
+        previous = json.loads((out / "manifest.json").read_text())
+        if previous["generator"].get("keys", {}).get(name) != key:
+            return None
+        entries = [b for b in previous["bundles"] if b["config"] == name]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if sorted(b["quant"] for b in entries) != ["fp32", "int4"]:
+        return None
+    for b in entries:
+        path = out / b["file"]
+        want = golden[b["quant"]]
+        if (b["prompt"], b["golden"]) != (want["prompt"], want["golden"]) or not path.is_file():
+            return None
+        try:    # the layout and the digest over header and index: cheap (each tensor's hash: the engine's load)
+            whole = path.stat().st_size == b["needs"]["disk_bytes"] and kdtr.read(path, lazy=True).identity() == b["sha256"]
+        except kdtr.KdtrError:
+            whole = False
+        if not whole:
+            return None
+    return entries
+
+
+def write_streamed(name: str, out: Path, golden_path: Path, workers: int, hash_only: bool) -> tuple[list[dict], bool]:
+    """(manifest entries, reused) of a streamed config's two bundles, written by worker processes
+    with the golden tokens of `golden_path` (hash_only: entries alone, no files)."""
+    args, recipe = CONFIGS[name], RECIPES[name]
+    golden = golden_entries(golden_path, name)
+    kept = None if hash_only else reusable(name, generator_key(name), golden, out)
+    if kept:
+        return kept, True
+    source = Weights(args, direct_int4=recipe.direct_int4)
+    quants = {label: quant_header(recipe, label) for label in ("fp32", "int4")}
+    made = bundle_writer.write_pair(source, quants, drafter_header(args, recipe), golden,
+                                    None if hash_only else out, workers)
+    entries = []
+    for label, (identity, plan) in made.items():
+        g = golden[label]
+        entries.append({"name": f"{name}_{label}", "file": f"model_{name}_{label}.kdtr", "sha256": identity,
+                        "config": name, "quant": label, "prompt": g["prompt"], "golden": g["golden"],
+                        "margins": g["margins"], "golden_margins": g["golden_margins"],
+                        "needs": bundle_needs(args, plan.size, sum(s.nbytes for s in plan.specs), BLOCK_SIZE,
+                                              len(g["prompt"]))})
+    return entries, False
 
 
 def generator_key(name: str) -> str:
@@ -465,6 +510,16 @@ def main(argv=None) -> int:
                         help="print CONFIG's generator key (the cache key of its bundles) and exit")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=DEFAULT_CONFIGS,
                         help=f"configs to build (default: {' '.join(DEFAULT_CONFIGS)})")
+    parser.add_argument("--golden", type=Path, default=EXPECTED_MANIFEST, metavar="MANIFEST",
+                        help="big configs (k2wide): the manifest or golden_search.py result giving their prompt and "
+                             "golden tokens (default: the committed expected manifest)")
+    parser.add_argument("--hash-only", action="store_true",
+                        help="big configs: compute their manifest entries (sha256, needs) without writing the bundles")
+    parser.add_argument("--recompute-golden", action="store_true",
+                        help="with --check, big configs: recompute their golden tokens with the streaming float64 "
+                             "reference (about 15 CPU-minutes a bundle at k2wide's width) and compare")
+    parser.add_argument("--workers", type=int, default=bundle_writer.default_workers(),
+                        help="big configs: writer processes (default: every core)")
     opts = parser.parse_args(argv)
     if opts.key:
         print(generator_key(opts.key))
@@ -474,6 +529,14 @@ def main(argv=None) -> int:
     bundles, acceptance, candidates = [], {}, {}
     total, written = BUNDLES_PER_CONFIG * len(opts.configs), 0
     for name in opts.configs:
+        if is_streamed(name):
+            entries, reused = write_streamed(name, opts.out, opts.golden, opts.workers, opts.hash_only)
+            bundles.extend(entries)
+            written += 0 if reused else sum(e["needs"]["disk_bytes"] for e in entries)
+            said = "kept (generator key and golden unchanged)" if reused else "hashed" if opts.hash_only else "wrote"
+            print(f"{said} {', '.join(e['file'] for e in entries)}", flush=True)
+            progress.report(len(bundles), total, "bundles", f"{said} {name}'s bundles", written)
+            continue
         progress.report(len(bundles), total, "bundles", f"making {name}: weights, golden prompt, drafter", written)
         for b in build_config(CONFIGS[name]):
             path = opts.out / b.entry["file"]
@@ -498,6 +561,7 @@ def main(argv=None) -> int:
                         "fit_prompts": FIT_PROMPTS, "eval_prompts": EVAL_PROMPTS,
                         "eval_tokens": EVAL_TOKENS},
             "accept_mean": acceptance,
+            "keys": {name: generator_key(name) for name in opts.configs if is_streamed(name)},
             "python": platform.python_version(), "numpy": np.__version__,
             "seconds": round(time.perf_counter() - start, 2),
         },
@@ -512,6 +576,15 @@ def main(argv=None) -> int:
             print(f"CHECK FAILED: {problem}", file=sys.stderr)
             return 1
         print(f"check: every bundle matches {opts.check}")
+        if opts.recompute_golden:
+            import golden_search  # the streaming search's models: only when asked (it imports this module)
+            for name in filter(is_streamed, opts.configs):
+                problem = golden_search.recompute(golden_search.Config.named(name), golden_entries(opts.check, name),
+                                                  opts.workers)
+                if problem:
+                    print(f"CHECK FAILED: {problem}", file=sys.stderr)
+                    return 1
+                print(f"check: {name}'s golden tokens are the streaming reference's")
     return 0
 
 

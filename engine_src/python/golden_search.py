@@ -35,7 +35,7 @@ from pathlib import Path
 import gen_model  # first: it sets the BLAS thread counts (one per worker) before NumPy loads
 import numpy as np
 from kdtree_ref import progress
-from kdtree_ref.model import KVCache, ModelArgs, decode_step, prefill, top_margin
+from kdtree_ref.model import KVCache, ModelArgs, decode_step, generate, prefill, top_margin
 from kdtree_ref.streaming import StreamingTransformer
 from kdtree_ref.weights import Weights
 
@@ -266,6 +266,26 @@ def _result(config: Config, found: Search, accepted: int | None, first_open: int
     if accepted is not None:
         result["bundles"] = entries(config, accepted, found)
     return result
+
+
+def _greedy(config: Config, label: str, prompt: list[int]) -> list[int]:
+    model = streaming_model(config, Job(config.args.name, -1, label))
+    return [int(t) for t in generate(model, np.array([prompt]), gen_model.GOLDEN_LEN).tokens[0]]
+
+
+def recompute(config: Config, entries: dict[str, dict], workers: int) -> str | None:
+    """The first difference between the golden tokens of a config's manifest entries ({label:
+    entry}) and the streaming reference's greedy tokens after their prompts (one process each), or None."""
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(entries)))) as pool:
+        made = {label: pool.submit(_greedy, config, label, e["prompt"]) for label, e in entries.items()}
+        for label, future in made.items():
+            tokens, want = future.result(), entries[label]["golden"]
+            if tokens != want:
+                at = gen_model.first_difference(tokens, want)
+                return (f"{entries[label]['name']}: the streaming reference's token {at} is "
+                        f"{tokens[at] if at < len(tokens) else 'missing'}, the golden says "
+                        f"{want[at] if at < len(want) else 'nothing'}")
+    return None
 
 
 def main(argv=None) -> int:

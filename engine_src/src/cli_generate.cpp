@@ -116,7 +116,9 @@ int cmd_generate(int argc, char** argv) {
 }
 
 // Compares a generation with the bundle's golden tokens, with AR output, or with a given list.
-// Exit 0 on a match (and, for ddtree, a mean acceptance above 1), 1 otherwise.
+// Exit 0 on a match (and, for ddtree with a fitted linear drafter, a mean acceptance above 1), 1
+// otherwise. A lowrank_head drafter is made at random by the generator, not fitted (the big
+// configs): its acceptance is reported, not judged; DDTree == AR is what its check asks.
 int cmd_check(int argc, char** argv) {
     std::set<std::string> valued = kRunFlags;
     valued.insert("--expect");
@@ -157,7 +159,7 @@ int cmd_check(int argc, char** argv) {
             return 1;
         }
     }
-    if (r.mode == "ddtree" && !(g.accept_mean() > 1.0)) {
+    if (r.mode == "ddtree" && b.drafter_kind == "linear" && !(g.accept_mean() > 1.0)) {
         std::printf("LOW ACCEPTANCE %s: mean acceptance length is not above 1\n", detail.c_str());
         return 1;
     }

@@ -60,3 +60,13 @@ def test_a_job_stopped_at_its_deadline_goes_on_from_its_saved_step(tmp_path, mon
     assert {**resumed, "cpu_s": 0} == {**whole, "cpu_s": 0}
     # an ended job's outcome is read back, not recomputed
     assert golden_search.run_job(CONFIG, job, str(tmp_path / "part"), deadline=-1.0) == resumed
+
+
+def test_recompute_names_a_golden_token_the_streaming_reference_does_not_make():
+    want = in_memory_golden()
+    entries = {q: {"name": f"k2small_{q}", "prompt": [int(t) for t in want.prompt],
+                   "golden": [int(t) for t in traj.tokens[0]]} for q, traj in (("fp32", want.fp32), ("int4", want.int4))}
+    assert golden_search.recompute(CONFIG, entries, workers=2) is None
+    entries["int4"]["golden"][17] = (entries["int4"]["golden"][17] + 1) % small_k2.ARGS.vocab_size
+    problem = golden_search.recompute(CONFIG, entries, workers=2)
+    assert problem.startswith("k2small_int4: the streaming reference's token 17 is ")
