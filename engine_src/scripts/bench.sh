@@ -39,3 +39,5 @@ if $cuda; then
     [[ -f "$results/bench_torch.json" ]] && torch_ref=("$results/bench_torch.json")
     "${PYTHON:-python3}" scripts/merge_gpu_bench.py "$results/bench.json" "$results/bench_gpu.json" ${torch_ref[@]+"${torch_ref[@]}"}
 fi
+# The big configs' decode figures (k2wide: bytes a decode step reads, share of the read ceiling)
+"${PYTHON:-python3}" scripts/big_bundle_metrics.py "$results/bench.json" "$refs/manifest.json"
