@@ -143,7 +143,8 @@ class Weights:
         codes, scales = self.expert_codes(name)
         out_dim, in_dim = codes.shape
         grouped = codes.reshape(out_dim, in_dim // GROUP_SIZE, GROUP_SIZE).astype(np.float32)
-        return (grouped * scales[..., None]).reshape(out_dim, in_dim)
+        grouped *= scales[..., None]
+        return grouped.reshape(out_dim, in_dim)
 
     def lowrank_drafter(self, rank: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(v [r][2h], u [L][h][r], b [L][V]) float32 of a lowrank_head drafter made from the PRNG
