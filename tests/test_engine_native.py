@@ -77,7 +77,8 @@ def test_results_file_lists_every_test(engine_run):
         assert f"model.cpu.{bundle['name']}.ar_equals_golden" in names
     for required in ("ops.cpu.matmul_w4a16.M17", "ops.cpu.mla_attention.tree_row_equals_chain",
                      "negative.altered_golden_token_detected", "negative.loader_nan_weight",
-                     "regress.config_groups_zero", "regress.manifest_escapes_folder", "regress.flag_moe_tokens_negative"):
+                     "regress.config_groups_zero", "regress.manifest_escapes_folder", "regress.flag_moe_tokens_negative",
+                     "negative.ddtree_low_acceptance_of_a_fitted_drafter", "model.cpu.k2small_int4.ddtree_equals_reference.B2_L8"):
         assert required in names
     assert all(set(t) == {"name", "status", "seconds", "message"} for t in results["tests"])
 
@@ -229,11 +230,11 @@ def test_bench_runs_last_the_min_time(engine_run, tmp_path):
 
 
 def test_a_bundles_declared_ram_need_is_the_engines_own_estimate_for_the_largest_run(engine_run):
-    """The manifest's needs.ram_bytes (gen_model.bundle_needs) less the process allowance is what the
+    """The manifest's needs.ram_bytes (kdtree_ref.needs.bundle_needs) less the process allowance is what the
     engine itself asks for the largest run the scripts make (DDTree budget 64, or the whole prompt):
     --max-memory at that figure runs, one byte under is refused naming the need."""
     copy, _ = engine_run
-    allowance = int(subprocess.run([sys.executable, "-c", "import gen_model; print(gen_model.NEEDS_PROCESS_BYTES)"],
+    allowance = int(subprocess.run([sys.executable, "-c", "from kdtree_ref import needs; print(needs.NEEDS_PROCESS_BYTES)"],
                                    cwd=copy / "python", capture_output=True, text=True, check=True).stdout)
     for bundle in json.loads((copy / "tests/refs/manifest.json").read_text())["bundles"]:
         exact = bundle["needs"]["ram_bytes"] - allowance

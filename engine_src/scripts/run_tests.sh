@@ -260,14 +260,15 @@ done
 
 # ---- k2small: k2wide's shapes of bundle at a tiny width (tests/small_k2.py, made here, not committed) ------
 # Routed experts made directly as INT4, the keep_fp32 twin, the lowrank_head drafter and YaRN with
-# beta_fast == beta_slow: AR equals the float64 reference's tokens (the golden), and so does DDTree
-# (its random drafter accepts little: the budgets are those where it accepts some drafted nodes).
+# beta_fast == beta_slow: AR equals the float64 reference's tokens (the golden), and so does DDTree,
+# also at budget 2 where its random drafter accepts nothing (mean acceptance 1: judged only of a
+# fitted drafter, negative.ddtree_low_acceptance_of_a_fitted_drafter below).
 t0=$(now_ms)
 if small="$("$PYTHON" tests/small_k2.py "$scratch/k2small" 2>&1)"; then
     for be in "${backends[@]}"; do
         while read -r name file _; do
             check "model.$be.$name.ar_equals_reference" "$kdtree" check --backend "$be" --bundle "$scratch/k2small/$file" --expect golden
-            for bl in "32 8" "48 4"; do
+            for bl in "2 8" "32 8" "48 4"; do
                 read -r budget block <<<"$bl"
                 check "model.$be.$name.ddtree_equals_reference.B${budget}_L${block}" "$kdtree" check --backend "$be" \
                     --bundle "$scratch/k2small/$file" --expect golden --mode ddtree --budget "$budget" --block "$block"
@@ -316,7 +317,7 @@ for config in $(awk '{print $3}' <<<"$bundle_list" | sort -u); do
 done
 
 # ---- the checks can fail ----------------------------------------------------------------------
-read -r first_name first_file _ <<<"$bundle_list"
+read -r _ first_file _ <<<"$bundle_list"
 # rewrite_bundle SRC DST MODE [KEY [VALUE]]: a copy of a version 1 bundle with its header or data changed
 # (golden | missing | bounds | nan | unknown_key | extra_layer | config: config KEY (a.b for a nested one) set
 # to the JSON VALUE, or removed without one), its data_sha256 recomputed so that the change is the only
@@ -345,6 +346,14 @@ elif mode == "unknown_key":   # a top-level header key the format does not have
     header["comment"] = "x"
 elif mode == "extra_layer":   # one layer fewer in the config: the last layer's tensors are extra
     header["config"]["n_layers"] -= 1
+elif mode == "mask_drafter":  # a linear drafter that drafts the mask token (in no prompt or golden) first everywhere
+    vocab = header["config"]["vocab_size"]
+    for t in header["tensors"]:
+        if t["name"] == "drafter.w":
+            data = data[:t["offset"]] + bytes(t["nbytes"]) + data[t["offset"] + t["nbytes"]:]
+        if t["name"] == "drafter.b":
+            rows = b"".join(struct.pack("<f", 1e3 if v == vocab - 1 else 0.0) for v in range(vocab)) * (t["nbytes"] // (4 * vocab))
+            data = data[:t["offset"]] + rows + data[t["offset"] + t["nbytes"]:]
 elif mode == "data_sha256":   # one data byte flipped, data_sha256 left as it was
     data = data[:-1] + bytes([data[-1] ^ 1])
 elif mode == "config":    # one config field changed or removed
@@ -382,6 +391,10 @@ expect_failure "negative.loader_bad_magic" "bad_magic.kdtr: bad magic" "$kdtree"
 head -c "$(( $(stat -c %s "$refs/$first_file") / 2 ))" "$refs/$first_file" > "$scratch/truncated.kdtr"
 expect_failure "negative.loader_truncated" "truncated.kdtr: truncated" "$kdtree" generate --bundle "$scratch/truncated.kdtr" -n 2
 # The bundle is exactly what its header says (format strictness, both versions).
+# DDTree == AR alone does not pass a fitted drafter that accepts nothing (a random lowrank_head one: k2small above)
+rewrite_bundle "$refs/$first_file" "$scratch/mask_drafter.kdtr" mask_drafter
+expect_failure "negative.ddtree_low_acceptance_of_a_fitted_drafter" "LOW ACCEPTANCE .*accept_mean=1.000" "$kdtree" check \
+    --bundle "$scratch/mask_drafter.kdtr" --expect ar --mode ddtree --budget 1 -n 32
 rewrite_bundle "$refs/$first_file" "$scratch/data_sha256.kdtr" data_sha256
 expect_failure "negative.loader_data_sha256" "data_sha256.kdtr: data_sha256 mismatch" "$kdtree" generate --bundle "$scratch/data_sha256.kdtr" -n 2
 rewrite_bundle "$refs/$first_file" "$scratch/trailing.kdtr" trailing
