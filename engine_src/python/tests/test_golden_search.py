@@ -3,6 +3,7 @@ gen_model's in-memory search chooses."""
 
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -70,3 +71,27 @@ def test_recompute_names_a_golden_token_the_streaming_reference_does_not_make():
     entries["int4"]["golden"][17] = (entries["int4"]["golden"][17] + 1) % small_k2.ARGS.vocab_size
     problem = golden_search.recompute(CONFIG, entries, workers=2)
     assert problem.startswith("k2small_int4: the streaming reference's token 17 is ")
+
+
+def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writers_digests(tmp_path, monkeypatch):
+    for table, value in ((gen_model.CONFIGS, small_k2.ARGS), (gen_model.RECIPES, small_k2.RECIPE), (gen_model.RULES, RULE)):
+        monkeypatch.setitem(table, "k2small", value)
+    state = tmp_path / "state"
+    state.mkdir()
+    status, result = golden_search.search(CONFIG, state, workers=2, deadline=float("inf"))
+    (state / "result.json").write_text(json.dumps(result))
+    expected = tmp_path / "expected.json"
+    shutil.copy(golden_search.gen_model.EXPECTED_MANIFEST, expected)
+    before = json.loads(expected.read_text())
+    assert golden_search.main(["--state", str(state), "--commit", str(expected), "--workers", "2"]) == 0
+    after = json.loads(expected.read_text())
+    assert after["bundles"][:len(before["bundles"])] == before["bundles"]          # the other configs untouched
+    mine = {b["quant"]: b for b in after["bundles"] if b["config"] == "k2small"}
+    out = tmp_path / "written"
+    gen_model.main(["--out", str(out), "--configs", "k2small", "--golden", str(expected), "--workers", "2"])
+    assert gen_model.check(json.loads((out / "manifest.json").read_text()), expected) is None
+    assert mine["int4"]["golden"] == result["bundles"][1]["golden"] and mine["int4"]["needs"]["disk_bytes"] > 0
+    assert after["generator"]["golden_candidate"]["k2small"] == result["accepted"]
+    # committing again replaces the entries, never doubles them
+    golden_search.main(["--state", str(state), "--commit", str(expected), "--workers", "2"])
+    assert json.loads(expected.read_text()) == after
