@@ -130,7 +130,7 @@ def run_job(config: Config, job: Job, state_dir: str, deadline: float, plain_tok
         token = int(np.argmax(logits))
         margins = (float(top_margin(logits)), state["route"], state["group"])
         state["steps"].append((token, *margins))
-        outcome = _judge(job, rule, state["steps"], plain_tokens)
+        outcome = _judge(job, rule, state["steps"], plain_tokens) or _refused_elsewhere(job, Path(state_dir))
         if outcome is None and clock() > deadline:
             state["steps"].pop()
             return {"status": "paused", "steps": step}
@@ -145,6 +145,21 @@ def run_job(config: Config, job: Job, state_dir: str, deadline: float, plain_tok
                      cpu_s=state["cpu_s"] + now - started)
         started = now
         _save(path, state)
+
+
+def _refused_elsewhere(job: Job, state_dir: Path) -> dict | None:
+    """An `abandoned` outcome once another job of the same candidate has failed (saved in state_dir):
+    the candidate is refused, so the rest of this trajectory would decide nothing."""
+    for path in state_dir.glob(f"c{job.candidate:04d}-*.pkl"):
+        if path.name == f"{job.name}.pkl":
+            continue
+        try:
+            other = pickle.loads(path.read_bytes())
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue            # being replaced right now: looked at again after the next step
+        if other["status"] == "ended" and other["outcome"]["status"] == "failed":
+            return {"status": "abandoned", "why": f"{path.stem} failed: {other['outcome']['why']}"}
+    return None
 
 
 def _judge(job: Job, rule: gen_model.GoldenRule, steps: list[tuple], plain_tokens: list[int] | None) -> dict | None:
@@ -190,6 +205,9 @@ class Search:
     def record(self, job: Job, outcome: dict) -> None:
         """Take a finished job's outcome; refuse its candidate when it decides that."""
         self.outcomes[job] = outcome
+        if outcome["status"] == "abandoned":          # another job of its candidate failed: that one says why
+            self.refused.setdefault(job.candidate, outcome["why"])
+            return
         if outcome["status"] == "failed":
             self.refused[job.candidate] = f"{job.quant}{' noisy' if job.noisy else ''}: {outcome['why']}"
             return

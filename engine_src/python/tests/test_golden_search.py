@@ -3,6 +3,7 @@ gen_model's in-memory search chooses."""
 
 import dataclasses
 import json
+import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -95,3 +96,13 @@ def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writer
     # committing again replaces the entries, never doubles them
     golden_search.main(["--state", str(state), "--commit", str(expected), "--workers", "2"])
     assert json.loads(expected.read_text()) == after
+
+
+def test_a_job_stops_once_another_job_of_its_candidate_has_failed(tmp_path):
+    failed = {"status": "ended", "outcome": {"status": "failed", "why": "step 3: logit margin 0.001 < 0.01"}}
+    (tmp_path / "c0000-fp32.pkl").write_bytes(pickle.dumps(failed))
+    outcome = golden_search.run_job(CONFIG, Job(CONFIG.args.name, 0, "int4"), str(tmp_path), float("inf"))
+    assert outcome["status"] == "abandoned" and outcome["why"] == "c0000-fp32 failed: step 3: logit margin 0.001 < 0.01"
+    assert len(pickle.loads((tmp_path / "c0000-int4.pkl").read_bytes())["steps"]) == 1    # stopped at its first step
+    # another candidate's failure does not stop it
+    assert golden_search.run_job(CONFIG, Job(CONFIG.args.name, 1, "int4"), str(tmp_path), float("inf"))["status"] != "abandoned"
