@@ -230,7 +230,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
                     hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel,
                     run.stop)
         except KeyboardInterrupt:
-            outcomes = parallel.Outcomes()
+            outcomes = parallel.HostOutcomes()
         for host in hosts:
             _settle(records[host.name], plan, outcomes.get(host.name), run.stopped.is_set())
     rec.hosts = records
@@ -339,7 +339,7 @@ def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bu
     return bundles
 
 
-def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
+def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome | None, stopped: bool) -> None:
     """Complete a host's record after the run: a host never started (interrupted first) has its
     steps `skipped`; one whose runner crashed keeps what it recorded and the error."""
     if outcome is not None and not outcome.ok:
