@@ -7,12 +7,15 @@ message instead of exhausting this machine's memory or the run record.
 Invalid UTF-8 and lone surrogates (`"\\ud800"`) come out as U+FFFD; NaN and the infinities, written
 as such or as a number too large for a float (`1e999`), as None (a host's number that is not finite
 means nothing).
+
+A value already parsed is cut to a short text for the record by short_text (JSON for non-strings).
 """
 from __future__ import annotations
 
 import json
 import math
 import re
+from typing import Any
 
 MAX_BYTES = 16 << 20
 MAX_DEPTH = 32
@@ -70,3 +73,13 @@ def _clean(value):
     if isinstance(value, dict):
         return {_clean(k): _clean(v) for k, v in value.items()}
     return value
+
+
+def short_text(value: Any, limit: int) -> str:
+    """``value`` as a string of at most ``limit`` characters (JSON for non-strings)."""
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, default=str)
+        except (RecursionError, ValueError):
+            value = "[unprintable]"
+    return value[:limit]

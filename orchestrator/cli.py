@@ -312,7 +312,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import parallel, pipeline, record, regression, remote
+    from . import parallel, pipeline, record, regression, remote, run_store
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
         from . import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
@@ -344,7 +344,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         try:
             paths = pipeline.finish(run_dir, run, runs_root, secrets)
             if store is not None:
-                store.index_run(record.load_run(run_dir.path), run_dir.path)
+                store.index_run(run_store.load_run(run_dir.path), run_dir.path)
                 from . import dashboard
                 dashboard.render_history(store, board, tolerance)
         except LocalWriteError:             # a full disk: the summary still, then the one line (exit 1)
@@ -476,15 +476,15 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
     """Re-render a run's reports (default: the latest of any command); with compare_to, write the
     benchmark comparison of the two runs beside the newer one's reports (default: the newest
     validate or nightly run)."""
-    from . import record, report
+    from . import report, run_store
     runs_root = inv.project.root / "runs"
-    run_dir = record.resolve_run(runs_root, run)
+    run_dir = run_store.resolve_run(runs_root, run)
     paths = report.render_run(run_dir)
     console.say(f"rendered {paths['md']}, {paths['html']}, {paths['junit']}")
     if compare_to:
         if run is None:         # a comparison is of measurements: the newest validate or nightly
             run_dir = _measured_run(runs_root)
-        written = report.write_compare(record.resolve_run(runs_root, compare_to), run_dir)
+        written = report.write_compare(run_store.resolve_run(runs_root, compare_to), run_dir)
         console.say(f"comparison: {written['md']}, {written['html']}")
     return 0
 
@@ -492,12 +492,12 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
 def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the newest validate or nightly run) for
     `nightly --baseline`."""
-    from . import record, regression
+    from . import regression, run_store
     if not out:
         raise UsageError("baseline needs the file to write: --out FILE")
     runs_root = inv.project.root / "runs"
-    run_dir = record.resolve_run(runs_root, run) if run else _measured_run(runs_root)
-    path = regression.write_baseline(record.load_run(run_dir), out)
+    run_dir = run_store.resolve_run(runs_root, run) if run else _measured_run(runs_root)
+    path = regression.write_baseline(run_store.load_run(run_dir), out)
     hosts = regression.load_baseline(path)["hosts"]
     console.say(f"wrote {path}: {sum(len(m) for m in hosts.values())} metrics of {len(hosts)} host(s) from {run_dir.name}")
     return 0
@@ -505,16 +505,16 @@ def baseline(inv: Inventory, console: Console, out: str | None, run: str | None 
 
 def _measured_run(runs_root: Path) -> Path:
     """The newest validate or nightly run (the default of baselines and comparisons)."""
-    from . import record
-    path = record.newest_run(runs_root)
+    from . import run_store
+    path = run_store.newest_run(runs_root)
     if path is None:
-        raise record.RunRecordError(runs_root, "no validate or nightly run here")
+        raise run_store.RunRecordError(runs_root, "no validate or nightly run here")
     return path
 
 
 def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> int:
     """Delete all but the newest `keep` runs under runs/ (default 10)."""
-    from . import record
+    from . import run_store
     try:
         keep = DEFAULT_KEEP if keep is None else int(keep)
     except ValueError:
@@ -522,8 +522,8 @@ def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> in
     if keep < 0:
         raise UsageError(f"--keep must be 0 or more, not {keep}")
     runs_root = inv.project.root / "runs"
-    removed = record.clean(runs_root, keep)
-    baseline = record.newest_run(runs_root, ("nightly",), passed=True)
+    removed = run_store.clean(runs_root, keep)
+    baseline = run_store.newest_run(runs_root, ("nightly",), passed=True)
     kept = f" and the newest passing nightly {baseline.name}" if baseline else ""
     console.say(f"removed {len(removed)} run(s), kept the newest {keep}{kept}")
     return 0

@@ -15,8 +15,10 @@ from typing import Callable
 
 from .detector import DEFAULT_POLICY, Policy, history_noise, judge
 from .history import HistoryStore, SeriesKey, StoredPoint
-from .record import atomic_write, utc_now
-from .report import _ENV, NAME_LIMIT, fmt, text     # the run report's Jinja2 environment: filters, style, autoescape
+from .ownership import write_private
+from .record import utc_now
+from .report import _ENV     # the run report's Jinja2 environment: filters, style, autoescape
+from .run_view import NAME_LIMIT, fmt, text
 
 POINTS_LIMIT = 200          # newest points drawn per chart
 LABELS_LIMIT = 16           # commit labels on an x axis
@@ -29,7 +31,7 @@ def render_history(store: HistoryStore, out: Path | str, tolerance: Callable[[st
     """Write the dashboard to ``out`` (atomically); returns its path."""
     out = Path(out)
     page = _ENV.get_template("history.html.j2").render(history=view(store, out.parent, tolerance, policy))
-    return atomic_write(out, page)
+    return write_private(out, page)
 
 
 def view(store: HistoryStore, page_dir: Path, tolerance: Callable[[str], float], policy: Policy) -> dict:

@@ -1,6 +1,6 @@
 """Run one function per host in parallel (bounded); collect per-host outcomes as data.
 
-One host failing never stops the others: its exception is kept in its Outcome. As in Fabric's
+One host failing never stops the others: its exception is kept in its HostOutcome. As in Fabric's
 ThreadingGroup, the caller gets every host's result and decides (succeeded / failed / exit_code).
 On an interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) the hosts not started are cancelled,
 `on_interrupt` runs (the run's stop: locks released, connections closed, so the commands on the
@@ -67,8 +67,8 @@ def fit_fd_limit(in_flight: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a function returned on one host, or the error it raised."""
+class HostOutcome:
+    """One host's outcome of a parallel run: what the function returned on it, or the error it raised."""
 
     host: Host
     value: Any = None
@@ -89,15 +89,15 @@ class Outcome:
         return first.removeprefix(f"{self.host.name}: ")
 
 
-class Outcomes(dict):
-    """host name -> Outcome, in the order the hosts were given."""
+class HostOutcomes(dict):
+    """host name -> HostOutcome, in the order the hosts were given."""
 
     @property
-    def succeeded(self) -> list[Outcome]:
+    def succeeded(self) -> list[HostOutcome]:
         return [o for o in self.values() if o.ok]
 
     @property
-    def failed(self) -> list[Outcome]:
+    def failed(self) -> list[HostOutcome]:
         return [o for o in self.values() if not o.ok]
 
     @property
@@ -107,18 +107,18 @@ class Outcomes(dict):
 
 
 def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int | None = None,
-                 on_interrupt: Callable[[], None] | None = None) -> Outcomes:
+                 on_interrupt: Callable[[], None] | None = None) -> HostOutcomes:
     """Call fn(host) for every host, at most max_parallel at a time; never raises for a host."""
     hosts = list(hosts)
 
-    def call(host: Host) -> Outcome:
+    def call(host: Host) -> HostOutcome:
         start = time.monotonic()
         try:
-            return Outcome(host, fn(host), None, round(time.monotonic() - start, 3))
+            return HostOutcome(host, fn(host), None, round(time.monotonic() - start, 3))
         except Exception as e:          # collected: one host never stops the others
-            return Outcome(host, None, e, round(time.monotonic() - start, 3))
+            return HostOutcome(host, None, e, round(time.monotonic() - start, 3))
 
-    outcomes = Outcomes()
+    outcomes = HostOutcomes()
     if not hosts:
         return outcomes
     in_flight = max(1, min(max_parallel or default_parallel(), len(hosts)))

@@ -33,12 +33,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, remote, state, sync
+from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
-from .record import HostRecord, RunDir, RunRecord, StepRecord
+from .record import HostRecord, RunRecord, StepRecord
 from .run import Run
+from .run_store import RunDir
 from .sink import BoundedSink
 from .steps import ORDER, RUNNERS, StepContext, UserCommand
 from .steps import preflight as preflight_step
@@ -207,7 +208,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
     the steps that finished keep their outcome, the running ones are `interrupted`, the rest
     `skipped`, and the record says `interrupted`."""
     runs_root = inv.project.root / "runs"
-    run_dir = record.create_run_dir(runs_root, report_dir)
+    run_dir = run_store.create_run_dir(runs_root, report_dir)
     # the reports' templates are compiled (Jinja2) meanwhile, for `finish`: the hosts' work is mostly waiting
     threading.Thread(target=_prepare_reports, daemon=True).start()
     with Run(plan.command) as run:
@@ -230,7 +231,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
                     hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel,
                     run.stop)
         except KeyboardInterrupt:
-            outcomes = parallel.Outcomes()
+            outcomes = parallel.HostOutcomes()
         for host in hosts:
             _settle(records[host.name], plan, outcomes.get(host.name), run.stopped.is_set())
     rec.hosts = records
@@ -261,9 +262,9 @@ def _prepare_reports() -> None:
 def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict[str, Path]:
     """Write run.json and the reports, and point runs/latest at the run."""
     from . import report
-    record.write_run(run_dir, run, secrets)
+    run_store.write_run(run_dir, run, secrets)
     paths = report.render_run(run_dir.path, secrets)
-    record.update_latest(runs_root, run_dir.path)
+    run_store.update_latest(runs_root, run_dir.path)
     return paths
 
 
@@ -339,7 +340,7 @@ def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bu
     return bundles
 
 
-def _settle(rec: HostRecord, plan: Plan, outcome, stopped: bool) -> None:
+def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome | None, stopped: bool) -> None:
     """Complete a host's record after the run: a host never started (interrupted first) has its
     steps `skipped`; one whose runner crashed keeps what it recorded and the error."""
     if outcome is not None and not outcome.ok:
@@ -382,7 +383,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
         def redacted(text: str) -> str:
             if not ctx.secrets:
                 return text
-            return "\n".join(record.redact(line, ctx.secrets) for line in record.redact(text, ctx.secrets).split("\n"))
+            return "\n".join(redaction.redact(line, ctx.secrets) for line in redaction.redact(text, ctx.secrets).split("\n"))
 
         def write(text: str) -> None:
             sink(redacted(text))
@@ -404,14 +405,14 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
     if sink.error is not None and status != "interrupted":     # a log that could not be written fails its step
         status, message = "failed", sink.error.message + (f"; {message}" if message else "")
     if ctx.secrets:
-        message, tail = record.redact(message, ctx.secrets), record.redact(tail, ctx.secrets)
+        message, tail = redaction.redact(message, ctx.secrets), redaction.redact(tail, ctx.secrets)
     seconds = round(time.monotonic() - start, 3)
     shown = status.upper() if status in record.UNFINISHED_STEP_STATUSES else status
     reuse = f" (reused from run {reused_from})" if reused_from else ""
     left_out = f" [{cut['left_out_bytes']} bytes of output left out of the log]" if cut else ""
     out(f"{step:9} {shown}{reuse} ({seconds:.1f} s){left_out}{'  ' + message if message else ''}")
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
-        tail = record.read_tail(log_path)
+        tail = run_store.read_tail(log_path)
     return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
                       list(ctx.devices_used) or None, ctx.inputs_digest, cut)
 

@@ -17,7 +17,7 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from . import pipeline, record, report
+from . import pipeline, record, report, run_store
 from .bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
 from .console import Console
 from .errors import UsageError
@@ -52,7 +52,7 @@ class Prober:
         project = dataclasses.replace(self.inv.project, source=path / self.source)
         plan = pipeline.Plan("bisect", METRIC_STEPS if self.metric else GOLDEN_STEPS)
         run_dir, run = pipeline.execute(dataclasses.replace(self.inv, project=project), [self.host], plan, self.console)
-        record.write_run(run_dir, run)
+        run_store.write_run(run_dir, run)
         report.render_run(run_dir.path)
         if run.status == "interrupted":
             raise KeyboardInterrupt

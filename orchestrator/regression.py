@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 
 from orchestrator import ranges
-from orchestrator.record import Regression, atomic_write, finite_number, mapping as _dict, unique as _unique, utc_now
+from orchestrator.ownership import write_private
+from orchestrator.ranges import finite_number
+from orchestrator.record import Regression, mapping as _dict, unique as _unique, utc_now
 
 BASELINE_VERSION = 1
 DEFAULT_THRESHOLD = 0.10  # relative tolerance of a metric no threshold names
@@ -45,7 +47,7 @@ def make_baseline(run: dict, thresholds: dict[str, float] | None = None) -> dict
 
 def write_baseline(run: dict, path: Path | str, thresholds: dict[str, float] | None = None) -> Path:
     """Write a baseline file (to commit, e.g. benchmarks/baseline.json) from a run."""
-    return atomic_write(path, json.dumps(make_baseline(run, thresholds), indent=2, sort_keys=True) + "\n")
+    return write_private(path, json.dumps(make_baseline(run, thresholds), indent=2, sort_keys=True) + "\n")
 
 
 def load_baseline(path: Path | str) -> dict:

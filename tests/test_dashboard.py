@@ -10,7 +10,7 @@ import pytest
 
 from browser import chromium
 from orchestrator import record as rec
-from orchestrator import report
+from orchestrator import report, run_store
 from orchestrator.dashboard import render_history
 from orchestrator.history import HistoryStore
 from test_history import H200, a_run, bench
@@ -40,7 +40,7 @@ def dashboard(tmp_path_factory) -> Path:
             folder = root / run["run_id"]
             if i != 3:                               # run 3's directory was cleaned away
                 folder.mkdir(parents=True)
-                rec.write_run(folder, run)
+                run_store.write_run(folder, run)
                 report.render_run(folder)
             store.index_run(run, folder)
         return render_history(store, root / "history.html")

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import record as rec
+from orchestrator import result_files, run_store
 from orchestrator.history import (HistoryError, HistoryStore, SeriesKey, build_key_id, contended, host_key, judge_run,
                                   regressions, run_points)
 
@@ -158,7 +159,7 @@ def test_rebuild_reindexes_every_run_directory_and_names_the_unreadable_ones(tmp
     for i in range(4):
         run = a_run(i, {"h": {"bench": bench({"m": 10.0 + i})}})
         (runs_root / run["run_id"]).mkdir(parents=True)
-        rec.write_run(runs_root / run["run_id"], run)
+        run_store.write_run(runs_root / run["run_id"], run)
     broken = runs_root / "20261201-235900-dead"
     broken.mkdir()
     (broken / "run.json").write_text("{not json")
@@ -217,7 +218,7 @@ def test_cpu_seconds_and_probe_are_kept_and_an_older_history_gains_them_in_place
     data = bench({"tok_per_s": 1000.0})
     data["metrics"]["tok_per_s"].update(cpu_samples=[2000.0, 2010.0, 1990.0], cpu_share=0.5,
                                         cal_samples=[230.0, 231.0, 229.0])
-    cpu = rec.bench_from_engine({"metrics": {**data["metrics"], "odd": {"value": 1.0, "cpu_samples": [1.0, -2.0],
+    cpu = result_files.bench_from_engine({"metrics": {**data["metrics"], "odd": {"value": 1.0, "cpu_samples": [1.0, -2.0],
                                                                      "cpu_share": 0.0, "cal_samples": [0.0]},
                                              "unpaired": {"value": 1.0, "cpu_samples": [1.0, 2.0],
                                                           "cal_samples": [3.0]}}})
@@ -306,7 +307,7 @@ def test_the_history_task_rebuilds_draws_and_lists(tmp_path):
     for i in range(8):
         run = a_run(i, {"h": {"bench": bench({"tok_per_s": 1000.0 if i < 7 else 700.0}, rng=rng)}})
         (project / "runs" / run["run_id"]).mkdir(parents=True)
-        rec.write_run(project / "runs" / run["run_id"], run)
+        run_store.write_run(project / "runs" / run["run_id"], run)
     (project / "runs" / "20261201-235959-beef").mkdir()
     (project / "runs" / "20261201-235959-beef" / "run.json").write_text("[]")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, dashboard, history as history_mod, record
+from orchestrator import cli, dashboard, history as history_mod, run_store
 from orchestrator.console import Console
 
 from test_faults import entry, fake_commands, run_validate
@@ -118,11 +118,11 @@ def test_5_clean_removes_a_poisoned_passing_nightly(tmp_path):
         run_dir = runs / f"2026110{i + 1}-000000-000{i}"
         run_dir.mkdir(parents=True)
         metrics = {"m": {"value": value, "unit": "x", "better": "higher"}} if value is not None else {}
-        record.write_run(run_dir, {"version": 1, "run_id": run_dir.name, "command": "nightly", "status": status,
+        run_store.write_run(run_dir, {"version": 1, "run_id": run_dir.name, "command": "nightly", "status": status,
                                    "hosts": {"h": {"bench": {"metrics": metrics}}}})
-    assert record.last_good_run(runs)["run_id"] == "20261101-000000-0000"
-    assert record.clean(runs, 0) == [runs / "20261102-000000-0001", runs / "20261103-000000-0002"]
-    assert record.clean(runs, 1) == []
+    assert run_store.last_good_run(runs)["run_id"] == "20261101-000000-0000"
+    assert run_store.clean(runs, 0) == [runs / "20261102-000000-0001", runs / "20261103-000000-0002"]
+    assert run_store.clean(runs, 1) == []
 
 
 # -- 6: the build key -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import (bounded, cli, gpu_claims, gpus, inventory as inventory_mod, ownership, pipeline, record,
-                          remote, report, state)
+                          remote, report, run_store, state)
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
 from orchestrator.inventory import Host
@@ -352,7 +352,7 @@ def test_group_write_for_the_users_private_group_is_accepted(lab, make_inventory
     report_dir = tmp_path / "reports"
     report_dir.mkdir(mode=0o770)
     os.chown(report_dir, -1, os.getegid())
-    assert record.create_run_dir(tmp_path / "runs", report_dir).path == report_dir
+    assert run_store.create_run_dir(tmp_path / "runs", report_dir).path == report_dir
 
 
 def tampered_local_host(tmp_path) -> Host:
@@ -440,10 +440,10 @@ def test_a_report_dir_another_user_could_redirect_is_refused(tmp_path, lab, make
     for report_dir, why in ((foreign, f"owned by uid {ATTACKER}"), (writable, "writable by group or others"),
                             (writable / "sub", "writable by group or others")):
         with pytest.raises(ownership.UnsafeLocalPath, match=why) as caught:
-            record.create_run_dir(tmp_path / "runs", report_dir)
+            run_store.create_run_dir(tmp_path / "runs", report_dir)
         assert caught.value.exit_code == 2
     assert not (writable / "sub").exists() or not any((writable / "sub").iterdir())
-    run_dir = record.create_run_dir(tmp_path / "runs")
+    run_dir = run_store.create_run_dir(tmp_path / "runs")
     (tmp_path / "elsewhere").mkdir()
     (run_dir.path / "h").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ownership.UnsafeLocalPath, match="not a plain directory"):
@@ -462,15 +462,15 @@ def test_runs_may_be_the_users_link_to_a_history_elsewhere_but_not_another_users
     the same link owned by another uid, or pointing into a directory another uid owns, is refused."""
     (tmp_path / "history").mkdir(mode=0o700)
     (tmp_path / "runs").symlink_to(tmp_path / "history")
-    run_dir = record.create_run_dir(tmp_path / "runs")
+    run_dir = run_store.create_run_dir(tmp_path / "runs")
     assert run_dir.path.parent == tmp_path / "runs" and (tmp_path / "history" / run_dir.run_id).is_dir()
     os.lchown(tmp_path / "runs", ATTACKER, ATTACKER)
     with pytest.raises(ownership.UnsafeLocalPath, match="runs is not a plain directory"):
-        record.create_run_dir(tmp_path / "runs")
+        run_store.create_run_dir(tmp_path / "runs")
     os.lchown(tmp_path / "runs", os.geteuid(), os.getegid())
     os.chown(tmp_path / "history", ATTACKER, ATTACKER)
     with pytest.raises(ownership.UnsafeLocalPath, match=f"history is owned by uid {ATTACKER}"):
-        record.create_run_dir(tmp_path / "runs")
+        run_store.create_run_dir(tmp_path / "runs")
 
 
 def test_a_secret_in_a_pulled_result_file_never_lands_on_disk(lab, make_inventory, tmp_path, source, monkeypatch):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor, record, state, sync
+from orchestrator import doctor, record, run_store, state, sync
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
@@ -64,7 +64,7 @@ def context(make_inventory, tmp_path):
     deploy(root, TREE)
 
     def make(command="validate", use_cache=True, build_key=None):
-        run_dir = record.create_run_dir(tmp_path / "runs")
+        run_dir = run_store.create_run_dir(tmp_path / "runs")
         ctx = StepContext(host, factory.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
                           state.Owner.now(command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
                           use_cache, step="test", log=lines.append)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import record as rec
-from orchestrator import regression, report
+from orchestrator import redaction, regression, report, result_files, run_store, run_view
+from orchestrator.inventory import STEPS
 
 from browser import chromium
 
@@ -29,7 +30,7 @@ TEST_NAMES = ("op_gemv_fp32", "op_gemv_int4", "op_rmsnorm", "op_rope", "op_mla_a
 def steps(host: str, outcome: dict[str, str], seconds: float = 1.5) -> dict[str, rec.StepRecord]:
     """Steps in pipeline order: those named get their status, the rest after a failure are skipped."""
     result, failed = {}, False
-    for step in rec.STEPS:
+    for step in STEPS:
         status = "skipped" if failed else outcome.get(step, "passed")
         result[step] = rec.StepRecord(status, 0.0 if status == "skipped" else seconds, f"{host}/{step}.log")
         failed = failed or status in rec.FAILED_STEP_STATUSES
@@ -46,7 +47,7 @@ def engine_tests(failing: str | None = None) -> rec.TestsRecord:
         {"name": n, "status": "failed" if n == failing else "passed", "seconds": 0.25,
          "message": "max abs err 3.1e-02 > tol 1e-03 at [4][17]" if n == failing else ""} for n in TEST_NAMES]
         + [{"name": "op_gemv_cuda_graph", "status": "skipped", "seconds": 0, "message": "no GPU"}]}
-    return rec.TestsRecord.from_engine(data)
+    return result_files.tests_from_engine(data)
 
 
 def bench(scale: float = 1.0, gpu: bool = False) -> dict:
@@ -60,7 +61,7 @@ def bench(scale: float = 1.0, gpu: bool = False) -> dict:
     if gpu:
         metrics["gemv_fp32_bandwidth"] = {"value": 1380.0 * scale, "unit": "GB/s", "better": "higher"}
         metrics["gemv_int4_bandwidth"] = {"value": 1495.0 * scale, "unit": "GB/s", "better": "higher"}
-    return rec.bench_from_engine({"version": 1, "backend": "cuda" if gpu else "cpu", "metrics": metrics,
+    return result_files.bench_from_engine({"version": 1, "backend": "cuda" if gpu else "cpu", "metrics": metrics,
                                   "repeats": 5, "statistic": "median", "host": {"cpu": "x86_64"}})
 
 
@@ -182,9 +183,9 @@ def test_junit_has_a_case_per_host_step_and_engine_test(run):
     for host, suite in suites.items():
         cases = suite.findall("testcase")
         assert {c.get("classname") for c in cases} == {host}
-        assert len(cases) == len(rec.STEPS) + engine_cases[host]
+        assert len(cases) == len(STEPS) + engine_cases[host]
         assert int(suite.get("tests")) == len(cases)
-    assert int(root.get("tests")) == 6 * len(rec.STEPS) + 32
+    assert int(root.get("tests")) == 6 * len(STEPS) + 32
     failures = {(c.get("classname"), c.get("name")): c.find("failure") for c in root.iter("testcase")
                 if c.find("failure") is not None}
     assert sorted(failures) == [("ct201", "step.golden"), ("ct202", "step.build"), ("ct203", "step.test"),
@@ -214,7 +215,7 @@ def test_junit_escapes_what_xml_cannot_hold(run):
 
 
 def test_render_run_writes_all_reports(tmp_path, run):
-    rec.write_run(tmp_path, run)
+    run_store.write_run(tmp_path, run)
     paths = report.render_run(tmp_path)
     assert {p.name for p in paths.values()} == {"report.md", "report.html", "junit.xml"}
     assert all(p.parent == tmp_path and p.stat().st_size > 1000 for p in paths.values())
@@ -222,7 +223,7 @@ def test_render_run_writes_all_reports(tmp_path, run):
 
 
 def test_render_run_without_record_says_so(tmp_path):
-    with pytest.raises(rec.RunRecordError, match="no run record here"):
+    with pytest.raises(run_store.RunRecordError, match="no run record here"):
         report.render_run(tmp_path)
 
 
@@ -235,7 +236,7 @@ def test_secrets_never_reach_any_report(tmp_path, run):
     run["hosts"]["ct203"]["tests"]["cases"][1]["message"] = f"env KD_TOKEN={SECRET}"
     run["hosts"]["ct200"]["bench"]["details"] = {"env": {"TOKEN": SECRET}}
     run["hosts"]["ct204"]["steps"]["bench"]["tail"] = SECRET[7:] + "\nlast line"  # a tail cut mid-secret
-    rec.write_run(tmp_path, run, secrets=[SECRET])
+    run_store.write_run(tmp_path, run, secrets=[SECRET])
     paths = report.render_run(tmp_path, secrets=[SECRET])
     for path in [tmp_path / "run.json", *paths.values()]:
         body = path.read_text()
@@ -251,17 +252,16 @@ def test_each_renderer_redacts_on_its_own(tmp_path, run):
     for render in (report.render_markdown, report.render_html, report.render_junit):
         body = render(run, [SECRET])
         assert SECRET not in body and SECRET[7:] not in body and "REDACTED" in body, render.__name__
-    rec.write_run(tmp_path, run)
+    run_store.write_run(tmp_path, run)
     for path in report.render_run(tmp_path, secrets=[SECRET]).values():
         assert SECRET not in path.read_text(), path.name
 
 
 def test_redact_replaces_whole_and_cut_off_secrets():
-    assert rec.redact("a hunter2-passphrase b", ["hunter2-passphrase"]) == "a [REDACTED] b"
-    assert rec.redact("passphrase-9f8e7d\nok", [SECRET]) == "[REDACTED]\nok"
-    assert rec.redact("ok\nexport X=hunter2-pass", [SECRET]) == "ok\nexport X=[REDACTED]"
-    assert rec.redact("nothing here", [SECRET, ""]) == "nothing here"
-    assert report.redact is rec.redact
+    assert redaction.redact("a hunter2-passphrase b", ["hunter2-passphrase"]) == "a [REDACTED] b"
+    assert redaction.redact("passphrase-9f8e7d\nok", [SECRET]) == "[REDACTED]\nok"
+    assert redaction.redact("ok\nexport X=hunter2-pass", [SECRET]) == "ok\nexport X=[REDACTED]"
+    assert redaction.redact("nothing here", [SECRET, ""]) == "nothing here"
 
 
 def test_hostile_contents_render_escaped_bounded_and_without_crashing(run):
@@ -297,8 +297,8 @@ def test_hostile_contents_render_escaped_bounded_and_without_crashing(run):
 
 
 def test_text_keeps_the_end_of_a_tail_and_the_start_of_a_message():
-    assert report.text("x" * 50 + "END", 10, keep_end=True).endswith("xxxxxxxEND")
-    assert report.text("START" + "x" * 50, 10).startswith("STARTxxxxx [")
+    assert run_view.text("x" * 50 + "END", 10, keep_end=True).endswith("xxxxxxxEND")
+    assert run_view.text("START" + "x" * 50, 10).startswith("STARTxxxxx [")
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def test_compare_puts_two_runs_side_by_side(tmp_path, run):
     assert rows[("local", "retired_metric")]["verdict"] == "gone"
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    rec.write_run(a, older), rec.write_run(b, run)
+    run_store.write_run(a, older), run_store.write_run(b, run)
     paths = report.write_compare(a, b)
     assert paths["md"] == b / "compare-20261128-020000-0001.md"
     md = paths["md"].read_text()
@@ -416,7 +416,7 @@ def test_a_reused_benchmark_is_never_compared_as_a_new_measurement(tmp_path, run
     assert regression.find_regressions(slower, baseline) == []       # figures of an earlier run: no verdict
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    rec.write_run(a, older), rec.write_run(b, run)
+    run_store.write_run(a, older), run_store.write_run(b, run)
     md = report.write_compare(a, b)["md"].read_text()
     assert "reused (current reused from run 20261127-020000-0abc: not a new measurement)" in md
 
@@ -431,7 +431,7 @@ def browser_dom(tmp_path_factory) -> tuple[str, Path]:
     run = json.loads(json.dumps(fleet_record().to_dict()))
     run["regressions"] = [{"host": "ct200", "metric": "ddtree_tokens_per_s", "baseline": 12000.0, "value": 10620.0,
                            "ratio": 0.885, "threshold": 0.05, "unit": "tokens/s", "better": "higher"}]
-    rec.write_run(tmp, run)
+    run_store.write_run(tmp, run)
     html = report.render_run(tmp)["html"]
     dom = chromium(tmp, "--dump-dom", html.as_uri())
     chromium(tmp, f"--screenshot={tmp / 'report.png'}", "--window-size=1440,2400", html.as_uri())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import cli, inventory, pipeline, record, remote
+from orchestrator import cli, inventory, pipeline, remote, run_store
 from orchestrator.console import Console
 from orchestrator.errors import HostError, InventoryError, UsageError
 from orchestrator.run import Run
@@ -84,7 +84,7 @@ def test_an_undeclared_group_is_an_inventory_error_with_a_suggestion(tmp_path):
 
 def test_an_empty_step_selection_is_a_usage_error(tmp_path):
     path = write_yaml(tmp_path, {"local": LOCAL})
-    for flags in (["--steps", ","], ["--skip", ",".join(record.STEPS)], ["--steps", "build", "--skip", "build"]):
+    for flags in (["--steps", ","], ["--skip", ",".join(inventory.STEPS)], ["--steps", "build", "--skip", "build"]):
         proc = run_task("validate", "--inventory", str(path), *flags)
         assert proc.returncode == 2, (flags, proc.stdout, proc.stderr)
         assert "selects no step (steps: preflight, sync, build" in proc.stderr
@@ -320,7 +320,7 @@ def test_doctor_and_deploy_write_a_run_record_like_validate(make_inventory, tmp_
         out = io.StringIO()
         assert getattr(cli, task)(inv, [inv.hosts["local"]], Console(out)) == 0
         run_dir = (tmp_path / "runs" / "latest").resolve()
-        run = record.load_run(run_dir)
+        run = run_store.load_run(run_dir)
         assert (run["command"], run["status"]) == (task, "passed")
         assert list(run["hosts"]["local"]["steps"]) == [step]
         assert (run_dir / "local" / f"{step}.log").is_file() and (run_dir / "report.md").is_file()
@@ -329,4 +329,4 @@ def test_doctor_and_deploy_write_a_run_record_like_validate(make_inventory, tmp_
     proc = run_task("report", "--inventory", str(inv.path))       # report and clean work on every run
     assert proc.returncode == 0, proc.stderr
     proc = run_task("clean", "--inventory", str(inv.path), "--keep", "0")
-    assert proc.returncode == 0 and record.list_runs(tmp_path / "runs") == []
+    assert proc.returncode == 0 and run_store.list_runs(tmp_path / "runs") == []

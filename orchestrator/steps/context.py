@@ -22,7 +22,9 @@ from .. import bounded, ownership, progress, remote, state
 from . import executables, inputs
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
-from ..record import GpuRun, HostRecord, RunDir, redact, redact_tree
+from ..record import GpuRun, HostRecord
+from ..redaction import redact, redact_tree
+from ..run_store import RunDir
 from ..sync import SourceId
 from ..connectors.base import Result, Transport, capture_failure
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import CommandError, KdError
 from ..record import TestCase, TestsRecord
+from ..result_files import tests_from_engine
 from .context import Outcome, StepContext, StepError, gpu_run
 
 SHOWN_FAILURES = 5
@@ -104,6 +105,6 @@ def _failed(tests: TestsRecord, what: str) -> str:
 def _tests(ctx: StepContext, data: dict, result: str = "tests") -> TestsRecord:
     """The engine's results as the record keeps them; StepError when they break a limit."""
     try:
-        return TestsRecord.from_engine(data)
+        return tests_from_engine(data)
     except ValueError as e:
         raise StepError(f"{ctx.project.results[result]}: {e}", host=ctx.host.name) from None
