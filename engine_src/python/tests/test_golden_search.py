@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import gen_model
 import golden_search
@@ -32,8 +33,17 @@ def in_memory_golden() -> gen_model.Golden:
     return gen_model.search_prompt(small_k2.ARGS, models["fp32"], models["int4"], RULE)
 
 
-def test_streaming_search_chooses_the_in_memory_searchs_golden(tmp_path):
-    status, result = golden_search.search(CONFIG, tmp_path, workers=2, deadline=float("inf"))
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """(its state folder, exit status, result) of a whole streaming search on k2small, result.json written."""
+    state = tmp_path_factory.mktemp("search")
+    status, result = golden_search.search(CONFIG, state, workers=2, deadline=float("inf"))
+    (state / "result.json").write_text(json.dumps(result))
+    return state, status, result
+
+
+def test_streaming_search_chooses_the_in_memory_searchs_golden(searched):
+    _, status, result = searched
     want = in_memory_golden()
     assert status == 0 and result["accepted"] == want.candidate
     fp32, int4 = result["bundles"]
@@ -74,13 +84,10 @@ def test_recompute_names_a_golden_token_the_streaming_reference_does_not_make():
     assert problem.startswith("k2small_int4: the streaming reference's token 17 is ")
 
 
-def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writers_digests(tmp_path, monkeypatch):
+def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writers_digests(searched, tmp_path, monkeypatch):
     for table, value in ((gen_model.CONFIGS, small_k2.ARGS), (gen_model.RECIPES, small_k2.RECIPE), (gen_model.RULES, RULE)):
         monkeypatch.setitem(table, "k2small", value)
-    state = tmp_path / "state"
-    state.mkdir()
-    status, result = golden_search.search(CONFIG, state, workers=2, deadline=float("inf"))
-    (state / "result.json").write_text(json.dumps(result))
+    state, _, result = searched
     expected = tmp_path / "expected.json"
     shutil.copy(golden_search.gen_model.EXPECTED_MANIFEST, expected)
     before = json.loads(expected.read_text())
