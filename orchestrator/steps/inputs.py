@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from .. import ownership, remote
+from ..host import script_text
 from ..inventory import Project
 from ..connectors.base import Transport
 
@@ -100,8 +101,5 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
 
 # The hashing runs in the host's Python (hash_inputs.py, standard library only), which keeps the
 # hashes of unchanged files between runs: a no-change validate no longer reads every bundle.
-_SCRIPT = ownership.guard('''
-cd -- "$1" || exit 3
-exec "$2" -I -S -c "$3" "${@:4}"
-''')
+_SCRIPT = ownership.guard(script_text("hash_inputs"))
 _HOST_SIDE = (Path(__file__).parent / "hash_inputs.py").read_text()
