@@ -117,8 +117,8 @@ def claim_command(remote_dir: str, owner: state.Owner, uuids: Sequence[str], cou
     """The command that takes the first `count` free GPUs of `uuids` (in that order), reports who
     holds each other one, and holds its claims until told to release them (or until the client's
     heartbeat stops for `silence` seconds, or its connection ends)."""
-    return remote.script_command(_CLAIM_SCRIPT, remote_dir, owner.to_json(), str(count),
-                                 remote._seconds(silence) if silence else "", *uuids, timeout=None)
+    return remote.script(_CLAIM_SCRIPT, remote_dir, owner.to_json(), str(count),
+                         remote._seconds(silence) if silence else "", *uuids, timeout=None).line
 
 
 def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt:

@@ -184,12 +184,6 @@ def secret_input(host: Host) -> bytes:
     return b"".join(values[name].encode() + b"\0" for name in host.secret_env)
 
 
-def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None,
-                   reads_stdin: bool = False) -> str:
-    """One of the orchestrator's own bash scripts, its values passed as positional arguments."""
-    return wrap(["bash", "-c", script, "kdtree", *args], timeout=timeout, cwd=cwd, reads_stdin=reads_stdin)
-
-
 def client_timeout(timeout: float) -> float:
     """How long the client waits for a command wrapped with `timeout` before it gives up."""
     return timeout + KILL_AFTER + CLIENT_GRACE

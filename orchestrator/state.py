@@ -209,9 +209,9 @@ def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mo
     the command line that hashes the deployed tree (run in remote_dir) when told to finish a sync."""
     if begin_sync and mode != EXCLUSIVE:
         raise ValueError("a sync begins only under the lock held alone")
-    return remote.script_command(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
-                                 remote._seconds(wait), remote._seconds(silence) if silence else "",
-                                 str(owner), rsync_path or "", "begin" if begin_sync else "", hash_line, timeout=None)
+    return remote.script(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
+                         remote._seconds(wait), remote._seconds(silence) if silence else "",
+                         str(owner), rsync_path or "", "begin" if begin_sync else "", hash_line, timeout=None).line
 
 
 def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0,

@@ -58,10 +58,9 @@ def measure_if_built(transport: Transport, project: Project, tree: str) -> Input
 
 def _hash_on_host(transport: Transport, tree: str, *condition: str) -> str:
     mask = tree if _TREE.match(tree) else ""
-    command = remote.script_command(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask,
-                                    *condition, timeout=SECONDS)
-    return transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
-                             what="hashing what the results depend on").decode(errors="replace")
+    command = remote.script(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask, *condition,
+                            timeout=SECONDS, what="hashing what the results depend on")
+    return transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode(errors="replace")
 
 
 def _parsed(project: Project, out: str) -> Inputs:
