@@ -15,6 +15,7 @@ from concurrent.futures import Future
 
 from . import remote
 from .errors import AuthError, ConnectError, HostError, HostKeyError
+from .host import script_text
 from .inventory import Host
 from .connectors.base import Transport
 
@@ -153,47 +154,4 @@ def check_python(host: Host, facts) -> Finding:
 
 CHECKS = (check_rsync, check_nvcc, check_gpu, check_arch, check_disk, check_python)
 
-_PROBE_SCRIPT = r'''
-d=$1 rsync_path=$2 cuda=$3 py=$4 numpy=$5
-# the slowest checks start first and run beside the others: the interpreter (its version, then
-# numpy's: one process) and nvcc; their lines are printed at the end
-exec 5< <("$py" -c 'import sys; print("python_version=%d.%d.%d" % sys.version_info[:3], flush=True)
-version = None
-if sys.argv[1] == "find":
-    try:
-        import importlib.util, os
-        spec = importlib.util.find_spec("numpy")
-        if spec is not None and spec.origin:
-            # the one numpy-VERSION.dist-info beside the package names it (importing importlib.metadata costs 20 ms)
-            site = os.path.dirname(os.path.dirname(spec.origin))
-            found = [n[6:-10] for n in os.listdir(site) if n.startswith("numpy-") and n.endswith(".dist-info")]
-            if len(found) == 1:
-                version = found[0]
-            else:
-                import importlib.metadata
-                version = importlib.metadata.version("numpy")
-    except Exception:       # an older Python, no metadata: the import below tells
-        pass
-if not version:
-    import numpy
-    version = numpy.__version__
-print("numpy_version=" + version)' "$numpy" 2>/dev/null)
-if [ -n "$cuda" ]; then n=$cuda/bin/nvcc; [ -x "$n" ] || n=; else n=$(command -v nvcc); fi
-[ -n "$n" ] && exec 6< <(echo "nvcc=$n"; echo "nvcc_version=$("$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')")
-if [ -n "$rsync_path" ]; then [ -x "$rsync_path" ] && r=$rsync_path; else r=$(command -v rsync); fi
-[ -n "$r" ] && echo "rsync=$r" && echo "rsync_version=$("$r" --version 2>/dev/null | head -n1)"
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu=/'
-  apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c .)
-  [ "${apps:-0}" -gt 0 ] && echo "gpu_busy=yes" || echo "gpu_busy=no"
-else
-  echo "nvidia_smi=missing"
-fi
-sed -n 's/^model name[[:space:]]*: */cpu=/p' /proc/cpuinfo 2>/dev/null | head -n1
-p=$d; while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
-echo "disk_path=$p"
-echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
-[ -n "$n" ] && cat <&6
-cat <&5
-exit 0
-'''
+_PROBE_SCRIPT = script_text("doctor_probe")

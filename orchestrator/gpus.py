@@ -24,6 +24,7 @@ from typing import Collection, Mapping, Sequence, cast
 
 from . import remote
 from .errors import HostError, UsageError
+from .host import script_text
 
 # Where nvidia-smi lives when the host's PATH for non-interactive ssh sessions lacks it: the
 # driver packages' own bin, the NVIDIA container runtime, WSL, the GPU operator's driver root.
@@ -485,40 +486,5 @@ def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
 
-# Arguments: a folder, an environment entry, pids; prints each pid of this user's processes whose
-# executable lies under the folder or whose environment holds the entry. (A deploying root can
-# read every process's environment, and the entry is on the step's command line for all to see.)
-_OWN_SCRIPT = r'''
-under=${1%/}/ marker=$2 me=$(id -u); shift 2
-for p; do
-  [ "$(stat -c %u -- "/proc/$p" 2>/dev/null)" = "$me" ] || continue
-  e=$(readlink -- "/proc/$p/exe" 2>/dev/null) || continue
-  case $e in "$under"*) echo "$p"; continue ;; esac
-  grep -qsxzF -- "$marker" "/proc/$p/environ" && echo "$p"
-done
-exit 0
-'''
-
-_QUERY_SCRIPT = r'''
-max=$1 qgpu=$2 qapp=$3 fmt=$4; shift 4
-smi=$(command -v nvidia-smi 2>/dev/null)
-case $smi in /*) ;; *) smi=;; esac
-if [ -z "$smi" ]; then
-  for d in "$@"; do [ -x "$d/nvidia-smi" ] && [ -f "$d/nvidia-smi" ] && { smi=$d/nvidia-smi; break; }; done
-fi
-[ -n "$smi" ] || { echo "smi -"; exit 0; }
-printf 'smi %s\n' "$smi"
-err=$(mktemp) || exit 1
-trap 'rm -f -- "$err"' EXIT
-run() {
-  local tag=$1 out rc; shift
-  out=$("$smi" "$@" 2>"$err" | head -c "$max"; exit "${PIPESTATUS[0]}")
-  rc=$?
-  [ -n "$out" ] && printf '%s\n' "$out" | sed "s/^/$tag /"
-  head -c 4096 -- "$err" | sed "s/^/err-$tag /"
-  echo "rc $tag $rc"
-}
-run gpu "$qgpu" "$fmt"
-run app "$qapp" "$fmt"
-exit 0
-'''
+_OWN_SCRIPT = script_text("gpu_own")
+_QUERY_SCRIPT = script_text("gpu_query")

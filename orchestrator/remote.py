@@ -27,6 +27,7 @@ from typing import BinaryIO, Mapping, Sequence
 
 from . import ownership
 from .errors import UsageError
+from .host import script_text
 from .inventory import Host
 
 KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
@@ -183,12 +184,6 @@ def secret_input(host: Host) -> bytes:
     return b"".join(values[name].encode() + b"\0" for name in host.secret_env)
 
 
-def script_command(script: str, *args: str, timeout: float | None, cwd: str | None = None,
-                   reads_stdin: bool = False) -> str:
-    """One of the orchestrator's own bash scripts, its values passed as positional arguments."""
-    return wrap(["bash", "-c", script, "kdtree", *args], timeout=timeout, cwd=cwd, reads_stdin=reads_stdin)
-
-
 def client_timeout(timeout: float) -> float:
     """How long the client waits for a command wrapped with `timeout` before it gives up."""
     return timeout + KILL_AFTER + CLIENT_GRACE
@@ -198,28 +193,5 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-# $1 the secret variables' names (comma-separated), then the command: each value is read from
-# stdin up to a NUL byte and exported, then the command runs with the rest of stdin (GUARD's).
-SECRETS = r'''IFS=, read -r -a names <<< "$1"; shift
-for n in "${names[@]}"; do IFS= read -r -d '' v || exit 125; export "$n=$v"; done
-unset n v names
-exec "$@"'''
-
-# $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a background
-# watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the step's
-# process, if it has not made its group yet); what the step left in its group is killed at the end.
-# Every process of the step carries a tag in its environment (KDTREE_STEP=<guard pid>.<random>):
-# at the end, those that left the group (setsid, daemons) are found by it in /proc and killed too.
-GUARD = r'''exec 3<&0 0</dev/null
-tag=KDTREE_STEP=$$.$RANDOM$RANDOM$RANDOM
-env "$tag" setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
-step=$!
-{ read -r _ <&3; kill -TERM -- "-$step" || kill -TERM "$step"; } >/dev/null 2>&1 &
-guard=$!
-exec 3<&-
-wait "$step"
-rc=$?
-kill "$guard" 2>/dev/null
-kill -KILL -- "-$step" 2>/dev/null
-for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
-exit "$rc"'''
+SECRETS = script_text("secrets")    # host/secrets.sh
+GUARD = script_text("step_guard")   # host/step_guard.sh

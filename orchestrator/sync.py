@@ -33,6 +33,7 @@ from typing import Callable
 
 from . import ownership, remote, state
 from .errors import CommandError, FetchError, KdError, SyncError, cause_of
+from .host import script_text
 from .inventory import Host, Project
 from .connectors import relay
 from .connectors.base import READ_MISSING, Transport
@@ -422,24 +423,7 @@ def _git_revision(source: Path) -> tuple[str | None, bool]:
     return head, any(not line.startswith("#") for line in lines)
 
 
-_SPACE_SCRIPT = r'''
-df -Pk -- "$1" | awk 'NR == 2 {print $4}'
-du -sk -- "$1" | cut -f1
-'''
-
-_LIST_SCRIPT = ownership.guard(r'''
-cd -- "$1" && find . -mindepth 1 -path ./.kdtree -prune -o \( -type d -printf 'd 0 0 %P\0' \) \
-  -o \( -type f -printf 'f %s %T@ %P\0' \) -o \( -type l -printf 'l 0 0 %P\0' \)
-''')
-
-_DELETE_SCRIPT = ownership.guard(r'''
-cd -- "$1" || exit 3
-while IFS= read -r -d '' p; do
-  case $p in /*|..|../*|*/../*|*/..|.kdtree|.kdtree/*) continue;; esac
-  if [ -d "$p" ] && [ ! -L "$p" ]; then rm -rf -- "$p"; else rm -f -- "$p"; fi
-done
-''')
-
-_EXTRACT_SCRIPT = ownership.guard(r'''
-cd -- "$1" && tar -xzf - --no-same-owner --no-same-permissions --no-overwrite-dir
-''')
+_SPACE_SCRIPT = script_text("sync_space")
+_LIST_SCRIPT = ownership.guard(script_text("sync_list"))
+_DELETE_SCRIPT = ownership.guard(script_text("sync_delete"))
+_EXTRACT_SCRIPT = ownership.guard(script_text("sync_extract"))

@@ -206,9 +206,9 @@ def test_commands_and_scripts_keep_their_argv_timeout_stdin_and_cwd(tmp_path):
     assert (s.argv, s.timeout, s.stdin, s.what) == (("bash", "-c", 'echo "$0|$1|$PWD"', "kdtree", "a b"), 5, b"in",
                                                     "probing")
     assert _sh(s.line) == f"kdtree|a b|{tmp_path}\n"
-    line = remote.script_command('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path))
+    line = remote.script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path)).line
     assert "kdtree-step" in line and _sh(line) == f"kdtree|a b|{tmp_path}\n"
-    assert "kdtree-step" not in remote.script_command("cat", timeout=5, reads_stdin=True)
+    assert "kdtree-step" not in remote.script("cat", timeout=5, stdin=b"").line
 
 
 def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin():
@@ -227,7 +227,7 @@ def test_every_command_runs_with_umask_077_so_nothing_it_writes_is_anyone_elses_
     """Issue 37 (3): what a command writes on a host (a result file with a secret, a build) is
     the user's alone, whatever umask the host's login gives."""
     for line in (remote.wrap(["bash", "-c", "umask; echo s > f; mkdir d"], timeout=None, cwd=str(tmp_path)),
-                 remote.script_command("umask", timeout=5), remote.step_command(
+                 remote.script("umask", timeout=5).line, remote.step_command(
                      Host(name="local", transport="local", remote_dir=str(tmp_path)), "umask", 5)):
         assert _sh(f"umask 000; {line}").splitlines()[0] == "0077", line
     assert oct((tmp_path / "f").stat().st_mode & 0o777) == "0o600"

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO, Callable, Protocol, Sequence
 
 from .. import ownership, remote
 from ..errors import CommandError, FetchError, HostError, cause_of, refusal
+from ..host import script_text
 from ..inventory import Host
 
 TAIL_BYTES = 64 * 1024
@@ -366,34 +367,9 @@ class Process:
         return self.result
 
 
-# kd_read FILE MAX ROOT REAL (ROOT and FILE resolved: REAL): FILE's first MAX + 1 bytes (more than MAX:
-# the client refuses it), when it is a regular file inside ROOT and not a symlink; else an exit status
-# of _READ_ERRORS.
-_READ_FUNCTION = r'''
-kd_read() {
-  [ -L "$1" ] && return 3
-  [ -e "$1" ] || return 4
-  case $4 in "$3"/*) ;; *) return 7;; esac
-  [ -f "$1" ] || return 5
-  head -c "$(($2 + 1))" -- "$1"
-}
-'''
-_READ_SCRIPT = ownership.guard(_READ_FUNCTION + 'kd_read "$1" "$2" "$(realpath -m -- "$3")" "$(realpath -m -- "$1")"\n',
-                               '"$3"')
-# $1 remote_dir, $2 a mark, then FILE MAX pairs: for each, what kd_read printed, a newline, the
-# mark, a space, kd_read's exit status and a newline. (One realpath for every file.)
-_READ_FILES_SCRIPT = ownership.guard(_READ_FUNCTION + r'''
-d=$(realpath -m -- "$1") mark=$2; shift 2
-files=(); for ((i = 1; i < $#; i += 2)); do files+=("${!i}"); done
-readarray -d '' real < <(realpath -zm -- "${files[@]}")
-[ "${#real[@]}" = "${#files[@]}" ] || exit 3
-i=0
-while [ $# -ge 2 ]; do
-  kd_read "$1" "$2" "$d" "${real[i]}"
-  printf '\n%s %s\n' "$mark" "$?"
-  shift 2; i=$((i + 1))
-done
-''')
+_READ_FUNCTION = script_text("read_function")         # kd_read FILE MAX ROOT REAL
+_READ_SCRIPT = ownership.guard(_READ_FUNCTION + script_text("read_file"), '"$3"')
+_READ_FILES_SCRIPT = ownership.guard(_READ_FUNCTION + script_text("read_files"))
 READ_MISSING = 4         # read_file's FetchError.exit_status when the file does not exist
 _READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", READ_MISSING: "does not exist",
                 5: "is not a regular file; refusing to read it",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ownership, record, remote
+from ..host import script_text
 from . import executables
 from .context import NOT_READ, Outcome, StepContext, StepError
 
@@ -95,6 +96,4 @@ def _checked_version(ctx: StepContext, tree: str, output: str | None = None) -> 
     return version
 
 
-_DROP_SCRIPT = ownership.guard(r'''
-cd -- "$1" && { [ ! -d build ] || find build -type f -perm /111 -delete; }
-''')
+_DROP_SCRIPT = ownership.guard(script_text("build_drop"))

@@ -13,6 +13,7 @@ import re
 from .. import remote
 from ..bundle_plan import gb
 from ..errors import CommandError, cause_of
+from ..host import script_text
 from ..gpus import visible
 from .context import Outcome, StepContext, StepError
 
@@ -112,30 +113,5 @@ def _last_line(text: str) -> str:
     return visible(lines[-1].strip(), 300) if lines else "(no output)"
 
 
-# Arguments: remote_dir, the bundle folder relative to it. The folder must be a real folder inside
-# remote_dir (no link on the way out); prints "BYTES RELATIVE-PATH" for each *.kdtr regular file.
-_LIST_SCRIPT = r'''
-d=$1 f=$2
-[ -d "$d/$f" ] || exit 0
-real=$(cd -P -- "$d" && pwd) && inner=$(cd -P -- "$d/$f" && pwd) || exit 4
-case $inner/ in "$real"/*) ;; *) echo "the bundle folder $f leads outside remote_dir" >&2; exit 4 ;; esac
-cd -P -- "$d/$f" && find . -xdev -type f -name '*.kdtr' -printf '%s %P\n'
-'''
-
-# Arguments: remote_dir, the bundle folder, then files relative to the folder: each removed only
-# when it is a regular file (not a link) whose real path lies inside the folder.
-_REMOVE_SCRIPT = r'''
-d=$1 f=$2; shift 2
-inner=$(cd -P -- "$d/$f" && pwd) || exit 4
-real=$(cd -P -- "$d" && pwd) || exit 4
-case $inner/ in "$real"/*) ;; *) echo "the bundle folder $f leads outside remote_dir" >&2; exit 4 ;; esac
-rc=0
-for p; do
-  case /$p/ in */../*) echo "refused: $p" >&2; rc=4; continue ;; esac
-  t=$inner/$p
-  if [ -L "$t" ] || [ ! -f "$t" ]; then echo "refused: $p is not a regular file" >&2; rc=4; continue; fi
-  case $(cd -P -- "$(dirname -- "$t")" && pwd)/ in "$inner"/*) ;; *) echo "refused: $p is outside" >&2; rc=4; continue ;; esac
-  rm -f -- "$t" && echo "removed $f/$p" || rc=1
-done
-exit $rc
-'''
+_LIST_SCRIPT = script_text("bundle_list")
+_REMOVE_SCRIPT = script_text("bundle_remove")

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from .. import ownership, remote
+from ..host import script_text
 from ..inventory import Host, Project
 from ..connectors.base import Transport
 
@@ -124,27 +125,5 @@ def _parse(text: str) -> dict[str, str]:
     return {m.group(2): m.group(1) for m in re.finditer(r"^([0-9a-f]{64}) [ *](.+)$", text, re.M)}
 
 
-_HASH_SCRIPT = ownership.guard(r'''
-cd -- "$1" || exit 3
-find build -type f -perm /111 -print0 | sort -z | xargs -0 -r sha256sum --
-exit 0
-''')
-
-# $1 remote_dir, then the records: each the words "SHA256 PATH" of its executables, then "--".
-# Prints the sha256sum line of every recorded path that is an executable file under build/; then,
-# when every executable of one record hashes as recorded, MATCHED (exit 0), else exits NO_MATCH.
-_CHECK_SCRIPT = ownership.guard(r'''
-cd -- "$1" || exit 3; shift
-paths=(); for a; do [ "$a" = -- ] || paths+=("${a#* }"); done
-sums=$(find build -type f -perm /111 -print0 | sort -z | grep -zxF -f <(printf '%s\n' "${paths[@]}") |
-       xargs -0 -r sha256sum --)
-[ -n "$sums" ] && printf '%s\n' "$sums"
-want=
-for a; do
-  if [ "$a" != -- ]; then want+="${a%% *}  ${a#* }"$'\n'; continue; fi
-  if [ -n "$want" ] && ! grep -vxqF -f <(printf '%s\n' "$sums") <<< "${want%$'\n'}"; then
-    printf '%s\n' ''' + MATCHED + r'''; exit 0
-  fi
-  want=
-done
-exit ''' + str(NO_MATCH) + '\n')
+_HASH_SCRIPT = ownership.guard(script_text("build_hash"))
+_CHECK_SCRIPT = ownership.guard(script_text("build_check", MATCHED=MATCHED, NO_MATCH=NO_MATCH))

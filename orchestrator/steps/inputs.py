@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from .. import ownership, remote
+from ..host import script_text
 from ..inventory import Project
 from ..connectors.base import Transport
 
@@ -57,10 +58,9 @@ def measure_if_built(transport: Transport, project: Project, tree: str) -> Input
 
 def _hash_on_host(transport: Transport, tree: str, *condition: str) -> str:
     mask = tree if _TREE.match(tree) else ""
-    command = remote.script_command(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask,
-                                    *condition, timeout=SECONDS)
-    return transport.capture(command, timeout=remote.client_timeout(SECONDS), max_bytes=OUTPUT_MAX_BYTES,
-                             what="hashing what the results depend on").decode(errors="replace")
+    command = remote.script(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask, *condition,
+                            timeout=SECONDS, what="hashing what the results depend on")
+    return transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode(errors="replace")
 
 
 def _parsed(project: Project, out: str) -> Inputs:
@@ -100,8 +100,5 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
 
 # The hashing runs in the host's Python (hash_inputs.py, standard library only), which keeps the
 # hashes of unchanged files between runs: a no-change validate no longer reads every bundle.
-_SCRIPT = ownership.guard('''
-cd -- "$1" || exit 3
-exec "$2" -I -S -c "$3" "${@:4}"
-''')
+_SCRIPT = ownership.guard(script_text("hash_inputs"))
 _HOST_SIDE = (Path(__file__).parent / "hash_inputs.py").read_text()
