@@ -13,7 +13,6 @@ file's index once every job is done and prints progress lines (kdtree_ref.progre
 and bytes done. The bytes equal gen_model.build_config's for the same golden, in version 2.
 """
 
-import hashlib
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -24,7 +23,7 @@ import numpy as np
 
 from . import kdtr, progress, stream
 from .quant import GROUP_SIZE, is_quantized, quantize
-from .schema import TensorSpec, tensor_specs
+from .schema import tensor_specs
 from .weights import Weights
 
 ROW_BLOCK = 1024        # rows of a weight made at a time (7.3M values at h = 7168: about 200 MB of temporaries)
@@ -52,23 +51,6 @@ def targets_for(source: Weights, quants: dict[str, dict], drafter: dict, golden:
         path = None if out_dir is None else str(out_dir / f"model_{source.args.name}_{label}.kdtr")
         out.append(Target(label, quant, kdtr.plan(meta, tensor_specs(meta)), path))
     return out
-
-
-class _HashSink:
-    """A tensor hashed as its row blocks come, in order, and written nowhere."""
-
-    def __init__(self, spec: TensorSpec):
-        self._spec, self._sha, self._done = spec, hashlib.sha256(), 0
-
-    def write(self, rows: np.ndarray) -> None:
-        raw = kdtr.raw_bytes(rows, TensorSpec(self._spec.name, self._spec.dtype, (rows.shape[0],) + self._spec.shape[1:]))
-        self._sha.update(raw)
-        self._done += len(raw)
-
-    def close(self) -> bytes:
-        if self._done != self._spec.nbytes:
-            raise ValueError(f"tensor {self._spec.name!r}: {self._done} of its {self._spec.nbytes} bytes made")
-        return self._sha.digest()
 
 
 def stored_rows(source: Weights, name: str, rows: tuple[int, int], quants: dict[str, dict]) -> dict[str, dict]:
@@ -113,7 +95,7 @@ def run_job(source: Weights, targets: list[Target], job: "Job") -> tuple[dict[st
     """Make, write and hash one job's tensors in every target; returns ({label: {tensor: sha256}}, bytes)."""
     quants = {t.label: t.quant for t in targets}
     parts = {t.label: stream.Part(t.path, t.plan) for t in targets if t.path is not None}
-    sinks: dict[tuple[str, str], object] = {}
+    sinks: dict[tuple[str, str], stream.RowSink] = {}
     written = 0
     try:
         for made in _blocks(source, job, quants):
@@ -122,7 +104,7 @@ def run_job(source: Weights, targets: list[Target], job: "Job") -> tuple[dict[st
                     key = (t.label, tensor)
                     if key not in sinks:
                         sinks[key] = (parts[t.label].rows(tensor) if t.label in parts
-                                      else _HashSink(t.plan.specs[t.plan.find(tensor)]))
+                                      else stream.RowSink(t.plan, t.plan.find(tensor)))
                     sinks[key].write(rows)
                     written += rows.nbytes
         digests: dict[str, dict[str, bytes]] = {t.label: {} for t in targets}

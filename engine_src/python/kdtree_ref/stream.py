@@ -44,11 +44,12 @@ def create(path, plan: Plan) -> None:
 
 
 class RowSink:
-    """One tensor written in row blocks, in order, and hashed as they are written."""
+    """One tensor written in row blocks, in order, and hashed as they are written (to the file
+    descriptor `fd` at the tensor's place in `plan`; fd None: hashed only, written nowhere)."""
 
-    def __init__(self, part: "Part", index: int):
-        self._part, self._index = part, index
-        self._spec = part.plan.specs[index]
+    def __init__(self, plan: Plan, index: int, fd: int | None = None):
+        self._plan, self._index, self._fd = plan, index, fd
+        self._spec = plan.specs[index]
         self._done = 0
         self._sha = hashlib.sha256()
 
@@ -58,7 +59,8 @@ class RowSink:
         raw = raw_bytes(rows, TensorSpec(spec.name, spec.dtype, (rows.shape[0],) + spec.shape[1:]))
         if self._done + len(raw) > spec.nbytes:
             raise ValueError(f"tensor {spec.name!r}: rows past its {spec.nbytes} bytes")
-        _pwrite_all(self._part.fd, raw, self._part.plan.offsets[self._index] + self._done)
+        if self._fd is not None:
+            _pwrite_all(self._fd, raw, self._plan.offsets[self._index] + self._done)
         self._sha.update(raw)
         self._done += len(raw)
 
@@ -98,7 +100,7 @@ class Part:
 
     def rows(self, name: str) -> RowSink:
         """A sink that writes tensor `name` row block by row block, in order, hashing as it goes."""
-        return RowSink(self, self.plan.find(name))
+        return RowSink(self.plan, self.plan.find(name), self.fd)
 
     def write_rows(self, name: str, first_row: int, rows: np.ndarray) -> None:
         """Write rows [first_row, first_row + len(rows)) of tensor `name` (no hash: see hash)."""
