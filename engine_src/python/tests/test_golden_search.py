@@ -99,6 +99,7 @@ def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writer
     gen_model.main(["--out", str(out), "--configs", "k2small", "--golden", str(expected), "--workers", "2"])
     assert gen_model.check(json.loads((out / "manifest.json").read_text()), expected) is None
     assert mine["int4"]["golden"] == result["bundles"][1]["golden"] and mine["int4"]["needs"]["disk_bytes"] > 0
+    assert mine["int4"]["streamed"] is True and mine["fp32"]["streamed"] is True     # the orchestrator's cue
     assert after["generator"]["golden_candidate"]["k2small"] == result["accepted"]
     # committing again replaces the entries, never doubles them
     golden_search.main(["--state", str(state), "--commit", str(expected), "--workers", "2"])
