@@ -62,6 +62,23 @@ def test_missing_bundle_and_missing_outputs_fail():
     assert "missing from the manifest" in rec.detail and "no FP32 twin" in rec.detail
 
 
+def test_a_streamed_bundle_is_checked_against_the_committed_golden_and_says_so():
+    m = manifest()
+    for b in m["bundles"]:
+        b["streamed"] = True
+    local = {"bundles": []}                 # the client never makes a streamed bundle
+    row = golden.matrix_row(m, local, copy.deepcopy(m), outputs(m))
+    for rec in row.values():
+        assert rec.status == "passed" and rec.checks["local_vs_expected"] == "skipped"
+        assert rec.detail == "local_vs_expected: not regenerated here (a streamed bundle: its golden tokens are the committed ones)"
+    m["bundles"][0]["streamed"] = "yes"     # only the generator's own true marks one
+    assert golden.matrix_row(m, local, m, outputs(m))["tiny_fp32"].checks["local_vs_expected"] == "failed"
+    out = outputs(m)
+    out["bundles"]["tiny_int4"]["ar"][3] = 7    # the host's tokens are still checked, and fail as ever
+    rec = golden.matrix_row(m, local, m, out)["tiny_int4"]
+    assert rec.status == "failed" and rec.mismatch.check == "host_ar_vs_golden"
+
+
 def test_an_int4_bundle_equal_to_its_fp32_twin_fails():
     m = manifest()
     m["bundles"][1]["golden"] = list(m["bundles"][0]["golden"])

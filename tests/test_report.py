@@ -138,6 +138,15 @@ def baseline(run) -> dict:
 # Markdown
 
 
+def test_a_passed_bundle_with_a_skipped_check_says_why_in_both_reports(run):
+    golden = run["hosts"]["local"]["golden"]["tiny_fp32"]
+    golden["checks"]["local_vs_expected"] = "skipped"
+    golden["detail"] = "local_vs_expected: not regenerated here (a streamed bundle: its golden tokens are the committed ones)"
+    md, page = report.render_markdown(run), report.render_html(run)
+    assert "✓ pass (local_vs_expected: not regenerated here (a streamed bundle: its golden tokens are the committed ones))" in md
+    assert '✓ pass<div class="detail">local_vs_expected: not regenerated here' in page
+
+
 def test_markdown_names_hosts_statuses_mismatch_and_failures(run):
     md = report.render_markdown(run)
     assert md.startswith("# kdtree nightly 20261129-172233-ab12: FAILED")

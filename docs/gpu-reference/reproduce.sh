@@ -3,10 +3,12 @@
 #   bash docs/gpu-reference/reproduce.sh OUTDIR [PART...]
 # from the repo root. Parts (default: validate bare):
 #   validate    every step of `invoke validate` on h200, benchmarks included: run.json, report.*, junit.xml
+#   wide        the same with the k2wide tier beside the default one (--bundles default,k2wide): its two
+#               bundles (28.6 GB) written on the host, golden-checked, tested and benchmarked
 #   bare        doctor, deploy and validate (no bench) of h200-bare, the machine without rsync (tar stream)
 #   contention  validate with the stress step instead of bench: the GPU under our own load generator
 set -euo pipefail
-out=$(realpath -m "${1:?usage: reproduce.sh OUTDIR [validate|bare|contention ...]}")
+out=$(realpath -m "${1:?usage: reproduce.sh OUTDIR [validate|wide|bare|contention ...]}")
 shift
 parts=("$@")
 [ $# -gt 0 ] || parts=(validate bare)
@@ -24,6 +26,10 @@ for part in "${parts[@]}"; do
       python3 -m invoke validate --inventory "$inv" --host h200 --report-dir "$lab/run" || status=$?
       cp "$lab/run/run.json" "$lab/run/report.html" "$lab/run/report.md" "$lab/run/junit.xml" "$out/"
       tar -czf "$out/logs.tar.gz" -C "$lab" run/h200 ;;
+    wide)
+      python3 -m invoke validate --inventory "$inv" --host h200 --bundles default,k2wide --report-dir "$lab/wide" || status=$?
+      cp "$lab/wide/run.json" "$lab/wide/report.html" "$lab/wide/report.md" "$lab/wide/junit.xml" "$out/"
+      tar -czf "$out/logs.tar.gz" -C "$lab" wide/h200 ;;
     bare)
       python3 -m invoke doctor --inventory "$inv" --host h200-bare || true    # what the bare host lacks
       python3 -m invoke deploy --inventory "$inv" --host h200-bare || status=$?
@@ -36,7 +42,7 @@ for part in "${parts[@]}"; do
           --steps preflight,sync,build,bundles,golden,test,stress --report-dir "$lab/contention" || status=$?
       cp "$lab/contention/run.json" "$lab/contention/report.html" "$lab/contention/report.md" \
          "$lab/contention/junit.xml" "$out/contention/" ;;
-    *) echo "reproduce.sh: unknown part '$part' (validate, bare, contention)" >&2; exit 2 ;;
+    *) echo "reproduce.sh: unknown part '$part' (validate, wide, bare, contention)" >&2; exit 2 ;;
   esac
   set +x
 done

@@ -457,7 +457,7 @@ def write_streamed(name: str, out: Path, golden_path: Path, workers: int, hash_o
     for label, (identity, plan) in made.items():
         g = golden[label]
         entries.append({"name": f"{name}_{label}", "file": f"model_{name}_{label}.kdtr", "sha256": identity,
-                        "config": name, "quant": label, "prompt": g["prompt"], "golden": g["golden"],
+                        "config": name, "quant": label, "streamed": True, "prompt": g["prompt"], "golden": g["golden"],
                         "margins": g["margins"], "golden_margins": g["golden_margins"],
                         "needs": bundle_needs(args, plan.size, sum(s.nbytes for s in plan.specs), BLOCK_SIZE,
                                               len(g["prompt"]))})

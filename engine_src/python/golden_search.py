@@ -131,7 +131,7 @@ def run_job(config: Config, job: Job, state_dir: str, deadline: float, plain_tok
         margins = (float(top_margin(logits)), state["route"], state["group"])
         state["steps"].append((token, *margins))
         outcome = _judge(job, rule, state["steps"], plain_tokens) or _refused_elsewhere(job, Path(state_dir))
-        if outcome is None and clock() > deadline:
+        if outcome is None and (clock() > deadline or (Path(state_dir) / DECIDED).exists()):
             state["steps"].pop()
             return {"status": "paused", "steps": step}
         if outcome is not None:
@@ -145,6 +145,11 @@ def run_job(config: Config, job: Job, state_dir: str, deadline: float, plain_tok
                      cpu_s=state["cpu_s"] + now - started)
         started = now
         _save(path, state)
+
+
+# Written in the state folder once the search has decided: the jobs still running pause at their
+# next step (their states kept) instead of running to the end of trajectories nobody waits for.
+DECIDED = "decided"
 
 
 def _refused_elsewhere(job: Job, state_dir: Path) -> dict | None:
@@ -247,11 +252,13 @@ def search(config: Config, state_dir: Path, workers: int, deadline: float) -> tu
     or MAX_CANDIDATES; returns (exit status, result)."""
     found = Search(config)
     pending, next_candidate, first_open = {}, 0, 0
+    (state_dir / DECIDED).unlink(missing_ok=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         while True:
             while first_open < next_candidate and found.verdict(first_open) == "refused":
                 first_open += 1
             if first_open < next_candidate and found.verdict(first_open) == "accepted":
+                (state_dir / DECIDED).touch()       # the later candidates' jobs still running: pause them
                 break
             open_time = time.time() < deadline
             for c in range(first_open, next_candidate if open_time else 0):   # noisy jobs first: they decide

@@ -99,10 +99,22 @@ def test_a_finished_search_is_committed_to_the_expected_manifest_with_the_writer
     gen_model.main(["--out", str(out), "--configs", "k2small", "--golden", str(expected), "--workers", "2"])
     assert gen_model.check(json.loads((out / "manifest.json").read_text()), expected) is None
     assert mine["int4"]["golden"] == result["bundles"][1]["golden"] and mine["int4"]["needs"]["disk_bytes"] > 0
+    assert mine["int4"]["streamed"] is True and mine["fp32"]["streamed"] is True     # the orchestrator's cue
     assert after["generator"]["golden_candidate"]["k2small"] == result["accepted"]
     # committing again replaces the entries, never doubles them
     golden_search.main(["--state", str(state), "--commit", str(expected), "--workers", "2"])
     assert json.loads(expected.read_text()) == after
+
+
+def test_once_decided_the_jobs_still_running_pause_and_the_next_search_clears_it(searched, tmp_path):
+    state, status, result = searched
+    assert status == 0 and (state / golden_search.DECIDED).exists()
+    (tmp_path / golden_search.DECIDED).touch()
+    later = Job(CONFIG.args.name, result["accepted"] + 1, "fp32")
+    assert golden_search.run_job(CONFIG, later, str(tmp_path), float("inf")) == {"status": "paused", "steps": 0}
+    assert pickle.loads((tmp_path / f"{later.name}.pkl").read_bytes())["status"] == "running"   # kept, to go on
+    assert golden_search.search(CONFIG, tmp_path, workers=1, deadline=-1.0)[0] == golden_search.EXIT_STOPPED
+    assert not (tmp_path / golden_search.DECIDED).exists()
 
 
 def test_a_job_stops_once_another_job_of_its_candidate_has_failed(tmp_path):
