@@ -198,7 +198,7 @@ def hostile(make_inventory, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def slurm(lab, tmp_path_factory):
+def slurm_lab(lab, tmp_path_factory):
     """A real single-machine Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, one slurmd
     with 2 gpu GRES on character devices, partition `gpu`) and its login node: a loopback sshd
     host `login` of the lab. Skipped, with the reason, where slurm-wlm cannot run (not installed,
