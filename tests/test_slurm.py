@@ -103,6 +103,29 @@ def test_slurm_an_interrupted_wait_still_cancels_the_job(slurm_lab, entry, drain
     assert _state_soon(cluster, job_id, "CANCELLED")
 
 
+def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measured(slurm_lab, entry):
+    cluster, _ = slurm_lab
+    host = entry()
+    second: dict = {}
+
+    def later():
+        with open_transport(host) as t2, slurm.allocation(t2, poll=0.5) as job:
+            second["job"], second["seen"] = job, cluster.job(job.job_id)
+
+    with open_transport(host) as t, slurm.allocation(t, poll=0.5) as first:
+        waiter = threading.Thread(target=later)
+        waiter.start()
+        pending = _pending_job(cluster, exclude=first.job_id)      # slurmctld: the second waits for the GPUs
+        assert pending and _soon(lambda: cluster.job(pending).get("Reason") == "Resources")
+        time.sleep(3)
+    waiter.join(60)
+    job = second["job"]
+    assert job.job_id == pending and second["seen"]["JobState"] == "RUNNING" and job.gpus == (0, 1)
+    assert job.queue_wait is not None and job.queue_wait >= 3          # Slurm's StartTime - SubmitTime
+    assert cluster.job(first.job_id)["JobState"] == "CANCELLED"
+    assert _state_soon(cluster, job.job_id, "CANCELLED")
+
+
 def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
     host = entry(account="infer")
     with open_transport(host) as t:
@@ -152,13 +175,29 @@ def test_slurm_gpus_beyond_every_node_fail_doctor(slurm_lab, entry):
     assert findings["nodes"].status == "fail" and findings["nodes"].detail.startswith("no usable node has gpu:3")
 
 
-def _state_soon(cluster, job_id: str, state: str, within: float = 20) -> bool:
+def _soon(condition, within: float = 20) -> bool:
+    """Whether `condition()` holds within `within` seconds (slurmctld acts on its own time)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if cluster.job(job_id).get("JobState") == state:
+        if condition():
             return True
         time.sleep(0.2)
     return False
+
+
+def _state_soon(cluster, job_id: str, state: str) -> bool:
+    return _soon(lambda: cluster.job(job_id).get("JobState") == state)
+
+
+def _pending_job(cluster, exclude: str, within: float = 20) -> str | None:
+    """The id of a PENDING job of the cluster other than `exclude`, once there is one."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        listing = cluster.command("squeue", "-h", "-t", "PENDING", "-o", "%i").stdout.split()
+        if [j for j in listing if j != exclude]:
+            return next(j for j in listing if j != exclude)
+        time.sleep(0.2)
+    return None
 
 
 # -- without a cluster: what Slurm prints is read strictly ---------------------------------------
