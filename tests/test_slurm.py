@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,6 +142,13 @@ def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
     out = io.StringIO()
     assert cli.doctor(inventory.load(tmp_path / "hosts.yaml"), [host], Console(out)) == 0, out.getvalue()
     assert "[c] preflight | ok    partition  gpu: UP" in out.getvalue()
+
+
+def test_slurm_entry_deploys_to_the_shared_filesystem_through_the_login_node(slurm_lab, entry, tmp_path):
+    host = entry()
+    out = io.StringIO()
+    assert cli.deploy(inventory.load(tmp_path / "hosts.yaml"), [host], Console(out)) == 0, out.getvalue()
+    assert (Path(host.remote_dir) / "src" / "main.cpp").read_text() == "int main() { return 0; }\n"
 
 
 def test_slurm_doctor_fails_on_a_drained_partition_with_slurms_reason(slurm_lab, entry, drained):
