@@ -139,7 +139,14 @@ class SlurmCluster:
         raise RuntimeError(f"no {what} within {START_TIMEOUT} s:\n{self.logs()}")
 
     def close(self) -> None:
-        """Stop every daemon (slurmd first, munged last)."""
+        """Cancel every job left and wait for them to end (their slurmstepd would outlive slurmd),
+        then stop every daemon (slurmd first, munged last)."""
+        ctld = self.procs.get("slurmctld")
+        if ctld is not None and ctld.poll() is None:
+            self.command("scancel", f"--partition={PARTITION}")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.command("squeue", "-h", "-o", "%i").stdout.strip():
+                time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.pop(name, None)
             if proc is not None and proc.poll() is None:
