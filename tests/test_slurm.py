@@ -247,3 +247,18 @@ def test_slurm_entries_refuse_what_is_not_built_yet(make_inventory):
         with pytest.raises(UsageError, match=r"c is a `scheduler: slurm` entry: only doctor and deploy run there "
                                              r"so far; the steps inside a Slurm allocation are not built yet"):
             run()
+
+
+def test_slurm_doctor_shows_slurms_words_escaped_and_refuses_a_garbled_node_line():
+    host = Host(name="c", transport="ssh", remote_dir="/srv/kdtree", address="login",
+                slurm=SlurmRequest(partition="gpu", gres="gpu:2"))
+    facts = {"slurm_version": ["slurm 22.05.8"],
+             "nodes": ["1|drained|gpu:2\x1b[2J|sm_90|\u202eevil reason" + "x" * 500]}
+    finding = doctor.check_nodes(host, facts)
+    assert finding.status == "fail" and "\x1b" not in finding.detail and "\u202e" not in finding.detail
+    assert "GRES gpu:2\\x1b[2J" in finding.detail and "\\u202eevil reason" in finding.detail
+    assert len(finding.detail) < 300
+    assert doctor.check_nodes(host, {**facts, "nodes": ["sinfo: error: \x07boom"]}) == doctor.Finding(
+        "nodes", "fail", "sinfo: sinfo: error: \\x07boom")
+    assert doctor.check_partition(host, {}) == doctor.Finding(
+        "partition", "fail", "not checked: no Slurm on the login node")
