@@ -32,6 +32,9 @@ INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
 EXEC_TIMEOUT = 300     # seconds `exec` gives its command without --timeout
+# What runs on a `scheduler: slurm` entry so far (docs/slurm.md): doctor, and deploy to the cluster's
+# shared filesystem through its login node. The steps inside a Slurm allocation are not built yet.
+SLURM_COMMANDS = ("doctor", "deploy")
 
 
 class Terminated(KeyboardInterrupt):
@@ -313,6 +316,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
     from . import parallel, pipeline, record, regression, remote, run_store
+    refuse_slurm(hosts, plan.command)
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
         from . import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
@@ -359,6 +363,15 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     if run.status != "passed":
         return 1
     return 3 if run.regressions else 0
+
+
+def refuse_slurm(hosts: list[Host], command: str) -> None:
+    """UsageError when `command` does not run on a `scheduler: slurm` entry yet and one is selected."""
+    entries = [h.name for h in hosts if h.slurm is not None]
+    if entries and command not in SLURM_COMMANDS:
+        raise UsageError(f"{command}: {', '.join(entries)} is a `scheduler: slurm` entry: only "
+                         f"{' and '.join(SLURM_COMMANDS)} run there so far; the steps inside a Slurm allocation "
+                         "are not built yet (docs/slurm.md)")
 
 
 def _baseline(path: str | None) -> dict | None:
@@ -455,6 +468,7 @@ def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: 
         raise UsageError("bisect needs exactly one of --metric NAME and --golden")
     if not good or not bad:
         raise UsageError("bisect needs --good REV and --bad REV")
+    refuse_slurm([host], "bisect")
     repo, source = probe.repository(inv.project)
     commits = bisect_mod.commit_range(repo, good, bad, source)
     what = f"metric {metric}" if metric else "the golden check"

@@ -7,17 +7,28 @@ Checks: reachable, auth, host_key (from the connection), then, from one probe co
 nvcc (path and version under cuda_home), gpu (name, compute capability, driver, from
 nvidia-smi), arch (does `arch` match the GPU), disk (free space under remote_dir), python (with
 numpy). The validate pipeline's preflight step reuses diagnose().
+
+A `scheduler: slurm` entry (docs/slurm.md) gets SLURM_CHECKS instead: rsync and disk of its login
+node (where the tree goes: the cluster's shared filesystem), then, from a second probe there
+(host/slurm_probe.sh): slurm (the commands and their version), partition (exists and is UP),
+nodes (their states, GRES and features: at least one usable node with the GPUs asked for),
+queue (its jobs by state) and account (the partition's AllowAccounts/DenyAccounts/AllowQos for the
+entry's account and QOS, and whether `sbatch --test-only` accepts the whole request). Its GPUs are
+the scheduler's: nvcc, gpu, arch and python belong to the compute nodes, checked inside the
+allocation (not built yet: docs/slurm.md).
 """
 from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future
 
-from . import remote
+from . import remote, slurm
+from .bounded import short_text
 from .errors import AuthError, ConnectError, HostError, HostKeyError
 from .host import script_text
 from .inventory import Host
 from .connectors.base import Transport
+from .safe_text import visible
 
 MIN_FREE_MB = 1024
 LOW_FREE_MB = 5 * 1024
@@ -59,7 +70,8 @@ def examine(transport: Transport, started: Future | None = None,
     connection = [Finding("reachable", "ok", host.label)]
     if not host.is_local:
         connection += [Finding("host_key", "ok", "verified"), Finding("auth", "ok", host.user or "as configured")]
-    return connection + [check(host, facts) for check in CHECKS], facts
+    checks = SLURM_CHECKS if host.slurm is not None else CHECKS
+    return connection + [check(host, facts) for check in checks], facts
 
 
 def failed(findings: list[Finding]) -> list[Finding]:
@@ -79,9 +91,23 @@ def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str
     `import_numpy` False (a validate's preflight, whose later steps import it where they use it):
     numpy's version is read from its installed metadata, a tenth of the time of importing it."""
     host = transport.host
-    result = transport.check(probe_command(host, import_numpy))
+    facts = _facts(transport.check(probe_command(host, import_numpy)).tail)
+    if host.slurm is not None:
+        facts.update(_facts(transport.check(slurm_probe_command(host)).tail))
+    return facts
+
+
+def slurm_probe_command(host: Host) -> remote.Command:
+    """The second probe of a Slurm entry, on its login node (host/slurm_probe.sh)."""
+    req = slurm.request(host)
+    return remote.script(_SLURM_PROBE_SCRIPT, req.conf or "", req.partition, *slurm.sbatch_options(host),
+                         timeout=host.timeout("preflight"), what="the Slurm doctor probe")
+
+
+def _facts(output: str) -> dict[str, list[str]]:
+    """A probe's key=value lines as key -> values."""
     facts: dict[str, list[str]] = {}
-    for line in result.tail.splitlines():
+    for line in output.splitlines():
         key, sep, value = line.partition("=")
         if sep and key.isidentifier():
             facts.setdefault(key, []).append(value.strip())
@@ -154,4 +180,110 @@ def check_python(host: Host, facts) -> Finding:
 
 CHECKS = (check_rsync, check_nvcc, check_gpu, check_arch, check_disk, check_python)
 
+# -- a `scheduler: slurm` entry ----------------------------------------------------------------
+# Slurm's own words (its messages, GRES, features, reasons) shown escaped and cut at this length.
+SHOWN = 200
+_USABLE = ("idle", "mixed", "allocated", "completing", "planned")       # sinfo's states that take new jobs
+
+
+def _said(value: str, limit: int = SHOWN) -> str:
+    """Text from the login node's Slurm as a finding may show it: control characters escaped, cut."""
+    return visible(short_text(value, limit))
+
+
+def _no_slurm(facts) -> Finding | None:
+    return None if "slurm_version" in facts else Finding("slurm", "fail", "not checked: no Slurm on the login node")
+
+
+def check_slurm(host: Host, facts) -> Finding:
+    if "slurm_version" not in facts:
+        return Finding("slurm", "fail", "no sinfo or sbatch on the login node's PATH")
+    conf = slurm.request(host).conf
+    return Finding("slurm", "ok", _said(_one(facts, "slurm_version")) + (f" (SLURM_CONF {conf})" if conf else ""))
+
+
+def _partition(host: Host, facts) -> dict[str, str] | None:
+    """The partition's scontrol fields, None when scontrol did not show it."""
+    if _one(facts, "partition_rc") != "0":
+        return None
+    return slurm.fields(_one(facts, "partition"))
+
+
+def check_partition(host: Host, facts) -> Finding:
+    missing = _no_slurm(facts)
+    if missing:
+        return dataclasses.replace(missing, check="partition")
+    name = slurm.request(host).partition
+    found = _partition(host, facts)
+    if found is None:
+        return Finding("partition", "fail", f"{name}: {_said(_one(facts, 'partition')) or 'scontrol showed nothing'}")
+    state = found.get("State", "")
+    detail = (f"{name}: {_said(state, 20) or 'no State'}, {_said(found.get('TotalNodes', '?'), 20)} node(s), "
+              f"MaxTime {_said(found.get('MaxTime', '?'), 30)}")
+    return Finding("partition", "ok" if state == "UP" else "fail", detail)
+
+
+def check_nodes(host: Host, facts) -> Finding:
+    missing = _no_slurm(facts)
+    if missing:
+        return dataclasses.replace(missing, check="nodes")
+    wanted = slurm.request(host).gres
+    usable = enough = 0
+    groups = []
+    for line in facts.get("nodes", []):
+        count, state, gres, features, reason = (line.split("|", 4) + [""] * 4)[:5]
+        if not count.isdigit():
+            return Finding("nodes", "fail", f"sinfo: {_said(line)}")
+        kind = state.rstrip("*~#!%$@+^-")
+        if kind in _USABLE:
+            usable += int(count)
+            enough += int(count) if slurm.has_gpus(gres, wanted) else 0
+        why = f", {_said(reason, 80)}" if reason and kind not in _USABLE else ""
+        groups.append(f"{count} {_said(state, 30)} (GRES {_said(gres, 80)}, features {_said(features, 80)}{why})")
+    detail = "; ".join(groups[:20]) or "sinfo lists no node"
+    if not usable:
+        return Finding("nodes", "fail", f"no node takes jobs: {detail}")
+    if not enough:
+        return Finding("nodes", "fail", f"no usable node has {wanted}: {detail}")
+    return Finding("nodes", "ok" if usable == enough else "warn", detail)
+
+
+def check_queue(host: Host, facts) -> Finding:
+    missing = _no_slurm(facts)
+    if missing:
+        return dataclasses.replace(missing, check="queue")
+    if "queue_error" in facts:
+        return Finding("queue", "warn", f"squeue: {_said(_one(facts, 'queue_error'))}")
+    counts = {}
+    for line in facts.get("queue", []):
+        state, _, count = line.partition(" ")
+        if count.isdigit():
+            counts[_said(state, 30)] = int(count)
+    depth = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items())) or "no job"
+    return Finding("queue", "ok", f"{slurm.request(host).partition}: {depth}")
+
+
+def check_account(host: Host, facts) -> Finding:
+    missing = _no_slurm(facts)
+    if missing:
+        return dataclasses.replace(missing, check="account")
+    req = slurm.request(host)
+    part = _partition(host, facts) or {}
+    for key, value, allow, deny in (("account", req.account, "AllowAccounts", "DenyAccounts"),
+                                    ("qos", req.qos, "AllowQos", "DenyQos")):
+        allowed, denied = part.get(allow, "ALL").split(","), part.get(deny, "").split(",")
+        if value and ((allowed != ["ALL"] and value not in allowed) or value in denied):
+            return Finding("account", "fail", f"{key} {value} may not submit to {req.partition} "
+                                              f"({allow}={_said(part.get(allow, ''), 80)}, "
+                                              f"{deny}={_said(part.get(deny, ''), 80)})")
+    said = "; ".join(_said(line) for line in facts.get("test_only", [])) or "no answer"
+    who = f"account {req.account}" if req.account else "the default account"
+    if _one(facts, "test_only_rc") != "0":
+        return Finding("account", "fail", f"sbatch --test-only refuses the request ({who}): {said}")
+    return Finding("account", "ok", f"{who}: sbatch --test-only accepts the request: {said}")
+
+
+SLURM_CHECKS = (check_rsync, check_disk, check_slurm, check_partition, check_nodes, check_queue, check_account)
+
 _PROBE_SCRIPT = script_text("doctor_probe")
+_SLURM_PROBE_SCRIPT = script_text("slurm_probe")

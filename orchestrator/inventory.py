@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import InventoryError, UsageError
+from . import slurm_entry
+from .slurm_entry import SLURM_KEYS, SlurmRequest
 
 DEFAULT_HOST = "local"
 # The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
@@ -93,6 +95,7 @@ class Host:
     secret_env: tuple[str, ...] = ()    # variables of the orchestrator's environment the steps get (stdin, redacted)
     persist: float = DEFAULT_PERSIST    # seconds a warm connection may stay idle (connectors/openssh.py); 0: none kept
     bundles: tuple[str, ...] = (DEFAULT_TIER,)  # the bundle tiers the host runs (project.bundle_tiers)
+    slurm: SlurmRequest | None = None   # a `scheduler: slurm` entry: its request (from SLURM_KEYS and gpus)
 
     def timeout(self, name: str) -> float:
         """The timeout in seconds for a step (or connect/keepalive/lock)."""
@@ -222,7 +225,10 @@ def parse(data: Any, path: Path) -> Inventory:
     defaults = v.mapping(data.get("defaults", {}), "defaults", None, "a mapping")
     hosts_data = v.mapping(data.get("hosts"), None, "hosts", "a mapping of host names")
     groups_data = v.mapping(data.get("groups", {}), None, "groups", "a mapping")
-    v.known_keys(defaults, tuple(f.name for f in dataclasses.fields(Host) if f.name != "name"), "defaults")
+    for key in SLURM_KEYS:
+        if key in defaults:
+            v.fail("defaults", key, "is a key of a `scheduler: slurm` host entry, not of defaults")
+    v.known_keys(defaults, HOST_KEYS, "defaults")
     hosts = {}
     for name, entry in hosts_data.items():
         if not isinstance(name, str) or not _NAME.match(name):
@@ -393,9 +399,9 @@ class _Validator:
         return tuple(paths)
 
     def host(self, name: str, entry: dict, root: Path) -> Host:
-        allowed = tuple(f.name for f in dataclasses.fields(Host) if f.name != "name")
-        self.known_keys(entry, allowed, name)
+        self.known_keys(entry, HOST_KEYS + SLURM_KEYS, name)
         transport = self.choice(entry.get("transport", "ssh"), name, "transport", ("ssh", "local"))
+        slurm = slurm_entry.request(self, name, entry, transport, MAX_TIMEOUT)
         values: dict[str, Any] = {"name": name, "transport": transport}
         if "remote_dir" not in entry:
             self.fail(name, "remote_dir", "is missing")
@@ -438,7 +444,9 @@ class _Validator:
             values["arch"] = self.string(entry["arch"], name, "arch", _ARCH, "auto or sm_NN (e.g. sm_120)")
         if "backend" in entry:
             values["backend"] = self.choice(entry["backend"], name, "backend", ("auto", "cpu", "cuda"))
-        if "gpus" in entry:
+        if slurm is not None:
+            values["slurm"], values["gpus"] = slurm
+        elif "gpus" in entry:
             values["gpus"] = self.integer(entry["gpus"], name, "gpus", 0, 1024)
         values.update(self.gpu_selection(name, entry))
         if "groups" in entry:
@@ -547,6 +555,11 @@ class _Validator:
             members = tuple(h.name for h in hosts.values() if group in h.groups)
             groups[group] = Group(group, str(entry.get("description", "")), members)
         return groups
+
+
+# The keys of a host entry (and of `defaults`): the Host fields but its name and the Slurm request,
+# whose keys (SLURM_KEYS) only a host entry may give.
+HOST_KEYS = tuple(f.name for f in dataclasses.fields(Host) if f.name not in ("name", "slurm"))
 
 
 def _type(value) -> str:

@@ -221,3 +221,64 @@ def test_kdtree_orch_usage_errors_exit_2():
         proc = subprocess.run([sys.executable, "-c", "from orchestrator.program import main; main()", *argv],
                               cwd="/", capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 2, (argv, proc.stderr)
+
+
+SLURM = {"scheduler": "slurm", "address": "login1", "remote_dir": "/shared/kdtree", "partition": "gpu", "gpus": 2}
+
+
+def test_slurm_entry_is_parsed_into_its_request(tmp_path):
+    inv = inventory.load(write(tmp_path, {
+        "c": {**SLURM, "gpus": "h100:4", "account": "infer", "qos": "normal", "constraint": "sm_90&cuda12",
+              "time_limit": "1-02:00:00", "queue_limit": 120, "slurm_conf": "/etc/slurm/gpu.conf"},
+        "d": SLURM, "h": SSH}))
+    c, d = inv.hosts["c"], inv.hosts["d"]
+    assert c.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:h100:4", account="infer", qos="normal",
+                                             constraint="sm_90&cuda12", time_limit=26 * 3600, queue_limit=120.0,
+                                             conf="/etc/slurm/gpu.conf")
+    assert (c.gpus, c.address, c.transport) == (4, "login1", "ssh")
+    assert d.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:2") and d.gpus == 2
+    assert d.slurm.queue_limit == 600 and d.slurm.time_limit is None
+    assert inv.hosts["h"].slurm is None
+    zero = inventory.load(write(tmp_path, {"c": {**SLURM, "gpus": 0}})).hosts["c"]
+    assert zero.slurm is not None and zero.slurm.gres is None
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({**SLURM, "scheduler": "pbs"}, "FILE: host 'h': key 'scheduler': must be one of slurm, not 'pbs'"),
+    ({**SLURM, "partiton": "gpu"}, "FILE: host 'h': key 'partiton': unknown key (did you mean 'partition'?)"),
+    ({k: v for k, v in SLURM.items() if k != "partition"},
+     "FILE: host 'h': key 'partition': is missing (the Slurm partition to run in)"),
+    ({**SLURM, "partition": "gpu;id"}, "FILE: host 'h': key 'partition': 'gpu;id' is not a partition name"),
+    ({**SLURM, "partition": "-p"}, "FILE: host 'h': key 'partition': must not start with '-'"),
+    ({**SSH, "partition": "gpu"}, "FILE: host 'h': key 'partition': is only for a `scheduler: slurm` entry"),
+    ({**SSH, "queue_limit": 5}, "FILE: host 'h': key 'queue_limit': is only for a `scheduler: slurm` entry"),
+    ({**SLURM, "transport": "local"},
+     "FILE: host 'h': key 'transport': a `scheduler: slurm` entry is reached over ssh (its login node)"),
+    ({**SLURM, "gpu_policy": "any"}, "FILE: host 'h': key 'gpu_policy': is not for a `scheduler: slurm` entry: "
+                                     "Slurm's allocation is the claim (`gpus:` is the GRES request)"),
+    ({**SLURM, "gpus": "two"}, "FILE: host 'h': key 'gpus': 'two' is not a GPU count or TYPE:COUNT (e.g. 2 or h100:2)"),
+    ({**SLURM, "gpus": "h100:x"},
+     "FILE: host 'h': key 'gpus': 'h100:x' is not TYPE:COUNT with a count from 1 to 1024 (e.g. h100:2)"),
+    ({**SLURM, "gpus": "h 100:2"},
+     "FILE: host 'h': key 'gpus': 'h 100' is not TYPE:COUNT with a GRES type name (e.g. h100:2)"),
+    ({**SLURM, "gpus": -1}, "FILE: host 'h': key 'gpus': must be between 0 and 1024, not -1"),
+    ({**SLURM, "account": "a b"}, "FILE: host 'h': key 'account': 'a b' is not a Slurm account name"),
+    ({**SLURM, "qos": ["x"]}, "FILE: host 'h': key 'qos': must be a string, not a list"),
+    ({**SLURM, "constraint": "sm_90 && $(id)"},
+     "FILE: host 'h': key 'constraint': 'sm_90 && $(id)' is not a Slurm constraint (features and & | [ ] ( ) *)"),
+    ({**SLURM, "time_limit": "2:61:00"}, "FILE: host 'h': key 'time_limit': '2:61:00' is not seconds or [D-]HH:MM:SS"),
+    ({**SLURM, "time_limit": 30}, "FILE: host 'h': key 'time_limit': must be between 60 and 604800, not 30"),
+    ({**SLURM, "queue_limit": 0},
+     "FILE: host 'h': key 'queue_limit': must be a number of seconds above 0 and at most 604800, not 0"),
+    ({**SLURM, "queue_limit": True},
+     "FILE: host 'h': key 'queue_limit': must be a number of seconds above 0 and at most 604800, not True"),
+    ({**SLURM, "slurm_conf": "slurm.conf"},
+     "FILE: host 'h': key 'slurm_conf': 'slurm.conf' must be an absolute path on the login node"),
+])
+def test_slurm_entry_validation_messages(tmp_path, entry, message):
+    assert error(tmp_path, {"h": entry}) == message
+
+
+def test_slurm_keys_are_not_defaults(tmp_path):
+    assert error(tmp_path, {"h": SSH}, defaults={"partition": "gpu"}) == \
+        "FILE: host 'defaults': key 'partition': is a key of a `scheduler: slurm` host entry, not of defaults"

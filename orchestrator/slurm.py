@@ -1,0 +1,279 @@
+"""A Slurm cluster through its login node: the allocation of a `scheduler: slurm` entry submitted,
+waited for within the entry's queue limit, read back, and cancelled (docs/slurm.md).
+
+    job_id = submit(transport)                  # sbatch --parsable: a job that holds the allocation
+    job = wait_running(transport, job_id)       # past queue_limit: cancelled, QueueLimitError with Slurm's reason
+    job.node, job.gpus, job.queue_wait          # slurmctld's facts (scontrol -o -d show job)
+    visible_devices(transport, job)             # CUDA_VISIBLE_DEVICES inside it (srun --jobid --overlap)
+    cancel(transport, job_id)                   # scancel
+    with allocation(transport) as job: ...      # the three together, the job cancelled on the way out
+
+`transport` is the login node's (connectors/): every Slurm command runs there as any command of
+the orchestrator does (remote.wrap: a host-side timeout, a controlled environment, the entry's
+`slurm_conf` as SLURM_CONF). Nothing is run on a compute node but through Slurm.
+
+Why sbatch and not salloc: sbatch returns the job id at once and the job lives on its own, so the
+orchestrator polls it (the queue reason is there to report, the queue limit is ours to enforce)
+and a dropped ssh connection loses nothing; salloc blocks in a session until the allocation is
+granted and ties the allocation to that session. The job sbatch submits only holds the allocation
+(`sleep` in its batch step, bounded by its time limit); the work runs in it as job steps
+(`srun --jobid=ID --overlap`), each with its own output, exit code and timeout.
+
+Everything Slurm prints is hostile until checked: the output is bounded (MAX_OUTPUT), each field
+the orchestrator uses must match its own pattern and the job id asked for, else SlurmError with
+the command, exit code and output tail.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import re
+import time
+from typing import Iterator
+
+from . import remote
+from .connectors.base import Transport
+from .errors import CommandError, HostError
+from .inventory import STEPS, Host, SlurmRequest
+
+MAX_OUTPUT = 256 << 10      # bytes one Slurm command may print
+COMMAND_TIMEOUT = 60        # seconds one Slurm client command may take
+POLL = 2.0                  # seconds between two looks at a waiting job
+HOLD = "exec sleep infinity"    # the batch step: it holds the allocation until scancel or the time limit
+WAITING = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
+_ID = re.compile(r"(\d{1,12})(?:;[A-Za-z0-9_.-]{1,64})?\n?\Z")     # sbatch --parsable: JOBID[;CLUSTER]
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_:/]*)=(\S*)")
+_TIME = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}|Unknown|None|N/A"
+_FIELDS = {         # the fields of `scontrol -o -d show job` read, and what each may hold
+    "JobId": r"\d{1,12}", "JobState": r"[A-Z_]{1,32}", "Reason": r"[A-Za-z0-9_(),.:;/\[\]+=*-]{1,300}",
+    "Partition": r"[A-Za-z0-9_][A-Za-z0-9_.,-]{0,200}", "NodeList": r"(?:[A-Za-z0-9_.,\[\]-]{1,1000})?|\(null\)",
+    "SubmitTime": _TIME, "StartTime": _TIME, "TimeLimit": r"[0-9:-]{1,20}|UNLIMITED|Partition_Limit|NONE",
+    "GRES": r"[A-Za-z0-9_:(),.-]{0,1000}"}
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[A-Za-z0-9_.-]+)?:\d+\(IDX:([0-9,-]+)\)")
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]{1,64}))?:(\d{1,5})")
+_DEVICES = re.compile(r"(?:\d{1,4}(?:,\d{1,4}){0,1023})?\Z")
+
+
+class SlurmError(HostError):
+    """A Slurm command failed, or printed what the orchestrator refuses to read."""
+
+
+class QueueLimitError(SlurmError):
+    """The job waited in the queue past the entry's queue_limit and was cancelled; `reason` is
+    Slurm's pending reason."""
+
+    def __init__(self, message: str, *, host: str, job_id: str, state: str, reason: str):
+        super().__init__(message, host=host)
+        self.job_id, self.state, self.reason = job_id, state, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job as slurmctld tells it: id, state, pending reason ("None" once running), partition,
+    node (None before it runs), the indices of its GPUs on that node (GRES IDX), the submit and
+    start times (Slurm's local time, ISO), the seconds it waited in the queue (None before it
+    starts) and its time limit as Slurm prints it."""
+
+    job_id: str
+    state: str
+    reason: str
+    partition: str
+    node: str | None
+    gpus: tuple[int, ...]
+    submitted: str | None
+    started: str | None
+    queue_wait: float | None
+    time_limit: str
+
+
+def request(host: Host) -> SlurmRequest:
+    """The entry's Slurm request; SlurmError when `host` is not a `scheduler: slurm` entry."""
+    if host.slurm is None:
+        raise SlurmError("not a `scheduler: slurm` entry", host=host.name)
+    return host.slurm
+
+
+def command(host: Host, argv: list[str], what: str, timeout: float = COMMAND_TIMEOUT) -> remote.Command:
+    """A Slurm client command for the entry's login node, with the entry's SLURM_CONF."""
+    conf = request(host).conf
+    line = remote.wrap(argv, timeout=timeout, env={"SLURM_CONF": conf} if conf else None)
+    return remote.Command(tuple(argv), line, timeout, what=what)
+
+
+def output(transport: Transport, argv: list[str], what: str) -> str:
+    """What a Slurm command printed (at most MAX_OUTPUT bytes, invalid UTF-8 replaced); SlurmError
+    with its evidence unless it exited 0."""
+    cmd = command(transport.host, argv, what)
+    try:
+        data = transport.capture(cmd, max_bytes=MAX_OUTPUT, what=what)
+    except CommandError as e:
+        raise SlurmError(e.message, host=transport.host.name, command=e.command, exit_status=e.exit_status,
+                         tail=e.tail) from None
+    return data.decode("utf-8", errors="replace")
+
+
+def time_limit(host: Host) -> int:
+    """The job's time limit in seconds: the entry's `time_limit`, else the sum of its step
+    timeouts (every step may run to its timeout in the one allocation)."""
+    limit = request(host).time_limit
+    return limit if limit is not None else int(sum(host.timeout(step) for step in STEPS))
+
+
+def sbatch_options(host: Host) -> list[str]:
+    """sbatch's options for the entry: one node, one task, its partition, GRES, account, QOS,
+    constraint and time limit (Slurm counts whole minutes: rounded up), a job name naming the entry."""
+    req = request(host)
+    minutes = -(-time_limit(host) // 60)
+    options = [f"--partition={req.partition}", "--nodes=1", "--ntasks=1", f"--time={minutes}",
+               f"--job-name=kdtree-{host.name}"]
+    options += [f"--{key}={value}" for key, value in (("gres", req.gres), ("account", req.account),
+                                                       ("qos", req.qos), ("constraint", req.constraint)) if value]
+    return options
+
+
+def submit(transport: Transport) -> str:
+    """Submit the entry's allocation (a job holding it: HOLD); its job id."""
+    argv = ["sbatch", "--parsable", *sbatch_options(transport.host), "--chdir=/tmp", "--output=/dev/null",
+            f"--wrap={HOLD}"]
+    text = output(transport, argv, "sbatch")
+    m = _ID.match(text)
+    if not m:
+        raise SlurmError("sbatch printed no job id", host=transport.host.name, command=remote.quote(argv),
+                         tail=text[-2000:])
+    return m.group(1)
+
+
+def job(transport: Transport, job_id: str) -> Job:
+    """slurmctld's facts of the job (scontrol -o -d show job); SlurmError when a field it needs is
+    missing or holds what it may not."""
+    argv = ["scontrol", "-o", "-d", "show", "job", job_id]
+    text = output(transport, argv, "scontrol show job")
+    fields = parse_fields(text, transport.host.name, remote.quote(argv))
+    if fields["JobId"] != job_id:
+        raise SlurmError(f"scontrol showed job {fields['JobId']}, not {job_id}", host=transport.host.name,
+                         command=remote.quote(argv), tail=text[-2000:])
+    submitted, started = _when(fields["SubmitTime"]), _when(fields["StartTime"])
+    node = fields["NodeList"] if fields["NodeList"] not in ("", "(null)") else None
+    running = node is not None and fields["JobState"] not in WAITING      # it ran (or runs) on a node
+    wait = (started - submitted).total_seconds() if running and submitted and started else None
+    return Job(job_id, fields["JobState"], fields["Reason"], fields["Partition"], node, gpu_indices(fields["GRES"]),
+               submitted.isoformat() if submitted else None, started.isoformat() if started and running else None,
+               wait, fields["TimeLimit"])
+
+
+def parse_fields(text: str, host: str, argv: str) -> dict[str, str]:
+    """The fields of one `scontrol -o show job` line that _FIELDS names (the first of each; GRES,
+    from -d's node details, may be absent), each checked against its pattern."""
+    lines = text.strip().splitlines()
+    if len(lines) != 1:
+        raise SlurmError(f"scontrol printed {len(lines)} lines, not one job", host=host, command=argv,
+                         tail=text[-2000:])
+    found = fields(lines[0])
+    found.setdefault("GRES", "")
+    for key, pattern in _FIELDS.items():
+        if key not in found or not re.fullmatch(pattern, found[key]):
+            shown = "missing" if key not in found else f"{found[key][:80]!r}"
+            raise SlurmError(f"scontrol's job field {key} is {shown}", host=host, command=argv, tail=text[-2000:])
+    return {key: found[key] for key in _FIELDS}
+
+
+def fields(line: str) -> dict[str, str]:
+    """The Key=value words of a line of `scontrol -o show ...` (the first of each key; a value ends
+    at a blank: the callers check the ones they use)."""
+    found: dict[str, str] = {}
+    for key, value in _FIELD.findall(line):
+        found.setdefault(key, value)
+    return found
+
+
+def gpu_counts(gres: str) -> dict[str | None, int]:
+    """GPUs per GRES type (None: untyped) in a node's GRES as sinfo prints it (`gpu:2`,
+    `gpu:h100:4(S:0-1)`, `gpu:a100:2,gpu:h100:2`, `(null)`)."""
+    counts: dict[str | None, int] = {}
+    for kind, count in _GPU_GRES.findall(gres):
+        counts[kind or None] = counts.get(kind or None, 0) + int(count)
+    return counts
+
+
+def has_gpus(gres: str, wanted: str | None) -> bool:
+    """Whether a node's GRES (gpu_counts) holds the request `wanted` (gpu:N, gpu:TYPE:N; None: no GPU)."""
+    if wanted is None:
+        return True
+    parts = wanted.split(":")
+    counts = gpu_counts(gres)
+    have = counts.get(parts[1], 0) if len(parts) == 3 else sum(counts.values())
+    return have >= int(parts[-1])
+
+
+def gpu_indices(gres: str) -> tuple[int, ...]:
+    """The GPU indices of a node's GRES detail (`gpu:2(IDX:0-1)`, `gpu:h100:3(IDX:0,2-3)`)."""
+    indices: list[int] = []
+    for spec in _GPU_IDX.findall(gres):
+        for part in spec.split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (not high or high.isdigit()) and int(high or low) - int(low) < 1024:
+                indices.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(indices)))
+
+
+def _when(value: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:          # Unknown, None, N/A
+        return None
+
+
+def wait_running(transport: Transport, job_id: str, poll: float = POLL) -> Job:
+    """The job once it runs. Past the entry's queue_limit it is cancelled and QueueLimitError
+    says Slurm's pending reason; a job that ends without running is a SlurmError with its state."""
+    host = transport.host
+    limit = request(host).queue_limit
+    start = time.monotonic()
+    while True:
+        facts = job(transport, job_id)
+        if facts.state == "RUNNING":
+            return facts
+        if facts.state not in WAITING:
+            raise SlurmError(f"job {job_id} ended without running: {facts.state} ({facts.reason})", host=host.name)
+        waited = time.monotonic() - start
+        if waited >= limit:
+            cancel(transport, job_id)
+            raise QueueLimitError(f"job {job_id} waited {waited:.0f} s in the queue of partition {facts.partition}, "
+                                  f"past queue_limit {limit:g} s: {facts.state}, reason {facts.reason}; cancelled",
+                                  host=host.name, job_id=job_id, state=facts.state, reason=facts.reason)
+        if transport.stopped.wait(min(poll, limit - waited)):
+            raise HostError(f"the run was interrupted while job {job_id} waited in the queue", host=host.name)
+
+
+def cancel(transport: Transport, job_id: str) -> None:
+    """Cancel the job (scancel; a job already ended is no error), also once the run stopped: the
+    run's transport then refuses every new command, so scancel goes over a transport of its own."""
+    if not transport.stopped.is_set():
+        output(transport, ["scancel", job_id], "scancel")
+        return
+    from .connectors.factory import open_transport
+    with open_transport(transport.host) as own:
+        output(own, ["scancel", job_id], "scancel")
+
+
+def visible_devices(transport: Transport, job_id: str) -> str:
+    """CUDA_VISIBLE_DEVICES as a job step of the job sees it (`srun --jobid --overlap`): the GPUs
+    Slurm gave, as the engine will see them ("" when it sets none)."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "printenv"]
+    text = output(transport, argv, "srun printenv")
+    value = next((line.partition("=")[2] for line in text.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES=")), "")
+    if not _DEVICES.match(value):
+        raise SlurmError(f"the job step's CUDA_VISIBLE_DEVICES is {value[:80]!r}", host=transport.host.name,
+                         command=remote.quote(argv))
+    return value
+
+
+@contextlib.contextmanager
+def allocation(transport: Transport, poll: float = POLL) -> Iterator[Job]:
+    """The entry's allocation, running, for the block; cancelled when the block ends, however it ends."""
+    job_id = submit(transport)
+    try:
+        yield wait_running(transport, job_id, poll)
+    finally:
+        cancel(transport, job_id)
