@@ -444,8 +444,8 @@ verify_upload() {
 }
 for be in "${backends[@]}"; do check "format_v1.verify_upload.$be.${first_file%.kdtr}" verify_upload "$refs/$first_file" "$be"; done
 expect_failure "negative.loader_not_a_regular_file" "bundle .*: cannot read the file \(not a regular file\)" "$kdtree" verify --bundle "$scratch"
-expect_failure "negative.loader_missing_file" "bundle .*/missing\.kdtr: cannot open the file: No such file or directory \(errno 2\)" \
-    "$kdtree" verify --bundle "$scratch/missing.kdtr"
+expect_failure "negative.loader_missing_file" "bundle .*/no_such_file\.kdtr: cannot open the file: No such file or directory \(errno 2\)" \
+    "$kdtree" verify --bundle "$scratch/no_such_file.kdtr"
 for file in $v2_files; do
     check "format_v2.convert.${file%.kdtr}" "$PYTHON" python/kdtr_convert.py "$refs/$file" "$scratch/v2_$file"
     check "format_v2.verify.${file%.kdtr}" verify_identity "$scratch/v2_$file" "$(tail -c 32 "$scratch/v2_$file" | od -An -tx1 | tr -d ' \n')"
