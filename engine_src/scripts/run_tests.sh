@@ -435,6 +435,17 @@ verify_identity() {
     echo "$out"
 }
 check "format_v1.verify.${first_file%.kdtr}" verify_identity "$refs/$first_file" "$(sha256sum "$refs/$first_file" | cut -c1-64)"
+# verify_upload FILE BACKEND: `kdtree verify --upload` puts FILE's weights in BACKEND's memory and says how long it took.
+verify_upload() {
+    local out
+    out="$("$kdtree" verify --bundle "$1" --upload --backend "$2")" || return 1
+    [[ "$out" =~ uploaded\ to\ $2\ in\ [0-9.]+\ s\ \([0-9.]+\ GB/s\ of\ weights\) ]] || { echo "kdtree verify --upload said: $out"; return 1; }
+    echo "$out"
+}
+for be in "${backends[@]}"; do check "format_v1.verify_upload.$be.${first_file%.kdtr}" verify_upload "$refs/$first_file" "$be"; done
+expect_failure "negative.loader_not_a_regular_file" "bundle .*: cannot read the file \(not a regular file\)" "$kdtree" verify --bundle "$scratch"
+expect_failure "negative.loader_missing_file" "bundle .*/no_such_file\.kdtr: cannot open the file: No such file or directory \(errno 2\)" \
+    "$kdtree" verify --bundle "$scratch/no_such_file.kdtr"
 for file in $v2_files; do
     check "format_v2.convert.${file%.kdtr}" "$PYTHON" python/kdtr_convert.py "$refs/$file" "$scratch/v2_$file"
     check "format_v2.verify.${file%.kdtr}" verify_identity "$scratch/v2_$file" "$(tail -c 32 "$scratch/v2_$file" | od -An -tx1 | tr -d ' \n')"

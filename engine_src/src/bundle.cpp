@@ -2,17 +2,16 @@
 // (docs/engine/scripts.md, "Input validation"); every failure names the file and what is wrong with it.
 #include "bundle.h"
 #include "checked.h"
+#include "parallel.h"
 #include "tensor_set.h"
 
 #include <algorithm>
-#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <functional>
+#include <new>
 #include <stdexcept>
-#include <system_error>
-#include <thread>
 
 namespace kd {
 namespace {
@@ -217,30 +216,7 @@ void check_in_parallel(const std::vector<TensorView>& ts, const std::function<st
     std::vector<size_t> order(ts.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ts[a].nbytes > ts[b].nbytes; });
-    std::vector<std::string> errors(ts.size());
-    std::atomic<size_t> next{0};
-    const auto work = [&] {
-        for (size_t k; (k = next++) < order.size();) {
-            try {
-                errors[order[k]] = check(order[k]);
-            } catch (const std::exception& e) {  // never out of a thread: that would terminate the process
-                errors[order[k]] = e.what();
-            }
-        }
-    };
-    const size_t n = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), ts.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 1; i < n; ++i) {
-        try {
-            threads.emplace_back(work);
-        } catch (const std::system_error&) {
-            break;  // no more threads to be had: the ones started and this one do the rest
-        }
-    }
-    work();
-    for (std::thread& t : threads) t.join();
-    for (const std::string& e : errors)
-        if (!e.empty()) throw std::runtime_error(e);
+    run_in_parallel(order, check);
 }
 
 // The checks of one tensor: its sha256 against want (when given), every f32 element finite.
@@ -269,24 +245,34 @@ bool all_zero(const uint8_t* p, uint64_t n) {
 
 }  // namespace
 
-std::vector<uint8_t> Bundle::read_bytes(const std::string& path, uint64_t max_memory) {
+FileBytes Bundle::read_bytes(const std::string& path, uint64_t max_memory, size_t* threads) {
     const std::string name = "bundle " + printable(path, 200);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error(name + ": cannot open the file");
-    in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg();
-    if (size < 0) throw std::runtime_error(name + ": cannot read the file (not a regular file)");
-    if (static_cast<uint64_t>(size) > max_memory)
-        throw std::runtime_error(name + ": the file is " + std::to_string(size) + " bytes, over --max-memory " + std::to_string(max_memory));
-    std::vector<uint8_t> bytes(static_cast<size_t>(size));
-    in.seekg(0);
-    if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) throw std::runtime_error(name + ": cannot read the file");
-    return bytes;
+    try {
+        const InputFile in(path);
+        if (in.size() > max_memory)
+            throw std::runtime_error("the file is " + std::to_string(in.size()) + " bytes, over --max-memory " + std::to_string(max_memory));
+        return in.read_all(threads);
+    } catch (const std::bad_alloc&) {
+        throw;  // the CLI's "out of memory"
+    } catch (const std::exception& e) {
+        throw std::runtime_error(name + ": " + e.what());
+    }
 }
 
-Bundle Bundle::load(const std::string& path, uint64_t max_memory) { return from_bytes(path, read_bytes(path, max_memory), max_memory); }
+Bundle Bundle::load(const std::string& path, uint64_t max_memory) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    size_t threads = 0;
+    FileBytes bytes = read_bytes(path, max_memory, &threads);
+    const double read_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    Bundle b = from_bytes(path, std::move(bytes), max_memory);
+    b.read_seconds = read_seconds;
+    b.read_threads = threads;
+    return b;
+}
 
-Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, uint64_t max_memory) {
+Bundle Bundle::from_bytes(const std::string& path, FileBytes bytes, uint64_t max_memory) {
+    const auto t0 = std::chrono::steady_clock::now();
     const auto fail = [&](const std::string& what) -> std::runtime_error {
         return std::runtime_error("bundle " + printable(path, 200) + ": " + what);
     };
@@ -409,6 +395,7 @@ Bundle Bundle::from_bytes(const std::string& path, std::vector<uint8_t> bytes, u
         throw fail(e.what());
     }
     b.check_memory(static_cast<int>(b.prompt.size()));
+    b.check_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return b;
 }
 

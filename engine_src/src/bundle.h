@@ -1,6 +1,7 @@
 // bundle.h: the KDTR bundle loader, format versions 1 and 2 (docs/engine/bundle-format.md).
 #pragma once
 
+#include "file_read.h"
 #include "json.h"
 #include "sha256.h"
 
@@ -69,11 +70,15 @@ struct Bundle {
     int drafter_rank = 0;                 // drafter.rank of a lowrank_head drafter (else 0)
     Digest digest{};              // version 2: the bundle digest (its identity), checked
     std::vector<int32_t> prompt;
-    std::vector<uint8_t> bytes;   // the whole file
+    FileBytes bytes;              // the whole file
     std::vector<TensorView> tensors;
     std::unordered_map<std::string, size_t> by_name;  // tensor name -> index in tensors
     uint64_t weight_bytes = 0;    // sum of the tensors' nbytes
     uint64_t max_memory = kDefaultMaxMemory;  // the limit it was loaded under
+    // How loading went: seconds reading the file (load, on read_threads threads) and checking it
+    // (from_bytes: the header, layout, hashes and finiteness).
+    double read_seconds = 0, check_seconds = 0;
+    size_t read_threads = 0;
 
     // Reads and validates a bundle before anything is allocated for it: the file size against
     // max_memory, the preamble (magic, version 1 or 2), the header (strict JSON, exactly the
@@ -85,10 +90,13 @@ struct Bundle {
     // the bundle digest); every f32 tensor finite; and the memory a run of the bundle's own
     // prompt needs against max_memory. Throws std::runtime_error("bundle <path>: <problem>").
     static Bundle load(const std::string& path, uint64_t max_memory = kDefaultMaxMemory);
-    // The file's bytes, its size checked against max_memory first (what load reads).
-    static std::vector<uint8_t> read_bytes(const std::string& path, uint64_t max_memory);
+    // The file's bytes (what load reads), its size checked against max_memory before anything is
+    // allocated; read in parallel chunks (InputFile::read_all: *threads is how many threads ran).
+    // Throws "bundle <path>: <problem>", a failed read naming its offset and errno text, a file
+    // that shrank, grew or changed while read refused.
+    static FileBytes read_bytes(const std::string& path, uint64_t max_memory, size_t* threads = nullptr);
     // The same from bytes already in memory (path only names them in errors).
-    static Bundle from_bytes(const std::string& path, std::vector<uint8_t> bytes, uint64_t max_memory = kDefaultMaxMemory);
+    static Bundle from_bytes(const std::string& path, FileBytes bytes, uint64_t max_memory = kDefaultMaxMemory);
 
     // Bytes a run with max_batch rows per forward needs (the file, the weights, model_buffer_bytes);
     // throws naming the file when that is over max_memory.

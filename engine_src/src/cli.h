@@ -7,6 +7,7 @@
 namespace kd {
 
 class Args;
+struct Bundle;
 
 constexpr int kMaxTokens = 1 << 24;   // -n, and any token list a flag gives
 // --budget, --budgets: DDTree's speed-up peaks at 256-512 nodes; a verify pass costs time linear
@@ -27,5 +28,10 @@ int cmd_verify(int argc, char** argv);    // kdtree verify --bundle F ...
 uint64_t max_memory_flag(const Args& a);
 // --backend: "cpu" or "cuda", default the build's backend.
 std::string backend_flag(const Args& a);
+
+// A bundle's load phases as `verify` and `bench` print them: "read in 0.412 s (0.79 GB/s, 2
+// threads), checked in 1.203 s (0.27 GB/s, 2 hardware threads)", then ", uploaded to <backend> in
+// 0.300 s (1.08 GB/s of weights)" when upload_seconds is not negative.
+std::string load_phases(const Bundle& b, const std::string& backend, double upload_seconds);
 
 }  // namespace kd

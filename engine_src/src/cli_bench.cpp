@@ -207,9 +207,11 @@ struct Repeats {
 
 // One more run of a timing (AR, or DDTree with `budget` > 0) into `r`, lasting at least
 // `min_time` seconds of generation (Sample), with the probe after it.
+// The model's upload time goes to `uploads`.
 void run_once(Backend& be, Probe& probe, const Bundle& b, const std::vector<int32_t>& prompt, int n, int budget,
-              double min_time, Repeats& r) {
+              double min_time, Repeats& r, std::vector<double>& uploads) {
     Model model(b, be, budget > 0 ? batch_rows_needed(prompt.size(), budget) : static_cast<int>(prompt.size()));
+    uploads.push_back(model.upload_seconds());
     Sample s;
     do {
         const Generation g = budget > 0 ? generate_ddtree(model, prompt, n, budget, b.drafter_block) : generate_ar(model, prompt, n);
@@ -279,12 +281,14 @@ struct BundleRuns {
     std::vector<Repeats> trees;  // one per budget
     std::vector<double> moe_ffn_ms, moe_ffn_cpu_ms, moe_ffn_probe_ms;
     Json layers = Json::array();
+    std::vector<double> upload_seconds;  // every model built for the bundle: its weights' upload
 };
 
 // Per-layer time of one AR decode, each part synchronised, into the bundle's runs.
 void profile_once(Backend& be, Probe& probe, BundleRuns& runs) {
     const Bundle& b = *runs.bundle;
     Model model(b, be, static_cast<int>(b.prompt.size()));
+    runs.upload_seconds.push_back(model.upload_seconds());
     model.profile = true;
     const Stopwatch watch;
     const Generation g = generate_ar(model, b.prompt, runs.n);
@@ -311,9 +315,10 @@ void profile_once(Backend& be, Probe& probe, BundleRuns& runs) {
 // machine falls on one run of each timing, not on all the runs of the bundles measured then.
 void bundle_round(Backend& be, Probe& probe, const std::vector<int>& budgets, double min_time, BundleRuns& runs) {
     const Bundle& b = *runs.bundle;
-    run_once(be, probe, b, b.prompt, runs.n, 0, min_time, runs.ar);
+    run_once(be, probe, b, b.prompt, runs.n, 0, min_time, runs.ar, runs.upload_seconds);
     runs.trees.resize(budgets.size());
-    for (size_t i = 0; i < budgets.size(); ++i) run_once(be, probe, b, b.prompt, runs.n, budgets[i], min_time, runs.trees[i]);
+    for (size_t i = 0; i < budgets.size(); ++i)
+        run_once(be, probe, b, b.prompt, runs.n, budgets[i], min_time, runs.trees[i], runs.upload_seconds);
     profile_once(be, probe, runs);
 }
 
@@ -421,6 +426,17 @@ Json bench_bundle(Backend& be, const BundleRuns& runs, const std::vector<int>& b
     out.set("moe_ffn_ms", Json::array_of(runs.moe_ffn_ms));
     if (noisy) out.set("moe_ffn_cpu_ms", Json::array_of(runs.moe_ffn_cpu_ms)).set("moe_ffn_probe_ms", Json::array_of(runs.moe_ffn_probe_ms));
     out.set("quant", b.int4 ? "int4" : "fp32");
+
+    // The bundle's load (its one read and check, every model's upload), as `kdtree verify` prints it.
+    std::vector<double> uploads = runs.upload_seconds;
+    std::sort(uploads.begin(), uploads.end());
+    const double upload = uploads.empty() ? -1 : uploads[uploads.size() / 2];
+    std::printf("  load: %s (the median of %zu models)\n", load_phases(b, be.name(), upload).c_str(), uploads.size());
+    Json load = Json::object();
+    load.set("bytes", static_cast<long long>(b.bytes.size())).set("weight_bytes", static_cast<long long>(b.weight_bytes));
+    load.set("read_seconds", b.read_seconds).set("read_threads", static_cast<int>(b.read_threads)).set("check_seconds", b.check_seconds);
+    load.set("upload_seconds", Json::array_of(runs.upload_seconds));
+    out.set("load", load);
     return out;
 }
 
@@ -613,7 +629,7 @@ int cmd_bench(int argc, char** argv) {
             throw std::runtime_error(std::string(o.n > 0 ? "flag -n" : "manifest bundle " + name + " (its golden length)") + ": prompt (" +
                                      std::to_string(b.prompt.size()) + " tokens) + n (" + std::to_string(tokens) + ") exceeds max_seq_len " +
                                      std::to_string(b.config.max_seq_len) + " of bundle " + printable(b.path, 200));
-        runs.push_back(BundleRuns{&b, name, tokens, {}, {}, {}, {}, {}, Json::array()});
+        runs.push_back(BundleRuns{&b, name, tokens, {}, {}, {}, {}, {}, Json::array(), {}});
     }
     for (int round = 0; round < o.repeats; ++round)
         for (BundleRuns& r : runs) bundle_round(*be, probe, o.budgets, o.min_time, r);

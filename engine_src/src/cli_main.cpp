@@ -28,7 +28,7 @@ const char* kUsage =
     "  kdtree bench    --manifest tests/refs/manifest.json [--out build/bench.json] [--budgets 4,8,16,32]\n"
     "                  [--repeats R] [-n N] [--moe-experts E] [--moe-tokens 1,2,4,8,16] [--backend cpu|cuda]\n"
     "                  [--max-memory 4G]\n"
-    "  kdtree verify   --bundle F [--max-memory 4G]\n";
+    "  kdtree verify   --bundle F [--max-memory 4G] [--upload [--backend cpu|cuda]]\n";
 
 }  // namespace
 

@@ -89,6 +89,7 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
     const int row_width = c.kv_lora_rank + c.qk_rope_head_dim;
     cache_rows_ = c.max_seq_len + max_batch;
     record_key_base_ = next_record_key.fetch_add(max_batch + 1);
+    const double upload_start = now_seconds();
     try {
         embed_ = load_f32(b, "embed", {V, D});
         norm_ = load_f32(b, "norm", {D});
@@ -181,6 +182,8 @@ Model::Model(const Bundle& b, Backend& backend, int max_batch)
             }
             layers_.push_back(L);
         }
+        be_.synchronize();  // the uploads may be asynchronous: their time is theirs, not the first forward's
+        upload_seconds_ = now_seconds() - upload_start;
         // One buffer for every layer's cache: a compaction moves rows in all of them at once.
         cache_stride_ = static_cast<long>(cache_rows_) * row_width;
         caches_ = scratch(static_cast<size_t>(cache_stride_) * layers_.size());

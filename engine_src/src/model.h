@@ -51,6 +51,9 @@ public:
     int max_batch() const { return max_batch_; }
     int cache_rows() const { return cache_rows_; }
     int drafter_block() const { return drafter_block_; }
+    // Seconds the constructor took to put the bundle's weights in backend memory (the uploads,
+    // the INT4 layout rewrite and allocations, synchronised), before its KV caches and buffers.
+    double upload_seconds() const { return upload_seconds_; }
 
     // Runs M tokens through the target. Token m is written to cache row vis.committed + m and sits
     // at RoPE position pos_host[m]; it attends as Visibility describes. Afterwards hidden() holds
@@ -106,6 +109,7 @@ private:
     int record_key_base_ = 0;    // this model's forward of M rows is backend unit key base + M
     RopeTable rope_;             // the config's RoPE frequencies (plain or YaRN)
     float softmax_scale_ = 0;    // tau, with YaRN's correction
+    double upload_seconds_ = 0;
     std::vector<void*> owned_;  // every buffer this model allocated
     const float *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
     // The drafter (README.md, "The drafter"): linear, logits_j = w_j f + b_j with w [L][V][2D]; or

@@ -1,8 +1,14 @@
-// sha256.cpp: SHA-256 as FIPS 180-4 section 6.2 gives it (checked against its test vectors in
-// tests/test_ops.cpp).
+// sha256.cpp: SHA-256 as FIPS 180-4 section 6.2 gives it, and the same rounds with x86-64's SHA
+// extensions where the CPU has them (both checked against its test vectors in tests/test_ops.cpp).
 #include "sha256.h"
 
 #include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define KD_SHA_NI 1
+#endif
 
 namespace kd {
 namespace {
@@ -17,11 +23,8 @@ constexpr uint32_t kRound[64] = {
 
 inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
-}  // namespace
-
-Sha256::Sha256() : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}, buf_{} {}
-
-void Sha256::block(const uint8_t* p) {
+// One 64-byte block into the state, FIPS 180-4 section 6.2.2.
+void block_portable(uint32_t* state, const uint8_t* p) {
     uint32_t w[64];
     for (int t = 0; t < 16; ++t)
         w[t] = uint32_t{p[4 * t]} << 24 | uint32_t{p[4 * t + 1]} << 16 | uint32_t{p[4 * t + 2]} << 8 | uint32_t{p[4 * t + 3]};
@@ -30,7 +33,7 @@ void Sha256::block(const uint8_t* p) {
         const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
         w[t] = w[t - 16] + s0 + w[t - 7] + s1;
     }
-    uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+    uint32_t a = state[0], b = state[1], c = state[2], d = state[3], e = state[4], f = state[5], g = state[6], h = state[7];
     for (int t = 0; t < 64; ++t) {
         const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
         const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
@@ -43,7 +46,73 @@ void Sha256::block(const uint8_t* p) {
         b = a;
         a = t1 + t2;
     }
-    h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+    state[0] += a; state[1] += b; state[2] += c; state[3] += d; state[4] += e; state[5] += f; state[6] += g; state[7] += h;
+}
+
+#ifdef KD_SHA_NI
+// The CPU has the SHA extensions and the SSSE3 / SSE4.1 shuffles the rounds below use.
+bool cpu_has_sha() {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSSE3) || !(c & bit_SSE4_1)) return false;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA);
+}
+
+// n blocks into the state h with SHA-NI: the state as the instructions hold it (ABEF, CDGH), four
+// rounds per step (two sha256rnds2), the message schedule four words at a time (sha256msg1/2),
+// as Intel's reference code for the extensions lays it out.
+__attribute__((target("sha,ssse3,sse4.1"))) void blocks_sha_ni(uint32_t* h, const uint8_t* p, size_t n) {
+    const __m128i swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);  // big-endian words
+    __m128i t = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 0xB1);  // CDAB
+    __m128i cdgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4)), 0x1B);  // EFGH
+    __m128i abef = _mm_alignr_epi8(t, cdgh, 8);
+    cdgh = _mm_blend_epi16(cdgh, t, 0xF0);
+    for (; n; --n, p += 64) {
+        const __m128i abef_in = abef, cdgh_in = cdgh;
+        __m128i w[4];
+        for (int i = 0; i < 4; ++i) w[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), swap);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+            __m128i msg = _mm_add_epi32(w[i & 3], _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound + 4 * i)));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, msg);
+            if (i >= 3 && i <= 14) {  // words 4(i+1) .. 4(i+1)+3 of the schedule, for step i + 1
+                w[(i + 1) & 3] = _mm_add_epi32(w[(i + 1) & 3], _mm_alignr_epi8(w[i & 3], w[(i - 1) & 3], 4));
+                w[(i + 1) & 3] = _mm_sha256msg2_epu32(w[(i + 1) & 3], w[i & 3]);
+            }
+            msg = _mm_shuffle_epi32(msg, 0x0E);
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, msg);
+            if (i >= 1 && i <= 12) w[(i - 1) & 3] = _mm_sha256msg1_epu32(w[(i - 1) & 3], w[i & 3]);
+        }
+        abef = _mm_add_epi32(abef, abef_in);
+        cdgh = _mm_add_epi32(cdgh, cdgh_in);
+    }
+    t = _mm_shuffle_epi32(abef, 0x1B);     // FEBA
+    cdgh = _mm_shuffle_epi32(cdgh, 0xB1);  // DCHG
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm_blend_epi16(t, cdgh, 0xF0));      // DCBA
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 4), _mm_alignr_epi8(cdgh, t, 8));  // HGFE
+}
+#endif
+
+const bool kAccelerated =
+#ifdef KD_SHA_NI
+    cpu_has_sha();
+#else
+    false;
+#endif
+
+}  // namespace
+
+bool sha256_accelerated() { return kAccelerated; }
+
+Sha256::Sha256(bool portable)
+    : accelerated_(kAccelerated && !portable),
+      h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19},
+      buf_{} {}
+
+void Sha256::blocks(const uint8_t* p, size_t n) {
+#ifdef KD_SHA_NI
+    if (accelerated_) return blocks_sha_ni(h_, p, n);
+#endif
+    for (; n; --n, p += 64) block_portable(h_, p);
 }
 
 void Sha256::update(const void* data, size_t n) {
@@ -56,10 +125,12 @@ void Sha256::update(const void* data, size_t n) {
         p += take;
         n -= take;
         if (used_ < 64) return;
-        block(buf_);
+        blocks(buf_, 1);
         used_ = 0;
     }
-    for (; n >= 64; p += 64, n -= 64) block(p);
+    blocks(p, n / 64);
+    p += n / 64 * 64;
+    n %= 64;
     if (n) std::memcpy(buf_, p, n);
     used_ = n;
 }

@@ -1,12 +1,14 @@
 // test_ops.cpp: every backend op against a plain double-precision reference (NMSE thresholds,
 // as ggml's test-backend-ops), the row-independence the DDTree == AR invariant needs (bit-exact),
-// and the host-side DDTree pieces (heap tree vs brute force, greedy walk).
+// and the host-side DDTree pieces (heap tree vs brute force, greedy walk), SHA-256 and the
+// bundle loader's parallel file read.
 //
 //   build/test_ops [--backend cpu|cuda|all]
 //
 // Prints one line per test: "ok <name> <detail>", "FAIL <name> <detail>" or "skip <name> <why>";
 // exits 1 when any test failed.
 #include "backend.h"
+#include "file_read.h"
 #include "rope.h"
 #include "sha256.h"
 #include "tree.h"
@@ -21,6 +23,10 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <cstdlib>
+#include <fcntl.h>
+#include <unistd.h>
 
 using namespace kd;
 
@@ -754,19 +760,69 @@ void test_sha256() {
         {std::string(64, 'x'), "7ce100971f64e7001e8fe5a51973ecdfe1ced42befe7ee8d5fd6219506b5393c"},
     };
     bool ok = true;
-    std::string detail = "NIST vectors ('', abc, 448 and 896 bits, a million 'a') and padding edges, whole and in pieces";
+    std::string detail = std::string("NIST vectors ('', abc, 448 and 896 bits, a million 'a') and padding edges, whole and in pieces, ") +
+                         (sha256_accelerated() ? "SHA extensions and portable rounds" : "portable rounds (no SHA extensions here)");
     for (const auto& v : vectors) {
-        const std::string one = hex(sha256(v.first.data(), v.first.size()));
-        Sha256 pieces;
-        for (size_t at = 0, step = 1; at < v.first.size(); at += step, step = step * 3 % 257 + 1)
-            pieces.update(v.first.data() + at, std::min(step, v.first.size() - at));
-        const std::string piecewise = hex(pieces.digest());
-        if (one != v.second || piecewise != v.second) {
-            ok = false;
-            detail = "message of " + std::to_string(v.first.size()) + " bytes: " + one + " / " + piecewise;
+        for (const bool portable : {false, true}) {
+            Sha256 whole(portable), pieces(portable);
+            whole.update(v.first.data(), v.first.size());
+            for (size_t at = 0, step = 1; at < v.first.size(); at += step, step = step * 3 % 257 + 1)
+                pieces.update(v.first.data() + at, std::min(step, v.first.size() - at));
+            const std::string one = hex(whole.digest()), piecewise = hex(pieces.digest());
+            if (one != v.second || piecewise != v.second) {
+                ok = false;
+                detail = std::string(portable ? "portable" : "default") + " rounds, message of " + std::to_string(v.first.size()) +
+                         " bytes: " + one + " / " + piecewise;
+            }
         }
     }
     report("sha256.fips_180_4", ok, detail);
+}
+
+// The message of what f throws ("" when it returns).
+std::string thrown(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// InputFile::read_all in small chunks (many per thread): the bytes as written; a file that
+// shrinks after opening refused at the offset where it ends; one that grows refused by its sizes.
+void test_file_read() {
+    const char* dir = std::getenv("TMPDIR");
+    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/test_ops.file_read.XXXXXX";
+    const int fd = mkstemp(&path[0]);
+    if (fd < 0) return report("file_read.setup", false, "mkstemp " + path + " failed");
+    std::vector<uint8_t> want(1000003);
+    Rng rng(7);
+    for (uint8_t& x : want) x = static_cast<uint8_t>(rng.next());
+    const bool written = write(fd, want.data(), want.size()) == static_cast<ssize_t>(want.size());
+    const uint64_t chunk = 65537;  // 16 chunks, the last one short
+    size_t threads = 0;
+    FileBytes got;
+    std::string error = written ? thrown([&] { got = InputFile(path).read_all(&threads, chunk); }) : "write failed";
+    report("file_read.chunks", error.empty() && std::equal(got.begin(), got.end(), want.begin(), want.end()),
+           error.empty() ? std::to_string(got.size()) + " bytes in chunks of " + std::to_string(chunk) + " on " + std::to_string(threads) + " threads"
+                         : error);
+    error = thrown([&] {
+        const InputFile in(path);
+        if (ftruncate(fd, 300000) != 0) throw std::runtime_error("ftruncate failed");
+        in.read_all(nullptr, chunk);
+    });
+    const std::string shrunk = "short read at offset 300000: the file ends there, it had 1000003 bytes when opened";
+    report("file_read.shrunk_while_read", error.rfind(shrunk, 0) == 0, "got '" + error + "'");
+    error = thrown([&] {
+        const InputFile in(path);
+        if (pwrite(fd, want.data(), 10, 300000) != 10) throw std::runtime_error("pwrite failed");
+        in.read_all(nullptr, chunk);
+    });
+    report("file_read.grew_while_read", error == "the file changed size while read: 300000 bytes when opened, 300010 after the read",
+           "got '" + error + "'");
+    close(fd);
+    unlink(path.c_str());
 }
 
 }  // namespace
@@ -790,6 +846,7 @@ int main(int argc, char** argv) {
     }
     test_tree();
     test_sha256();
+    test_file_read();
     for (const std::string& name : names) {
         std::unique_ptr<Backend> be;
         try {
