@@ -168,15 +168,21 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
 }
 
 // Whether w4_kernel<Q> runs full steps without per-group tests (see w4_step) where K allows:
-// one token quad, and 4 or 8 (one block per SM there, so up to 255 registers); not 2 (the
-// interleaved groups need more registers than two blocks per SM leave, and spill).
-// This decides the staged layout (w4_xstride, the zero rows of missing tokens) on host and
-// device alike; w4_full_steps_here whether the kernel of this arch takes the full steps.
-__host__ __device__ constexpr bool w4_full_steps(int Q) { return Q != 2; }
+// one token quad, and 8 (one block per SM, so up to 255 registers); not 2 or 4, which run two
+// blocks per SM (w4_min_blocks), where the interleaved groups need more than the 128 registers
+// left, and spill. This decides the staged layout (w4_xstride, the zero rows of missing tokens)
+// on host and device alike; w4_full_steps_here whether the kernel of this arch takes them.
+__host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1 || Q == 8; }
+
+// Blocks of w4_kernel<Q> per SM that its registers must allow (__launch_bounds__): two up to 16
+// token rows (128 registers; 16 warps per SM at 16 rows, where one block of 166 registers left 8
+// warps unable to hide a step's dependent chains: issue 38's tenth pass), one for 32-row passes,
+// whose 137 KiB of staging leave room for one block anyway.
+__host__ __device__ constexpr int w4_min_blocks(int Q) { return Q >= 8 ? 1 : 2; }
 
 __device__ constexpr bool w4_full_steps_here(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    return Q == 1;  // sm_120: 4 and 8 quads spilled at 255 registers (nvcc 13.0)
+    return Q == 1;  // sm_120: 8 quads (and 4 at one block per SM) spilled at 255 registers (nvcc 13.0)
 #else
     return w4_full_steps(Q);
 #endif
@@ -311,8 +317,8 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
 // of the slot's tiles), warp w starts at k = w and asks the block's shared-memory counter for the
 // next k, so a tile costs no global round trip and the block no end-of-pass count (H200, 28672 x
 // 8192: M = 1 48.4 -> 46.1 us). Global ticket otherwise: a counter per (slot, super-chunk, pass)
-// in global memory shared by the whole grid; it stays in 16-row passes, which run one block per
-// SM and lost 1-3 % with the block ticket (the grid cannot even out slower SMs), and on sm_120,
+// in global memory shared by the whole grid; it stays in 16- and 32-row passes (16-row passes,
+// then one block per SM, lost 1-3 % with the block ticket: the grid cannot even out slower SMs), and on sm_120,
 // where the block ticket spilled 24 bytes at w4_kernel<1, false> (and nothing was measured).
 __device__ constexpr bool w4_block_ticket(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -323,7 +329,7 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 }
 
 template <int Q, bool GLU>
-__global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
+__global__ void __launch_bounds__(KD_W4_THREADS, w4_min_blocks(Q)) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
