@@ -4,10 +4,11 @@
 # by side. Builds each tree's engine, bench_gpu and libkd_w4.so in parallel; per tree: the CUDA
 # op tests, then ours, the kept kernel, tinygemm and cuBLAS bf16 interleaved in one process
 # (bench/torch_ref.py --kept: also whether each output equals the kept kernel's bit for bit);
-# bench_gpu --quick (read ceiling, table, K2 MoE layer) of the kept tree and of the trees named in
-# KD_ROWS_QUICK (default: this); with KD_ROWS_GATES=1 compute-sanitizer memcheck of each tree's op
-# tests and each tree's run_tests.sh (in parallel); ncu of each tree's w4_kernel on 28672 x 8192
-# at M = 16 and 32 (the kept tree's 32 rows are two 16-row launches: its first is profiled).
+# bench_gpu --quick (read ceiling, table, K2 MoE layer) of the trees named in KD_ROWS_QUICK
+# (default: kept this); with KD_ROWS_GATES=1 compute-sanitizer memcheck of each tree's op tests
+# and each tree's run_tests.sh (in parallel), with KD_ROWS_GATES=memcheck the memcheck alone; ncu
+# of each tree's w4_kernel on 28672 x 8192 at the token counts in KD_ROWS_NCU_M (default: 16 32;
+# the kept tree's 32 rows are two 16-row launches: its first is profiled).
 #   bench/gpu_rows.sh OUT_DIR KEPT_ENGINE_SRC [NAME=ENGINE_SRC ...]   (from engine_src/; env KD_ARCH as for build.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -59,21 +60,21 @@ for i in "${!trees[@]}"; do
 done
 for i in -1 "${!trees[@]}"; do
     n=kept bin="$kept/build/ab/bench_gpu"
-    if (( i >= 0 )); then
-        n="${names[$i]}" bin="${trees[$i]}/build/ab/bench_gpu"
-        [[ " ${KD_ROWS_QUICK:-this} " == *" $n "* ]] || continue
-    fi
+    (( i >= 0 )) && n="${names[$i]}" bin="${trees[$i]}/build/ab/bench_gpu"
+    [[ " ${KD_ROWS_QUICK-kept this} " == *" $n "* ]] || continue
     timeout 200 "$bin" --quick --json "$out/bench_$n.json" >"$out/bench_$n.log" 2>&1
     echo "bench_gpu --quick $n rc=$? ($((SECONDS - t0)) s)"
     grep -E "^read-band|M=1 |M=16 |T=" "$out/bench_$n.log" | sed "s/^/$n: /"
 done
-if [[ "${KD_ROWS_GATES:-0}" == 1 ]]; then
+if [[ "${KD_ROWS_GATES:-0}" == 1 || "${KD_ROWS_GATES:-0}" == memcheck ]]; then
     for i in "${!trees[@]}"; do
         n="${names[$i]}"
         timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "${trees[$i]}/build/test_ops" --backend cuda \
             >"$out/memcheck_$n.log" 2>&1
         echo "memcheck $n rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_$n.log")"
     done
+fi
+if [[ "${KD_ROWS_GATES:-0}" == 1 ]]; then
     pids=()
     for i in "${!trees[@]}"; do
         (cd "${trees[$i]}" && timeout 300 bash scripts/run_tests.sh) >"$out/run_tests_${names[$i]}.log" 2>&1 & pids+=($!)
@@ -85,7 +86,7 @@ if [[ "${KD_ROWS_GATES:-0}" == 1 ]]; then
         echo "run_tests ${names[$i]} rc=$r ($((SECONDS - t0)) s): $(grep -cE '^PASS' "$l") pass; $(grep -E '^FAIL|TESTS (PASSED|FAILED)' "$l" | head -n 4 | tr '\n' ';')"
     done
 fi
-for m in 16 32; do
+for m in ${KD_ROWS_NCU_M-16 32}; do
     for i in -1 "${!trees[@]}"; do
         n=kept bin="$kept/build/ab/bench_gpu"
         (( i >= 0 )) && n="${names[$i]}" bin="${trees[$i]}/build/ab/bench_gpu"

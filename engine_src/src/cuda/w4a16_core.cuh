@@ -168,21 +168,23 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
 }
 
 // Whether w4_kernel<Q> runs full steps without per-group tests (see w4_step) where K allows:
-// one token quad, and 8 (one block per SM, so up to 255 registers); not 2 or 4, which run two
-// blocks per SM (w4_min_blocks), where the interleaved groups need more than the 128 registers
-// left, and spill. This decides the staged layout (w4_xstride, the zero rows of missing tokens)
-// on host and device alike; w4_full_steps_here whether the kernel of this arch takes them.
+// one token quad, and 8 (one block per SM, up to 255 registers: 32-row passes 10 % faster than
+// with the tested steps, issue 38's tenth pass). Not 2: the interleaved groups need more
+// registers than two blocks per SM leave, and spill. Not 4: with one block per SM (166 -> 176
+// registers) its 16-row passes took 7 % longer (15 % fewer instructions, issued more slowly).
+// This decides the staged layout (w4_xstride, the zero rows of missing tokens) on host and
+// device alike; w4_full_steps_here whether the kernel of this arch takes them.
 __host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1 || Q == 8; }
 
-// Blocks of w4_kernel<Q> per SM that its registers must allow (__launch_bounds__): two up to 16
-// token rows (128 registers; 16 warps per SM at 16 rows, where one block of 166 registers left 8
-// warps unable to hide a step's dependent chains: issue 38's tenth pass), one for 32-row passes,
-// whose 137 KiB of staging leave room for one block anyway.
-__host__ __device__ constexpr int w4_min_blocks(int Q) { return Q >= 8 ? 1 : 2; }
+// Blocks of w4_kernel<Q> per SM that its registers must allow (__launch_bounds__): one from 16
+// rows up (their 69 or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills)
+// but were 3-4 % slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no
+// faster).
+__host__ __device__ constexpr int w4_min_blocks(int Q) { return Q >= 4 ? 1 : 2; }
 
 __device__ constexpr bool w4_full_steps_here(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    return Q == 1;  // sm_120: 8 quads (and 4 at one block per SM) spilled at 255 registers (nvcc 13.0)
+    return Q == 1;  // sm_120: 4 and 8 quads spilled at 255 registers (nvcc 13.0)
 #else
     return w4_full_steps(Q);
 #endif
@@ -245,7 +247,7 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
 
 // Stages rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as B fragments (see
 // the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
-// w, w + 8, ... of every row (loads in flight together); pmax: [KD_W4_MAX_ROWS][warps] scratch.
+// w, w + 8, ... of every row (loads in flight together); pmax: [at least 4Q rows][warps] scratch.
 // Ends with the block synchronised.
 template <int Q>
 __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_count, int kb, int klen,
@@ -432,7 +434,9 @@ __global__ void __launch_bounds__(KD_W4_THREADS, w4_min_blocks(Q)) w4_kernel(W4P
     // ticket); then it asks the counter (which counts from there) when it starts a tile and reads
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
-    __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
+    // 16 rows' worth below 8 quads (the shared memory of the 4- to 16-row passes as before the
+    // 32-row passes came).
+    __shared__ float pmax[(4 * Q > KD_W4_GROUPED_ROWS ? 4 * Q : KD_W4_GROUPED_ROWS) * KD_W4_WARPS];
     // A warp's place in the weights: W4Rows (four pointers), or at one token quad two 32-bit
     // indices of its half-tiles' first steps in the layout's [N / 8][steps] order, from which
     // each fetch makes its addresses: fewer registers.
