@@ -176,12 +176,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
 // device alike; w4_full_steps_here whether the kernel of this arch takes them.
 __host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1 || Q == 8; }
 
-// Blocks of w4_kernel<Q> per SM that its registers must allow (__launch_bounds__): one from 16
-// rows up (their 69 or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills)
-// but were 3-4 % slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no
-// faster).
-__host__ __device__ constexpr int w4_min_blocks(int Q) { return Q >= 4 ? 1 : 2; }
-
 __device__ constexpr bool w4_full_steps_here(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
     return Q == 1;  // sm_120: 4 and 8 quads spilled at 255 registers (nvcc 13.0)
@@ -330,8 +324,11 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 #endif
 }
 
+// Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
+// or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
+// slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
 template <int Q, bool GLU>
-__global__ void __launch_bounds__(KD_W4_THREADS, w4_min_blocks(Q)) w4_kernel(W4Params p) {
+__global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
