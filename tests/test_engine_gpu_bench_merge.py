@@ -5,6 +5,7 @@ writes a report that says so and exits 0. No GPU needed: the reports are written
 scripts' formats (the figures are examples, not measurements)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -128,3 +129,35 @@ def test_ours_timed_interleaved_with_torch_defines_the_w4a16_metrics_and_ratios(
     assert m["gpu.torch.tinygemm.28672x8192.m16.w4a16_speedup"]["value"] == 274.0 / 147.0
     assert not any("w4a16_sc512" in k for k in m)
     assert m["gpu.moe_k2.t1.pct_ceiling"] == {"value": 61.5, "unit": "%", "better": "higher"}
+
+
+def test_a_kept_kernel_is_compared_with_ours_in_the_table_and_makes_no_metric(tmp_path):
+    """torch_ref.py --kept: another tree's kernel timed beside ours. Its rows come after ours,
+    the table gives its median over ours and says whether ours equals it bit for bit (a differing
+    output is flagged), and the merge makes no metric of it."""
+    spec = importlib.util.spec_from_file_location("torch_ref", TORCH_REF)
+    assert spec is not None and spec.loader is not None
+    torch_ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(torch_ref)
+    assert torch_ref._our_kernels([512], {"ours": None, "kept": None}) == [
+        ("w4a16", "ours", 0), ("w4a16_sc512", "ours", 512), ("w4a16_kept", "kept", 0)]
+    assert torch_ref._our_kernels([], {"kept": None}) == [("w4a16_kept", "kept", 0)]
+
+    def row(kernel, M, us, **extra):
+        return {"kernel": kernel, "N": 28672, "K": 8192, "M": M, "us": us, "p10_us": us - 1.0, "p90_us": us + 1.0,
+                **extra}
+    rows = [row("w4a16", 32, 182.0, bits_equal_kept=True), row("w4a16_kept", 32, 202.0),
+            row("w4a16", 64, 360.0, bits_equal_kept=False), row("w4a16_kept", 64, 405.0)]
+    text = torch_ref.table({"rows": rows})
+    assert "M=32: w4a16 182.00 [181.00-183.00] bits=kept | w4a16_kept 202.00 [201.00-203.00] 1.11x" in text
+    assert "M=64: w4a16 360.00 [359.00-361.00] BITS DIFFER FROM KEPT | w4a16_kept 405.00" in text
+
+    bench, gpu_path, torch_path = tmp_path / "bench.json", tmp_path / "bench_gpu.json", tmp_path / "bench_torch.json"
+    bench.write_text(json.dumps({"version": 1, "metrics": {}}))
+    gpu_path.write_text(json.dumps(GPU))
+    torch_path.write_text(json.dumps(dict(TORCH, rows=TORCH["rows"] + [row("w4a16_kept", 1, 50.0)])))
+    done = subprocess.run([sys.executable, str(MERGE), str(bench), str(gpu_path), str(torch_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = json.loads(bench.read_text())["metrics"]
+    assert not any("kept" in k for k in m) and m["gpu.w4a16.28672x8192.m1.us"]["value"] == 54.0

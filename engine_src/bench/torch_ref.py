@@ -3,8 +3,8 @@ on one GPU and stream: the backend's matmul_w4a16 (through build/libkd_w4.so, be
 PyTorch's INT4 kernel (tinygemm: torch._weight_int4pack_mm, bf16 activations, group 32, weights
 packed by torch._convert_weight_to_int4pack) and cuBLAS bf16 (torch.matmul on bf16 weights).
 
-    python3 bench/torch_ref.py --json PATH [--ours LIB] [--quick] [--m 1,2,4,8,16] [--m-large 32,64]
-                               [--schunk 512,256]
+    python3 bench/torch_ref.py --json PATH [--ours LIB] [--kept LIB] [--quick] [--m 1,2,4,8,16]
+                               [--m-large 32,64] [--schunk 512,256]
 
 Timing: CUDA events around back-to-back calls over a rotating set of weight copies (one rotation
 reads >= 512 MB, several times the L2, so no call finds its weights in L2), warm-up first. Each
@@ -14,7 +14,10 @@ over the repetitions of the time per call. All three kernels get the same weight
 1..15, w = (n - 8) * scale with bf16 scales, the engine's quantiser's range; zero point 0) and
 the same activations (ours in fp32, theirs in bf16: the same values); each output is checked
 against those weights dequantized in fp32. --schunk adds rows "w4a16_sc<L>": ours with the
-super-chunk forced to L inputs (a measurement knob, w4_schunk_override). Without torch, without
+super-chunk forced to L inputs (a measurement knob, w4_schunk_override). --kept adds rows
+"w4a16_kept": another engine tree's libkd_w4.so (the kernel a change is measured against), timed
+in the same repetitions, and each "w4a16" row says whether its output equals the kept kernel's bit
+for bit ("bits_equal_kept": the same arithmetic). Without torch, without
 a GPU, or on any torch error the report says why ("available": false, or a row's "error") and
 the exit status is still 0: this comparison never fails a benchmark run.
 """
@@ -145,16 +148,16 @@ class Ours:
                     "kd_w4_matmul")
 
 
-def _weight_sets(torch, gen, q0, s0, N: int, K: int, copies: int, ours):
+def _weight_sets(torch, gen, q0, s0, N: int, K: int, copies: int, libs: dict):
     """`copies` weight sets, the first from q0 and s0: tinygemm's packed weights, their
-    [K/32][N][scale, zero] tables (zero point 0) and (with ours) our tiled copies."""
-    packed, tables, tiled = [], [], []
+    [K/32][N][scale, zero] tables (zero point 0) and each library's tiled copies (name -> list)."""
+    packed, tables, tiled = [], [], {name: [] for name in libs}
     for c in range(copies):
         q, s = (q0, s0) if c == 0 else _random_int4(torch, gen, N, K)
         packed.append(_pack_int4(torch, q))
         tables.append(torch.stack([s, torch.zeros_like(s)], dim=2).contiguous())
-        if ours is not None:
-            tiled.append(ours.tiled(q, s))
+        for name, lib in libs.items():
+            tiled[name].append(lib.tiled(q, s))
     return packed, tables, tiled
 
 
@@ -163,18 +166,21 @@ def _nmse(got, ref) -> float:
     return float(((got - ref) ** 2).sum() / (ref ** 2).sum().clamp_min(1e-30))
 
 
-def _our_kernels(schunks: list[int]) -> list[tuple[str, int]]:
-    """Our rows' names and forced super-chunk lengths: w4a16 (the default), then w4a16_sc<L>."""
-    return [("w4a16", 0)] + [(f"w4a16_sc{L}", L) for L in schunks]
+def _our_kernels(schunks: list[int], libs: dict) -> list[tuple[str, str, int]]:
+    """Our rows (name, library, forced super-chunk length) for the libraries in libs ("ours",
+    "kept"): w4a16 (the default), w4a16_sc<L>, then w4a16_kept."""
+    rows = [("w4a16", "ours", 0)] + [(f"w4a16_sc{L}", "ours", L) for L in schunks] if "ours" in libs else []
+    return rows + ([("w4a16_kept", "kept", 0)] if "kept" in libs else [])
 
 
-def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks: list[int]) -> list[dict]:
+def _bench_shape(torch, libs: dict, N: int, K: int, ms: list[int], reps: int, schunks: list[int]) -> list[dict]:
     """Rows for one N x K: each kernel at each M, timed interleaved, each with its times or its
-    error (a failing kernel leaves the others timed)."""
+    error (a failing kernel leaves the others timed). libs: "ours" and "kept" (Ours), if given."""
     gen = torch.Generator(device="cuda").manual_seed(N * 31 + K)
     copies_q = max(2, ROTATION_BYTES // (N * K // 2) + 1)
     copies_b = max(2, ROTATION_BYTES // (N * K * 2) + 1)
-    names = ["tinygemm", "cublas_bf16"] + ([n for n, _ in _our_kernels(schunks)] if ours else [])
+    mine = _our_kernels(schunks, libs)
+    names = ["tinygemm", "cublas_bf16"] + [n for n, _, _ in mine]
     try:
         x = (torch.rand((max(ms), K), device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
         xf = x.float()
@@ -183,7 +189,7 @@ def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks:
         wb = [dense.to(torch.bfloat16) for _ in range(copies_b)]
         ref = xf @ dense.t()
         del dense
-        packed, tables, tiled = _weight_sets(torch, gen, q0, s0, N, K, copies_q, ours)
+        packed, tables, tiled = _weight_sets(torch, gen, q0, s0, N, K, copies_q, libs)
         del q0
     except Exception as e:   # noqa: BLE001 — any torch failure becomes a row, never a failed bench
         return [{"kernel": k, "N": N, "K": K, "M": m, "error": _one_line(e)} for k in names for m in ms]
@@ -193,9 +199,9 @@ def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks:
         kernels = {"tinygemm": (copies_q, lambda i, xm=xm: torch._weight_int4pack_mm(xm, packed[i], GROUP, tables[i])),
                    "cublas_bf16": (copies_b, lambda i, xm=xm: torch.matmul(xm, wb[i].t()))}
         outs = {}
-        for name, L in _our_kernels(schunks) if ours else []:
+        for name, key, L in mine:
             outs[name] = y = torch.empty((m, N), device="cuda", dtype=torch.float32)
-            kernels[name] = (copies_q, lambda i, y=y, xfm=xfm, L=L: ours.matmul(y, xfm, *tiled[i], L))
+            kernels[name] = (copies_q, lambda i, y=y, xfm=xfm, L=L, lib=libs[key], t=tiled[key]: lib.matmul(y, xfm, *t[i], L))
         errors = {}
         for name, (_, fn) in kernels.items():   # outputs of weight set 0 against the fp32 reference
             try:
@@ -203,6 +209,7 @@ def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks:
                 errors[name] = _nmse((outs[name] if got is None else got).float(), ref[:m])
             except Exception as e:   # noqa: BLE001
                 errors[name] = _one_line(e)
+        same = {"w4a16", "w4a16_kept"} <= outs.keys() and bool(torch.equal(outs["w4a16"], outs["w4a16_kept"]))
         times = _interleaved_us(torch, reps, {n: k for n, k in kernels.items() if not isinstance(errors[n], str)})
         for name in names:
             row = {"kernel": name, "N": N, "K": K, "M": m, "copies": kernels[name][0]}
@@ -217,12 +224,13 @@ def _bench_shape(torch, ours, N: int, K: int, ms: list[int], reps: int, schunks:
                        GBps=(weight_bytes + 2.0 * m * (K + N)) / us / 1e3, nmse_vs_fp32=errors[name],
                        valid=errors[name] < (1e-4 if name == "tinygemm" else 1e-9 if name.startswith("w4a16") else 1e-2))
             if name.startswith("w4a16"):
-                L = dict(_our_kernels(schunks))[name]
-                ours.lib.kd_w4_set_schunk(L)
-                row["schunk"] = ours.lib.kd_w4_schunk()
+                key, L = next((k, L) for n, k, L in mine if n == name)
+                libs[key].lib.kd_w4_set_schunk(L)
+                row["schunk"] = libs[key].lib.kd_w4_schunk()
+                libs[key].lib.kd_w4_set_schunk(0)
+            if name == "w4a16" and "kept" in libs:
+                row["bits_equal_kept"] = same
             rows.append(row)
-        if ours:
-            ours.lib.kd_w4_set_schunk(0)
     return rows
 
 
@@ -231,7 +239,8 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def run(ms: list[int], ms_large: list[int], reps: int, ours_path: str | None, schunks: list[int]) -> dict:
+def run(ms: list[int], ms_large: list[int], reps: int, ours_path: str | None, schunks: list[int],
+        kept_path: str | None = None) -> dict:
     """The report: torch's version, the device, one row per kernel, shape and M."""
     try:
         import torch
@@ -245,15 +254,20 @@ def run(ms: list[int], ms_large: list[int], reps: int, ours_path: str | None, sc
         return {"available": False, "torch": torch.__version__,
                 "note": f"skipped: torch {torch.__version__} has no {', '.join(missing)}"}
     started = time.monotonic()
-    ours, ours_note = None, "ours not timed (no --ours)"
-    if ours_path:
+    libs, notes = {}, []
+    for key, path in (("ours", ours_path), ("kept", kept_path)):
+        if not path:
+            notes += [] if key == "kept" else ["ours not timed (no --ours)"]
+            continue
         try:
-            ours, ours_note = Ours(torch, ours_path), f"ours from {os.path.basename(ours_path)}"
+            libs[key] = Ours(torch, path)
+            notes.append(f"{key} from {os.path.basename(path)}" if key == "ours" else f"kept from {path}")
         except Exception as e:   # noqa: BLE001 — the torch rows still count
-            ours_note = f"ours not timed ({_one_line(e)})"
+            notes.append(f"{key} not timed ({_one_line(e)})")
+    ours_note = "; ".join(notes)
     rows = []
     for N, K in SHAPES:
-        rows += _bench_shape(torch, ours, N, K, ms + (ms_large if (N, K) == LARGE else []), reps, schunks)
+        rows += _bench_shape(torch, libs, N, K, ms + (ms_large if (N, K) == LARGE else []), reps, schunks)
         torch.cuda.empty_cache()
     failed = [r for r in rows if "error" in r]
     invalid = [r for r in rows if r.get("valid") is False]
@@ -278,7 +292,9 @@ def table(report: dict) -> str:
         at = {r["kernel"]: r for r in rows if (r["N"], r["K"], r["M"]) == (N, K, M)}
         ours = at.get("w4a16", {}).get("us")
         cells = [f"{k} {r['us']:.2f} [{r['p10_us']:.2f}-{r['p90_us']:.2f}]"
-                 + (f" {r['us'] / ours:.2f}x" if ours and k != "w4a16" else "") for k, r in at.items()]
+                 + (f" {r['us'] / ours:.2f}x" if ours and k != "w4a16" else "")
+                 + ({True: " bits=kept", False: " BITS DIFFER FROM KEPT"}.get(r.get("bits_equal_kept"), ""))
+                 for k, r in at.items()]
         lines.append(f"{N}x{K} M={M}: " + " | ".join(cells))
     return "\n".join(lines)
 
@@ -299,6 +315,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", required=True, help="where the report goes")
     parser.add_argument("--ours", help="build/libkd_w4.so: time the backend's matmul_w4a16 with them")
+    parser.add_argument("--kept", help="another tree's libkd_w4.so: time it too (rows w4a16_kept) and compare bits")
     parser.add_argument("--quick", action="store_true", help="20 repetitions instead of 40")
     parser.add_argument("--m", default="1,2,4,8,16", help="token counts, comma-separated (default 1,2,4,8,16)")
     parser.add_argument("--m-large", default="32,64", help="more token counts for 28672 x 8192 (default 32,64)")
@@ -312,7 +329,7 @@ def main(argv: list[str]) -> int:
     if any(v not in (256, 512, 1024) for v in schunks):
         parser.error(f"--schunk takes 256, 512 or 1024, got '{args.schunk}'")
     try:
-        report = run(ms, ms_large, 20 if args.quick else 40, args.ours, schunks)
+        report = run(ms, ms_large, 20 if args.quick else 40, args.ours, schunks, args.kept)
     except Exception as e:   # noqa: BLE001 — the comparison never fails the bench
         traceback.print_exc()
         report = {"available": False, "note": f"failed: {_one_line(e)}"}

@@ -39,8 +39,12 @@ for src in "${sources[@]}"; do
     "$NVCC" "${flags[@]}" -c "$src" -o "$o" &
     pids+=($!)
 done
-# The shim torch_ref.py loads: matmul_w4a16 with position-independent host code.
-"$NVCC" "${flags[@]}" -Xcompiler -fPIC -shared bench/w4_shim.cu src/cuda/matmul_w4a16.cu -o "$results/libkd_w4.so" &
+# The shim torch_ref.py loads: matmul_w4a16 with position-independent host code. No unique
+# symbols (-fno-gnu-unique): the function-local statics of templates (w4_launch_q's "shared memory
+# limit raised" flag) would otherwise be one object for every such library in the process, and
+# another tree's shim loaded beside it (torch_ref.py --kept) would skip raising its own kernel's.
+"$NVCC" "${flags[@]}" -Xcompiler -fPIC,-fno-gnu-unique -shared bench/w4_shim.cu src/cuda/matmul_w4a16.cu \
+    -o "$results/libkd_w4.so" &
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || { echo "bench_gpu.sh: compile failed" >&2; exit 1; }; done
 "$NVCC" "${flags[@]}" "${objects[@]}" -o "$results/bench_gpu" -lcublas

@@ -353,8 +353,11 @@ void test_matmuls(Backend& be, const std::string& p) {
     // long enough (4 warp steps) for the CUDA kernel's three-buffer loop at one row; {2, 384, 7168}
     // (the K2 router) and {2, 80, 4800} (a short last super-chunk, a partial warp step) put the
     // single rows on the CUDA backend's narrow one-row kernel and the pair on mm_kernel's split-K.
+    // The last four reach the INT4 kernel's 16- and 32-row passes: full steps at 4 and 8 token
+    // quads (K a multiple of 256), a short last super-chunk, and more rows than one launch takes.
     const int shapes[][3] = {{1, 72, 160}, {5, 72, 160}, {17, 72, 160}, {3, 700, 1024}, {2, 1100, 160}, {2, 1100, 4096},
-                             {3, 100, 4096}, {2, 384, 7168}, {2, 80, 4800}};
+                             {3, 100, 4096}, {2, 384, 7168}, {2, 80, 4800}, {13, 300, 1280}, {20, 100, 2048},
+                             {40, 72, 1280}, {33, 100, 800}};
     for (const auto& shape : shapes) {
         const int M = shape[0], N = shape[1], K = shape[2];
         const std::vector<float> x = rng.vec(static_cast<size_t>(M) * K), W = rng.vec(static_cast<size_t>(N) * K, 0.1f),

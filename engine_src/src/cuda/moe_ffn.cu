@@ -100,7 +100,7 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     out[i] = acc;
 }
 
-// The layer for at most KD_W4_MAX_ROWS rows (moe_ffn takes more rows in such passes).
+// The layer for at most KD_W4_GROUPED_ROWS rows (moe_ffn takes more rows in such passes).
 void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
                   const ExpertWeights& w) {
     const int E = w.n_experts, D = w.dim, I = w.inter;
@@ -232,10 +232,10 @@ void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const
                                  ", inter " + std::to_string(w.inter) + ")");
     if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
         throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
-    // Passes of at most KD_W4_MAX_ROWS rows (a row's result does not depend on its pass).
-    for (int m0 = 0; m0 < M; m0 += KD_W4_MAX_ROWS) {
+    // Passes of at most KD_W4_GROUPED_ROWS rows (a row's result does not depend on its pass).
+    for (int m0 = 0; m0 < M; m0 += KD_W4_GROUPED_ROWS) {
         const long d = static_cast<long>(m0) * w.dim, k = static_cast<long>(m0) * top_k;
-        moe_ffn_rows(ctx, out + d, x + d, idx + k, weight + k, std::min(KD_W4_MAX_ROWS, M - m0), top_k, w);
+        moe_ffn_rows(ctx, out + d, x + d, idx + k, weight + k, std::min(KD_W4_GROUPED_ROWS, M - m0), top_k, w);
     }
 }
 

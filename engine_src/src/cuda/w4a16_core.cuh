@@ -16,8 +16,8 @@
 //     tokens x (hi, lo), so one mma serves both halves of 4 tokens.
 //
 // Shape of the work
-//   * A block is 8 warps and stages one super-chunk of the activations of up to 16 token rows
-//     (its slot's rows when grouped) in shared memory in the mma's B-fragment order.
+//   * A block is 8 warps and stages one super-chunk of the activations of up to 32 token rows
+//     (16 of its slot's rows when grouped) in shared memory in the mma's B-fragment order.
 //   * Weights in the tiled layout (upload_w4a16 writes it; see w4a16_tile_kernel): per 8 rows and
 //     step of 8 groups, 1 KB of words in the order the lanes read them (each word's nibbles in
 //     w4_word_order's places), so each 16-byte load of a warp reads 512 contiguous bytes, and
@@ -59,7 +59,8 @@ constexpr int KD_W4_THREADS = 32 * KD_W4_WARPS;
 constexpr int KD_W4_SCHUNK = 1024;
 constexpr int KD_W4_GROUPS = KD_W4_SCHUNK / 32;          // quantisation groups per super-chunk
 constexpr int KD_W4_STEP = 8;                            // groups per warp step
-constexpr int KD_W4_MAX_ROWS = 16;                       // token rows per launch (per slot when grouped)
+constexpr int KD_W4_MAX_ROWS = 32;                       // token rows per plain launch (one pass of 8 quads)
+constexpr int KD_W4_GROUPED_ROWS = 16;                   // token rows per grouped launch's slot (moe_ffn's passes)
 constexpr int KD_W4_ROW_BYTES = KD_W4_GROUPS * 64 + 64;  // one staged B row; the pad keeps LDS.128 conflict-free
 
 struct W4Params {
@@ -167,9 +168,21 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[2], int i) {
 }
 
 // Whether w4_kernel<Q> runs full steps without per-group tests (see w4_step) where K allows:
-// one token quad only (at Q = 2 the interleaved groups need more registers than two blocks per
-// SM leave, and spill).
-__host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1; }
+// one token quad, and 8 (one block per SM, up to 255 registers: 32-row passes 10 % faster than
+// with the tested steps, issue 38's tenth pass). Not 2: the interleaved groups need more
+// registers than two blocks per SM leave, and spill. Not 4: with one block per SM (166 -> 176
+// registers) its 16-row passes took 7 % longer (15 % fewer instructions, issued more slowly).
+// This decides the staged layout (w4_xstride, the zero rows of missing tokens) on host and
+// device alike; w4_full_steps_here whether the kernel of this arch takes them.
+__host__ __device__ constexpr bool w4_full_steps(int Q) { return Q == 1 || Q == 8; }
+
+__device__ constexpr bool w4_full_steps_here(int Q) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+    return Q == 1;  // sm_120: 4 and 8 quads spilled at 255 registers (nvcc 13.0)
+#else
+    return w4_full_steps(Q);
+#endif
+}
 
 // -24 X floats per staged row: pads that spread the 4 rows' banks, 16-byte rows for the full
 // steps' vector loads (the other passes keep the tighter rows: fewer registers at Q = 2).
@@ -228,7 +241,7 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
 
 // Stages rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as B fragments (see
 // the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
-// w, w + 8, ... of every row (loads in flight together); pmax: [KD_W4_MAX_ROWS][warps] scratch.
+// w, w + 8, ... of every row (loads in flight together); pmax: [at least 4Q rows][warps] scratch.
 // Ends with the block synchronised.
 template <int Q>
 __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_count, int kb, int klen,
@@ -300,8 +313,8 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
 // of the slot's tiles), warp w starts at k = w and asks the block's shared-memory counter for the
 // next k, so a tile costs no global round trip and the block no end-of-pass count (H200, 28672 x
 // 8192: M = 1 48.4 -> 46.1 us). Global ticket otherwise: a counter per (slot, super-chunk, pass)
-// in global memory shared by the whole grid; it stays in 16-row passes, which run one block per
-// SM and lost 1-3 % with the block ticket (the grid cannot even out slower SMs), and on sm_120,
+// in global memory shared by the whole grid; it stays in 16- and 32-row passes (16-row passes,
+// then one block per SM, lost 1-3 % with the block ticket: the grid cannot even out slower SMs), and on sm_120,
 // where the block ticket spilled 24 bytes at w4_kernel<1, false> (and nothing was measured).
 __device__ constexpr bool w4_block_ticket(int Q) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -311,8 +324,11 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 #endif
 }
 
+// Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
+// or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
+// slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
 template <int Q, bool GLU>
-__global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Params p) {
+__global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
@@ -415,11 +431,13 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
     // ticket); then it asks the counter (which counts from there) when it starts a tile and reads
     // the answer at the tile's last step.
     const int wave_tiles = gridDim.x * KD_W4_WARPS;
-    __shared__ float pmax[KD_W4_MAX_ROWS * KD_W4_WARPS];
+    // 16 rows' worth below 8 quads (the shared memory of the 4- to 16-row passes as before the
+    // 32-row passes came).
+    __shared__ float pmax[(4 * Q > KD_W4_GROUPED_ROWS ? 4 * Q : KD_W4_GROUPED_ROWS) * KD_W4_WARPS];
     // A warp's place in the weights: W4Rows (four pointers), or at one token quad two 32-bit
     // indices of its half-tiles' first steps in the layout's [N / 8][steps] order, from which
     // each fetch makes its addresses: fewer registers.
-    constexpr bool IDX = w4_full_steps(Q);
+    constexpr bool IDX = w4_full_steps_here(Q);
     W4Rows rows{};
     unsigned ha = 0, hb = 0;
     const unsigned first = sc * (p.sc_len / 32 / KD_W4_STEP);
@@ -488,7 +506,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
         // us, M = 16 123 -> 105 us, issue 21's eighth pass).
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
-        // without per-group tests where w4_full_steps(Q); otherwise all of them with the tests.
+        // without per-group tests where w4_full_steps_here(Q); otherwise all of them with the tests.
         const auto run_tiles = [&](auto full) {
             constexpr bool FULL = decltype(full)::value;
             while (tile < n_tiles) {
@@ -527,7 +545,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q == 4 ? 1 : 2) w4_kernel(W4Par
                 tile = next;
             }
         };
-        if (w4_full_steps(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
+        if (w4_full_steps_here(Q) && n_groups % KD_W4_STEP == 0) run_tiles(std::true_type{});
         else run_tiles(std::false_type{});
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
@@ -560,7 +578,7 @@ __global__ void w4_sum_kernel(W4Params p) {
 }
 
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
-// (Q = 4: 68 KiB, Q = 2: 34 KiB, Q = 1: 17 KiB).
+// (Q = 8: 137 KiB, Q = 4: 69 KiB, Q = 2: 34 KiB, Q = 1: 17 KiB).
 constexpr int w4_smem_bytes(int Q) {
     return 8 * Q * KD_W4_ROW_BYTES + static_cast<int>(sizeof(float)) * 4 * Q * (w4_xstride(Q) + 1);
 }
@@ -605,16 +623,20 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
     launch_chained("w4_kernel launch", kernel, dim3(grid_x, p.n_sc, slots), dim3(KD_W4_THREADS), smem, stream, p);
 }
 
-// Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows (<= KD_W4_MAX_ROWS)
-// token rows each, in passes of pass_rows rows (rounded up to 4, 8 or 16; the result does not
-// depend on it). The caller has set the weights, rows, shape and (grouped) the slot lists.
+// Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows token rows each
+// (KD_W4_MAX_ROWS plain, KD_W4_GROUPED_ROWS grouped or with SwiGLU), in passes of pass_rows rows
+// (rounded up to 4, 8, 16 or 32; the result does not depend on it). The caller has set the
+// weights, rows, shape and (grouped) the slot lists.
 template <bool GLU>
 void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
-    const int quads = std::min(4, ceil_div(std::min(pass_rows, max_rows), 4));
-    int q = quads <= 1 ? 1 : quads == 2 ? 2 : 4;
-    // A device that gives a block less shared memory than a 16-row pass needs takes 8-row
-    // passes, which give the same bits (rows never depend on the pass size).
-    if (q == 4 && w4_smem_bytes(4) > device_smem_optin()) q = 2;
+    // 32-row passes for plain launches only: the weights are read once for 32 rows, and
+    // w4_kernel<8, true> is never compiled (moe_ffn's launches take at most 16 rows a slot).
+    const int max_quads = GLU || p.slot_expert ? KD_W4_GROUPED_ROWS / 4 : KD_W4_MAX_ROWS / 4;
+    const int quads = std::min(max_quads, ceil_div(std::min(pass_rows, max_rows), 4));
+    int q = quads <= 1 ? 1 : quads == 2 ? 2 : quads <= 4 ? 4 : 8;
+    // A device that gives a block less shared memory than a pass needs takes passes of half the
+    // rows, which give the same bits (rows never depend on the pass size).
+    while (q > 2 && w4_smem_bytes(q) > device_smem_optin()) q /= 2;
     p.sc_len = w4_schunk();
     p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
@@ -624,7 +646,8 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
     if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
-    else w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
     if (p.n_sc > 1) {
         const long n = static_cast<long>(p.M) * p.N;
         launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
