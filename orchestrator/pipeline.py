@@ -417,6 +417,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
 
 
 def _timed_out(error: KdError) -> bool:
-    if isinstance(error, CommandError) and error.timed_out is not None:     # the step knows
+    """Whether a step's error is a timeout: as the error says, else by its exit status."""
+    if error.timed_out is not None:
         return error.timed_out
-    return error.exit_status in (124, 137) or (error.exit_status is None and "timed out" in error.message)
+    return error.exit_status in remote.TIMEOUT_EXIT_CODES

@@ -110,7 +110,7 @@ def output(transport: Transport, argv: list[str], what: str) -> str:
         data = transport.capture(cmd, max_bytes=MAX_OUTPUT, what=what)
     except CommandError as e:
         raise SlurmError(e.message, host=transport.host.name, command=e.command, exit_status=e.exit_status,
-                         tail=e.tail) from None
+                         tail=e.tail, timed_out=e.timed_out) from None
     return data.decode("utf-8", errors="replace")
 
 

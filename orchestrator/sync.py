@@ -152,10 +152,11 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     # one exchange: the host hashes the tree and writes the record only when it is the local hash
     code, output = lock.finish_sync(source.tree_hash, record)
     if code != 0:
-        why = "timed out" if code is None or code in remote.TIMEOUT_EXIT_CODES else "failed"
-        cause = None if why == "timed out" else cause_of(output)
-        raise CommandError(f"hashing the deployed tree {why}" + (f": {cause}" if cause else ""), host=host.name,
-                           command=project.commands["tree_hash"], exit_status=code, tail=output)
+        timed_out = remote.timed_out(code)
+        cause = None if timed_out else cause_of(output)
+        raise CommandError(f"hashing the deployed tree {'timed out' if timed_out else 'failed'}"
+                           + (f": {cause}" if cause else ""), host=host.name, command=project.commands["tree_hash"],
+                           exit_status=code, tail=output, timed_out=timed_out)
     remote_hash = _last_word(output, host.name, project.commands["tree_hash"])
     if remote_hash != source.tree_hash:
         raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",

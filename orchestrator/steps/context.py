@@ -345,7 +345,7 @@ class StepContext:
             cause = None if result.timed_out else cause_of(result.tail)
             why += f": {cause}" if cause else ""
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
-                               exit_status=result.exit_code, tail=result.tail)
+                               exit_status=result.exit_code, tail=result.tail, timed_out=result.timed_out)
         return result
 
     def output(self, line: str) -> None:
