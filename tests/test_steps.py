@@ -9,6 +9,8 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.console import Console
+from orchestrator.steps import STEPS
+from orchestrator.steps.context import StepContext
 
 FAILED_CASE = json.dumps({"tests": [{"name": "the socket read timed out", "status": "failed", "seconds": 1}]})
 
@@ -34,3 +36,17 @@ def test_a_step_times_out_only_when_it_ran_past_its_timeout_whatever_its_message
 def _commands(make_inventory) -> dict:
     """The shipped project's commands."""
     return dict(make_inventory({}).project.commands)
+
+
+def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone():
+    """ctx.changing(): the with-block of a step that changes the deployed tree (Step.changes_tree);
+    any other step asking for it is a programming error, never a lock held alone."""
+    for name, step in STEPS.items():
+        ctx = StepContext(*[None] * 8, step=name)       # no lock held: changing() holds nothing more
+        if step.changes_tree:
+            with ctx.changing():
+                pass
+        else:
+            with pytest.raises(ValueError, match=f"the {name} step is not declared to change the deployed tree"):
+                ctx.changing()
+    assert [n for n, s in STEPS.items() if s.changes_tree] == ["sync", "build", "bundles"]

@@ -302,8 +302,8 @@ class StepContext:
         command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
-            self.write_stamp(STEPS[self.step].stamp, {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id,
-                                                   "tree": self.tree_hash()})
+            self.write_stamp(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
+                                                      "run_id": self.run_dir.run_id, "tree": self.tree_hash()})
 
     def build_key(self) -> dict:
         """The engine's build key on the host (compilers, flags, arch: what build.sh --key
