@@ -42,7 +42,7 @@ class Step:
     reads_ahead: bool = False           # StepContext.read_ahead starts its host reads before the first such step
     reuses: tuple[str, ...] = ()        # the result files (keys of project.results) its reuse pulls (read ahead)
     stamp: str = ""                     # the state file of .kdtree/ it writes: what it last did (state.STAMPS)
-    command: str = ""                   # the project command it runs, whose results it stamps (results_key)
+    command: str = ""                   # the project command whose results it stamps and reuses (results_key)
     scaled: bool = False                # its timeout grows with the selected bundles' bytes (bundle_plan)
     bundles: bool = False               # the selected bundles shape it: a plan with it makes a bundle plan
 
@@ -57,16 +57,16 @@ class Step:
 STEPS: typing.Mapping[str, Step] = MappingProxyType({s.name: s for s in (
     Step("preflight", "preflight", timeout=60, checks=True, bundles=True),
     Step("sync", "sync", timeout=300, changes_tree=True, stamp="deploy.json"),
-    Step("build", "build", timeout=900, changes_tree=True, reads_ahead=True, stamp="build.json", command="build"),
+    Step("build", "build", timeout=900, changes_tree=True, reads_ahead=True, stamp="build.json"),
     Step("bundles", "bundles", timeout=600, changes_tree=True, reads_ahead=True, stamp="bundles.json",
-         command="bundles", scaled=True, bundles=True),
+         scaled=True, bundles=True),
     Step("golden", "golden", timeout=600, reads_ahead=True, reuses=("outputs", "manifest"), stamp="golden.json",
          command="generate", scaled=True, bundles=True),
     Step("test", "test", timeout=900, reads_ahead=True, reuses=("tests",), stamp="test.json", command="test",
          scaled=True, bundles=True),
     Step("bench", "bench", timeout=900, reads_ahead=True, reuses=("bench",), stamp="bench.json", command="bench",
          scaled=True, bundles=True),
-    Step("stress", "stress", timeout=600, opt_in=True, command="stress", bundles=True),
+    Step("stress", "stress", timeout=600, opt_in=True, bundles=True),
     Step("exec", "adhoc"),
     Step("check_bundle", "bundle_tasks", "check_bundle"),
     Step("clean_bundles", "bundle_tasks", "clean_bundles", bundles=True),
