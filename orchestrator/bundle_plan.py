@@ -32,9 +32,10 @@ from typing import Mapping
 
 from .errors import UsageError
 from .inventory import DEFAULT_TIER, Host, Project
+from .steps import STEPS
 
 SECONDS_PER_GB = 20.0
-SCALED_STEPS = ("bundles", "golden", "test", "bench")
+SCALED_STEPS = tuple(s.name for s in STEPS.values() if s.scaled)
 NEEDS_KEYS = ("disk_bytes", "ram_bytes", "gpu_bytes")
 MAX_NEED = 1 << 50          # 1 PiB: more is not a figure a manifest may declare
 

@@ -161,7 +161,7 @@ def exec_command(inv: Inventory, hosts: list[Host], console: Console, argv: tupl
     """Run `argv` (its words as typed) on every host, `parallel` at a time, for at most `timeout`
     seconds each (default EXEC_TIMEOUT): a run with the one step `exec` per host (run_plan)."""
     from . import pipeline
-    from .steps import UserCommand
+    from .steps.context import UserCommand
     command = UserCommand(argv, parse_timeout(timeout))
     return run_plan(inv, hosts, pipeline.Plan.of("exec", max_parallel=parallel, user_command=command), console)
 

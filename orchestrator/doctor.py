@@ -1,12 +1,13 @@
 """Doctor: is a host ready? A list of small checks over facts gathered in one round trip.
 
-    findings = diagnose(transport)      # [Finding(check, status, detail)], never raises
-    failed(findings)                    # the findings with status "fail"
+    findings, facts = examine(transport)   # [Finding(check, status, detail)], the probe's facts
+    failed(findings)                       # the findings with status "fail"
 
 Checks: reachable, auth, host_key (from the connection), then, from one probe command: rsync,
 nvcc (path and version under cuda_home), gpu (name, compute capability, driver, from
 nvidia-smi), arch (does `arch` match the GPU), disk (free space under remote_dir), python (with
-numpy). The validate pipeline's preflight step reuses diagnose().
+numpy). The preflight step (steps/preflight.py: the doctor command, and the first step of validate)
+runs them.
 
 A `scheduler: slurm` entry (docs/slurm.md) gets SLURM_CHECKS instead: rsync and disk of its login
 node (where the tree goes: the cluster's shared filesystem), then, from a second probe there
@@ -24,7 +25,7 @@ from concurrent.futures import Future
 
 from . import remote, slurm
 from .bounded import short_text
-from .errors import AuthError, ConnectError, HostError, HostKeyError
+from .errors import AuthError, ConnectError, HostKeyError
 from .host import script_text
 from .inventory import Host
 from .connectors.base import Transport
@@ -39,14 +40,6 @@ class Finding:
     check: str
     status: str          # ok | warn | fail
     detail: str
-
-
-def diagnose(transport: Transport) -> list[Finding]:
-    """Every check's finding for the host of `transport` (any host error is a finding)."""
-    try:
-        return examine(transport)[0]
-    except HostError as e:
-        return [Finding("reachable", "fail", e.message)]
 
 
 def examine(transport: Transport, started: Future | None = None,

@@ -35,18 +35,20 @@ def cause_of(output: str) -> str | None:
 
 
 class KdError(Exception):
-    """Base of every orchestrator error."""
+    """Base of every orchestrator error. `timed_out`: whether what failed ran past its time limit,
+    when the raiser knows (None: judged by the exit status, 124 or 137: remote.TIMEOUT_EXIT_CODES)."""
 
     exit_code = 1
 
     def __init__(self, message: str, *, host: str | None = None, command: str | None = None,
-                 exit_status: int | None = None, tail: str = ""):
+                 exit_status: int | None = None, tail: str = "", timed_out: bool | None = None):
         super().__init__(message)
         self.message = message
         self.host = host
         self.command = command
         self.exit_status = exit_status
         self.tail = tail
+        self.timed_out = timed_out
 
     def __str__(self) -> str:
         lines = [f"{self.host}: {self.message}" if self.host else self.message]
@@ -108,12 +110,7 @@ class HostKeyError(HostError):
 
 
 class CommandError(HostError):
-    """A command on the host failed (non-zero exit or timeout). `timed_out`: whether it ran past
-    its timeout, when the caller knows (None: judged by the exit status, 124 or 137)."""
-
-    def __init__(self, message: str, *, timed_out: bool | None = None, **evidence):
-        super().__init__(message, **evidence)
-        self.timed_out = timed_out
+    """A command on the host failed (non-zero exit or timeout)."""
 
 
 class LockError(HostError):

@@ -20,15 +20,15 @@ import yaml
 from .errors import InventoryError, UsageError
 from . import slurm_entry
 from .slurm_entry import SLURM_KEYS, SlurmRequest
+from . import steps
 
 DEFAULT_HOST = "local"
 # The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
 # a local host's remote_dir): it is relative to the folder of the inventory file that names it.
 RELATIVE_RULE = "relative paths resolve against the inventory file's folder"
-STEPS = ("preflight", "sync", "build", "bundles", "golden", "test", "bench", "stress")     # the one list of steps, in order
-TIMEOUT_KEYS = ("connect", "keepalive", "lock") + STEPS
-DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30, "preflight": 60, "sync": 300,
-                    "build": 900, "bundles": 600, "golden": 600, "test": 900, "bench": 900, "stress": 600}
+TIMEOUT_KEYS = ("connect", "keepalive", "lock") + steps.ORDER
+DEFAULT_TIMEOUTS = {"connect": 10, "keepalive": 15, "lock": 30,     # then each step's
+                    **{s.name: s.timeout for s in steps.STEPS.values() if s.timeout is not None}}
 DEFAULT_PERSIST = 600.0     # seconds an idle warm connection is kept (ControlPersist)
 MAX_PERSIST = 86400
 TOP_KEYS = ("project", "defaults", "hosts", "groups")

@@ -1,7 +1,7 @@
 """Run one function per host in parallel (bounded); collect per-host outcomes as data.
 
 One host failing never stops the others: its exception is kept in its HostOutcome. As in Fabric's
-ThreadingGroup, the caller gets every host's result and decides (succeeded / failed / exit_code).
+ThreadingGroup, the caller gets every host's result and decides (pipeline: into the run record).
 On an interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) the hosts not started are cancelled,
 `on_interrupt` runs (the run's stop: locks released, connections closed, so the commands on the
 hosts stop), the running hosts are waited for (they end at once, their work cut off), and the
@@ -91,19 +91,6 @@ class HostOutcome:
 
 class HostOutcomes(dict):
     """host name -> HostOutcome, in the order the hosts were given."""
-
-    @property
-    def succeeded(self) -> list[HostOutcome]:
-        return [o for o in self.values() if o.ok]
-
-    @property
-    def failed(self) -> list[HostOutcome]:
-        return [o for o in self.values() if not o.ok]
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every host succeeded, else 1."""
-        return 0 if not self.failed else 1
 
 
 def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int | None = None,

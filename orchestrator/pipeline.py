@@ -41,21 +41,19 @@ from .record import HostRecord, RunRecord, StepRecord
 from .run import Run
 from .run_store import RunDir
 from .sink import BoundedSink
-from .steps import ORDER, RUNNERS, StepContext, UserCommand
+from .steps import ORDER, STEPS
 from .steps import preflight as preflight_step
-from .steps.context import READERS
+from .steps.context import StepContext, UserCommand
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
-OPT_IN_STEPS = ("stress",)            # validate runs them only when --steps names them
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
 # deploy the sync alone, validate every step but the opt-in ones, nightly every step, a bisect
 # probe what its question needs, exec the user's own command.
 COMMAND_STEPS = {"doctor": ("preflight",), "deploy": ("sync",),
-                 "validate": tuple(s for s in ORDER if s not in OPT_IN_STEPS), "nightly": ORDER,
+                 "validate": tuple(s for s in ORDER if not STEPS[s].opt_in), "nightly": ORDER,
                  "bisect": ("sync", "build", "bundles", "golden", "bench"), "exec": ("exec",),
                  "check-bundle": ("check_bundle",), "clean-bundles": ("clean_bundles",)}
 UNLOCKED_COMMANDS = ("doctor", "exec")     # no tree lock (see Locks above)
-BUNDLE_STEPS = ("preflight", "bundles", "golden", "test", "bench", "stress", "clean_bundles")   # steps a bundle plan shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +83,7 @@ class Plan:
     def listed(self) -> tuple[str, ...]:
         """Every step of the command, selected or not, and any opt-in step selected (the columns
         of its summary)."""
-        return tuple(s for s in RUNNERS if s in COMMAND_STEPS[self.command] or s in self.steps)
+        return tuple(s for s in STEPS if s in COMMAND_STEPS[self.command] or s in self.steps)
 
     @classmethod
     def of(cls, command: str, **options) -> "Plan":
@@ -216,7 +214,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         # probe (read-only) while the source is hashed here
         run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
                     functools.partial(doctor.probe, import_numpy=plan.command == "doctor")
-                    if "preflight" in plan.steps else None)
+                    if any(STEPS[s].checks for s in plan.steps) else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
@@ -311,12 +309,13 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if ctx.lock is None and plan.takes_lock and not (plan.claims_gpus and step == "preflight") \
+                if ctx.lock is None and plan.takes_lock and not (plan.claims_gpus and STEPS[step].checks) \
                         and not _hold(ctx, run, plan, step, out):
                     stopped_by = step
                     continue
-                if step == next((s for s in plan.listed if s in plan.steps and s in READERS), None):
-                    ctx.read_ahead(tuple(s for s in plan.listed if s in plan.steps and s in READERS))
+                readers = tuple(s for s in plan.listed if s in plan.steps and STEPS[s].reads_ahead)
+                if readers and step == readers[0]:
+                    ctx.read_ahead(readers)
                 rec.steps[step] = _run_step(ctx, run, step, out, shared.display)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
@@ -333,7 +332,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
 def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bundle_plan.BundlePlan | None:
     """The bundles the host runs (its tiers in the expected manifest), recorded; None for a plan
     without a step they shape (deploy, exec)."""
-    if not set(plan.steps) & set(BUNDLE_STEPS):
+    if not any(STEPS[s].bundles for s in plan.steps):
         return None
     bundles = bundle_plan.for_host(host, shared.project, shared.reference.expected())
     rec.bundles = bundles.to_record(host)
@@ -392,7 +391,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
                                     lambda text: out(redacted(text)), ctx.secrets)
         out(f"{step:9} ...")
         try:
-            outcome = RUNNERS[step](ctx)
+            outcome = STEPS[step].runner(ctx)
             status, message, tail, reused_from = outcome.status, outcome.message, "", outcome.reused_from
         except KdError as e:
             status = "interrupted" if run.stopped.is_set() else "timeout" if _timed_out(e) else "failed"
@@ -418,6 +417,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
 
 
 def _timed_out(error: KdError) -> bool:
-    if isinstance(error, CommandError) and error.timed_out is not None:     # the step knows
+    """Whether a step's error is a timeout: as the error says, else by its exit status."""
+    if error.timed_out is not None:
         return error.timed_out
-    return error.exit_status in (124, 137) or (error.exit_status is None and "timed out" in error.message)
+    return error.exit_status in remote.TIMEOUT_EXIT_CODES

@@ -23,9 +23,6 @@ from .console import Console
 from .errors import UsageError
 from .inventory import Host, Inventory, Project
 
-METRIC_STEPS = ("sync", "build", "bundles", "bench")
-GOLDEN_STEPS = ("sync", "build", "bundles", "golden")
-
 
 def repository(project: Project) -> tuple[Path, str]:
     """The git repository holding the project and the engine source's path inside it."""
@@ -50,7 +47,8 @@ class Prober:
     def __call__(self, commit: Commit) -> ProbeResult:
         path = self.tree.checkout(commit.sha)
         project = dataclasses.replace(self.inv.project, source=path / self.source)
-        plan = pipeline.Plan("bisect", METRIC_STEPS if self.metric else GOLDEN_STEPS)
+        # the bisect command's steps but the measure not asked for: bench for a metric, golden for the golden check
+        plan = pipeline.Plan.choose(skip="golden" if self.metric else "bench", command="bisect")
         run_dir, run = pipeline.execute(dataclasses.replace(self.inv, project=project), [self.host], plan, self.console)
         run_store.write_run(run_dir, run)
         report.render_run(run_dir.path)

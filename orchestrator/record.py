@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from orchestrator.bounded import short_text
-from orchestrator.inventory import STEPS
+from orchestrator.steps import ORDER
 from orchestrator.ranges import finite_number
 
 RUN_VERSION = 1
@@ -282,8 +282,8 @@ class RunRecord:
 
 
 def step_order(step: str) -> int:
-    """A step's place in the pipeline's order; steps it does not know come last."""
-    return STEPS.index(step) if step in STEPS else len(STEPS)
+    """A step's place in the pipeline's order; the others (exec, the bundle commands') come last."""
+    return ORDER.index(step) if step in ORDER else len(ORDER)
 
 
 def host_status(steps: dict[str, StepRecord], stopped: bool = False) -> str:

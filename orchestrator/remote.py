@@ -35,7 +35,7 @@ KILL_AFTER = 10          # seconds between TERM and KILL when a timeout fires
 # another user of it (a secret in a result file, a binary they could run on our GPU).
 UMASK = "077"
 CLIENT_GRACE = 15        # the client waits this long past TIMEOUT + KILL_AFTER before giving up
-TIMEOUT_EXIT_CODES = (124, 137)
+TIMEOUT_EXIT_CODES = (124, 137)     # coreutils timeout's, when the host-side timeout fired
 # What a step keeps of the host's own session environment. LD_LIBRARY_PATH stays: GPU hosts
 # commonly reach the driver's and CUDA's libraries through it (the host's setting, not ours).
 INHERITED_ENV = ('HOME="$HOME"', 'USER="$USER"', 'LOGNAME="$LOGNAME"', 'LANG="${LANG:-C.UTF-8}"',
@@ -63,6 +63,12 @@ class Command:
         """Seconds the client waits before it gives up: the host-side timeout, the host's
         TERM-to-KILL grace and a margin (None: no limit)."""
         return None if self.timeout is None else client_timeout(self.timeout)
+
+
+def timed_out(code: int | None) -> bool:
+    """Whether a command that ended with exit status `code` (None: no answer before the client's
+    deadline) ran past its timeout."""
+    return code is None or code in TIMEOUT_EXIT_CODES
 
 
 def command(argv: Sequence[str], *, timeout: float | None, cwd: str | None = None,

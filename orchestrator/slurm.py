@@ -35,7 +35,8 @@ from typing import Iterator
 from . import remote
 from .connectors.base import Transport
 from .errors import CommandError, HostError
-from .inventory import STEPS, Host, SlurmRequest
+from .inventory import Host, SlurmRequest
+from .steps import ORDER
 
 MAX_OUTPUT = 256 << 10      # bytes one Slurm command may print
 COMMAND_TIMEOUT = 60        # seconds one Slurm client command may take
@@ -109,7 +110,7 @@ def output(transport: Transport, argv: list[str], what: str) -> str:
         data = transport.capture(cmd, max_bytes=MAX_OUTPUT, what=what)
     except CommandError as e:
         raise SlurmError(e.message, host=transport.host.name, command=e.command, exit_status=e.exit_status,
-                         tail=e.tail) from None
+                         tail=e.tail, timed_out=e.timed_out) from None
     return data.decode("utf-8", errors="replace")
 
 
@@ -117,7 +118,7 @@ def time_limit(host: Host) -> int:
     """The job's time limit in seconds: the entry's `time_limit`, else the sum of its step
     timeouts (every step may run to its timeout in the one allocation)."""
     limit = request(host).time_limit
-    return limit if limit is not None else int(sum(host.timeout(step) for step in STEPS))
+    return limit if limit is not None else int(sum(host.timeout(step) for step in ORDER))
 
 
 def sbatch_options(host: Host) -> list[str]:

@@ -35,6 +35,7 @@ from typing import Iterator
 from . import bounded, ownership, remote
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
 from .host import script_text
+from .steps import STEPS
 from .connectors.base import OutputOverflow, Transport
 
 STATE_DIR = ".kdtree"
@@ -42,8 +43,8 @@ MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
 FINISH_TAIL = 8192          # the bytes of the tree hash command's output the client keeps (and the host sends)
-# The state files a validate reads: the deploy record and the stamps of the steps that reuse results
-STAMPS = ("deploy.json", "build.json", "bundles.json", "golden.json", "test.json", "bench.json")
+# The state files a validate reads: the deploy record (the sync's) and the stamps of the steps that reuse results
+STAMPS = tuple(s.stamp for s in STEPS.values() if s.stamp)
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
 ANSWER_BYTES = 1 << 20      # what a host-side helper may print before its answer (a few lines normally)

@@ -1,11 +1,11 @@
 """Sync: put the engine source tree on a host, exactly, safely, and prove it.
 
-    deploy(transport, project, source_id, owner, log) -> DeployResult    # one host, takes its lock
-    sync_tree(transport, project, source_id, owner, log, lock) -> DeployResult   # the same, lock held
+    sync_tree(transport, project, source_id, owner, log, lock) -> DeployResult   # the host's lock held alone
     deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
 
-A deploy takes the host's lock (state.acquire: also refuses a dangerous or foreign remote_dir)
-and, in the same round trip, marks the sync as in progress and finds rsync; it transfers the tree
+The sync step (steps/sync.py) syncs under the run's tree lock (state.acquire: also refuses a
+dangerous or foreign remote_dir), which, in the round trip that takes it, marks the sync as in
+progress and finds rsync (or begins it over its channel when taken before); it transfers the tree
 with `rsync -az --delete` and the project's excludes (or, when either side has no rsync, a tar
 stream that sends only changed files and deletes removed ones); then the lock holder runs the
 project's `tree_hash` command on the host and, when it gives the local hash, writes the deploy
@@ -65,7 +65,6 @@ class DeployResult:
     deleted: int
     tree_hash: str
     repaired: str | None        # what the broken sync left behind said, when it was repaired
-    stale_lock: str | None      # the owner of a dead run's lock, when it was recovered
     seconds: float
 
 
@@ -118,16 +117,6 @@ def _files_digest(project: Project) -> str | None:
     return digest.hexdigest()
 
 
-def deploy(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
-           log: Callable[[str], None]) -> DeployResult:
-    """Take the host's lock and sync the project's source to it (see module doc)."""
-    with state.acquire(transport, owner, begin_sync=True, hash_line=hash_line(transport.host, project)) as lock:
-        if lock.stale:
-            log(f"recovered the lock left by a run that died: {lock.stale}")
-        result = sync_tree(transport, project, source, owner, log, lock)
-    return dataclasses.replace(result, stale_lock=str(lock.stale) if lock.stale else None)
-
-
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
               log: Callable[[str], None], lock: state.HostLock) -> DeployResult:
     """Sync and verify the source on a host whose `lock` the caller holds alone (validate holds
@@ -152,10 +141,11 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     # one exchange: the host hashes the tree and writes the record only when it is the local hash
     code, output = lock.finish_sync(source.tree_hash, record)
     if code != 0:
-        why = "timed out" if code is None or code in remote.TIMEOUT_EXIT_CODES else "failed"
-        cause = None if why == "timed out" else cause_of(output)
-        raise CommandError(f"hashing the deployed tree {why}" + (f": {cause}" if cause else ""), host=host.name,
-                           command=project.commands["tree_hash"], exit_status=code, tail=output)
+        timed_out = remote.timed_out(code)
+        cause = None if timed_out else cause_of(output)
+        raise CommandError(f"hashing the deployed tree {'timed out' if timed_out else 'failed'}"
+                           + (f": {cause}" if cause else ""), host=host.name, command=project.commands["tree_hash"],
+                           exit_status=code, tail=output, timed_out=timed_out)
     remote_hash = _last_word(output, host.name, project.commands["tree_hash"])
     if remote_hash != source.tree_hash:
         raise SyncError(f"the deployed tree hash {remote_hash} differs from the local {source.tree_hash}",
@@ -163,7 +153,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     log(f"deployed {source.tree_hash[:12]} with {method}: {counts['files']} files, {counts['bytes']} bytes sent, "
         f"{counts['deleted']} deleted")
     return DeployResult(host.name, method, counts["files"], counts["bytes"], counts["deleted"], source.tree_hash,
-                        repaired, None, round(time.monotonic() - start, 3))
+                        repaired, round(time.monotonic() - start, 3))
 
 
 def deployed_tree(transport: Transport, project: Project) -> str | None:
@@ -183,7 +173,7 @@ def deployed_tree(transport: Transport, project: Project) -> str | None:
 
 
 def deploy_commands(transport: Transport, project: Project, owner: state.Owner) -> list[tuple[str, str]]:
-    """Exactly what deploy() runs, in order, as (what, command line) pairs (for --dry-run)."""
+    """Exactly what a deploy runs, in order, as (what, command line) pairs (for --dry-run)."""
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from task_runs import deploy_task
 from orchestrator import cli, state, sync
 from orchestrator.console import Console
-from orchestrator.errors import DestinationError, HostError, LockError, SyncError
+from orchestrator.errors import HostError, SyncError
 from orchestrator.connectors.factory import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,16 +42,12 @@ def files(root) -> list[str]:
 
 @pytest.fixture
 def deployer(lab, make_inventory, remote_dir):
-    """deployer(**entry) -> deploy(): deploys the `source` tree to h1 (or as entry says)."""
+    """deployer(**entry) -> deploy(): deploys the `source` tree to h1 (or as entry says) as
+    `invoke deploy` does (task_runs.deploy_task)."""
     def make(**entry):
         inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], **{"remote_dir": remote_dir, **entry})})
-        log = []
-
-        def deploy():
-            log.clear()
-            with open_transport(inv.hosts["h"]) as t:
-                return sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
-        deploy.inventory, deploy.log, deploy.dir = inv, log, Path(inv.hosts["h"].remote_dir)
+        deploy = lambda: deploy_task(inv, "h")      # noqa: E731
+        deploy.inventory, deploy.dir = inv, Path(inv.hosts["h"].remote_dir)
         return deploy
     return make
 
@@ -136,8 +134,8 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
     tree on the host hashes to it now, no sync broke half-way, and a record names a hash."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": ".deploy/local"}})
     root = tmp_path / ".deploy" / "local"
+    deploy = lambda: deploy_task(inv, "local")
     with open_transport(inv.hosts["local"]) as t:
-        deploy = lambda: sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
         tree = deploy().tree_hash
         assert sync.deployed_tree(t, inv.project) == tree
         (root / sync.PARTIAL).write_text("")
@@ -158,49 +156,66 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
         assert failed.value.host == "local"
 
 
+SENT = ("method", "files", "bytes", "deleted", "repaired", "tree_hash", "seconds")     # a sync's result, as both kinds give it
+
+
 @pytest.mark.parametrize("begun_by_lock", [True, False], ids=["deploy", "lock-then-sync"])
 @pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
 def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method,
                                                       begun_by_lock):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
     what was sent; the log says how it went. The same whether the lock command began the sync
-    (deploy) or the sync begins it under a lock taken without (validate on a host with GPUs); so
-    is the in-progress mark a sync that breaks leaves, naming its owner to the next, which repairs."""
+    (invoke deploy) or the sync begins it under a lock taken without (validate on a host with
+    GPUs: sync_tree under that lock); so is the in-progress mark a sync that breaks leaves, naming
+    its owner to the next, which repairs."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
-    tree, owner, log = sync.SourceId("f" * 64, "abc123", True), state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy"), []
-
-    def deploy():
-        with open_transport(inv.hosts["local"]) as t:
-            if begun_by_lock:
-                return sync.deploy(t, inv.project, tree, owner, log.append)
-            with state.acquire(t, owner, hash_line=sync.hash_line(t.host, inv.project)) as lock:
-                return sync.sync_tree(t, inv.project, tree, owner, log.append, lock)
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
+    tree = sync.SourceId("f" * 64, "abc123", True) if not begun_by_lock else sync.source_id(inv.project)
+    owner = state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy")
+    owners = re.escape(str(owner)) if not begun_by_lock else \
+        rf"deploy by pid {os.getpid()} on {re.escape(socket.gethostname())}, started \S+"
+
+    def deploy() -> dict:
+        """What the sync did (SENT: as its result says), its status, its error's message, its log lines."""
+        if begun_by_lock:
+            done = deploy_task(inv, "local")
+            return {k: getattr(done, k) for k in (*SENT, "status", "message", "log")}
+        log: list[str] = []
+        with open_transport(inv.hosts["local"]) as t:
+            with state.acquire(t, owner, hash_line=sync.hash_line(t.host, inv.project)) as lock:
+                try:
+                    result = sync.sync_tree(t, inv.project, tree, owner, log.append, lock)
+                except SyncError as e:
+                    return {"status": "failed", "message": e.message, "host": e.host, "log": log}
+        return {**{k: getattr(result, k) for k in SENT}, "status": "passed", "log": log}
     start = time.monotonic()
     result = deploy()
     took = time.monotonic() - start
     assert not (tmp_path / "host" / ".kdtree" / "sync.partial").exists()
     record = json.loads((tmp_path / "host" / ".kdtree" / "deploy.json").read_text())
-    assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "by", "method", "deleted")} == \
-        {"version": 1, "tree_hash": "f" * 64, "git_revision": "abc123", "git_dirty": True, "method": method,
-         "by": {"client": "laptop", "pid": 7, "started": "2026-01-01T00:00:00Z", "command": "deploy"}, "deleted": 0}
+    assert {k: record[k] for k in ("version", "tree_hash", "git_revision", "git_dirty", "method", "deleted")} == \
+        {"version": 1, "tree_hash": "f" * 64, "git_revision": tree.git_revision, "git_dirty": tree.git_dirty,
+         "method": method, "deleted": 0}
+    assert re.fullmatch(owners, str(state.Owner(**record["by"]))) and record["by"]["command"] == "deploy"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["deployed_at"])
-    assert (result.host, result.method, result.files, result.tree_hash, result.repaired, result.stale_lock) == \
-        ("local", method, len(SYNCED), "f" * 64, None, None)
-    assert result.bytes == record["bytes"] > 0 and isinstance(result.seconds, float) and 0 < result.seconds <= took
-    assert result.seconds == round(result.seconds, 3)
-    assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result.bytes} bytes sent, 0 deleted")
+    assert (result["status"], result["method"], result["files"], result["tree_hash"], result["repaired"]) == \
+        ("passed", method, len(SYNCED), "f" * 64, None)
+    assert result["bytes"] == record["bytes"] > 0 and isinstance(result["seconds"], float)
+    assert 0 < result["seconds"] <= took and result["seconds"] == round(result["seconds"], 3)
+    log = result["log"]
+    assert log[-1] == (f"deployed {'f' * 12} with {method}: {len(SYNCED)} files, {result['bytes']} bytes sent, 0 deleted")
     assert log[:-1] == ([] if method == "rsync" else ["no rsync on the host: using a tar stream"])
-    for script, why in (("echo 0000", f"the deployed tree hash 0000 differs from the local {'f' * 64}"),
-                        ("true", "the tree hash command printed nothing")):    # the next sync breaks after it began
+    # the next sync breaks after it began: on the host (which has .kdtree/) the tree hashes otherwise, or not at all
+    for script, why in ((f"[ -e .kdtree ] && echo 0000 || echo {'f' * 64}",
+                         f"the deployed tree hash 0000 differs from the local {'f' * 64}"),
+                        (f"[ -e .kdtree ] || echo {'f' * 64}", "the tree hash command printed nothing")):
         (source / "scripts" / "tree_hash.sh").write_text(script + "\n")
-        with pytest.raises(SyncError) as broke:
-            deploy()
-        assert (broke.value.message, broke.value.host) == (why, "local")
-        assert (tmp_path / "host" / ".kdtree" / "sync.partial").read_text() == f"started {owner}\n"
+        broke = deploy()
+        assert (broke["status"], broke["message"], broke.get("host", "local")) == ("failed", why, "local")
+        assert re.fullmatch(f"started {owners}\n", (tmp_path / "host" / ".kdtree" / "sync.partial").read_text())
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
-    assert deploy().repaired == f"started {owner}"
+    assert re.fullmatch(f"started {owners}", deploy()["repaired"])
 
 
 def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make_inventory, source, tmp_path,
@@ -208,11 +223,9 @@ def test_a_sync_without_rsync_here_uses_tar_and_says_where_rsync_is_missing(make
     """The host has rsync but this machine has none (which finds nothing): a tar stream, and the
     log names this machine, not the host."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
-    log: list[str] = []
-    with open_transport(inv.hosts["local"]) as t:
-        monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None)
-        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
-    assert result.method == "tar" and log[0] == "no rsync on this machine: using a tar stream"
+    monkeypatch.setattr(sync.shutil, "which", lambda name, *a, **k: None)
+    result = deploy_task(inv, "local")
+    assert result.method == "tar" and result.log[0] == "no rsync on this machine: using a tar stream"
 
 
 def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inventory, source, tmp_path, fake_tool):
@@ -223,11 +236,9 @@ def test_a_sync_whose_rsync_connection_drops_once_retries_and_says_so(make_inven
     fake_tool("rsync", f'[ "$1" = --version ] || [ -e {dropped} ] || '
                        f'{{ touch {dropped}; echo "connection unexpectedly closed" >&2; exit 12; }}\n'
                        f'exec {shutil.which("rsync")} "$@"')
-    log: list[str] = []
-    with open_transport(inv.hosts["local"]) as t:
-        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), log.append)
+    result = deploy_task(inv, "local")
     assert result.method == "rsync" and files(tmp_path / "host") == SYNCED
-    assert log[0] == "rsync failed with exit code 12, retrying: connection unexpectedly closed"
+    assert result.log[0] == "rsync failed with exit code 12, retrying: connection unexpectedly closed"
 
 
 @pytest.mark.timeout(120)
@@ -236,8 +247,7 @@ def test_the_rsync_version_query_leaves_the_lock_holders_commands_alone(make_inv
     rsync_path wrapper) that reads its stdin there gets nothing of the lock's own command stream."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}})
     fake_tool("rsync", f'[ "$1" = --version ] && cat > /dev/null\nexec {shutil.which("rsync")} "$@"')
-    with open_transport(inv.hosts["local"]) as t:
-        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), [].append)
+    result = deploy_task(inv, "local")
     assert result.method == "rsync" and files(tmp_path / "host") == SYNCED
 
 
@@ -346,10 +356,10 @@ def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path)
     foreign = Path(remote_dir)
     foreign.mkdir(parents=True)
     (foreign / "precious").write_text("keep me\n")
-    with pytest.raises(DestinationError, match="^h: refusing to use remote_dir: .* is not empty and was not created by "
-                                               "the orchestrator") as refused:
-        deployer()()
-    assert refused.value.host == "h" and os.listdir(foreign) == ["precious"]
+    refused = deployer()()
+    assert (refused.code, refused.status) == (1, "failed") and os.listdir(foreign) == ["precious"]
+    assert re.match("refusing to use remote_dir: .* is not empty and was not created by the orchestrator",
+                    refused.message), refused.message
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -357,18 +367,16 @@ def test_dangerous_destinations_are_refused(deployer, lab, remote_dir, tmp_path)
     link = Path(remote_dir + "-link")
     link.unlink(missing_ok=True)
     link.symlink_to(outside)
-    with pytest.raises(DestinationError, match="is a symlink"):
-        deployer(remote_dir=str(link))()
-    with pytest.raises(DestinationError, match="resolves to"):
-        deployer(remote_dir=str(link / "sub"))()
+    assert "is a symlink" in deployer(remote_dir=str(link))().message
+    assert "resolves to" in deployer(remote_dir=str(link / "sub"))().message
     assert os.listdir(outside) == ["precious"]
 
     afile = tmp_path / "a-file"             # a remote_dir that cannot be made says why, in the host's words
     afile.write_text("keep me\n")
-    with pytest.raises(DestinationError, match=f"^h: refusing to use remote_dir: cannot create {afile}/engine/.kdtree "
-                                               r"\(mkdir: cannot create directory .*a-file.*: Not a directory\)$"):
-        deployer(remote_dir=str(afile / "engine"))()
-    assert afile.read_text() == "keep me\n"
+    refused = deployer(remote_dir=str(afile / "engine"))()
+    assert re.fullmatch(f"refusing to use remote_dir: cannot create {afile}/engine/.kdtree "
+                        r"\(mkdir: cannot create directory .*a-file.*: Not a directory\)", refused.message), refused.message
+    assert refused.status == "failed" and afile.read_text() == "keep me\n"
 
 
 def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
@@ -377,9 +385,9 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     inv = deploy.inventory
     holder = state.Owner("laptop", 4242, "2026-01-01T00:00:00Z", "validate")
     with open_transport(inv.hosts["h"]) as t, state.acquire(t, holder):
-        with pytest.raises(LockError) as e:
-            deploy()
-        assert "is locked by another run: validate by pid 4242 on laptop, started 2026-01-01T00:00:00Z" in str(e.value)
+        locked = deploy()
+        assert locked.status == "failed" and "is locked by another run: validate by pid 4242 on laptop, started " \
+            "2026-01-01T00:00:00Z" in locked.message
     assert deploy().stale_lock is None          # released cleanly
 
     # a run that dies holding the lock: its ssh client is killed, the host keeps no lock
@@ -391,8 +399,8 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
     proc.wait()
     time.sleep(0.3)
     result = deploy()
-    assert result.stale_lock == str(dead)
-    assert f"recovered the lock left by a run that died: {dead}" in deploy.log
+    assert result.status == "passed" and result.stale_lock == str(dead)
+    assert f"sync      | recovered the lock left by a run that died: {dead}\n" in result.output
 
 
 @pytest.mark.parametrize("method", ["rsync", "tar"])
@@ -408,7 +416,7 @@ def test_a_sync_broken_half_way_is_repaired(deployer, source, method):
     (deploy.dir / "scripts" / "tree_hash.sh").unlink()
     result = deploy()
     assert result.repaired == "started deploy by pid 1 on x  PARTIAL forged"
-    assert any("did not finish" in line and "repairs" in line for line in deploy.log)
+    assert any("did not finish" in line and "repairs" in line for line in result.log)
     assert files(deploy.dir) == SYNCED and (deploy.dir / "src" / "main.cpp").read_text() == (source / "src/main.cpp").read_text()
     assert not (deploy.dir / sync.PARTIAL).exists()
 

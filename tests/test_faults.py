@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, inventory as inventory_mod, state, sync
+from task_runs import deploy_task
+from orchestrator import cli, inventory as inventory_mod, sync
 from orchestrator.connectors import paramiko as connection, relay
 from orchestrator.console import Console
 from orchestrator.errors import AuthError, HostKeyError, InventoryError
@@ -302,9 +303,8 @@ def test_14_sshd_down_for_a_few_seconds_is_retried_with_backoff(lab, make_invent
     flaky.stop()
     threading.Timer(3, flaky.start).start()
     start = time.monotonic()
-    with open_transport(inv.hosts["f"]) as t:
-        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
-    assert result.files > 0 and (Path(remote_dir) / "src" / "main.cpp").is_file()
+    result = deploy_task(inv, "f")
+    assert result.code == 0 and result.files > 0 and (Path(remote_dir) / "src" / "main.cpp").is_file()
     assert time.monotonic() - start >= 3 and len(attempts) >= 3
     gaps = [b - a for a, b in zip(attempts, attempts[1:])]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0], gaps

@@ -21,8 +21,9 @@ from orchestrator import doctor, record, run_store, state, sync
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
-from orchestrator.steps import StepContext, StepError, bench as bench_step, build as build_step, \
-    bundles as bundles_step, context as context_module, executables, test as test_step
+from orchestrator.steps import bench as bench_step, build as build_step, bundles as bundles_step, \
+    context as context_module, executables, test as test_step
+from orchestrator.steps.context import StepContext, StepError
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent

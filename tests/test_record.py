@@ -13,12 +13,12 @@ import pytest
 
 from orchestrator import record as rec
 from orchestrator import redaction, result_files, run_store
-from orchestrator.inventory import STEPS
+from orchestrator.steps import ORDER
 from orchestrator.console import Console
 
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:
-    steps = {s: rec.StepRecord("passed", 1.0, f"local/{s}.log") for s in reversed(STEPS)}
+    steps = {s: rec.StepRecord("passed", 1.0, f"local/{s}.log") for s in reversed(ORDER)}
     steps["build"] = rec.StepRecord("cached", 0.1, "local/build.log", reused_from="20261128-010000-bbbb")
     host = rec.HostRecord(rec.host_status(steps), "local", None, "cpu", "abc", "abc", rec.Fingerprint(cpu="x86_64"), steps,
                           {"tiny_fp32": rec.GoldenRecord("passed", {c: "passed" for c in rec.GOLDEN_CHECKS})},
@@ -48,7 +48,7 @@ def test_record_serialises_to_the_documented_schema():
     assert list(data)[:4] == ["version", "run_id", "command", "started"]
     assert data["version"] == rec.RUN_VERSION == 1
     host = data["hosts"]["local"]
-    assert list(host["steps"]) == list(STEPS)  # pipeline order whatever the insertion order
+    assert list(host["steps"]) == list(ORDER)  # pipeline order whatever the insertion order
     assert host["steps"]["build"] == {"status": "cached", "seconds": 0.1, "log": "local/build.log", "message": "", "tail": "",
                                       "reused_from": "20261128-010000-bbbb", "cuda_visible_devices": None,
                                       "inputs": None, "output_cut": None}

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator import record as rec
 from orchestrator import redaction, regression, report, result_files, run_store, run_view
-from orchestrator.inventory import STEPS
+from orchestrator.steps import ORDER as STEPS
 
 from browser import chromium
 

@@ -19,6 +19,7 @@ from orchestrator.errors import HostError, UsageError
 from orchestrator.inventory import Host, SlurmRequest
 
 import slurm_cluster
+from task_runs import doctor_task
 
 
 @pytest.fixture
@@ -129,8 +130,8 @@ def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measu
 
 def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
     host = entry(account="infer")
-    with open_transport(host) as t:
-        findings = {f.check: f for f in doctor.diagnose(t)}
+    checked = doctor_task(inventory.load(tmp_path / "hosts.yaml"), host)
+    findings = checked.findings
     assert [findings[c].status for c in ("reachable", "slurm", "partition", "nodes", "queue", "account")] == ["ok"] * 6
     cluster, _ = slurm_lab
     version = cluster.command("sinfo", "--version").stdout.strip()        # slurm-wlm 22.05.8 on Debian 12
@@ -139,9 +140,8 @@ def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
     assert "GRES gpu:2" in findings["nodes"].detail and "features sm_90,cuda12" in findings["nodes"].detail
     assert findings["account"].detail.startswith("account infer: sbatch --test-only accepts the request: sbatch: Job")
     assert not {"gpu", "nvcc", "python", "arch"} & set(findings)      # the compute nodes' business
-    out = io.StringIO()
-    assert cli.doctor(inventory.load(tmp_path / "hosts.yaml"), [host], Console(out)) == 0, out.getvalue()
-    assert "[c] preflight | ok    partition  gpu: UP" in out.getvalue()
+    assert checked.code == 0, checked.output
+    assert "[c] preflight | ok    partition  gpu: UP" in checked.output
 
 
 def test_slurm_entry_deploys_to_the_shared_filesystem_through_the_login_node(slurm_lab, entry, tmp_path):
@@ -151,25 +151,26 @@ def test_slurm_entry_deploys_to_the_shared_filesystem_through_the_login_node(slu
     assert (Path(host.remote_dir) / "src" / "main.cpp").read_text() == "int main() { return 0; }\n"
 
 
-def test_slurm_doctor_fails_on_a_drained_partition_with_slurms_reason(slurm_lab, entry, drained):
-    with open_transport(entry()) as t:
-        findings = {f.check: f for f in doctor.diagnose(t)}
-    assert findings["partition"].status == "ok"          # the partition is UP; its one node is not
+def test_slurm_doctor_fails_on_a_drained_partition_with_slurms_reason(slurm_lab, entry, drained, tmp_path):
+    host = entry()
+    checked = doctor_task(inventory.load(tmp_path / "hosts.yaml"), host)
+    findings = checked.findings
+    assert checked.code == 1 and findings["partition"].status == "ok"          # the partition is UP; its one node is not
     assert findings["nodes"] == doctor.Finding(
         "nodes", "fail", "no node takes jobs: 1 drained (GRES gpu:2, features sm_90,cuda12, kdtree test: drained)")
     assert findings["account"].status == "fail"
     assert "Requested node configuration is not available" in findings["account"].detail
 
 
-def test_slurm_doctor_on_a_missing_or_down_partition_and_a_refused_account(slurm_lab, entry):
+def test_slurm_doctor_on_a_missing_or_down_partition_and_a_refused_account(slurm_lab, entry, tmp_path):
     cluster, _ = slurm_lab
-    with open_transport(entry(partition="nope")) as t:
-        assert {f.check: f for f in doctor.diagnose(t)}["partition"] == doctor.Finding(
-            "partition", "fail", "nope: Partition nope not found")
+    host = entry(partition="nope")
+    assert doctor_task(inventory.load(tmp_path / "hosts.yaml"), host).findings["partition"] == doctor.Finding(
+        "partition", "fail", "nope: Partition nope not found")
     cluster.scontrol("update", "PartitionName=gpu", "State=DOWN", "AllowAccounts=other")
     try:
-        with open_transport(entry(account="infer")) as t:
-            findings = {f.check: f for f in doctor.diagnose(t)}
+        host = entry(account="infer")
+        findings = doctor_task(inventory.load(tmp_path / "hosts.yaml"), host).findings
     finally:
         cluster.scontrol("update", "PartitionName=gpu", "State=UP", "AllowAccounts=ALL")
     assert findings["partition"].status == "fail" and findings["partition"].detail.startswith("gpu: DOWN")
@@ -177,9 +178,9 @@ def test_slurm_doctor_on_a_missing_or_down_partition_and_a_refused_account(slurm
         "account", "fail", "account infer may not submit to gpu (AllowAccounts=other, DenyAccounts=)")
 
 
-def test_slurm_gpus_beyond_every_node_fail_doctor(slurm_lab, entry):
-    with open_transport(entry(gpus=3)) as t:
-        findings = {f.check: f for f in doctor.diagnose(t)}
+def test_slurm_gpus_beyond_every_node_fail_doctor(slurm_lab, entry, tmp_path):
+    host = entry(gpus=3)
+    findings = doctor_task(inventory.load(tmp_path / "hosts.yaml"), host).findings
     assert findings["nodes"].status == "fail" and findings["nodes"].detail.startswith("no usable node has gpu:3")
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, doctor, remote, state, sync
+from task_runs import deploy_task, doctor_task
+from orchestrator import cli, remote, sync
 from orchestrator.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
 from orchestrator.connectors.factory import open_transport
@@ -193,13 +194,11 @@ def test_jump_host(lab, make_inventory, remote_dir):
     bastion, h2 = lab.hosts["bastion"], lab.hosts["h2"]
     inv = make_inventory({"far": lab.inventory_entry(h2, jump="bastion", remote_dir=remote_dir)})
     before = forwards_to(bastion, h2.port)
-    with open_transport(inv.hosts["far"]) as t:
-        assert t.run("echo far", timeout=10).tail == "far\n"
-        result = sync.deploy(t, inv.project, sync.source_id(inv.project), state.Owner.now("deploy"), print)
-        assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
-        time.sleep(0.2)
-        # one connection went through the bastion: Paramiko's, reused by every command and by rsync (relay.py)
-        assert forwards_to(bastion, h2.port) == before + 1
+    result = deploy_task(inv, "far")
+    assert result.method == "rsync" and result.files > 0 and os.path.isfile(f"{remote_dir}/src/main.cpp")
+    time.sleep(0.2)
+    # one connection went through the bastion: Paramiko's, reused by every command and by rsync (relay.py)
+    assert forwards_to(bastion, h2.port) == before + 1
 
 
 def test_a_jump_host_given_as_an_address_uses_the_inventory_identity_and_the_target_is_reached_through_it(
@@ -402,8 +401,7 @@ def test_doctor(lab, make_inventory, tmp_path):
     lost.stop()
     inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"], arch="sm_120"),
                           "lost": lab.inventory_entry(lost)})
-    with open_transport(inv.hosts["h1"]) as t:
-        findings = {f.check: f for f in doctor.diagnose(t)}
+    findings = doctor_task(inv, inv.hosts["h1"]).findings
     assert [findings[c].status for c in ("reachable", "host_key", "auth", "rsync", "python")] == ["ok"] * 5
     assert findings["python"].detail.endswith(f"numpy {__import__('numpy').__version__}")
     assert findings["disk"].status in ("ok", "warn")
@@ -469,9 +467,10 @@ def test_a_deployed_tree_whose_hash_differs_fails_the_sync(lab, make_inventory, 
     inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)}, commands=commands)
     source = sync.source_id(inv.project)
     assert source.tree_hash != "0000"
+    result = deploy_task(inv, "h1")
+    assert result.status == "failed" and result.message == f"the deployed tree hash 0000 differs from the local " \
+        f"{source.tree_hash}"
     with open_transport(inv.hosts["h1"]) as t:
-        with pytest.raises(Exception, match=f"the deployed tree hash 0000 differs from the local {source.tree_hash}"):
-            sync.deploy(t, inv.project, source, state.Owner.now("deploy"), print)
         assert sync.deployed_tree(t, inv.project) is None
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import cli, inventory, pipeline, remote, run_store
+from orchestrator import cli, inventory, pipeline, remote, run_store, steps
 from orchestrator.console import Console
 from orchestrator.errors import HostError, InventoryError, UsageError
 from orchestrator.run import Run
@@ -84,7 +84,7 @@ def test_an_undeclared_group_is_an_inventory_error_with_a_suggestion(tmp_path):
 
 def test_an_empty_step_selection_is_a_usage_error(tmp_path):
     path = write_yaml(tmp_path, {"local": LOCAL})
-    for flags in (["--steps", ","], ["--skip", ",".join(inventory.STEPS)], ["--steps", "build", "--skip", "build"]):
+    for flags in (["--steps", ","], ["--skip", ",".join(steps.ORDER)], ["--steps", "build", "--skip", "build"]):
         proc = run_task("validate", "--inventory", str(path), *flags)
         assert proc.returncode == 2, (flags, proc.stdout, proc.stderr)
         assert "selects no step (steps: preflight, sync, build" in proc.stderr

@@ -170,8 +170,7 @@ class Transport:
             if isinstance(source, HeldInput):
                 source.release()
         collector.flush()
-        return Result(line, code, round(time.monotonic() - start, 3), collector.tail(),
-                      code is None or code in remote.TIMEOUT_EXIT_CODES)
+        return Result(line, code, round(time.monotonic() - start, 3), collector.tail(), remote.timed_out(code))
 
     def check(self, command: remote.Command | str, *, timeout: float | None = None,
               on_output: OutputCallback | None = None, stdin: bytes | BinaryIO | None = None,
@@ -183,7 +182,7 @@ class Transport:
             cause = None if result.timed_out else cause_of(result.tail)
             why += f": {cause}" if cause else ""
             raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=result.command,
-                               exit_status=result.exit_code, tail=result.tail)
+                               exit_status=result.exit_code, tail=result.tail, timed_out=result.timed_out)
         return result
 
     def capture(self, command: remote.Command | str, *, max_bytes: int, timeout: float | None = None,
@@ -194,7 +193,8 @@ class Transport:
         why = capture_failure(code, len(data), max_bytes)
         if why:
             raise CommandError(f"{_what(command, what)} {why}", host=self.host.name, command=line, exit_status=code,
-                               tail=data[-2000:].decode(errors="replace"))
+                               tail=data[-2000:].decode(errors="replace"),
+                               timed_out=len(data) <= max_bytes and remote.timed_out(code))
         return data
 
     def read_file(self, path: str, max_bytes: int, timeout: float = 60) -> bytes:
@@ -381,7 +381,7 @@ def capture_failure(code: int | None, size: int, max_bytes: int) -> str | None:
     answer in time; `size` bytes printed), or None when it did not."""
     if size > max_bytes:
         return f"printed more than {max_bytes} bytes"
-    if code is None or code in remote.TIMEOUT_EXIT_CODES:
+    if remote.timed_out(code):
         return "timed out"
     return "failed" if code != 0 else None
 

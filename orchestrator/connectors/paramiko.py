@@ -56,7 +56,7 @@ class SshConnection:
                     if attempt == 1:
                         raise
                     raise ConnectError(f"{e.message} ({attempt} attempts in {time.monotonic() - start:.1f} s)",
-                                       host=host.name, retry=False) from None
+                                       host=host.name, retry=False, timed_out=e.timed_out) from None
                 time.sleep(min(delay, left))
                 delay *= 2
         raise AssertionError("unreachable")
@@ -191,7 +191,7 @@ def _channel(host: Host, client, hop: _Target, target: _Target):
     except Exception as e:
         error = _connect_error(host, target, e, time.monotonic() - start)
         raise ConnectError(f"{error.message} (through jump host {hop.where})", host=host.name,
-                           retry=isinstance(error, ConnectError) and error.retry) from None
+                           retry=isinstance(error, ConnectError) and error.retry, timed_out=error.timed_out) from None
 
 
 def _connect_error(host: Host, target: _Target, e: Exception, elapsed: float = 0.0) -> HostError:
@@ -206,7 +206,8 @@ def _connect_error(host: Host, target: _Target, e: Exception, elapsed: float = 0
     if isinstance(e, socket.gaierror):
         return ConnectError(f"cannot reach {where}: {e.strerror or e}", host=host.name, retry=False)
     if isinstance(e, (socket.timeout, TimeoutError)):
-        return ConnectError(f"cannot reach {where}: timed out after {timeout} s", host=host.name, retry=False)
+        return ConnectError(f"cannot reach {where}: timed out after {timeout} s", host=host.name, retry=False,
+                            timed_out=True)
     if isinstance(e, paramiko.SSHException) and (isinstance(e.__context__, (socket.timeout, TimeoutError))
                                                   or elapsed >= timeout - 0.5):
         # the TCP connection opened but the host said nothing in time (a hung sshd): not

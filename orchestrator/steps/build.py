@@ -11,10 +11,10 @@ from typing import Any
 
 from .. import ownership, record, remote
 from ..host import script_text
-from . import executables
+from . import STEPS, executables
 from .context import NOT_READ, Outcome, StepContext, StepError
 
-STAMP = "build.json"
+STAMP = STEPS["build"].stamp
 RESTORED = "(restored from build/trees/"      # what build.sh prints when its tree cache had the build
 
 

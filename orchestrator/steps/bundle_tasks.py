@@ -53,7 +53,8 @@ def check_bundle(ctx: StepContext) -> Outcome:
         return Outcome("passed", f"{visible(task.path, 300)}: {said}")
     why = f"timed out after {timeout:g} s" if result.timed_out else f"exited with {result.exit_code}"
     raise CommandError(f"the bundle check of {visible(task.path, 300)} {why}: {cause_of(result.tail) or said}",
-                       host=ctx.host.name, command=remote.quote(argv), exit_status=result.exit_code, tail=result.tail)
+                       host=ctx.host.name, command=remote.quote(argv), exit_status=result.exit_code, tail=result.tail,
+                       timed_out=result.timed_out)
 
 
 def clean_bundles(ctx: StepContext) -> Outcome:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import posixpath
 
 from ..bundle_plan import gb
-from . import inputs
+from . import STEPS, inputs
 from .context import Outcome, StepContext
 
-STAMP = "bundles.json"
+STAMP = STEPS["bundles"].stamp
 
 
 def run(ctx: StepContext) -> Outcome:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, progress, remote, state
-from . import executables, inputs
+from . import STEPS, executables, inputs
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord
@@ -29,10 +29,6 @@ from ..sync import SourceId
 from ..connectors.base import Result, Transport, capture_failure
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
-# The result files each step pulls when it reuses an earlier run's results (read_ahead)
-REUSED_FILES = {"golden": ("outputs", "manifest"), "test": ("tests",), "bench": ("bench",)}
-READERS = ("build", "bundles", "golden", "test", "bench")     # the steps whose reads read_ahead starts
-STEP_COMMANDS = {"golden": "generate"}     # the project command of a step named otherwise (results_key)
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
 HISTORY_BENCH = "bench_nightly"
 T = TypeVar("T")
@@ -127,7 +123,7 @@ class StepContext:
         key is the build key. A run that will rebuild would throw the input hashes away: the host
         hashes them only when its build stamp names the deployed tree. The result files are read
         in one command with the state files and taken only once these show that."""
-        reusable = [r for step, files in REUSED_FILES.items() if step in steps for r in files] \
+        reusable = [r for step in steps for r in STEPS[step].reuses] \
             if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
         tree = self.deployed_tree_hash
         # every read has a thread of its own: those that wait for the state files never hold up another
@@ -138,7 +134,7 @@ class StepContext:
             outputs = pool.submit(self._outputs_of, keys, self.gpu_env())
             for name in keys:
                 ahead[("engine", name)] = pool.submit(_one_of, outputs, name)
-        if set(READERS) & set(steps):
+        if any(STEPS[step].reads_ahead for step in steps):
             # the state files and the result files in one command, these taken once the stamps show a build
             paths = [self.project.results[r] for r in reusable]
             files = pool.submit(self.transport.read_files,
@@ -202,8 +198,11 @@ class StepContext:
         self.stamps = None
 
     def changing(self):
-        """The with-block in which the current step changes the deployed tree (sync, build,
-        bundles): the run holds the tree lock alone for it (LockError naming the runs using it)."""
+        """The with-block in which the current step, one that changes the deployed tree (sync,
+        build, bundles: Step.changes_tree), changes it: the run holds the tree lock alone for it
+        (LockError naming the runs using it)."""
+        if not STEPS[self.step].changes_tree:       # a step that does is declared so: the lock modes rest on it
+            raise ValueError(f"the {self.step} step is not declared to change the deployed tree")
         return self.lock.exclusive() if self.lock is not None else contextlib.nullcontext()
 
     def gpu_env(self, gpu=None) -> dict[str, str]:
@@ -253,12 +252,12 @@ class StepContext:
         return key
 
     def step_command(self) -> str:
-        """The project command the current step runs: its own name, `generate` for golden, and
+        """The project command the current step runs: its Step's command (`generate` for golden), and
         for a nightly's or a bisect's bench `bench_nightly` when the project names it (docs/nightly.md,
         "Benchmark history")."""
         if self.step == "bench" and self.owner.command in ("nightly", "bisect") and HISTORY_BENCH in self.project.commands:
             return HISTORY_BENCH
-        return STEP_COMMANDS.get(self.step, self.step)
+        return STEPS[self.step].command
 
     def current_inputs(self) -> inputs.Inputs:
         """The content hashes of the deployment's executables and other files (steps.inputs),
@@ -275,7 +274,7 @@ class StepContext:
         key = self.results_key()
         if key is None:
             return None
-        stamp = self.stamp(f"{self.step}.json")
+        stamp = self.stamp(STEPS[self.step].stamp)
         if not stamp or not stamp.get("run_id"):
             return None
         run_id = str(stamp["run_id"])
@@ -303,8 +302,8 @@ class StepContext:
         command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
-            self.write_stamp(f"{self.step}.json", {"key": key, "digest": _digest(data), "run_id": self.run_dir.run_id,
-                                                   "tree": self.tree_hash()})
+            self.write_stamp(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
+                                                      "run_id": self.run_dir.run_id, "tree": self.tree_hash()})
 
     def build_key(self) -> dict:
         """The engine's build key on the host (compilers, flags, arch: what build.sh --key
@@ -346,7 +345,7 @@ class StepContext:
             cause = None if result.timed_out else cause_of(result.tail)
             why += f": {cause}" if cause else ""
             raise CommandError(f"{name} {why}", host=self.host.name, command=snippet,
-                               exit_status=result.exit_code, tail=result.tail)
+                               exit_status=result.exit_code, tail=result.tail, timed_out=result.timed_out)
         return result
 
     def output(self, line: str) -> None:

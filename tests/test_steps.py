@@ -1,0 +1,52 @@
+"""The steps as the runner treats them (steps.STEPS, pipeline.run_host), on a local host through
+the validate task's own path (cli.validate)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.console import Console
+from orchestrator.steps import STEPS
+from orchestrator.steps.context import StepContext
+
+FAILED_CASE = json.dumps({"tests": [{"name": "the socket read timed out", "status": "failed", "seconds": 1}]})
+
+
+@pytest.mark.parametrize("test_command, status", [
+    # a case of the suite failed, and its name says `timed out`: the step failed, it did not time out
+    (f"mkdir -p build && printf '%s' '{FAILED_CASE}' > build/test_results.json", "failed"),
+    ("sleep 30", "timeout"),        # past timeouts.test (1 s): the host-side timeout ends it
+])
+def test_a_step_times_out_only_when_it_ran_past_its_timeout_whatever_its_message_says(make_inventory, tmp_path,
+                                                                                    test_command, status):
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": "d/local", "timeouts": {"test": 1}}},
+                         commands={**_commands(make_inventory), "build_key": "echo '{}'", "test": test_command})
+    out = io.StringIO()
+    code = cli.validate(inv, [inv.hosts["local"]], Console(out), steps="sync,test", report_dir=str(tmp_path / "run"))
+    steps = json.loads((tmp_path / "run" / "run.json").read_text())["hosts"]["local"]["steps"]
+    assert code == 1 and steps["sync"]["status"] == "passed", out.getvalue()
+    assert steps["test"]["status"] == status, steps["test"]
+    if status == "failed":
+        assert steps["test"]["message"] == "1 of 1 engine tests failed: the socket read timed out"
+
+
+def _commands(make_inventory) -> dict:
+    """The shipped project's commands."""
+    return dict(make_inventory({}).project.commands)
+
+
+def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone():
+    """ctx.changing(): the with-block of a step that changes the deployed tree (Step.changes_tree);
+    any other step asking for it is a programming error, never a lock held alone."""
+    for name, step in STEPS.items():
+        ctx = StepContext(*[None] * 8, step=name)       # no lock held: changing() holds nothing more
+        if step.changes_tree:
+            with ctx.changing():
+                pass
+        else:
+            with pytest.raises(ValueError, match=f"the {name} step is not declared to change the deployed tree"):
+                ctx.changing()
+    assert [n for n, s in STEPS.items() if s.changes_tree] == ["sync", "build", "bundles"]
