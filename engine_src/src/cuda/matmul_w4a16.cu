@@ -5,8 +5,8 @@
 
 namespace kd::cuda {
 
-template void w4_run<false>(Context&, W4Params, int, int, int);
-template void w4_run<true>(Context&, W4Params, int, int, int);
+template W4Params w4_run<false>(Context&, W4Params, int, int, int);
+template W4Params w4_run<true>(Context&, W4Params, int, int, int);
 
 // Words and scales of an N x K INT4 matrix in the tiled layout (N padded to 8 rows, K to 256 inputs).
 size_t w4a16_tiled_words(int N, int K) { return static_cast<size_t>(ceil_div(N, 8)) * 8 * ceil_div(K, 256) * 32; }

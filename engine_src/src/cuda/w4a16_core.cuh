@@ -86,6 +86,9 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
+    // n_sc > 1: w4_run launches no w4_sum_kernel; the caller adds the workspace's values itself
+    // (moe_ffn's combine), in w4_sum_kernel's order.
+    bool caller_sums = false;
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -553,6 +556,15 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
 }
 
 
+// A split-K output (n_sc > 1): 0 + value_0 + value_1 + ... of workspace row prow, column col (NW
+// columns a row), the super-chunks ascending. w4_sum_kernel's sum, and moe_ffn's combine's where
+// it sums w2's workspace itself (caller_sums).
+__device__ __forceinline__ float w4_ws_sum(const W4Params& p, int NW, int prow, int col) {
+    float v = 0.0f;
+    for (int c = 0; c < p.n_sc; ++c) v += __ldcg(p.ws + (static_cast<long>(c) * p.M + prow) * NW + col);
+    return v;
+}
+
 // Split-K (n_sc > 1), launched after w4_kernel by launch_chained: y = 0 + value_0 + value_1 + ...
 // (the super-chunks' values in the workspace, ascending), SwiGLU applied with it; a thread per
 // (row, output). Its griddepcontrol.wait (chain_acquire) returns once w4_kernel has finished and
@@ -567,12 +579,7 @@ __global__ void w4_sum_kernel(W4Params p) {
     const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
     if (i >= static_cast<long>(rows) * N) return;
     const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
-    float v0 = 0.0f, v1 = 0.0f;
-    for (int c = 0; c < p.n_sc; ++c) {
-        const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
-        v0 += __ldcg(wr + n);
-        if (GLU) v1 += __ldcg(wr + N + n);
-    }
+    const float v0 = w4_ws_sum(p, NW, prow, n), v1 = GLU ? w4_ws_sum(p, NW, prow, N + n) : 0.0f;
     float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
     yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
@@ -626,9 +633,10 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows token rows each
 // (KD_W4_MAX_ROWS plain, KD_W4_GROUPED_ROWS grouped or with SwiGLU), in passes of pass_rows rows
 // (rounded up to 4, 8, 16 or 32; the result does not depend on it). The caller has set the
-// weights, rows, shape and (grouped) the slot lists.
+// weights, rows, shape and (grouped) the slot lists. Returns the launch's parameters (the
+// workspace and super-chunk count of a caller_sums launch).
 template <bool GLU>
-void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
+W4Params w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // 32-row passes for plain launches only: the weights are read once for 32 rows, and
     // w4_kernel<8, true> is never compiled (moe_ffn's launches take at most 16 rows a slot).
     const int max_quads = GLU || p.slot_expert ? KD_W4_GROUPED_ROWS / 4 : KD_W4_MAX_ROWS / 4;
@@ -648,14 +656,15 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
-    if (p.n_sc > 1) {
+    if (p.n_sc > 1 && !p.caller_sums) {
         const long n = static_cast<long>(p.M) * p.N;
         launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
     }
+    return p;
 }
 
 // Instantiated once, in matmul_w4a16.cu: moe_ffn.cu uses both without compiling the kernels again.
-extern template void w4_run<false>(Context&, W4Params, int, int, int);
-extern template void w4_run<true>(Context&, W4Params, int, int, int);
+extern template W4Params w4_run<false>(Context&, W4Params, int, int, int);
+extern template W4Params w4_run<true>(Context&, W4Params, int, int, int);
 
 }  // namespace kd::cuda
