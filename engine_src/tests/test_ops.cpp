@@ -574,11 +574,12 @@ void test_moe(Backend& be, const std::string& p) {
     // of the CUDA INT4 kernel at this mean load), and M = 19 takes two passes of the layer on
     // CUDA; shared stacks a shared expert after the E routed ones (ExpertWeights::shared), which
     // the CUDA backend runs as one more slot of its grouped launches at any row count when it is
-    // this small (16 rows of it in passes of 4 there).
-    const int configs[][4] = {{6, 5, 0, 0}, {19, 24, 1, 0}, {19, 24, 1, 1}};
+    // this small (16 rows of it in passes of 4 there). inter 1056 (more than one 1024-input
+    // super-chunk) makes the CUDA INT4 w2 launch split-K, whose sums the combine then adds itself.
+    const int configs[][5] = {{6, 5, 0, 0, 96}, {19, 24, 1, 0, 96}, {19, 24, 1, 1, 96}, {19, 24, 1, 1, 1056}};
     for (const auto& cfg : configs)
     for (const bool int4 : {false, true}) {
-        const int M = cfg[0], E = cfg[1], D = 64, I = 96, k = 2;
+        const int M = cfg[0], E = cfg[1], D = 64, I = cfg[4], k = 2;
         const bool skewed = cfg[2] != 0, shared = cfg[3] != 0;
         const int n_sets = E + (shared ? 1 : 0);
         ExpertWeights w;
@@ -641,7 +642,8 @@ void test_moe(Backend& be, const std::string& p) {
             be.moe_ffn(o1, xb + m * D, ib + m * k, wb + m * k, 1, k, w);
             return buf.get(o1, D);
         }, M, D);
-        report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32") + (skewed ? ".M19_skewed" : "") + (shared ? "_shared" : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+        report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32") + (skewed ? ".M19_skewed" : "") + (shared ? "_shared" : "") +
+                   (I != 96 ? "_inter" + std::to_string(I) : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
     }
 }
 
