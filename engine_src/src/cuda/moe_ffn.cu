@@ -6,9 +6,11 @@
 //      mm_core.cuh's grouped mm_kernel; a row comes out bit-identical to matmul_w4a16 /
 //      matmul_f32_kernel on one row;
 //   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending, + the shared
-//      expert's row. Where w2's launch is split-K (inter > KD_W4_SCHUNK) and every expert of the
-//      layer is a slot of it, the combine adds w2's super-chunk values itself (w4_ws_sum, the
-//      same sums in the same order as w4_sum_kernel): one launch less, and no y rows written.
+//      expert's row. Where every expert of the layer is a slot of the grouped launches, their
+//      split-K sums (dim or inter > KD_W4_SCHUNK) have no launches of their own: w2's staging
+//      adds w1/w3's super-chunk values (and applies SwiGLU), the combine adds w2's (w4_ws_sum,
+//      the same sums in the same order as w4_sum_kernel), so no h or y rows are written. K2 at
+//      one token: two launches less.
 //      At one row the shared expert is one more slot of the grouped launches, and
 //      so it is at any row count when it is small (kSmallExpert); else at more rows it has two
 //      plain launches of its own (a slot would take passes over all rows at the grouped
@@ -100,7 +102,9 @@ __global__ void moe_combine_kernel(float* out, const float* y, W4Params down, co
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
-    const auto row = [&](int pair) { return SUMS ? w4_ws_sum(down, dim, pair_pos[pair], d) : y[static_cast<long>(pair) * dim + d]; };
+    const auto row = [&](int pair) {
+        return SUMS ? w4_ws_sum(down.ws, down.n_sc, down.M, dim, pair_pos[pair], d) : y[static_cast<long>(pair) * dim + d];
+    };
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j) acc += weight[m * top_k + j] * row(m * top_k + j);
     if (shared) acc += row(M * top_k + m);
@@ -144,8 +148,11 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
     // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
-    // sums: w2's split-K values are left in its workspace for the combine (see the file
-    // comment); not with the shared expert's own launches, which reuse that workspace.
+    // Split-K sums without launches of their own where every expert is a grouped slot (not with
+    // the shared expert's own launches, which reuse the workspaces): w1/w3's values stay in a
+    // workspace of their own (in moe_h: no h rows are written) and w2's staging adds them and
+    // applies SwiGLU; w2's stay in its workspace, `sums`, for the combine (see the file comment).
+    const bool caller_sums = !w.shared || shared_slot;
     W4Params sums;
     if (w.int4) {
         // Projection j (1, 2, 3) of expert set e of the stacks (tiled layout: see backend.h).
@@ -185,12 +192,16 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
-        down.caller_sums = !w.shared || shared_slot;
-        w4_run<true>(ctx, up, M, pass_rows, max_slots);
-        if (const W4Params d = w4_run<false>(ctx, down, M, pass_rows, max_slots); d.caller_sums && d.n_sc > 1) sums = d;
+        up.caller_sums = down.caller_sums = caller_sums;
+        const W4Params u = w4_run<true>(ctx, up, M, pass_rows, max_slots, caller_sums ? &ctx.moe_h : nullptr);
+        if (caller_sums && u.n_sc > 1) {
+            down.x_ws = u.ws;
+            down.x_n_sc = u.n_sc;
+        }
+        if (const W4Params d = w4_run<false>(ctx, down, M, pass_rows, max_slots, nullptr); caller_sums && d.n_sc > 1) sums = d;
         if (w.shared && !shared_slot) {
-            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1);
-            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1);
+            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1, nullptr);
+            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1, nullptr);
         }
     } else {
         const auto set = [&](int j, long e) {
