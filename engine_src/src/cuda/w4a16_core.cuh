@@ -258,8 +258,8 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
 
 // Input k of row prow of x_ws (W4Params): silu_mul of the SwiGLU launch's split-K sums of
 // outputs k and K + k. Out of line: inlined into w4_stage, it took 30 registers more from every
-// w4_kernel (a spill at two quads).
-__device__ __noinline__ float w4_glu_ws_at(const float* ws, int n_sc, int M, int K, int prow, int k) {
+// w4_kernel (a spill at two quads); static: each file that launches the kernel has its own.
+static __device__ __noinline__ float w4_glu_ws_at(const float* ws, int n_sc, int M, int K, int prow, int k) {
     return silu_mul_f(w4_ws_sum(ws, n_sc, M, 2 * K, prow, k), w4_ws_sum(ws, n_sc, M, 2 * K, prow, K + k));
 }
 
