@@ -5,8 +5,8 @@
 
 namespace kd::cuda {
 
-template W4Params w4_run<false>(Context&, W4Params, int, int, int, Scratch*);
-template W4Params w4_run<true>(Context&, W4Params, int, int, int, Scratch*);
+template void w4_run<false>(Context&, W4Params, int, int, int);
+template void w4_run<true>(Context&, W4Params, int, int, int);
 
 // Words and scales of an N x K INT4 matrix in the tiled layout (N padded to 8 rows, K to 256 inputs).
 size_t w4a16_tiled_words(int N, int K) { return static_cast<size_t>(ceil_div(N, 8)) * 8 * ceil_div(K, 256) * 32; }
@@ -63,7 +63,7 @@ void matmul_w4a16(Context& ctx, float* y, const float* x, const int32_t* qw, con
         p.ldx = K;
         p.y = y + static_cast<long>(m0) * N;
         p.ldy = N;
-        w4_run<false>(ctx, p, p.M, p.M, 1, nullptr);
+        w4_run<false>(ctx, p, p.M, p.M, 1);
     }
 }
 

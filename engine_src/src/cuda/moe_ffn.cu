@@ -6,12 +6,7 @@
 //      mm_core.cuh's grouped mm_kernel; a row comes out bit-identical to matmul_w4a16 /
 //      matmul_f32_kernel on one row;
 //   3. moe_combine_kernel: out[m] = sum_j weight[m][j] * y[m][j], j ascending, + the shared
-//      expert's row. Where every expert of the layer is a slot of the grouped launches, their
-//      split-K sums (dim or inter > KD_W4_SCHUNK) have no launches of their own: w2's staging
-//      adds w1/w3's super-chunk values (and applies SwiGLU), the combine adds w2's (w4_ws_sum,
-//      the same sums in the same order as w4_sum_kernel), so no h or y rows are written. K2 at
-//      one token: two launches less.
-//      At one row the shared expert is one more slot of the grouped launches, and
+//      expert's row. At one row the shared expert is one more slot of the grouped launches, and
 //      so it is at any row count when it is small (kSmallExpert); else at more rows it has two
 //      plain launches of its own (a slot would take passes over all rows at the grouped
 //      launch's small pass size). Same rows either way.
@@ -33,9 +28,9 @@ constexpr long kSmallExpert = 1L << 20;
 // Pair i = m * top_k + j (i < n_routed) routes row m to expert idx[i]; pair n_routed + m
 // (m < n_pairs - n_routed) row m to expert E - 1, the shared one. Outputs: for each slot
 // s < *n_active, slot_expert[s] (ascending) and its pairs [slot_start[s], slot_start[s + 1]) in
-// pair_token (the row m) and pair_id (i); pair_pos[i], pair i's place in those lists.
+// pair_token (the row m) and pair_id (i).
 __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, int top_k, int E, int* slot_expert,
-                                 int* slot_start, int* n_active, int* pair_token, int* pair_id, int* pair_pos) {
+                                 int* slot_start, int* n_active, int* pair_token, int* pair_id) {
     extern __shared__ int sm[];
     chain_acquire();
     chain_release();
@@ -85,29 +80,23 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, 
             if (pairs[i] == e) {
                 pair_token[pos] = i < n_routed ? i / top_k : i - n_routed;
                 pair_id[pos] = i;
-                pair_pos[i] = pos;
                 ++pos;
             }
     }
 }
 
-// Pair i's output row y[i] ([dim], i = m * top_k + j; the shared expert's row m at i = M * top_k
-// + m) is read from y (SUMS false), or (SUMS) summed from the split-K workspace of w2's grouped
-// launch `down` at its place pair_pos[i]. shared: whether the layer has a shared expert.
-template <bool SUMS>
-__global__ void moe_combine_kernel(float* out, const float* y, W4Params down, const int* pair_pos, bool shared,
-                                   const float* weight, int M, int top_k, int dim) {
+// y_shared: the shared expert's rows [M][dim], or null.
+__global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
+                                   int top_k, int dim) {
     chain_acquire();
     chain_release();
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
-    const auto row = [&](int pair) {
-        return SUMS ? w4_ws_sum(down.ws, down.n_sc, down.M, dim, pair_pos[pair], d) : y[static_cast<long>(pair) * dim + d];
-    };
     float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j) acc += weight[m * top_k + j] * row(m * top_k + j);
-    if (shared) acc += row(M * top_k + m);
+    for (int j = 0; j < top_k; ++j)
+        acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+    if (y_shared) acc += y_shared[i];
     out[i] = acc;
 }
 
@@ -122,19 +111,18 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     const int n_pairs = n_routed + (shared_slot ? M : 0), n_sets = E + (shared_slot ? 1 : 0);
     const int max_slots = std::min(n_sets, n_pairs);
 
-    int* lists = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 3 * n_pairs));
+    int* lists = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 2 * n_pairs));
     int* slot_expert = lists;
     int* slot_start = slot_expert + max_slots;      // [max_slots + 1]
     int* n_active = slot_start + max_slots + 1;
     int* pair_token = n_active + 1;
     int* pair_id = pair_token + n_pairs;
-    int* pair_pos = pair_id + n_pairs;
     const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(n_sets) + n_pairs);
     if (list_smem > 48 * 1024)
         throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
                                  " pairs exceed the routing kernel's shared memory");
     launch_chained("moe_lists_kernel launch", moe_lists_kernel, dim3(1), dim3(kListThreads), list_smem, ctx.stream, idx,
-                   n_routed, n_pairs, top_k, n_sets, slot_expert, slot_start, n_active, pair_token, pair_id, pair_pos);
+                   n_routed, n_pairs, top_k, n_sets, slot_expert, slot_start, n_active, pair_token, pair_id);
 
     // h and y rows: one per pair, then (shared expert on its own launches) one per row.
     const int shared_rows = w.shared ? M : 0;
@@ -148,12 +136,6 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
     // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
-    // Split-K sums without launches of their own where every expert is a grouped slot (not with
-    // the shared expert's own launches, which reuse the workspaces): w1/w3's values stay in a
-    // workspace of their own (in moe_h: no h rows are written) and w2's staging adds them and
-    // applies SwiGLU; w2's stay in its workspace, `sums`, for the combine (see the file comment).
-    const bool caller_sums = !w.shared || shared_slot;
-    W4Params sums;
     if (w.int4) {
         // Projection j (1, 2, 3) of expert set e of the stacks (tiled layout: see backend.h).
         const auto words = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_words(D, I) : w4a16_tiled_words(I, D)); };
@@ -192,16 +174,11 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
-        up.caller_sums = down.caller_sums = caller_sums;
-        const W4Params u = w4_run<true>(ctx, up, M, pass_rows, max_slots, caller_sums ? &ctx.moe_h : nullptr);
-        if (caller_sums && u.n_sc > 1) {
-            down.x_ws = u.ws;
-            down.x_n_sc = u.n_sc;
-        }
-        if (const W4Params d = w4_run<false>(ctx, down, M, pass_rows, max_slots, nullptr); caller_sums && d.n_sc > 1) sums = d;
+        w4_run<true>(ctx, up, M, pass_rows, max_slots);
+        w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {
-            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1, nullptr);
-            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1, nullptr);
+            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1);
+            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1);
         }
     } else {
         const auto set = [&](int j, long e) {
@@ -241,9 +218,8 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     }
 
     const long n = static_cast<long>(M) * D;
-    launch_chained("moe_combine_kernel launch", sums.ws ? moe_combine_kernel<true> : moe_combine_kernel<false>,
-                   dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out, static_cast<const float*>(y), sums,
-                   static_cast<const int*>(pair_pos), w.shared, weight, M, top_k, D);
+    launch_chained("moe_combine_kernel launch", moe_combine_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
+                   static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);
 }
 
 }  // namespace

@@ -86,24 +86,7 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
-    // n_sc > 1: w4_run launches no w4_sum_kernel; the caller adds the workspace's values itself
-    // (moe_ffn's combine), in w4_sum_kernel's order.
-    bool caller_sums = false;
-    // Grouped, after a caller_sums SwiGLU launch of K outputs (moe_ffn's w1/w3, then w2): x row p
-    // is silu_mul of that launch's split-K sums at its row p ([x_n_sc][M][2K] in x_ws), the
-    // values w4_sum_kernel<true> would have written (x, ldx and row_in unused).
-    const float* x_ws = nullptr;
-    int x_n_sc = 0;
 };
-
-// A split-K output (n_sc > 1): 0 + value_0 + value_1 + ... of row prow, column col of a
-// workspace ws of n_sc super-chunks x M rows x NW columns, the super-chunks ascending.
-// w4_sum_kernel's sum, and (caller_sums) w2's staging's and moe_ffn's combine's.
-__device__ __forceinline__ float w4_ws_sum(const float* ws, int n_sc, int M, int NW, int prow, int col) {
-    float v = 0.0f;
-    for (int c = 0; c < n_sc; ++c) v += __ldcg(ws + (static_cast<long>(c) * M + prow) * NW + col);
-    return v;
-}
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t shifted) {
@@ -256,13 +239,6 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
     }
 }
 
-// Input k of row prow of x_ws (W4Params): silu_mul of the SwiGLU launch's split-K sums of
-// outputs k and K + k. Out of line: inlined into w4_stage, it took 30 registers more from every
-// w4_kernel (a spill at two quads); static: each file that launches the kernel has its own.
-static __device__ __noinline__ float w4_glu_ws_at(const float* ws, int n_sc, int M, int K, int prow, int k) {
-    return silu_mul_f(w4_ws_sum(ws, n_sc, M, 2 * K, prow, k), w4_ws_sum(ws, n_sc, M, 2 * K, prow, K + k));
-}
-
 // Stages rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as B fragments (see
 // the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
 // w, w + 8, ... of every row (loads in flight together); pmax: [at least 4Q rows][warps] scratch.
@@ -279,18 +255,17 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
         for (int i = threadIdx.x; i < (4 * Q - m_count) * 2 * ROW_VECS; i += KD_W4_THREADS) zero_rows[i] = make_uint4(0u, 0u, 0u, 0u);
         for (int i = threadIdx.x; i < (4 * Q - m_count) * xstride; i += KD_W4_THREADS) xneg[m_count * xstride + i] = 0.0f;
     }
-    // Input kb + i of staged row j.
-    const auto x_at = [&](int j, int i) {
-        const int prow = m_begin + j;
-        if (p.x_ws) return w4_glu_ws_at(p.x_ws, p.x_n_sc, p.M, p.K, prow, kb + i);
-        return p.x[(p.row_in ? p.row_in[prow] : prow) * p.ldx + kb + i];
+    const auto row = [&](int j) {
+        const long prow = m_begin + j;
+        return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
     };
     for (int j = 0; j < m_count; ++j) {  // each warp's largest |x| of each row
+        const float* xr = row(j);
         float v[PER_WARP];
 #pragma unroll
         for (int i = 0; i < PER_WARP; ++i) {
             const int G = warp + KD_W4_WARPS * i;
-            v[i] = G < n_groups ? fabsf(x_at(j, 32 * G + lane)) : 0.0f;
+            v[i] = G < n_groups ? fabsf(xr[32 * G + lane]) : 0.0f;
         }
         float mx = 0.0f;
 #pragma unroll
@@ -312,11 +287,12 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
         if (threadIdx.x == 0) fac[j] = ldexpf(1.0f, -e);
         unsigned char* hi = bsm + 2 * j * KD_W4_ROW_BYTES;
         unsigned char* lo = hi + KD_W4_ROW_BYTES;
+        const float* xr = row(j);
         float v[PER_WARP];
 #pragma unroll
         for (int i = 0; i < PER_WARP; ++i) {
             const int G = warp + KD_W4_WARPS * i;
-            v[i] = G < n_groups ? x_at(j, 32 * G + lane) * up : 0.0f;
+            v[i] = G < n_groups ? xr[32 * G + lane] * up : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < PER_WARP; ++i) {
@@ -591,8 +567,12 @@ __global__ void w4_sum_kernel(W4Params p) {
     const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
     if (i >= static_cast<long>(rows) * N) return;
     const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
-    const float v0 = w4_ws_sum(p.ws, p.n_sc, p.M, NW, prow, n);
-    const float v1 = GLU ? w4_ws_sum(p.ws, p.n_sc, p.M, NW, prow, N + n) : 0.0f;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int c = 0; c < p.n_sc; ++c) {
+        const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
+        v0 += __ldcg(wr + n);
+        if (GLU) v1 += __ldcg(wr + N + n);
+    }
     float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
     yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
@@ -646,11 +626,9 @@ void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream)
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows token rows each
 // (KD_W4_MAX_ROWS plain, KD_W4_GROUPED_ROWS grouped or with SwiGLU), in passes of pass_rows rows
 // (rounded up to 4, 8, 16 or 32; the result does not depend on it). The caller has set the
-// weights, rows, shape and (grouped) the slot lists. Returns the launch's parameters (the
-// workspace and super-chunk count of a caller_sums launch). ws_from: where the split-K workspace
-// goes (default ctx.split_ws; another where a later launch reads it while it has its own).
+// weights, rows, shape and (grouped) the slot lists.
 template <bool GLU>
-W4Params w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots, Scratch* ws_from) {
+void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // 32-row passes for plain launches only: the weights are read once for 32 rows, and
     // w4_kernel<8, true> is never compiled (moe_ffn's launches take at most 16 rows a slot).
     const int max_quads = GLU || p.slot_expert ? KD_W4_GROUPED_ROWS / 4 : KD_W4_MAX_ROWS / 4;
@@ -663,22 +641,21 @@ W4Params w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots
     p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
-        p.ws = (ws_from ? *ws_from : ctx.split_ws).get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
+        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
     }
     p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
     if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
-    if (p.n_sc > 1 && !p.caller_sums) {
+    if (p.n_sc > 1) {
         const long n = static_cast<long>(p.M) * p.N;
         launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
     }
-    return p;
 }
 
 // Instantiated once, in matmul_w4a16.cu: moe_ffn.cu uses both without compiling the kernels again.
-extern template W4Params w4_run<false>(Context&, W4Params, int, int, int, Scratch*);
-extern template W4Params w4_run<true>(Context&, W4Params, int, int, int, Scratch*);
+extern template void w4_run<false>(Context&, W4Params, int, int, int);
+extern template void w4_run<true>(Context&, W4Params, int, int, int);
 
 }  // namespace kd::cuda
