@@ -12,11 +12,12 @@
 //      with random weights made on the device, for 1..16 tokens: INT4 (backend ops: a CUDA graph
 //      per layer, 8 layers in one graph, and eager) against FP32 through cuBLAS (routing read
 //      back, 3 SGEMMs per selected expert, no TF32) and FP32 through our grouped kernel; outputs
-//      compared.
+//      compared; the INT4 output's bits as a hash (two builds of the layer compare by it).
 //
-//   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T]
+//   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only]
 //   (--only: time one matmul_w4a16 shape; --only-f32: one matmul_f32 shape, cuBLAS and our kernel;
-//   --moe: run the MoE layer's paths once at T tokens, for ncu)
+//   --moe: run the MoE layer's paths once at T tokens, for ncu; --moe-only: the ceiling and the
+//   MoE rows, no GEMM table)
 #include "../src/cuda/ops.cuh"
 #include "../src/cuda/w4a16_core.cuh"
 
@@ -522,6 +523,17 @@ double moe_byte_limit(Context& ctx, const MoeLayer& L, const MoeBuffers& b, cons
 }
 
 // only_T > 0: that batch size alone, the four paths once each, nothing timed (for a profiler).
+// An output's bits (FNV-1a over the floats): two builds of a kernel compare by it.
+uint64_t output_bits(const std::vector<float>& out) {
+    uint64_t bits = 1469598103934665603ull;
+    for (const float v : out) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        bits = (bits ^ u) * 1099511628211ull;
+    }
+    return bits;
+}
+
 std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, int only_T = 0) {
     MoeLayer L;
     const long per = static_cast<long>(L.inter) * L.h;
@@ -678,9 +690,10 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         });
         std::printf("  T=%-2d int4 graph %7.1f us (shared separate %7.1f, 8 layers a graph %7.1f) eager %7.1f us | fp32 cuBLAS %8.1f us"
                     " grouped %8.1f us | x%5.2f (separate x%5.2f, 8 a graph x%5.2f) vs cuBLAS, x%5.2f vs grouped | %5.1f%% of %.1f MB"
-                    " at the ceiling | nmse int4 %.1e fp32 %.1e %s\n",
+                    " at the ceiling | nmse int4 %.1e fp32 %.1e | out bits %016llx %s\n",
                     T, t_graph, t_separate, t_graph8, t_eager, t_cublas, t_f32_grouped, t_cublas / t_graph, t_cublas / t_separate,
-                    t_cublas / t_graph8, t_f32_grouped / t_graph, pct, bytes / 1e6, err_q, err_f32, ok ? "" : "FAILED");
+                    t_cublas / t_graph8, t_f32_grouped / t_graph, pct, bytes / 1e6, err_q, err_f32,
+                    static_cast<unsigned long long>(output_bits(q4)), ok ? "" : "FAILED");
         std::fflush(stdout);
         JsonOut j;
         j.num("tokens", T);
@@ -696,6 +709,9 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         j.num("pct_ceiling_graph8", 100.0 * bytes / t_graph8 / 1e3 / ceiling);
         j.num("nmse_int4_vs_fp32", err_q); j.raw("shared_stacked_equals_separate", same ? "true" : "false");
         j.num("nmse_fp32_grouped_vs_cublas", err_f32);
+        char bits[20];
+        std::snprintf(bits, sizeof bits, "%016llx", static_cast<unsigned long long>(output_bits(q4)));
+        j.raw("int4_out_bits", std::string("\"") + bits + "\"");
         j.raw("valid", ok ? "true" : "false");
         rows << (first ? "" : ",\n    ") << j.obj();
         first = false;
@@ -716,6 +732,7 @@ int main(int argc, char** argv) {
     bool quick = false;
     int only[3] = {0, 0, 0}, only_f32[3] = {0, 0, 0};
     int moe_T = 0;
+    bool moe_only = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -723,8 +740,9 @@ int main(int argc, char** argv) {
         else if (a == "--only" && i + 3 < argc) for (int& v : only) v = std::atoi(argv[++i]);
         else if (a == "--only-f32" && i + 3 < argc) for (int& v : only_f32) v = std::atoi(argv[++i]);
         else if (a == "--moe" && i + 1 < argc) moe_T = std::atoi(argv[++i]);
+        else if (a == "--moe-only") moe_only = true;
         else {
-            std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T]\n");
+            std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only]\n");
             return 2;
         }
     }
@@ -755,13 +773,7 @@ int main(int argc, char** argv) {
             const double us = tm.per_call_us(ctx.stream, 20, 1, [&](int) {
                 matmul_w4a16(ctx, y, x, reinterpret_cast<const int32_t*>(tq), ts, M, N, K);
             });
-            // The output's bits (FNV-1a over the floats): two builds of the kernel compare by it.
-            uint64_t bits = 1469598103934665603ull;
-            for (const float v : to_host(y, static_cast<size_t>(M) * N)) {
-                uint32_t u;
-                std::memcpy(&u, &v, 4);
-                bits = (bits ^ u) * 1099511628211ull;
-            }
+            const uint64_t bits = output_bits(to_host(y, static_cast<size_t>(M) * N));
             std::printf("matmul_w4a16 %dx%d M=%d: %.2f us, %.0f GB/s (median of 20), output bits %016llx\n", N, K, M, us,
                         (nw * 0.625 + 4.0 * M * (static_cast<double>(K) + N)) / us / 1e3,
                         static_cast<unsigned long long>(bits));
@@ -801,6 +813,7 @@ int main(int argc, char** argv) {
         std::string gemm;
         const int shapes[3][2] = {{2048, 7168}, {7168, 2048}, {28672, 8192}};
         for (const auto& sh : shapes) {
+            if (moe_only) break;
             const std::string r = bench_gemm(ctx, sh[0], sh[1], ceiling, quick, failures);
             gemm += (gemm.empty() ? "" : ",\n    ") + r;
         }
