@@ -30,8 +30,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+import typing
 from pathlib import Path
-from typing import Any
 
 from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
 from .console import Console
@@ -44,6 +44,9 @@ from .sink import BoundedSink
 from .steps import ORDER, STEPS
 from .steps import preflight as preflight_step
 from .steps.context import StepContext, UserCommand
+
+if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
+    from .steps.bundle_tasks import BundleTask
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -67,7 +70,7 @@ class Plan:
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
     user_command: UserCommand | None = None     # exec: the command typed after --
-    task: Any = None                        # check-bundle, clean-bundles: steps.bundle_tasks.BundleTask
+    task: BundleTask | None = None          # check-bundle, clean-bundles: what was asked
 
     @property
     def claims_gpus(self) -> bool:
@@ -339,7 +342,7 @@ def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bu
     return bundles
 
 
-def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome | None, stopped: bool) -> None:
+def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecord] | None, stopped: bool) -> None:
     """Complete a host's record after the run: a host never started (interrupted first) has its
     steps `skipped`; one whose runner crashed keeps what it recorded and the error."""
     if outcome is not None and not outcome.ok:

@@ -21,12 +21,20 @@ from typing import Any, Callable, TypeVar
 from .. import bounded, ownership, progress, remote, state
 from . import STEPS, executables, inputs
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
+from ..gpus import Request
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord
 from ..redaction import redact, redact_tree
 from ..run_store import RunDir
 from ..sync import SourceId
 from ..connectors.base import Result, Transport, capture_failure
+
+if typing.TYPE_CHECKING:      # each imports this module, or one that does, at run time
+    from ..bundle_plan import BundlePlan
+    from ..gpu_claims import GpuClaim
+    from ..gpus import Gpu
+    from ..pipeline import LocalReference
+    from .bundle_tasks import BundleTask
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
@@ -68,6 +76,11 @@ class Reused:
     tree: str
 
 
+def _no_tree_lock(mode: str, wait: float, begin_sync: bool) -> state.HostLock:
+    """The take_lock of a context outside a run that holds the tree lock: there is none to take."""
+    raise ValueError(f"this step context takes no tree lock (asked for it in {mode} mode)")
+
+
 @dataclasses.dataclass
 class StepContext:
     """One host's view of the run, handed to each step in turn."""
@@ -78,39 +91,46 @@ class StepContext:
     run_dir: RunDir
     source: SourceId
     owner: state.Owner
-    reference: Any                      # pipeline.LocalReference: expected and local manifests
+    reference: LocalReference           # the expected and local manifests
     record: HostRecord
     use_cache: bool = True
     step: str = ""
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
-    lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
-    take_lock: Any = None               # (mode, wait, begin_sync) -> state.HostLock held by the run
+    lock: state.HostLock | None = None  # the run's tree lock on the host (None: not taken yet)
+    take_lock: Callable[[str, float, bool], state.HostLock] = _no_tree_lock   # (mode, wait, begin_sync) -> the lock held
     sync_planned: bool = False          # the sync step comes: a lock held alone begins it (state.acquire)
-    gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
-    claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
-    claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
-    probe: Any = None                   # Future of the doctor probe started as the host connected (Run.prepare)
-    gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
-    devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
+    gpu_request: Request = dataclasses.field(default_factory=Request)   # the inventory's GPU policy, --gpus over it
+    claim_gpus: Callable[[Request], GpuClaim] | None = None   # request -> the claim held by the run; None: only look (doctor)
+    claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
+    probe: Future[dict[str, list[str]]] | None = None   # the doctor probe started as the host connected (Run.prepare)
+    gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
+    devices_used: list[str] = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
-    measured: Any = None                # inputs.Inputs on the host since its last engine command
-    stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
-    ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
+    measured: inputs.Inputs | None = None   # the inputs on the host since its last engine command
+    stamps: dict[str, dict | None] | None = None   # the host's state files (state.STAMPS) as last read or written
+    ahead: dict[object, Future] = dataclasses.field(default_factory=dict)   # reads started by read_ahead: key -> Future
     user_command: UserCommand | None = None   # exec: what the user typed after --
-    progress: Any = dataclasses.field(default_factory=progress.Ignored)   # progress.Reporter of the current step
-    bundles: Any = None                 # bundle_plan.BundlePlan: the bundles the host runs (None: deploy, exec)
-    task: Any = None                    # bundle_tasks.BundleTask: what check-bundle or clean-bundles was asked
+    progress: progress.Reporter = dataclasses.field(default_factory=progress.Ignored)   # the current step's
+    bundles: BundlePlan | None = None   # the bundles the host runs (None: deploy, exec)
+    task: BundleTask | None = None      # what check-bundle or clean-bundles was asked
 
-    def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
+    def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None) -> state.HostLock:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
         hold the one `taken` already (started as take_lock(mode, wait, False)); held alone
-        before a planned sync, the lock command begins the sync too (one round trip)."""
-        self.lock = taken.result() if taken is not None else \
+        before a planned sync, the lock command begins the sync too (one round trip). The lock held."""
+        lock = self.lock = taken.result() if taken is not None else \
             self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
-        if self.lock.stale:
-            self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
+        if lock.stale:
+            self.log(f"recovered the lock left by a run that died: {lock.stale}")
+        return lock
+
+    def held_lock(self) -> state.HostLock:
+        """The tree lock the run holds; StepError when it holds none (a context outside such a run)."""
+        if self.lock is None:
+            raise StepError(f"the {self.step} step needs the tree lock, and this run holds none", host=self.host.name)
+        return self.lock
 
     def read_ahead(self, steps: tuple[str, ...]) -> None:
         """Start, side by side, the host reads that `steps` make one after the other when nothing
