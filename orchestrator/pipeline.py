@@ -78,6 +78,25 @@ class Plan:
         return self.command in ("validate", "nightly", "check-bundle")
 
     @property
+    def reuses_results(self) -> bool:
+        """Whether golden, test and bench may take the results of an earlier run with the same
+        inputs (StepContext.cached_result): not with --no-cache, nor in a nightly, which measures
+        every night."""
+        return self.use_cache and self.command != "nightly"
+
+    @property
+    def history_bench(self) -> bool:
+        """Whether the bench measures for the benchmark history (nightly, bisect), with the
+        project's bench_nightly command when it names one (docs/nightly.md)."""
+        return self.command in ("nightly", "bisect")
+
+    @property
+    def imports_numpy(self) -> bool:
+        """Whether the doctor probe reads numpy's version by importing it (doctor), not from its
+        installed metadata (a tenth of the time: the later steps import it where they use it)."""
+        return self.command == "doctor"
+
+    @property
     def takes_lock(self) -> bool:
         """Whether the plan's runs hold the tree lock (all but doctor's and exec's)."""
         return self.command not in UNLOCKED_COMMANDS
@@ -216,7 +235,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
         # probe (read-only) while the source is hashed here
         run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
-                    functools.partial(doctor.probe, import_numpy=plan.command == "doctor")
+                    functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
                     if any(STEPS[s].checks for s in plan.steps) else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
@@ -292,16 +311,14 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     transport = run.transport(host)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
+                      shared.reference, rec, plan, secrets=tuple(remote.secret_strings(host)),
                       gpu_request=gpus.Request.for_host(host, plan.gpus,
                                                         -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0),
                       bundles=bundles,
                       take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync,
                                                                         hash_line),
-                      sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command,
-                      task=plan.task)
+                      if plan.claims_gpus else None, probe=run.first_result(host))
     stopped_by = None
     try:
         for step in plan.listed:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor, record, run_store, state, sync
+from orchestrator import doctor, pipeline, record, run_store, state, sync
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
@@ -64,11 +64,11 @@ def context(make_inventory, tmp_path):
         (root / name).write_text(text)
     deploy(root, TREE)
 
-    def make(command="validate", use_cache=True, build_key=None):
+    def make(command="validate", use_cache=True, build_key=None, owner=None):
         run_dir = run_store.create_run_dir(tmp_path / "runs")
         ctx = StepContext(host, factory.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
-                          state.Owner.now(command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
-                          use_cache, step="test", log=lines.append)
+                          state.Owner.now(owner or command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
+                          pipeline.Plan.of(command, use_cache=use_cache), step="test", log=lines.append)
         return ctx
     lines: list[str] = []
     make.root, make.lines = root, lines
@@ -317,6 +317,18 @@ def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_
     ctx.step, ctx.project = "bench", dataclasses.replace(ctx.project, commands={
         k: v for k, v in ctx.project.commands.items() if k != "bench_nightly"})
     assert ctx.step_command() == "bench"
+
+
+def test_the_settings_come_from_the_plan_not_from_the_lock_owner_record(context):
+    """Whether results may be reused and which command measures follow the run's Plan; the lock
+    owner record (what the host shows other runs of the one holding its tree) decides nothing."""
+    nightly, validate = context(command="nightly", owner="validate"), context(command="validate", owner="nightly")
+    nightly.step = validate.step = "bench"
+    assert nightly.results_key() is None and nightly.step_command() == "bench_nightly"
+    assert validate.results_key() is not None and validate.step_command() == "bench"
+    nightly.deployed_tree_hash = TREE
+    nightly.read_ahead(("test", "bench"))
+    assert set(nightly.ahead) == {"stamps"}          # nothing read ahead for a reuse that cannot come
 
 
 def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):

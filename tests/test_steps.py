@@ -42,7 +42,7 @@ def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone():
     """ctx.changing(): the with-block of a step that changes the deployed tree (Step.changes_tree);
     any other step asking for it is a programming error, never a lock held alone."""
     for name, step in STEPS.items():
-        ctx = StepContext(*[None] * 8, step=name)       # no lock held: changing() holds nothing more
+        ctx = StepContext(*[None] * 9, step=name)       # no lock held: changing() holds nothing more
         if step.changes_tree:
             with ctx.changing():
                 pass

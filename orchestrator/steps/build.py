@@ -25,7 +25,7 @@ def run(ctx: StepContext) -> Outcome:
     tree = ctx.tree_hash()
     key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
     stamp = record.mapping(ctx.stamp(STAMP))
-    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
+    if ctx.plan.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _reusable(ctx, key, tree)
         if version is not None:
             executables.remember_key(ctx.project, ctx.host, key)
@@ -37,7 +37,7 @@ def run(ctx: StepContext) -> Outcome:
                                           what="removing build/'s executables"))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.changing():
-        result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
+        result = ctx.engine("build", None if ctx.plan.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
         executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
         executables.remember_key(ctx.project, ctx.host, key)

@@ -19,7 +19,7 @@ def run(ctx: StepContext) -> Outcome:
     if ctx.bundles is not None and not ctx.bundles.is_default:     # another selection: other bundles
         key["configs"] = " ".join(ctx.bundles.configs)
     stamp = ctx.stamp(STAMP) or {}
-    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
+    if ctx.plan.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
             return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "

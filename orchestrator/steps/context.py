@@ -33,8 +33,7 @@ if typing.TYPE_CHECKING:      # each imports this module, or one that does, at r
     from ..bundle_plan import BundlePlan
     from ..gpu_claims import GpuClaim
     from ..gpus import Gpu
-    from ..pipeline import LocalReference
-    from .bundle_tasks import BundleTask
+    from ..pipeline import LocalReference, Plan
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
@@ -93,14 +92,13 @@ class StepContext:
     owner: state.Owner
     reference: LocalReference           # the expected and local manifests
     record: HostRecord
-    use_cache: bool = True
+    plan: Plan                          # the command's steps and settings (--no-cache, a nightly's, exec's command)
     step: str = ""
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
     lock: state.HostLock | None = None  # the run's tree lock on the host (None: not taken yet)
     take_lock: Callable[[str, float, bool], state.HostLock] = _no_tree_lock   # (mode, wait, begin_sync) -> the lock held
-    sync_planned: bool = False          # the sync step comes: a lock held alone begins it (state.acquire)
     gpu_request: Request = dataclasses.field(default_factory=Request)   # the inventory's GPU policy, --gpus over it
     claim_gpus: Callable[[Request], GpuClaim] | None = None   # request -> the claim held by the run; None: only look (doctor)
     claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
@@ -111,17 +109,15 @@ class StepContext:
     measured: inputs.Inputs | None = None   # the inputs on the host since its last engine command
     stamps: dict[str, dict | None] | None = None   # the host's state files (state.STAMPS) as last read or written
     ahead: dict[object, Future] = dataclasses.field(default_factory=dict)   # reads started by read_ahead: key -> Future
-    user_command: UserCommand | None = None   # exec: what the user typed after --
     progress: progress.Reporter = dataclasses.field(default_factory=progress.Ignored)   # the current step's
     bundles: BundlePlan | None = None   # the bundles the host runs (None: deploy, exec)
-    task: BundleTask | None = None      # what check-bundle or clean-bundles was asked
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None) -> state.HostLock:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
         hold the one `taken` already (started as take_lock(mode, wait, False)); held alone
         before a planned sync, the lock command begins the sync too (one round trip). The lock held."""
         lock = self.lock = taken.result() if taken is not None else \
-            self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
+            self.take_lock(mode, wait, "sync" in self.plan.steps and mode == state.EXCLUSIVE)
         if lock.stale:
             self.log(f"recovered the lock left by a run that died: {lock.stale}")
         return lock
@@ -144,7 +140,7 @@ class StepContext:
         hashes them only when its build stamp names the deployed tree. The result files are read
         in one command with the state files and taken only once these show that."""
         reusable = [r for step in steps for r in STEPS[step].reuses] \
-            if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
+            if self.plan.reuses_results and not self.gpus else []
         tree = self.deployed_tree_hash
         # every read has a thread of its own: those that wait for the state files never hold up another
         pool = ThreadPoolExecutor(max_workers=6 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
@@ -161,7 +157,7 @@ class StepContext:
                                 state.json_paths(state.STAMPS) + [(path, RESULT_MAX_BYTES) for path in paths],
                                 timeout=max(self.host.timeout("lock"), 60 if paths else 0))
             stamps = ahead["stamps"] = pool.submit(_stamps_of, files)
-            if "build" in steps and self.use_cache and tree:
+            if "build" in steps and self.plan.use_cache and tree:
                 ahead["built"] = pool.submit(self._check_built, tree)
             if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
                 ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
@@ -257,7 +253,7 @@ class StepContext:
         without the cache (--no-cache), in a nightly run, on GPUs (what a GPU gives is never
         reused: a faulty or busy GPU must show), or when the host cannot hash them or give the
         build key."""
-        if not self.use_cache or self.owner.command == "nightly" or self.gpus:
+        if not self.plan.reuses_results or self.gpus:
             return None
         try:
             found, build = self.current_inputs(), self.build_key()
@@ -275,7 +271,7 @@ class StepContext:
         """The project command the current step runs: its Step's command (`generate` for golden), and
         for a nightly's or a bisect's bench `bench_nightly` when the project names it (docs/nightly.md,
         "Benchmark history")."""
-        if self.step == "bench" and self.owner.command in ("nightly", "bisect") and HISTORY_BENCH in self.project.commands:
+        if self.step == "bench" and self.plan.history_bench and HISTORY_BENCH in self.project.commands:
             return HISTORY_BENCH
         return STEPS[self.step].command
 

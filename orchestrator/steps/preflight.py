@@ -23,7 +23,7 @@ def run(ctx: StepContext) -> Outcome:
         query = pool.submit(gpus.query, ctx.transport)
         lock = pool.submit(_lock_for, ctx, query)
         pool.shutdown(wait=False)
-    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.owner.command == "doctor")
+    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.plan.imports_numpy)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)
