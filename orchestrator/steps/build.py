@@ -24,7 +24,7 @@ def run(ctx: StepContext) -> Outcome:
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
     key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
-    stamp = record.mapping(ctx.stamp(STAMP))
+    stamp = record.mapping(ctx.stamps.get(STAMP))
     if ctx.plan.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _reusable(ctx, key, tree)
         if version is not None:
@@ -41,7 +41,7 @@ def run(ctx: StepContext) -> Outcome:
         version = _checked_version(ctx, tree)
         executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
         executables.remember_key(ctx.project, ctx.host, key)
-        ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+        ctx.stamps.write(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))

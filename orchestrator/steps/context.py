@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import secrets
@@ -20,6 +21,7 @@ from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, progress, remote, state
 from . import STEPS, executables, inputs
+from .stamps import Files, Stamps
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
 from ..gpus import Request
 from ..inventory import Host, Project
@@ -107,10 +109,13 @@ class StepContext:
     devices_used: list[str] = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
     measured: inputs.Inputs | None = None   # the inputs on the host since its last engine command
-    stamps: dict[str, dict | None] | None = None   # the host's state files (state.STAMPS) as last read or written
     ahead: dict[object, Future] = dataclasses.field(default_factory=dict)   # reads started by read_ahead: key -> Future
     progress: progress.Reporter = dataclasses.field(default_factory=progress.Ignored)   # the current step's
     bundles: BundlePlan | None = None   # the bundles the host runs (None: deploy, exec)
+    stamps: Stamps = dataclasses.field(init=False, repr=False)   # the host's state files as this run knows them
+
+    def __post_init__(self) -> None:
+        self.stamps = Stamps(self._read_stamps, functools.partial(state.write_json, self.transport))
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None) -> state.HostLock:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
@@ -193,25 +198,9 @@ class StepContext:
         value = future.result() if future is not None else NOT_READ
         return read() if value is NOT_READ else typing.cast(T, value)
 
-    def stamp(self, name: str) -> dict | None:
-        """The host's state file `name` (one of state.STAMPS: the deploy record, a step's stamp),
-        as this run last read or wrote it: all of them are read at the first ask, in one round
-        trip. The run holds the tree lock: no other run writes them meanwhile (a stamp is
-        written only under the lock held alone, or not used: GPUs), and this run's own writes
-        go through write_stamp; a sync reads them again (forget_stamps)."""
-        if self.stamps is None:
-            self.stamps = self._ahead("stamps", lambda: state.read_jsons(self.transport, state.STAMPS))
-        return self.stamps[name]
-
-    def write_stamp(self, name: str, data: dict) -> None:
-        """Store the state file `name` on the host (state.write_json) and as this run knows it."""
-        state.write_json(self.transport, name, data)
-        if self.stamps is not None:
-            self.stamps[name] = json.loads(json.dumps(data))     # as a read would give it back
-
-    def forget_stamps(self) -> None:
-        """The state files changed on the host (a sync): the next stamp() reads them again."""
-        self.stamps = None
+    def _read_stamps(self) -> Files:
+        """Every state file of the host (state.STAMPS), as read ahead or read now."""
+        return self._ahead("stamps", lambda: state.read_jsons(self.transport, state.STAMPS))
 
     def changing(self):
         """The with-block in which the current step, one that changes the deployed tree (sync,
@@ -238,7 +227,9 @@ class StepContext:
                 with guard:
                     self.log("\n".join(f"[gpu {gpu.index}] {line}" for line in str(text).split("\n")))
             try:
-                return work(dataclasses.replace(self, log=log, devices_used=self.devices_used), gpu)
+                one_gpu = dataclasses.replace(self, log=log, devices_used=self.devices_used)
+                one_gpu.stamps = self.stamps        # one view of the host's state files
+                return work(one_gpu, gpu)
             except KdError as e:
                 log(str(e))
                 return e
@@ -290,7 +281,7 @@ class StepContext:
         key = self.results_key()
         if key is None:
             return None
-        stamp = self.stamp(STEPS[self.step].stamp)
+        stamp = self.stamps.get(STEPS[self.step].stamp)
         if not stamp or not stamp.get("run_id"):
             return None
         run_id = str(stamp["run_id"])
@@ -318,7 +309,7 @@ class StepContext:
         command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
-            self.write_stamp(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
+            self.stamps.write(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
                                                       "run_id": self.run_dir.run_id, "tree": self.tree_hash()})
 
     def build_key(self) -> dict:
@@ -338,7 +329,7 @@ class StepContext:
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
         if self.deployed_tree_hash is None:
-            deployed = self.stamp("deploy.json") or {}
+            deployed = self.stamps.get("deploy.json") or {}
             if not deployed.get("tree_hash"):
                 raise StepError("nothing has been deployed to the host yet: run the sync step", host=self.host.name)
             self.deployed_tree_hash = self.record.deployed_tree_hash = str(deployed["tree_hash"])
@@ -460,7 +451,7 @@ def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *arg
     when they do not (the build step will rebuild) or could not be read."""
     try:
         build = stamps.result().get("build.json")
-    except Exception:       # the stamp() that needs them reads them again and reports it
+    except Exception:       # the stamps.get() that needs them reads them again and reports it
         return NOT_READ
     key = build.get("key") if isinstance(build, dict) else None
     return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ

@@ -18,7 +18,7 @@ def run(ctx: StepContext) -> Outcome:
         result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log, ctx.held_lock())
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
-    ctx.forget_stamps()             # the deploy record changed
+    ctx.stamps.forget()             # the deploy record changed
     repaired = f"; repaired a broken sync ({result.repaired})" if result.repaired else ""
     return Outcome("passed", f"{result.method}: {result.files} files, {result.bytes} bytes sent, "
                              f"{result.deleted} deleted{repaired}")
