@@ -14,7 +14,7 @@ import dataclasses
 import os
 import resource
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Generic, Iterable, TypeVar
 
 from .errors import KdError, UsageError
 from .inventory import Host
@@ -26,6 +26,7 @@ MAX_PARALLEL_FLAG = 4096
 # --sections scale; the estimate is kept above the measured figures (docs/benchmarks/).
 FD_BASE = 64
 FD_PER_HOST = 16
+T = TypeVar("T")     # what the function run on each host returns
 
 
 def default_parallel() -> int:
@@ -67,11 +68,11 @@ def fit_fd_limit(in_flight: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostOutcome:
+class HostOutcome(Generic[T]):
     """One host's outcome of a parallel run: what the function returned on it, or the error it raised."""
 
     host: Host
-    value: Any = None
+    value: T | None = None
     error: BaseException | None = None
     seconds: float = 0.0
 
@@ -89,23 +90,23 @@ class HostOutcome:
         return first.removeprefix(f"{self.host.name}: ")
 
 
-class HostOutcomes(dict):
+class HostOutcomes(dict[str, HostOutcome[T]]):
     """host name -> HostOutcome, in the order the hosts were given."""
 
 
-def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], Any], max_parallel: int | None = None,
-                 on_interrupt: Callable[[], None] | None = None) -> HostOutcomes:
+def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], T], max_parallel: int | None = None,
+                 on_interrupt: Callable[[], None] | None = None) -> HostOutcomes[T]:
     """Call fn(host) for every host, at most max_parallel at a time; never raises for a host."""
     hosts = list(hosts)
 
-    def call(host: Host) -> HostOutcome:
+    def call(host: Host) -> HostOutcome[T]:
         start = time.monotonic()
         try:
             return HostOutcome(host, fn(host), None, round(time.monotonic() - start, 3))
         except Exception as e:          # collected: one host never stops the others
             return HostOutcome(host, None, e, round(time.monotonic() - start, 3))
 
-    outcomes = HostOutcomes()
+    outcomes: HostOutcomes[T] = HostOutcomes()
     if not hosts:
         return outcomes
     in_flight = max(1, min(max_parallel or default_parallel(), len(hosts)))

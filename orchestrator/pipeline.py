@@ -30,8 +30,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+import typing
 from pathlib import Path
-from typing import Any
 
 from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
 from .console import Console
@@ -44,6 +44,9 @@ from .sink import BoundedSink
 from .steps import ORDER, STEPS
 from .steps import preflight as preflight_step
 from .steps.context import StepContext, UserCommand
+
+if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
+    from .steps.bundle_tasks import BundleTask
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -67,12 +70,31 @@ class Plan:
     max_parallel: int | None = None         # hosts in flight (--parallel); None: parallel.default_parallel()
     gpus: gpus.Override | None = None       # --gpus
     user_command: UserCommand | None = None     # exec: the command typed after --
-    task: Any = None                        # check-bundle, clean-bundles: steps.bundle_tasks.BundleTask
+    task: BundleTask | None = None          # check-bundle, clean-bundles: what was asked
 
     @property
     def claims_gpus(self) -> bool:
         """Whether the plan's runs claim GPUs and pin the engine to them (validate, nightly, check-bundle)."""
         return self.command in ("validate", "nightly", "check-bundle")
+
+    @property
+    def reuses_results(self) -> bool:
+        """Whether golden, test and bench may take the results of an earlier run with the same
+        inputs (StepContext.cached_result): not with --no-cache, nor in a nightly, which measures
+        every night."""
+        return self.use_cache and self.command != "nightly"
+
+    @property
+    def history_bench(self) -> bool:
+        """Whether the bench measures for the benchmark history (nightly, bisect), with the
+        project's bench_nightly command when it names one (docs/nightly.md)."""
+        return self.command in ("nightly", "bisect")
+
+    @property
+    def imports_numpy(self) -> bool:
+        """Whether the doctor probe reads numpy's version by importing it (doctor), not from its
+        installed metadata (a tenth of the time: the later steps import it where they use it)."""
+        return self.command == "doctor"
 
     @property
     def takes_lock(self) -> bool:
@@ -213,7 +235,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
         # probe (read-only) while the source is hashed here
         run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
-                    functools.partial(doctor.probe, import_numpy=plan.command == "doctor")
+                    functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
                     if any(STEPS[s].checks for s in plan.steps) else None)
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
@@ -289,16 +311,14 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     transport = run.transport(host)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan.use_cache, secrets=tuple(remote.secret_strings(host)),
+                      shared.reference, rec, plan, secrets=tuple(remote.secret_strings(host)),
                       gpu_request=gpus.Request.for_host(host, plan.gpus,
                                                         -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0),
                       bundles=bundles,
                       take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync,
                                                                         hash_line),
-                      sync_planned="sync" in plan.steps,
                       claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host), user_command=plan.user_command,
-                      task=plan.task)
+                      if plan.claims_gpus else None, probe=run.first_result(host))
     stopped_by = None
     try:
         for step in plan.listed:
@@ -339,7 +359,7 @@ def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bu
     return bundles
 
 
-def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome | None, stopped: bool) -> None:
+def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecord] | None, stopped: bool) -> None:
     """Complete a host's record after the run: a host never started (interrupted first) has its
     steps `skipped`; one whose runner crashed keeps what it recorded and the error."""
     if outcome is not None and not outcome.ok:

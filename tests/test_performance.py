@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor, record, run_store, state, sync
+from orchestrator import doctor, pipeline, record, run_store, state, sync
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
@@ -64,11 +64,11 @@ def context(make_inventory, tmp_path):
         (root / name).write_text(text)
     deploy(root, TREE)
 
-    def make(command="validate", use_cache=True, build_key=None):
+    def make(command="validate", use_cache=True, build_key=None, owner=None):
         run_dir = run_store.create_run_dir(tmp_path / "runs")
         ctx = StepContext(host, factory.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
-                          state.Owner.now(command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
-                          use_cache, step="test", log=lines.append)
+                          state.Owner.now(owner or command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
+                          pipeline.Plan.of(command, use_cache=use_cache), step="test", log=lines.append)
         return ctx
     lines: list[str] = []
     make.root, make.lines = root, lines
@@ -186,7 +186,7 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
     assert ctx.engine_output("build_key").strip() == ctx.engine_output("bundles_key").strip() == '{"cxx": "g++"}'
     assert time.monotonic() - start < 1.9          # two 1 s commands, side by side
     assert ctx.ahead["inputs"].result() is not context_module.NOT_READ       # the build stamp names TREE
-    assert (ctx.current_inputs(), ctx.stamp("deploy.json")) == (expected[0], expected[1]["deploy.json"])
+    assert (ctx.current_inputs(), ctx.stamps.get("deploy.json")) == (expected[0], expected[1]["deploy.json"])
     assert ctx.pull_json("tests") == TESTS
 
 
@@ -317,6 +317,18 @@ def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_
     ctx.step, ctx.project = "bench", dataclasses.replace(ctx.project, commands={
         k: v for k, v in ctx.project.commands.items() if k != "bench_nightly"})
     assert ctx.step_command() == "bench"
+
+
+def test_the_settings_come_from_the_plan_not_from_the_lock_owner_record(context):
+    """Whether results may be reused and which command measures follow the run's Plan; the lock
+    owner record (what the host shows other runs of the one holding its tree) decides nothing."""
+    nightly, validate = context(command="nightly", owner="validate"), context(command="validate", owner="nightly")
+    nightly.step = validate.step = "bench"
+    assert nightly.results_key() is None and nightly.step_command() == "bench_nightly"
+    assert validate.results_key() is not None and validate.step_command() == "bench"
+    nightly.deployed_tree_hash = TREE
+    nightly.read_ahead(("test", "bench"))
+    assert set(nightly.ahead) == {"stamps"}          # nothing read ahead for a reuse that cannot come
 
 
 def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
@@ -485,7 +497,7 @@ def test_files_read_at_once_are_each_what_read_file_gives(context):
 def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     """One round trip for every stamp (state.read_jsons): each as read_json gives it (a missing,
     broken, non-mapping or oversized one is None), a NUL byte or a line like the framing's in
-    one file leaving the others as they are; the step context keeps them and its own writes."""
+    one file leaving the others as they are (the step context's cache of them: tests/test_stamps.py)."""
     ctx = context()
     kd = context.root / ".kdtree"
     (kd / "build.json").write_text('{"key": 1}')
@@ -499,14 +511,6 @@ def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     (kd / "golden.json").write_bytes(b'{"a": 1}\0x')
     (kd / "test.json").write_bytes(b'{"a":\n0 \n}')        # the framing's status line, without the mark
     assert state.read_jsons(ctx.transport, state.STAMPS) == {**found, "test.json": {"a": 0}}
-    (kd / "golden.json").unlink()
-    assert ctx.stamp("build.json") == {"key": 1}
-    (kd / "build.json").write_text('{"key": 2}')            # read once per run (under the lock)
-    assert ctx.stamp("build.json") == {"key": 1}
-    ctx.write_stamp("bench.json", {"run_id": ("r", 1)})
-    assert ctx.stamp("bench.json") == {"run_id": ["r", 1]} == json.loads((kd / "bench.json").read_text())
-    ctx.forget_stamps()
-    assert ctx.stamp("build.json") == {"key": 2}
 
 
 # a stand-in for the engine's build: a new executable each time (its build number in it); says whether

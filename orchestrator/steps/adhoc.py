@@ -11,8 +11,9 @@ def run(ctx: StepContext) -> Outcome:
     """Run the user's command; passed when it exits 0, else a CommandError with its exit code and
     output tail (timed out only when it ran past its timeout: an exit status of 124 or 137 that
     came sooner is the command's own)."""
-    assert ctx.user_command is not None         # an exec plan always carries one
-    argv, timeout = ctx.user_command.argv, ctx.user_command.timeout
+    command = ctx.plan.user_command
+    assert command is not None         # an exec plan always carries one
+    argv, timeout = command.argv, command.timeout
     shown = remote.quote(argv)
     ctx.log(f"$ {shown}")
     result = ctx.transport.run(remote.adhoc(ctx.host, argv, timeout), on_output=ctx.log)

@@ -24,8 +24,8 @@ def run(ctx: StepContext) -> Outcome:
     engine rebuilds from scratch."""
     tree = ctx.tree_hash()
     key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}
-    stamp = record.mapping(ctx.stamp(STAMP))
-    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
+    stamp = record.mapping(ctx.stamps.get(STAMP))
+    if ctx.plan.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         version = _reusable(ctx, key, tree)
         if version is not None:
             executables.remember_key(ctx.project, ctx.host, key)
@@ -37,11 +37,11 @@ def run(ctx: StepContext) -> Outcome:
                                           what="removing build/'s executables"))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.changing():
-        result = ctx.engine("build", None if ctx.use_cache else {"KD_REBUILD": "1"})
+        result = ctx.engine("build", None if ctx.plan.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
         executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
         executables.remember_key(ctx.project, ctx.host, key)
-        ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
+        ctx.stamps.write(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
         return Outcome("cached", f"{_what(version)} of tree {tree[:12]} restored from the host's build cache")
     return Outcome("passed", _what(version))

@@ -37,7 +37,7 @@ def check_bundle(ctx: StepContext) -> Outcome:
     """`kdtree check --bundle PATH --expect golden` in remote_dir on the claimed GPUs: passed when the
     engine reads the bundle and its AR tokens equal the bundle's golden tokens; else a CommandError
     with what the engine said."""
-    task = ctx.task
+    task = ctx.plan.task
     assert task is not None and task.path is not None      # the check-bundle plan always carries one
     argv = [ENGINE, "check", "--bundle", task.path, "--expect", "golden"]
     if task.max_memory:
@@ -60,7 +60,7 @@ def check_bundle(ctx: StepContext) -> Outcome:
 def clean_bundles(ctx: StepContext) -> Outcome:
     """List the bundle files of the deployed bundle folder (sizes; used by the selected tiers or
     stale) and, with BundleTask.remove, remove the stale ones; say what was (or would be) freed."""
-    task, plan = ctx.task, ctx.bundles
+    task, plan = ctx.plan.task, ctx.bundles
     assert task is not None and plan is not None
     folder = posixpath.dirname(ctx.project.results["manifest"])
     listed = _list(ctx, folder)

@@ -18,8 +18,8 @@ def run(ctx: StepContext) -> Outcome:
     key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
     if ctx.bundles is not None and not ctx.bundles.is_default:     # another selection: other bundles
         key["configs"] = " ".join(ctx.bundles.configs)
-    stamp = ctx.stamp(STAMP) or {}
-    if ctx.use_cache and stamp.get("key") == key and stamp.get("run_id"):
+    stamp = ctx.stamps.get(STAMP) or {}
+    if ctx.plan.use_cache and stamp.get("key") == key and stamp.get("run_id"):
         if _outputs(ctx) and stamp.get("outputs") == _outputs(ctx):      # {}: no manifest, never up to date
             return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
@@ -31,7 +31,7 @@ def run(ctx: StepContext) -> Outcome:
             ctx.log(f"writing {len(ctx.bundles.bundles)} bundles of tiers {', '.join(ctx.bundles.tiers)}: "
                     f"{gb(ctx.bundles.disk_bytes)}")
         ctx.engine("bundles")
-        ctx.write_stamp(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
+        ctx.stamps.write(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import secrets
@@ -20,13 +21,21 @@ from typing import Any, Callable, TypeVar
 
 from .. import bounded, ownership, progress, remote, state
 from . import STEPS, executables, inputs
+from .stamps import Files, Stamps
 from ..errors import CommandError, FetchError, HostError, KdError, cause_of
+from ..gpus import Request
 from ..inventory import Host, Project
 from ..record import GpuRun, HostRecord
 from ..redaction import redact, redact_tree
 from ..run_store import RunDir
 from ..sync import SourceId
 from ..connectors.base import Result, Transport, capture_failure
+
+if typing.TYPE_CHECKING:      # each imports this module, or one that does, at run time
+    from ..bundle_plan import BundlePlan
+    from ..gpu_claims import GpuClaim
+    from ..gpus import Gpu
+    from ..pipeline import LocalReference, Plan
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
@@ -68,6 +77,11 @@ class Reused:
     tree: str
 
 
+def _no_tree_lock(mode: str, wait: float, begin_sync: bool) -> state.HostLock:
+    """The take_lock of a context outside a run that holds the tree lock: there is none to take."""
+    raise ValueError(f"this step context takes no tree lock (asked for it in {mode} mode)")
+
+
 @dataclasses.dataclass
 class StepContext:
     """One host's view of the run, handed to each step in turn."""
@@ -78,39 +92,46 @@ class StepContext:
     run_dir: RunDir
     source: SourceId
     owner: state.Owner
-    reference: Any                      # pipeline.LocalReference: expected and local manifests
+    reference: LocalReference           # the expected and local manifests
     record: HostRecord
-    use_cache: bool = True
+    plan: Plan                          # the command's steps and settings (--no-cache, a nightly's, exec's command)
     step: str = ""
     log: Callable[[str], None] = print
     deployed_tree_hash: str | None = None
     secrets: tuple[str, ...] = ()       # the host's secret_env values: redacted from logs and the record
-    lock: Any = None                    # the run's state.HostLock on the host (None: not taken yet)
-    take_lock: Any = None               # (mode, wait, begin_sync) -> state.HostLock held by the run
-    sync_planned: bool = False          # the sync step comes: a lock held alone begins it (state.acquire)
-    gpu_request: Any = None             # gpus.Request: the inventory's GPU policy, --gpus over it
-    claim_gpus: Any = None              # request -> gpu_claims.GpuClaim held by the run; None: only look (doctor)
-    claim: Any = None                   # the run's gpu_claims.GpuClaim on the host (None: none taken)
-    probe: Any = None                   # Future of the doctor probe started as the host connected (Run.prepare)
-    gpus: tuple = ()                    # the GPUs claimed for the run (gpus.Gpu), ascending index
-    devices_used: list = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
+    lock: state.HostLock | None = None  # the run's tree lock on the host (None: not taken yet)
+    take_lock: Callable[[str, float, bool], state.HostLock] = _no_tree_lock   # (mode, wait, begin_sync) -> the lock held
+    gpu_request: Request = dataclasses.field(default_factory=Request)   # the inventory's GPU policy, --gpus over it
+    claim_gpus: Callable[[Request], GpuClaim] | None = None   # request -> the claim held by the run; None: only look (doctor)
+    claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
+    probe: Future[dict[str, list[str]]] | None = None   # the doctor probe started as the host connected (Run.prepare)
+    gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
+    devices_used: list[str] = dataclasses.field(default_factory=list)   # CUDA_VISIBLE_DEVICES uuids of this step
     inputs_digest: str | None = None    # the digest of what this step's results depend on (results_key)
-    measured: Any = None                # inputs.Inputs on the host since its last engine command
-    stamps: dict | None = None          # the host's state files (state.STAMPS) as last read or written (stamp)
-    ahead: dict = dataclasses.field(default_factory=dict)     # reads started by read_ahead: key -> Future
-    user_command: UserCommand | None = None   # exec: what the user typed after --
-    progress: Any = dataclasses.field(default_factory=progress.Ignored)   # progress.Reporter of the current step
-    bundles: Any = None                 # bundle_plan.BundlePlan: the bundles the host runs (None: deploy, exec)
-    task: Any = None                    # bundle_tasks.BundleTask: what check-bundle or clean-bundles was asked
+    measured: inputs.Inputs | None = None   # the inputs on the host since its last engine command
+    ahead: dict[object, Future] = dataclasses.field(default_factory=dict)   # reads started by read_ahead: key -> Future
+    progress: progress.Reporter = dataclasses.field(default_factory=progress.Ignored)   # the current step's
+    bundles: BundlePlan | None = None   # the bundles the host runs (None: deploy, exec)
+    stamps: Stamps = dataclasses.field(init=False, repr=False)   # the host's state files as this run knows them
 
-    def hold_tree(self, mode: str, wait: float = 0, taken: Future | None = None) -> None:
+    def __post_init__(self) -> None:
+        self.stamps = Stamps(self._read_stamps, functools.partial(state.write_json, self.transport))
+
+    def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None) -> state.HostLock:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
         hold the one `taken` already (started as take_lock(mode, wait, False)); held alone
-        before a planned sync, the lock command begins the sync too (one round trip)."""
-        self.lock = taken.result() if taken is not None else \
-            self.take_lock(mode, wait, self.sync_planned and mode == state.EXCLUSIVE)
-        if self.lock.stale:
-            self.log(f"recovered the lock left by a run that died: {self.lock.stale}")
+        before a planned sync, the lock command begins the sync too (one round trip). The lock held."""
+        lock = self.lock = taken.result() if taken is not None else \
+            self.take_lock(mode, wait, "sync" in self.plan.steps and mode == state.EXCLUSIVE)
+        if lock.stale:
+            self.log(f"recovered the lock left by a run that died: {lock.stale}")
+        return lock
+
+    def held_lock(self) -> state.HostLock:
+        """The tree lock the run holds; StepError when it holds none (a context outside such a run)."""
+        if self.lock is None:
+            raise StepError(f"the {self.step} step needs the tree lock, and this run holds none", host=self.host.name)
+        return self.lock
 
     def read_ahead(self, steps: tuple[str, ...]) -> None:
         """Start, side by side, the host reads that `steps` make one after the other when nothing
@@ -124,7 +145,7 @@ class StepContext:
         hashes them only when its build stamp names the deployed tree. The result files are read
         in one command with the state files and taken only once these show that."""
         reusable = [r for step in steps for r in STEPS[step].reuses] \
-            if self.use_cache and not self.gpus and self.owner.command != "nightly" else []
+            if self.plan.reuses_results and not self.gpus else []
         tree = self.deployed_tree_hash
         # every read has a thread of its own: those that wait for the state files never hold up another
         pool = ThreadPoolExecutor(max_workers=6 + len(reusable), thread_name_prefix=f"read-ahead-{self.host.name}")
@@ -141,7 +162,7 @@ class StepContext:
                                 state.json_paths(state.STAMPS) + [(path, RESULT_MAX_BYTES) for path in paths],
                                 timeout=max(self.host.timeout("lock"), 60 if paths else 0))
             stamps = ahead["stamps"] = pool.submit(_stamps_of, files)
-            if "build" in steps and self.use_cache and tree:
+            if "build" in steps and self.plan.use_cache and tree:
                 ahead["built"] = pool.submit(self._check_built, tree)
             if tree and (reusable or "bundles" in steps):     # the host itself checks the build stamp
                 ahead["inputs"] = pool.submit(lambda: inputs.measure_if_built(self.transport, self.project, tree)
@@ -177,25 +198,9 @@ class StepContext:
         value = future.result() if future is not None else NOT_READ
         return read() if value is NOT_READ else typing.cast(T, value)
 
-    def stamp(self, name: str) -> dict | None:
-        """The host's state file `name` (one of state.STAMPS: the deploy record, a step's stamp),
-        as this run last read or wrote it: all of them are read at the first ask, in one round
-        trip. The run holds the tree lock: no other run writes them meanwhile (a stamp is
-        written only under the lock held alone, or not used: GPUs), and this run's own writes
-        go through write_stamp; a sync reads them again (forget_stamps)."""
-        if self.stamps is None:
-            self.stamps = self._ahead("stamps", lambda: state.read_jsons(self.transport, state.STAMPS))
-        return self.stamps[name]
-
-    def write_stamp(self, name: str, data: dict) -> None:
-        """Store the state file `name` on the host (state.write_json) and as this run knows it."""
-        state.write_json(self.transport, name, data)
-        if self.stamps is not None:
-            self.stamps[name] = json.loads(json.dumps(data))     # as a read would give it back
-
-    def forget_stamps(self) -> None:
-        """The state files changed on the host (a sync): the next stamp() reads them again."""
-        self.stamps = None
+    def _read_stamps(self) -> Files:
+        """Every state file of the host (state.STAMPS), as read ahead or read now."""
+        return self._ahead("stamps", lambda: state.read_jsons(self.transport, state.STAMPS))
 
     def changing(self):
         """The with-block in which the current step, one that changes the deployed tree (sync,
@@ -222,7 +227,9 @@ class StepContext:
                 with guard:
                     self.log("\n".join(f"[gpu {gpu.index}] {line}" for line in str(text).split("\n")))
             try:
-                return work(dataclasses.replace(self, log=log, devices_used=self.devices_used), gpu)
+                one_gpu = dataclasses.replace(self, log=log, devices_used=self.devices_used)
+                one_gpu.stamps = self.stamps        # one view of the host's state files
+                return work(one_gpu, gpu)
             except KdError as e:
                 log(str(e))
                 return e
@@ -237,7 +244,7 @@ class StepContext:
         without the cache (--no-cache), in a nightly run, on GPUs (what a GPU gives is never
         reused: a faulty or busy GPU must show), or when the host cannot hash them or give the
         build key."""
-        if not self.use_cache or self.owner.command == "nightly" or self.gpus:
+        if not self.plan.reuses_results or self.gpus:
             return None
         try:
             found, build = self.current_inputs(), self.build_key()
@@ -255,7 +262,7 @@ class StepContext:
         """The project command the current step runs: its Step's command (`generate` for golden), and
         for a nightly's or a bisect's bench `bench_nightly` when the project names it (docs/nightly.md,
         "Benchmark history")."""
-        if self.step == "bench" and self.owner.command in ("nightly", "bisect") and HISTORY_BENCH in self.project.commands:
+        if self.step == "bench" and self.plan.history_bench and HISTORY_BENCH in self.project.commands:
             return HISTORY_BENCH
         return STEPS[self.step].command
 
@@ -274,7 +281,7 @@ class StepContext:
         key = self.results_key()
         if key is None:
             return None
-        stamp = self.stamp(STEPS[self.step].stamp)
+        stamp = self.stamps.get(STEPS[self.step].stamp)
         if not stamp or not stamp.get("run_id"):
             return None
         run_id = str(stamp["run_id"])
@@ -302,7 +309,7 @@ class StepContext:
         command may have rebuilt) and this result file."""
         key = self.results_key()
         if key is not None:
-            self.write_stamp(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
+            self.stamps.write(STEPS[self.step].stamp, {"key": key, "digest": _digest(data),
                                                       "run_id": self.run_dir.run_id, "tree": self.tree_hash()})
 
     def build_key(self) -> dict:
@@ -322,7 +329,7 @@ class StepContext:
     def tree_hash(self) -> str:
         """The tree hash deployed on the host: this run's sync, or the host's deploy record."""
         if self.deployed_tree_hash is None:
-            deployed = self.stamp("deploy.json") or {}
+            deployed = self.stamps.get("deploy.json") or {}
             if not deployed.get("tree_hash"):
                 raise StepError("nothing has been deployed to the host yet: run the sync step", host=self.host.name)
             self.deployed_tree_hash = self.record.deployed_tree_hash = str(deployed["tree_hash"])
@@ -444,7 +451,7 @@ def _once_built(stamps: Future, tree: str | None, read: Callable[..., Any], *arg
     when they do not (the build step will rebuild) or could not be read."""
     try:
         build = stamps.result().get("build.json")
-    except Exception:       # the stamp() that needs them reads them again and reports it
+    except Exception:       # the stamps.get() that needs them reads them again and reports it
         return NOT_READ
     key = build.get("key") if isinstance(build, dict) else None
     return read(*args, **kwargs) if isinstance(key, dict) and key.get("tree") == tree else NOT_READ

@@ -8,6 +8,7 @@ import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .. import capacity, doctor, gpu_claims, gpus, state
+from ..bundle_plan import BundlePlan
 from ..record import Fingerprint
 from .context import Outcome, StepContext, StepError
 
@@ -22,7 +23,7 @@ def run(ctx: StepContext) -> Outcome:
         query = pool.submit(gpus.query, ctx.transport)
         lock = pool.submit(_lock_for, ctx, query)
         pool.shutdown(wait=False)
-    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.owner.command == "doctor")
+    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.plan.imports_numpy)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)
@@ -30,17 +31,15 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    room = _room(ctx)
-    taken = take_gpus(ctx, query, lock)
-    return Outcome("passed", "; ".join(warnings + [taken] + ([_ram(ctx, room)] if room else [])))
-
-
-def _room(ctx: StepContext) -> capacity.Room | None:
-    """The host's room for the selected bundles, logged; StepError with the numbers when its disk
-    cannot hold them. None without a bundle plan or a declared need."""
     plan = ctx.bundles
-    if plan is None or not plan.bundles:
-        return None
+    room = _room(ctx, plan) if plan is not None and plan.bundles else None
+    taken = take_gpus(ctx, query, lock)
+    return Outcome("passed", "; ".join(warnings + [taken] + ([_ram(ctx, plan, room)] if plan and room else [])))
+
+
+def _room(ctx: StepContext, plan: BundlePlan) -> capacity.Room:
+    """The host's room for the selected bundles `plan`, logged; StepError with the numbers when
+    its disk cannot hold them."""
     room = capacity.probe(ctx.transport, plan, posixpath.dirname(ctx.project.results["manifest"]))
     ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
             f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
@@ -54,7 +53,7 @@ def _room(ctx: StepContext) -> capacity.Room | None:
     return room
 
 
-def _ram(ctx: StepContext, room: capacity.Room) -> str:
+def _ram(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> str:
     """The RAM verdict for the engine processes the run will have at once: one per GPU claimed
     (doctor: per GPU a run would ask for), one on a host without GPUs. StepError with the
     numbers when they do not fit."""
@@ -63,10 +62,10 @@ def _ram(ctx: StepContext, room: capacity.Room) -> str:
     else:
         request = ctx.gpu_request
         engines = len(request.indices) if request.policy == "list" else request.count or len(ctx.record.gpus)
-    problem = capacity.ram_problem(room, ctx.bundles, max(1, engines))
+    problem = capacity.ram_problem(room, plan, max(1, engines))
     if problem:
         raise StepError(f"RAM: {problem}", host=ctx.host.name)
-    return capacity.summary(room, ctx.bundles, max(1, engines))
+    return capacity.summary(room, plan, max(1, engines))
 
 
 def take_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:
@@ -94,14 +93,16 @@ def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None, lock: Futu
         ctx.hold_tree(state.EXCLUSIVE, taken=lock)
         _record(ctx, found, ())
         return "no GPU: the run holds the deployed tree alone"
-    ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"), taken=lock)
+    if ctx.claim_gpus is None:
+        raise ValueError("hold_tree_and_gpus: this run claims no GPUs (only doctor looks at them)")
+    held = ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"), taken=lock)
     claim = ctx.claim = ctx.claim_gpus(ctx.gpu_request)
     for uuid, owner in claim.stale:
         ctx.log(f"recovered the claim on {uuid} left by a run that died: {gpus.visible(str(owner), 300)}")
     ctx.gpus = claim.gpus
     _record(ctx, claim.inventory, claim.gpus)
     if not claim.gpus:                  # they went away since the first look
-        ctx.lock.to_exclusive()
+        held.to_exclusive()
         return "no GPU: the run holds the deployed tree alone"
     return (f"GPU {', '.join(str(g.index) for g in claim.gpus)} claimed for the run "
             f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.gpu_request.describe()})")

@@ -15,10 +15,10 @@ def run(ctx: StepContext) -> Outcome:
             ctx.deployed_tree_hash = ctx.record.deployed_tree_hash = deployed
             return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
     with ctx.changing():            # the lock holder begins and ends the sync, over the lock's channel
-        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log, ctx.lock)
+        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log, ctx.held_lock())
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
-    ctx.forget_stamps()             # the deploy record changed
+    ctx.stamps.forget()             # the deploy record changed
     repaired = f"; repaired a broken sync ({result.repaired})" if result.repaired else ""
     return Outcome("passed", f"{result.method}: {result.files} files, {result.bytes} bytes sent, "
                              f"{result.deleted} deleted{repaired}")
