@@ -228,11 +228,11 @@ for be in "${backends[@]}"; do
 import sys
 sys.path.insert(0, "python")
 from kdtree_ref import kdtr
+from gen_model import first_difference
 path, listed = sys.argv[1], [int(t) for t in sys.argv[2].split(",")]
-header = kdtr.read(path, lazy=True).header["golden"]
-if list(header) != listed:
-    sys.exit(f"{path}: its golden tokens differ from the manifest's at token "
-             f"{next((i for i, (a, b) in enumerate(zip(header, listed)) if a != b), min(len(header), len(listed)))}")
+header = list(kdtr.read(path, lazy=True).header["golden"])
+if header != listed:
+    sys.exit(f"{path}: its golden tokens differ from the manifest's at token {first_difference(header, listed)}")
 print("the bundle's golden tokens are the manifest's (header read): ar_equals_golden ran against them")
 PY
         else
