@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
@@ -222,10 +223,11 @@ def _base_env() -> dict:
     return {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")}
 
 
-def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
-            report_dir: str | None = None) -> tuple[RunDir, RunRecord]:
-    """Run the plan's steps on every host (in parallel, bounded) into a new run directory; return
-    it and the run's record (written by `finish`). An interrupt (Ctrl-C, SIGTERM) stops the run:
+def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, report_dir: str | None = None, *,
+            secrets: Mapping[str, tuple[str, ...]]) -> tuple[RunDir, RunRecord]:
+    """Run the plan's steps on every host (in parallel, bounded) into a new run directory, each
+    host's `secrets` (remote.host_secrets) redacted from what it writes; return it and the run's
+    record (written by `finish`). An interrupt (Ctrl-C, SIGTERM) stops the run:
     the steps that finished keep their outcome, the running ones are `interrupted`, the rest
     `skipped`, and the record says `interrupted`."""
     runs_root = inv.project.root / "runs"
@@ -241,7 +243,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
-                         progress.Display(console))
+                         progress.Display(console), secrets)
         if "golden" in plan.steps:
             shared.reference.start()
         records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
@@ -299,6 +301,7 @@ class _Shared:
     owner: state.Owner
     reference: LocalReference
     display: progress.Display           # every running step reports its progress to it
+    secrets: Mapping[str, tuple[str, ...]]     # each host's strings to redact (remote.host_secrets)
 
 
 def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord, console: Console) -> HostRecord:
@@ -309,17 +312,13 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     bundles = _bundles_for(host, plan, shared, rec)
     if bundles is not None:         # its steps' timeouts scale with the bundles (bundle_plan)
         host = dataclasses.replace(host, timeouts=bundles.timeouts(host))
-    transport = run.transport(host)
+    request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
-    session = HostSession(host, transport, gpu_request=gpus.Request.for_host(
-                              host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0),
-                          take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait,
-                                                                            begin_sync, hash_line),
-                          begins_sync="sync" in plan.steps,
-                          claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                          if plan.claims_gpus else None, probe=run.first_result(host))
+    probe = run.first_result(host)
+    session = HostSession(host, run.transport(host), run, shared.owner, hash_line, begins_sync="sync" in plan.steps,
+                          claims_gpus=plan.claims_gpus, gpu_request=request, probe=probe)
     ctx = StepContext(host, session, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan, secrets=tuple(remote.secret_strings(host)), bundles=bundles)
+                      shared.reference, rec, plan, secrets=shared.secrets[host.name], bundles=bundles)
     stopped_by = None
     try:
         for step in plan.listed:
@@ -343,7 +342,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     finally:
         for held in session.held():
             run.release(held)
-        transport.close()
+        session.transport.close()
         rec.seconds = round(time.monotonic() - start, 3)
     rec.status = record.host_status(rec.steps, run.stopped.is_set())
     return rec

@@ -19,7 +19,7 @@ def run(ctx: StepContext) -> Outcome:
     fingerprint; fail on a failed check. A run that claims GPUs asks for them and takes the tree
     lock meanwhile (the lock begins no sync before the checks pass)."""
     query = lock = None
-    if ctx.session.claim_gpus is not None:
+    if ctx.session.claims_gpus:
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gpu-query-{ctx.host.name}")
         query = pool.submit(gpus.query, ctx.session.transport)
         lock = pool.submit(_lock_for, ctx, query)
@@ -58,7 +58,7 @@ def _ram(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> str:
     """The RAM verdict for the engine processes the run will have at once: one per GPU claimed
     (doctor: per GPU a run would ask for), one on a host without GPUs. StepError with the
     numbers when they do not fit."""
-    if ctx.session.claim_gpus is not None or not ctx.record.gpus:
+    if ctx.session.claims_gpus or not ctx.record.gpus:
         engines = len(ctx.session.gpus)
     else:
         request = ctx.session.gpu_request
@@ -72,7 +72,7 @@ def _ram(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> str:
 def take_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:
     """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
     (hold_tree_and_gpus; `query`: the GPU query under way, `lock`: its lock). What happened, in words."""
-    if ctx.session.claim_gpus is not None:
+    if ctx.session.claims_gpus:
         return hold_tree_and_gpus(ctx, query, lock)
     found, choice = gpu_claims.preview(ctx.session.transport, ctx.session.gpu_request)
     _record(ctx, found, ())
@@ -110,8 +110,8 @@ def _lock_for(ctx: StepContext, query: Future):
     """The tree lock in hold_tree_and_gpus' mode for the GPUs `query` finds, taken without
     beginning a sync (the sync step begins it over the lock's channel)."""
     if query.result().gpus:
-        return ctx.session.take_lock(state.SHARED, ctx.host.timeout("lock"), False)
-    return ctx.session.take_lock(state.EXCLUSIVE, 0, False)
+        return ctx.session.take_lock(state.SHARED, ctx.host.timeout("lock"))
+    return ctx.session.take_lock(state.EXCLUSIVE)
 
 
 def _record(ctx: StepContext, found: gpus.GpuInventory, taken) -> None:

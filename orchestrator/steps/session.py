@@ -1,9 +1,8 @@
 """The host session: a run's connection to one host and what it holds there, the tree lock and
 the GPU claim, for the steps of the run (StepContext.session).
 
-A run that takes the tree lock hands the session how to take it (`take_lock`: Run.lock over the
-session's transport) and, when it claims GPUs, how to claim them (`claim_gpus`); the session
-keeps what they gave, for the steps and for the run to release at its end.
+The run (run.Run) holds them: the session takes them through it, over its transport, so that
+the run releases them on an interrupt and at its end; the session keeps what it took.
 """
 from __future__ import annotations
 
@@ -23,11 +22,7 @@ from . import STEPS
 if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at run time
     from ..gpu_claims import GpuClaim
     from ..gpus import Gpu
-
-
-def _no_tree_lock(mode: str, wait: float, begin_sync: bool) -> state.HostLock:
-    """The take_lock of a session outside a run that holds the tree lock: there is none to take."""
-    raise ValueError(f"this host session takes no tree lock (asked for it in {mode} mode)")
+    from ..run import Run
 
 
 @dataclasses.dataclass
@@ -37,14 +32,23 @@ class HostSession:
 
     host: Host
     transport: Transport
-    take_lock: Callable[[str, float, bool], state.HostLock] = _no_tree_lock   # (mode, wait, begin_sync) -> the lock held
+    holder: Run | None = None           # the run that holds the lock and the claim (None: a session outside a run)
+    owner: state.Owner | None = None    # the holder, as the host shows it to other runs
+    hash_line: str = ""                 # how the lock's holder hashes the tree as a sync ends (sync.hash_line)
     begins_sync: bool = False           # the run syncs: the lock taken alone begins the sync (one round trip)
+    claims_gpus: bool = False           # the run claims GPUs (validate, nightly, check-bundle); else it only looks
     gpu_request: Request = dataclasses.field(default_factory=Request)   # the inventory's GPU policy, --gpus over it
-    claim_gpus: Callable[[Request], GpuClaim] | None = None   # request -> the claim held by the run; None: only look (doctor)
     probe: Future[dict[str, list[str]]] | None = None   # the doctor probe started as the host connected (Run.prepare)
     lock: state.HostLock | None = None  # the run's tree lock on the host (None: not taken yet)
     claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
     gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
+
+    def take_lock(self, mode: str, wait: float = 0, begin_sync: bool = False) -> state.HostLock:
+        """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds; `begin_sync`:
+        the lock command begins the sync too), not yet kept as the session's (hold_tree does)."""
+        if self.holder is None or self.owner is None:
+            raise ValueError(f"this host session takes no tree lock (asked for it in {mode} mode)")
+        return self.holder.lock(self.transport, self.owner, mode, wait, begin_sync, self.hash_line)
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None,
                   log: Callable[[str], None] = print) -> state.HostLock:
@@ -60,9 +64,9 @@ class HostSession:
 
     def hold_gpus(self) -> GpuClaim:
         """Claim the GPUs of the session's request for the rest of the run; the claim held."""
-        if self.claim_gpus is None:
+        if not self.claims_gpus or self.holder is None or self.owner is None:
             raise ValueError("this host session claims no GPUs (only doctor looks at them)")
-        claim = self.claim = self.claim_gpus(self.gpu_request)
+        claim = self.claim = self.holder.claim_gpus(self.transport, self.gpu_request, self.owner)
         self.gpus = claim.gpus
         return claim
 
