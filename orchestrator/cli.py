@@ -321,7 +321,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
         from . import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
         threading.Thread(target=importlib.import_module, args=(f"{__package__}.dashboard",), daemon=True).start()
-    secrets = [value for host in hosts for value in remote.secret_strings(host)]     # all set? (else exit 2)
+    secrets = remote.host_secrets(hosts)     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
         from .connectors import openssh
@@ -333,7 +333,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     with contextlib.ExitStack() as stack:
         store = (stack.enter_context(history_mod.HistoryStore.open(_history_path(runs_root, history)))  # bad: exit 2 now
                  if plan.command in record.BASELINE_COMMANDS else None)      # only runs that measure are indexed
-        run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir)
+        run_dir, run = pipeline.execute(inv, hosts, plan, console, report_dir=report_dir, secrets=secrets)
         contended: list[dict] = []
         if plan.command == "nightly" and run.status != "interrupted":
             if reference is not None:
@@ -346,7 +346,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
             run.history = {"store": str(store.path.absolute()), "dashboard": os.path.relpath(board, run_dir.path.absolute()),
                            "contended": contended}
         try:
-            paths = pipeline.finish(run_dir, run, runs_root, secrets)
+            paths = pipeline.finish(run_dir, run, runs_root, [v for values in secrets.values() for v in values])
             if store is not None:
                 store.index_run(run_store.load_run(run_dir.path), run_dir.path)
                 from . import dashboard

@@ -113,6 +113,10 @@ class CommandError(HostError):
     """A command on the host failed (non-zero exit or timeout)."""
 
 
+class StepError(HostError):
+    """A step found something wrong (not a failed command: a wrong result)."""
+
+
 class LockError(HostError):
     """Another run holds the host's lock; `owner` says who."""
 

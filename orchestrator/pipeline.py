@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
@@ -44,6 +45,7 @@ from .sink import BoundedSink
 from .steps import ORDER, STEPS
 from .steps import preflight as preflight_step
 from .steps.context import StepContext, UserCommand
+from .steps.session import HostSession
 
 if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
     from .steps.bundle_tasks import BundleTask
@@ -221,10 +223,11 @@ def _base_env() -> dict:
     return {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")}
 
 
-def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
-            report_dir: str | None = None) -> tuple[RunDir, RunRecord]:
-    """Run the plan's steps on every host (in parallel, bounded) into a new run directory; return
-    it and the run's record (written by `finish`). An interrupt (Ctrl-C, SIGTERM) stops the run:
+def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, report_dir: str | None = None, *,
+            secrets: Mapping[str, tuple[str, ...]]) -> tuple[RunDir, RunRecord]:
+    """Run the plan's steps on every host (in parallel, bounded) into a new run directory, each
+    host's `secrets` (remote.host_secrets) redacted from what it writes; return it and the run's
+    record (written by `finish`). An interrupt (Ctrl-C, SIGTERM) stops the run:
     the steps that finished keep their outcome, the running ones are `interrupted`, the rest
     `skipped`, and the record says `interrupted`."""
     runs_root = inv.project.root / "runs"
@@ -240,7 +243,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
-                         progress.Display(console))
+                         progress.Display(console), secrets)
         if "golden" in plan.steps:
             shared.reference.start()
         records = {h.name: HostRecord(transport=h.transport, address=h.address) for h in hosts}
@@ -298,6 +301,7 @@ class _Shared:
     owner: state.Owner
     reference: LocalReference
     display: progress.Display           # every running step reports its progress to it
+    secrets: Mapping[str, tuple[str, ...]]     # each host's strings to redact (remote.host_secrets)
 
 
 def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord, console: Console) -> HostRecord:
@@ -308,17 +312,13 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     bundles = _bundles_for(host, plan, shared, rec)
     if bundles is not None:         # its steps' timeouts scale with the bundles (bundle_plan)
         host = dataclasses.replace(host, timeouts=bundles.timeouts(host))
-    transport = run.transport(host)
+    request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
-    ctx = StepContext(host, transport, shared.project, shared.run_dir, shared.source, shared.owner,
-                      shared.reference, rec, plan, secrets=tuple(remote.secret_strings(host)),
-                      gpu_request=gpus.Request.for_host(host, plan.gpus,
-                                                        -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0),
-                      bundles=bundles,
-                      take_lock=lambda mode, wait, begin_sync: run.lock(transport, shared.owner, mode, wait, begin_sync,
-                                                                        hash_line),
-                      claim_gpus=(lambda request: run.claim_gpus(transport, request, shared.owner))
-                      if plan.claims_gpus else None, probe=run.first_result(host))
+    probe = run.first_result(host)
+    session = HostSession(host, run.transport(host), run, shared.owner, hash_line, begins_sync="sync" in plan.steps,
+                          claims_gpus=plan.claims_gpus, gpu_request=request, probe=probe)
+    ctx = StepContext(host, session, shared.project, shared.run_dir, shared.source, shared.owner,
+                      shared.reference, rec, plan, secrets=shared.secrets[host.name], bundles=bundles)
     stopped_by = None
     try:
         for step in plan.listed:
@@ -329,21 +329,20 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if ctx.lock is None and plan.takes_lock and not (plan.claims_gpus and STEPS[step].checks) \
+                if session.lock is None and plan.takes_lock and not (plan.claims_gpus and STEPS[step].checks) \
                         and not _hold(ctx, run, plan, step, out):
                     stopped_by = step
                     continue
                 readers = tuple(s for s in plan.listed if s in plan.steps and STEPS[s].reads_ahead)
                 if readers and step == readers[0]:
-                    ctx.read_ahead(readers)
+                    ctx.reads.read_ahead(readers, ctx.deployed_tree_hash)
                 rec.steps[step] = _run_step(ctx, run, step, out, shared.display)
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
-        for held in (ctx.claim, ctx.lock):
-            if held is not None:
-                run.release(held)
-        transport.close()
+        for held in session.held():
+            run.release(held)
+        session.transport.close()
         rec.seconds = round(time.monotonic() - start, 3)
     rec.status = record.host_status(rec.steps, run.stopped.is_set())
     return rec
@@ -380,7 +379,7 @@ def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
         if plan.claims_gpus:
             ctx.log(preflight_step.hold_tree_and_gpus(ctx))
         else:
-            ctx.hold_tree(state.EXCLUSIVE)
+            ctx.session.hold_tree(state.EXCLUSIVE, log=ctx.log)
     except KdError as e:
         status = "interrupted" if run.stopped.is_set() else "failed"
         out(f"{step:9} {status.upper()}  {e.message}")
@@ -406,7 +405,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
 
         def write(text: str) -> None:
             sink(redacted(text))
-        ctx.step, ctx.log, ctx.devices_used, ctx.inputs_digest = step, write, [], None
+        ctx.begin(step, write)
         ctx.progress = display.step(ctx.host.name, step, lambda text: sink(redacted(text), show=False),
                                     lambda text: out(redacted(text)), ctx.secrets)
         out(f"{step:9} ...")
@@ -433,7 +432,7 @@ def _run_step(ctx: StepContext, run: Run, step: str, out, display: progress.Disp
     if status in record.UNFINISHED_STEP_STATUSES and not tail:
         tail = run_store.read_tail(log_path)
     return StepRecord(status, seconds, ctx.run_dir.log_ref(ctx.host.name, step), message, tail, reused_from,
-                      list(ctx.devices_used) or None, ctx.inputs_digest, cut)
+                      list(ctx.shell.devices_used) or None, ctx.inputs_digest, cut)
 
 
 def _timed_out(error: KdError) -> bool:

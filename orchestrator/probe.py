@@ -17,7 +17,7 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from . import pipeline, record, report, run_store
+from . import pipeline, record, remote, report, run_store
 from .bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
 from .console import Console
 from .errors import UsageError
@@ -49,7 +49,8 @@ class Prober:
         project = dataclasses.replace(self.inv.project, source=path / self.source)
         # the bisect command's steps but the measure not asked for: bench for a metric, golden for the golden check
         plan = pipeline.Plan.choose(skip="golden" if self.metric else "bench", command="bisect")
-        run_dir, run = pipeline.execute(dataclasses.replace(self.inv, project=project), [self.host], plan, self.console)
+        run_dir, run = pipeline.execute(dataclasses.replace(self.inv, project=project), [self.host], plan, self.console,
+                                        secrets=remote.host_secrets([self.host]))
         run_store.write_run(run_dir, run)
         report.render_run(run_dir.path)
         if run.status == "interrupted":

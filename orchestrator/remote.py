@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from typing import BinaryIO, Mapping, Sequence
+from typing import BinaryIO, Iterable, Mapping, Sequence
 
 from . import ownership
 from .errors import UsageError
@@ -180,6 +180,12 @@ def secret_strings(host: Host) -> list[str]:
     line of at least 6 characters (output is redacted line by line)."""
     values = list(secret_values(host).values())
     return values + [line for v in values if "\n" in v for line in v.splitlines() if len(line.strip()) >= 6]
+
+
+def host_secrets(hosts: Iterable[Host]) -> dict[str, tuple[str, ...]]:
+    """Each host's strings to redact (secret_strings), by host name; UsageError when a secret_env
+    variable is not set here."""
+    return {host.name: tuple(secret_strings(host)) for host in hosts}
 
 
 def secret_input(host: Host) -> bytes:

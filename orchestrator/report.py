@@ -91,12 +91,20 @@ def prepare() -> None:
 
 def render_markdown(run: dict, secrets: Iterable[str] = ()) -> str:
     """report.md: the run as GitHub-flavoured Markdown."""
-    return _ENV.get_template("report.md.j2").render(run=view(run, secrets))
+    return _markdown(view(run, secrets))
 
 
 def render_html(run: dict, secrets: Iterable[str] = ()) -> str:
     """report.html: one self-contained page (inline CSS and SVG, nothing fetched)."""
-    return _ENV.get_template("report.html.j2").render(run=view(run, secrets))
+    return _html(view(run, secrets))
+
+
+def _markdown(v: dict) -> str:
+    return _ENV.get_template("report.md.j2").render(run=v)
+
+
+def _html(v: dict) -> str:
+    return _ENV.get_template("report.html.j2").render(run=v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,7 +114,10 @@ def render_html(run: dict, secrets: Iterable[str] = ()) -> str:
 def render_junit(run: dict, secrets: Iterable[str] = ()) -> str:
     """junit.xml: a testsuite per host, a testcase per step (``step.<name>``), per engine test
     (``test.<name>``) and per test of the stress step (``stress.<name>``), classname the host; failures carry the message and the log tail."""
-    v = view(run, secrets)
+    return _junit(view(run, secrets))
+
+
+def _junit(v: dict) -> str:
     root = ET.Element("testsuites", name=f"kdtree {v['command']} {v['run_id']}")
     for host in v["hosts"]:
         suite = ET.SubElement(root, "testsuite", name=host["name"], timestamp=v["started"], hostname=host["address"] or host["name"])
@@ -178,8 +189,8 @@ def render_run(run_dir: Path | str, secrets: Iterable[str] = ()) -> dict[str, Pa
     (each written atomically); returns their paths by kind (md, html, junit)."""
     run_dir = Path(run_dir)
     run = load_run(run_dir / RUN_JSON)
-    secrets = list(secrets)
-    rendered = {"md": render_markdown(run, secrets), "html": render_html(run, secrets), "junit": render_junit(run, secrets)}
+    v = view(run, list(secrets))        # one view for the three (the templates only read it)
+    rendered = {"md": _markdown(v), "html": _html(v), "junit": _junit(v)}
     return {kind: write_private(run_dir / REPORT_FILES[kind], body) for kind, body in rendered.items()}
 
 

@@ -22,8 +22,10 @@ from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run
 from orchestrator.steps import bench as bench_step, build as build_step, bundles as bundles_step, \
-    context as context_module, executables, test as test_step
-from orchestrator.steps.context import StepContext, StepError
+    executables, host_reads, test as test_step
+from orchestrator.errors import StepError
+from orchestrator.steps.context import StepContext
+from orchestrator.steps.session import HostSession
 from orchestrator.sync import SourceId
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,15 +66,28 @@ def context(make_inventory, tmp_path):
         (root / name).write_text(text)
     deploy(root, TREE)
 
-    def make(command="validate", use_cache=True, build_key=None, owner=None):
+    def make(command="validate", use_cache=True, build_key=None, owner=None, step="test", project=None, changed=None):
+        """`project`, `changed`: the project, the host made other by them (functions of one)."""
         run_dir = run_store.create_run_dir(tmp_path / "runs")
-        ctx = StepContext(host, factory.open_transport(host), inv.project, run_dir, SourceId(TREE, None, False),
-                          state.Owner.now(owner or command), None, record.HostRecord(build_key=build_key or {"cxx": "g++"}),
-                          pipeline.Plan.of(command, use_cache=use_cache), step="test", log=lines.append)
+        on = changed(host) if changed else host
+        ctx = StepContext(on, HostSession(on, factory.open_transport(on)), project(inv.project) if project else inv.project,
+                          run_dir, SourceId(TREE, None, False), state.Owner.now(owner or command), None,
+                          record.HostRecord(build_key=build_key or {"cxx": "g++"}),
+                          pipeline.Plan.of(command, use_cache=use_cache), step=step, log=lines.append)
         return ctx
     lines: list[str] = []
     make.root, make.lines = root, lines
     return make
+
+
+def commands(**named: str):
+    """A project with these commands (name -> its snippet) over its own."""
+    return lambda project: dataclasses.replace(project, commands={**project.commands, **named})
+
+
+def measured(ctx: StepContext):
+    """The inputs of the context's deployed tree, measured on its host (or read ahead)."""
+    return ctx.reads.inputs(ctx.tree_hash)
 
 
 def deploy(root: Path, tree: str, code: bytes = b"\x7fELF code") -> None:
@@ -109,21 +124,21 @@ def test_the_host_reuses_the_hashes_of_unchanged_files_and_sees_a_rewrite_that_k
     when its ctime moves, which a rewrite cannot avoid even when it puts the mtime back; files
     changed within the racy window are not kept at all."""
     root = context.root
-    context().current_inputs()
+    measured(context())
     assert not (root / ".kdtree" / "inputs-cache.json").exists()     # every file is younger than the racy window
     time.sleep(2.2)
-    first = context().current_inputs()
+    first = measured(context())
     cache = _host_cache(root)
     assert set(cache["f"]) == {"scripts/run_tests.sh", "tests/refs/model_tiny.kdtr", "src/tree.cpp"}
     assert set(cache["x"]) == {"build/kdtree", "build/test_ops"} and cache["mask"] == TREE
     cache["f"]["scripts/run_tests.sh"][1] = "e" * 64     # what the host kept is what it reports
     (root / ".kdtree" / "inputs-cache.json").write_text(json.dumps(cache))
-    assert context().current_inputs().files["scripts/run_tests.sh"] == "e" * 64
+    assert measured(context()).files["scripts/run_tests.sh"] == "e" * 64
     bundle = root / "tests/refs/model_tiny.kdtr"
     before = bundle.stat()
     bundle.write_text("WEIGHTS")                         # same size, and the old mtime put back
     os.utime(bundle, ns=(before.st_atime_ns, before.st_mtime_ns))
-    again = context().current_inputs()
+    again = measured(context())
     assert again.files["tests/refs/model_tiny.kdtr"] == hashlib.sha256(b"WEIGHTS").hexdigest() \
         != first.files["tests/refs/model_tiny.kdtr"]
     assert again.executables == first.executables
@@ -132,9 +147,9 @@ def test_the_host_reuses_the_hashes_of_unchanged_files_and_sees_a_rewrite_that_k
 @pytest.mark.parametrize("damage", ["not json", "[1, 2]", '{"mask": "", "f": {"src/x": 1}, "x": []}',
                                     '{"mask": "' + TREE + '", "f": {"tests/refs/model_tiny.kdtr": [[1], "f00"]}, "x": {}}'])
 def test_a_damaged_hash_cache_on_the_host_is_ignored(context, damage):
-    fresh = context().current_inputs()
+    fresh = measured(context())
     (context.root / ".kdtree" / "inputs-cache.json").write_text(damage)
-    assert context().current_inputs() == fresh
+    assert measured(context()) == fresh
 
 
 def test_file_names_with_a_newline_or_a_backslash_are_hashed_too(context):
@@ -142,9 +157,9 @@ def test_file_names_with_a_newline_or_a_backslash_are_hashed_too(context):
     odd = context.root / "scripts" / "a\nb\\c"
     odd.write_text("one")
     name = "scripts/a\\nb\\\\c"
-    assert context().current_inputs().files[name] == hashlib.sha256(b"one").hexdigest()
+    assert measured(context()).files[name] == hashlib.sha256(b"one").hexdigest()
     odd.write_text("two")
-    assert context().current_inputs().files[name] == hashlib.sha256(b"two").hexdigest()
+    assert measured(context()).files[name] == hashlib.sha256(b"two").hexdigest()
 
 
 def test_retargeting_a_symlink_changes_what_the_results_depend_on(context, tmp_path):
@@ -152,14 +167,14 @@ def test_retargeting_a_symlink_changes_what_the_results_depend_on(context, tmp_p
     results key, as the source tree hash (scripts/tree_hash.sh) changes with it."""
     link = context.root / "scripts" / "config"
     link.symlink_to("a.json")
-    before = context().current_inputs().files["scripts/config"]
+    before = measured(context()).files["scripts/config"]
     tree_before = _engine_tree_hash(context.root)
     link.unlink()
     link.symlink_to("b.json")
-    assert context().current_inputs().files["scripts/config"] != before
+    assert measured(context()).files["scripts/config"] != before
     assert _engine_tree_hash(context.root) != tree_before
     (context.root / "scripts" / "dir").symlink_to("/")        # a link to a directory: listed, not followed
-    assert "scripts/dir" in context().current_inputs().files
+    assert "scripts/dir" in measured(context()).files
 
 
 def _engine_tree_hash(tree: Path) -> str:
@@ -173,20 +188,18 @@ def test_read_ahead_runs_the_no_change_reads_at_once_and_each_step_takes_its_own
     values as reading one after the other."""
     (context.root / "scripts" / "slow.sh").write_text("sleep 1; echo '{\"cxx\": \"g++\"}'\n")
     built(context.root, TREE)
-    ctx = context()
+    ctx = context(project=commands(build_key="bash scripts/slow.sh", bundles_key="bash scripts/slow.sh"))
     ctx.deployed_tree_hash = TREE
-    ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands, "build_key": "bash scripts/slow.sh",
-                                                             "bundles_key": "bash scripts/slow.sh"})
-    expected = context().current_inputs(), state.read_jsons(ctx.transport, state.STAMPS)
+    expected = measured(context()), state.read_jsons(ctx.session.transport, state.STAMPS)
     start = time.monotonic()
-    ctx.read_ahead(("build", "bundles", "golden", "test"))
-    assert set(ctx.ahead) == {("engine", "build_key"), ("engine", "bundles_key"), "stamps", "inputs", "built",
+    ctx.reads.read_ahead(("build", "bundles", "golden", "test"), ctx.deployed_tree_hash)
+    assert set(ctx.reads.ahead) == {("engine", "build_key"), ("engine", "bundles_key"), "stamps", "inputs", "built",
                               *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
-    assert ctx.ahead["built"].result() is context_module.NOT_READ      # no build of it recorded here
-    assert ctx.engine_output("build_key").strip() == ctx.engine_output("bundles_key").strip() == '{"cxx": "g++"}'
+    assert ctx.reads.ahead["built"].result() is host_reads.NOT_READ      # no build of it recorded here
+    assert ctx.reads.output("build_key").strip() == ctx.reads.output("bundles_key").strip() == '{"cxx": "g++"}'
     assert time.monotonic() - start < 1.9          # two 1 s commands, side by side
-    assert ctx.ahead["inputs"].result() is not context_module.NOT_READ       # the build stamp names TREE
-    assert (ctx.current_inputs(), ctx.stamps.get("deploy.json")) == (expected[0], expected[1]["deploy.json"])
+    assert ctx.reads.ahead["inputs"].result() is not host_reads.NOT_READ       # the build stamp names TREE
+    assert (measured(ctx), ctx.stamps.get("deploy.json")) == (expected[0], expected[1]["deploy.json"])
     assert ctx.pull_json("tests") == TESTS
 
 
@@ -198,23 +211,21 @@ def test_the_build_and_bundles_keys_read_in_one_command_each_give_what_their_own
     root = context.root
     (root / "scripts" / "key.sh").write_text("echo 'warning: old gcc' >&2; echo '{\"cxx\": \"g++\"}'\n")
     (root / "scripts" / "bad.sh").write_text("echo 'no python' >&2; exit 3\n")
-    ctx = context()
-    ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands, "build_key": "bash scripts/key.sh",
-                                                             "bundles_key": "bash scripts/bad.sh"})
-    ctx.read_ahead(("build", "bundles"))
-    assert ctx.engine_output("build_key") == ctx._output_of("build_key", {}, "build") == \
+    ctx = context(project=commands(build_key="bash scripts/key.sh", bundles_key="bash scripts/bad.sh"))
+    ctx.reads.read_ahead(("build", "bundles"), ctx.deployed_tree_hash)
+    assert ctx.reads.output("build_key") == ctx.shell.output("build_key", {}, "build") == \
         'warning: old gcc\n{"cxx": "g++"}\n'
     with pytest.raises(CommandError) as failed:
-        ctx.engine_output("bundles_key")
+        ctx.reads.output("bundles_key")
     with pytest.raises(CommandError) as alone:
-        ctx._output_of("bundles_key", {}, "bundles")
+        ctx.shell.output("bundles_key", {}, "bundles")
     assert (failed.value.message, failed.value.exit_status, failed.value.tail) == \
         (alone.value.message, alone.value.exit_status, alone.value.tail) == ("bundles_key failed", 3, "no python\n")
     (root / "scripts" / "bad.sh").write_text("kill -9 $PPID\n")     # the shell that frames its output
-    ctx.read_ahead(("build", "bundles"))
+    ctx.reads.read_ahead(("build", "bundles"), ctx.deployed_tree_hash)
     for name in ("build_key", "bundles_key"):
         with pytest.raises(CommandError, match="build_key and bundles_key: an answer that does not frame as asked"):
-            ctx.engine_output(name)
+            ctx.reads.output(name)
 
 
 def test_the_input_hashes_and_result_files_wait_for_a_build_of_the_deployed_tree(context):
@@ -223,10 +234,10 @@ def test_the_input_hashes_and_result_files_wait_for_a_build_of_the_deployed_tree
     built(context.root, OTHER_TREE)
     ctx = context()
     ctx.deployed_tree_hash = TREE
-    ctx.read_ahead(("golden", "test"))
+    ctx.reads.read_ahead(("golden", "test"), ctx.deployed_tree_hash)
     skipped = {"inputs", *(("file", ctx.project.results[r]) for r in ("outputs", "manifest", "tests"))}
-    assert {key for key, future in ctx.ahead.items() if future.result() is context_module.NOT_READ} == skipped
-    assert ctx.pull_json("tests") == TESTS and ctx.current_inputs() == context().current_inputs()
+    assert {key for key, future in ctx.reads.ahead.items() if future.result() is host_reads.NOT_READ} == skipped
+    assert ctx.pull_json("tests") == TESTS and measured(ctx) == measured(context())
 
 
 def test_the_doctor_probe_runs_as_the_host_connects_beside_this_machines_work(make_inventory, tmp_path):
@@ -277,24 +288,22 @@ def test_an_engine_command_drops_what_was_read_ahead(context):
     """An engine command may change what was read ahead (a rebuild, regenerated results): what
     comes after it is read again."""
     built(context.root, TREE)
-    ctx = context()
-    ctx.deployed_tree_hash = TREE
-    ctx.read_ahead(("test",))
-    assert ctx.ahead[("file", ctx.project.results["tests"])].result() is not context_module.NOT_READ
-    assert ctx.pull_json("tests") == TESTS
     changed = dict(TESTS, passed=1)
-    ctx.project = dataclasses.replace(ctx.project, commands={
-        **ctx.project.commands, "test": f"echo '{json.dumps(changed)}' > build/test_results.json"})
-    ctx.engine("test")
-    assert not ctx.ahead and ctx.pull_json("tests") == changed
-    assert ctx.current_inputs() == context().current_inputs()
+    ctx = context(project=commands(test=f"echo '{json.dumps(changed)}' > build/test_results.json"))
+    ctx.deployed_tree_hash = TREE
+    ctx.reads.read_ahead(("test",), ctx.deployed_tree_hash)
+    assert ctx.reads.ahead[("file", ctx.project.results["tests"])].result() is not host_reads.NOT_READ
+    assert ctx.pull_json("tests") == TESTS
+    ctx.shell.run("test")
+    assert ctx.pull_json("tests") == changed
+    assert measured(ctx) == measured(context())
 
 
 def test_nothing_is_read_ahead_for_results_that_cannot_be_reused(context):
     for ctx in (context(use_cache=False), context(command="nightly")):
         ctx.deployed_tree_hash = TREE
-        ctx.read_ahead(("golden", "test"))
-        assert set(ctx.ahead) == {"stamps"}
+        ctx.reads.read_ahead(("golden", "test"), ctx.deployed_tree_hash)
+        assert set(ctx.reads.ahead) == {"stamps"}
 
 
 def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_its_results_by_it(context):
@@ -304,7 +313,7 @@ def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_
     commands = {}
     for command in ("validate", "nightly", "bisect"):
         ctx = context(command=command)
-        ctx.step = "bench"
+        ctx.begin("bench", ctx.log)
         commands[command] = ctx.step_command()
         if command != "nightly":
             assert ctx.results_key()["command"] == ctx.project.commands[commands[command]]
@@ -312,23 +321,23 @@ def test_a_nightly_or_a_bisect_measures_with_the_history_bench_command_and_keys_
     assert "--min-time-ms" in context().project.commands["bench_nightly"]
     ctx = context(command="nightly")
     assert ctx.step_command() == "test"
-    ctx.step = "golden"
+    ctx.begin("golden", ctx.log)
     assert ctx.step_command() == "generate"
-    ctx.step, ctx.project = "bench", dataclasses.replace(ctx.project, commands={
-        k: v for k, v in ctx.project.commands.items() if k != "bench_nightly"})
+    ctx = context(command="nightly", step="bench", project=lambda project: dataclasses.replace(project, commands={
+        k: v for k, v in project.commands.items() if k != "bench_nightly"}))
     assert ctx.step_command() == "bench"
 
 
 def test_the_settings_come_from_the_plan_not_from_the_lock_owner_record(context):
     """Whether results may be reused and which command measures follow the run's Plan; the lock
     owner record (what the host shows other runs of the one holding its tree) decides nothing."""
-    nightly, validate = context(command="nightly", owner="validate"), context(command="validate", owner="nightly")
-    nightly.step = validate.step = "bench"
+    nightly, validate = (context(command="nightly", owner="validate", step="bench"),
+                         context(command="validate", owner="nightly", step="bench"))
     assert nightly.results_key() is None and nightly.step_command() == "bench_nightly"
     assert validate.results_key() is not None and validate.step_command() == "bench"
     nightly.deployed_tree_hash = TREE
-    nightly.read_ahead(("test", "bench"))
-    assert set(nightly.ahead) == {"stamps"}          # nothing read ahead for a reuse that cannot come
+    nightly.reads.read_ahead(("test", "bench"), nightly.deployed_tree_hash)
+    assert set(nightly.reads.ahead) == {"stamps"}          # nothing read ahead for a reuse that cannot come
 
 
 def test_a_stamped_result_is_reused_until_inputs_or_the_file_change(context):
@@ -360,16 +369,14 @@ def test_an_edit_that_leaves_the_executables_identical_reuses_results(context):
 def test_an_edit_to_the_documentation_reuses_results_and_the_same_file_elsewhere_does_not(context):
     """A file under project.documentation (notes no command reads) is not an input: a new or
     edited one there leaves the results' key as it was; the same file outside it is an input."""
-    ctx = context()
-    ctx.project = dataclasses.replace(ctx.project, documentation=("NOTES.md", "bench/experiments/"))
+    ctx = context(project=lambda project: dataclasses.replace(project, documentation=("NOTES.md", "bench/experiments/")))
     key = ctx.results_key()
     (context.root / "NOTES.md").write_text("what was tried\n")
     (context.root / "bench" / "experiments").mkdir(parents=True)
     (context.root / "bench" / "experiments" / "try.patch").write_text("--- a\n")
-    ctx.measured = None
+    ctx.reads.measured = None
     assert ctx.results_key() == key
-    ctx.project = dataclasses.replace(ctx.project, documentation=("bench/experiments/",))
-    ctx.measured = None
+    ctx = context(project=lambda project: dataclasses.replace(project, documentation=("bench/experiments/",)))
     assert ctx.results_key()["files"] == {**key["files"], "NOTES.md": hashlib.sha256(b"what was tried\n").hexdigest()}
 
 
@@ -397,10 +404,10 @@ def test_cached_test_and_bench_steps(context):
     outcome = test_step.run(test_ctx)
     assert outcome.status == "cached" and "2 passed" in outcome.message and outcome.reused_from == ctx.run_dir.run_id
     assert test_ctx.inputs_digest == ctx.inputs_digest and len(ctx.inputs_digest) == 64          # run.json's step `inputs`
-    ctx.step = "bench"
+    ctx.begin("bench", ctx.log)
     ctx.stamp_result({"version": 1, "metrics": {}})
     bench_ctx = context()
-    bench_ctx.step = "bench"
+    bench_ctx.begin("bench", bench_ctx.log)
     outcome = bench_step.run(bench_ctx)
     assert outcome.status == "cached" and outcome.reused_from == ctx.run_dir.run_id
     assert "not a new measurement" in outcome.message
@@ -414,10 +421,10 @@ def test_bundles_changed_on_the_host_are_regenerated(context):
     (root / "scripts" / "bundles.sh").write_text("mkdir -p tests/refs && echo weights > tests/refs/model_tiny.kdtr "
                                                 "&& echo '{}' > tests/refs/manifest.json && echo regenerated\n")
     first = context()
-    first.step = "bundles"
+    first.begin("bundles", first.log)
     assert bundles_step.run(first).status == "passed"
     again = context()
-    again.step = "bundles"
+    again.begin("bundles", again.log)
     outcome = bundles_step.run(again)
     assert (outcome.status, outcome.message, outcome.reused_from) == \
         ("cached", f"bundles of generator {'c' * 12} are up to date", first.run_dir.run_id)
@@ -427,7 +434,7 @@ def test_bundles_changed_on_the_host_are_regenerated(context):
                                           "(tests/refs/manifest.json, tests/refs/model_tiny.kdtr changed): regenerating")), 1):
         tamper()
         ctx = context()
-        ctx.step = "bundles"
+        ctx.begin("bundles", ctx.log)
         assert bundles_step.run(ctx).status == "passed"
         said = [line for line in context.lines if "are not those run" in line and "regenerating" in line]
         assert len(said) == n and named in said[-1]
@@ -445,7 +452,7 @@ def test_the_bundles_cache_follows_the_generator_and_no_cache_and_needs_a_manife
 
     def bundles(**how):
         ctx = context(**how)
-        ctx.step = "bundles"
+        ctx.begin("bundles", ctx.log)
         return bundles_step.run(ctx)
     first = bundles()
     assert (first.status, first.message) == ("passed", f"regenerated with {context().host.python}")
@@ -465,9 +472,9 @@ def test_a_bundle_or_build_stamp_that_is_not_a_mapping_reads_as_no_stamp(context
     ctx = context()
     for text in ("[1, 2]", "{broken", '"a string"'):
         (context.root / ".kdtree" / "bundles.json").write_text(text)
-        assert state.read_json(ctx.transport, "bundles.json") is None
-    state.write_json(ctx.transport, "bundles.json", {"key": {"generator": "g"}})
-    assert state.read_json(ctx.transport, "bundles.json") == {"key": {"generator": "g"}}
+        assert state.read_json(ctx.session.transport, "bundles.json") is None
+    state.write_json(ctx.session.transport, "bundles.json", {"key": {"generator": "g"}})
+    assert state.read_json(ctx.session.transport, "bundles.json") == {"key": {"generator": "g"}}
 
 
 def test_files_read_at_once_are_each_what_read_file_gives(context):
@@ -480,7 +487,7 @@ def test_files_read_at_once_are_each_what_read_file_gives(context):
     (root / "empty").write_bytes(b"")
     (root / "link").symlink_to(root / "nul")
     (root / "big").write_bytes(b"x" * 11)
-    t = context().transport
+    t = context().session.transport
     paths = [("nul", 100), ("empty", 1), ("missing", 10), ("link", 100), ("build", 100), ("big", 10), ("..", 10)]
     found = t.read_files(paths)
     assert list(found) == [p for p, _ in paths]
@@ -505,12 +512,12 @@ def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     (kd / "golden.json").write_text("{broken")
     (kd / "test.json").write_bytes(b'{"a": "' + b"x" * state.RECORD_MAX_BYTES + b'"}')
     (kd / "bench.json").unlink(missing_ok=True)
-    found = state.read_jsons(ctx.transport, state.STAMPS)
-    assert {n: found[n] == state.read_json(ctx.transport, n) for n in state.STAMPS} == dict.fromkeys(state.STAMPS, True)
+    found = state.read_jsons(ctx.session.transport, state.STAMPS)
+    assert {n: found[n] == state.read_json(ctx.session.transport, n) for n in state.STAMPS} == dict.fromkeys(state.STAMPS, True)
     assert found["build.json"] == {"key": 1} and found["bundles.json"] is found["test.json"] is None
     (kd / "golden.json").write_bytes(b'{"a": 1}\0x')
     (kd / "test.json").write_bytes(b'{"a":\n0 \n}')        # the framing's status line, without the mark
-    assert state.read_jsons(ctx.transport, state.STAMPS) == {**found, "test.json": {"a": 0}}
+    assert state.read_jsons(ctx.session.transport, state.STAMPS) == {**found, "test.json": {"a": 0}}
 
 
 # a stand-in for the engine's build: a new executable each time (its build number in it); says whether
@@ -537,7 +544,7 @@ def test_the_build_step_reuses_only_its_own_recorded_executables(context):
 
     def build(**how):
         ctx = context(**how)
-        ctx.step = "build"
+        ctx.begin("build", ctx.log)
         return build_step.run(ctx), ctx.run_dir.run_id
 
     def said(text: str) -> str:
@@ -584,30 +591,28 @@ def test_the_binary_runs_only_once_the_host_found_its_executables_recorded_and_t
         return len((root / "ran").read_text()) if (root / "ran").exists() else 0
 
     def ahead():
-        ctx = context()
-        ctx.step, ctx.deployed_tree_hash = "build", TREE
-        ctx.project = dataclasses.replace(ctx.project, commands={**ctx.project.commands,
-                                                                 "build_key": """echo '{"cxx": "g++"}'"""})
-        ctx.read_ahead(("build",))
+        ctx = context(step="build", project=commands(build_key="""echo '{"cxx": "g++"}'"""))
+        ctx.deployed_tree_hash = TREE
+        ctx.reads.read_ahead(("build",), ctx.deployed_tree_hash)
         return ctx
     first = context()
-    first.step = "build"
+    first.begin("build", first.log)
     assert build_step.run(first).status == "passed" and runs() == 1
     ctx = ahead()
-    key, checked = ctx.ahead["built"].result()
+    key, checked = ctx.reads.ahead["built"].result()
     assert key == {"tree": TREE, "build": {"cxx": "g++"}} and runs() == 2
     assert checked.version.strip() == f"kdtree 0.0 tree={TREE} backend=cuda arch=sm_90"
     assert set(checked.hashes) == {"build/kdtree", "build/test_ops"}
-    assert ctx.built_ahead({"tree": TREE, "build": {"cxx": "clang"}}) is context_module.NOT_READ
+    assert ctx.reads.built({"tree": TREE, "build": {"cxx": "clang"}}) is host_reads.NOT_READ
     assert build_step.run(ctx).status == "cached" and runs() == 2          # the check read ahead, not run again
     with (root / "build" / "kdtree").open("a") as binary:
         binary.write("# changed on the host\n")
     ctx = ahead()
-    assert ctx.ahead["built"].result()[1].version is None and runs() == 2   # not run
+    assert ctx.reads.ahead["built"].result()[1].version is None and runs() == 2   # not run
     assert build_step.run(ctx).status == "passed" and runs() == 3
     assert [line for line in context.lines if "the build stamp" in line][-1].endswith("removing them and building again")
     ctx = context()                 # nothing read ahead: the step checks, the same way
-    ctx.step = "build"
+    ctx.begin("build", ctx.log)
     assert build_step.run(ctx).status == "cached" and runs() == 4
 
 
@@ -623,7 +628,7 @@ def test_the_build_step_reads_and_records_the_binary_version(context, printed, v
     (recorded in the host's record; `?` where the line says nothing), and described by them."""
     (context.root / "build" / "kdtree").write_text(f"#!/bin/sh\nprintf '%s' '{printed}'\n")
     ctx = context()
-    ctx.step = "build"
+    ctx.begin("build", ctx.log)
     assert build_step._checked_version(ctx, TREE) == version
     assert build_step._what(version) == what
     assert (ctx.record.binary_tree_hash, ctx.record.backend, ctx.record.fingerprint.arch) == \
@@ -643,7 +648,7 @@ def test_the_build_step_refuses_a_binary_it_cannot_place(context, printed, messa
     with the line (or `(nothing)`) and the host in the error."""
     (context.root / "build" / "kdtree").write_text(f"#!/bin/sh\nprintf '%s' '{printed}'\n")
     ctx = context()
-    ctx.step = "build"
+    ctx.begin("build", ctx.log)
     with pytest.raises(StepError) as caught:
         build_step._checked_version(ctx, TREE)
     assert (caught.value.message, caught.value.host) == (message, "local")
@@ -667,7 +672,7 @@ def test_the_build_step_keeps_its_records_bounded_private_and_trusted_only_when_
 
     def build(**how):
         ctx = context(**how)
-        ctx.step = "build"
+        ctx.begin("build", ctx.log)
         return build_step.run(ctx).status
     assert build() == "passed"
     (records,) = (context().project.root / executables.LOCAL_RECORDS).glob("*.json")
@@ -698,15 +703,14 @@ def test_the_build_step_bounds_removing_untrusted_executables_by_its_timeout(con
     step within seconds, naming what hung."""
     (context.root / "scripts" / "build.sh").write_text(BUILD_SH.replace("TREE", TREE))
     ctx = context()
-    ctx.step = "build"
+    ctx.begin("build", ctx.log)
     assert build_step.run(ctx).status == "passed"
     (context.root / "build" / "kdtree").write_bytes(b"#!/bin/sh\necho not the recorded build\n")
     for tool, script, what in [("sha256sum", "exec sleep 30", "checking the build's executables and its --version"),
                                ("find", 'for a; do [ "$a" = -delete ] && exec sleep 30; done\n'    # the removal only
                                         f'exec {shutil.which("find")} "$@"', "removing build/'s executables")]:
         fake = fake_tool(tool, script)
-        ctx = context()
-        ctx.step, ctx.host = "build", dataclasses.replace(ctx.host, timeouts={**ctx.host.timeouts, "build": 2})
+        ctx = context(step="build", changed=lambda host: dataclasses.replace(host, timeouts={**host.timeouts, "build": 2}))
         start = time.monotonic()
         with pytest.raises(CommandError) as caught:
             build_step.run(ctx)
@@ -741,10 +745,10 @@ def test_the_state_files_are_read_up_to_their_size_limit(context):
     for name in state.STAMPS:
         (kd / name).write_bytes(document(state.RECORD_MAX_BYTES))
     big = {"a": "x" * (state.RECORD_MAX_BYTES - 9)}
-    assert state.read_jsons(ctx.transport, state.STAMPS) == dict.fromkeys(state.STAMPS, big)
+    assert state.read_jsons(ctx.session.transport, state.STAMPS) == dict.fromkeys(state.STAMPS, big)
     (kd / "test.json").write_bytes(document(state.RECORD_MAX_BYTES + 1))
-    assert state.read_jsons(ctx.transport, state.STAMPS) == {**dict.fromkeys(state.STAMPS, big), "test.json": None}
-    assert state.read_json(ctx.transport, "test.json") is None
+    assert state.read_jsons(ctx.session.transport, state.STAMPS) == {**dict.fromkeys(state.STAMPS, big), "test.json": None}
+    assert state.read_json(ctx.session.transport, "test.json") is None
 
 
 def test_reading_the_state_files_is_bounded_by_the_lock_timeout(make_inventory, tmp_path, fake_tool):
@@ -836,7 +840,7 @@ def test_the_relay_socket_is_private_and_gone_once_rsync_connected(make_inventor
 
 def test_the_golden_steps_results_key_names_its_command(context):
     ctx = context()
-    ctx.step = "golden"
+    ctx.begin("golden", ctx.log)
     assert ctx.results_key()["command"] == "bash scripts/generate.sh"
 
 

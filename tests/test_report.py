@@ -231,6 +231,19 @@ def test_render_run_writes_all_reports(tmp_path, run):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_render_run_views_the_record_once_for_the_three_reports(tmp_path, run, monkeypatch):
+    """The view (every string of the record bounded, escaped and redacted) is made once and read by
+    the three renderers, each of which gives what it gives alone."""
+    run_store.write_run(tmp_path, run)
+    made = []
+    monkeypatch.setattr(report, "view", lambda *args: made.append(1) or run_view.view(*args))
+    paths = report.render_run(tmp_path, secrets=[SECRET])
+    assert len(made) == 1
+    loaded = run_store.load_run(tmp_path)
+    for kind, render in (("md", report.render_markdown), ("html", report.render_html), ("junit", report.render_junit)):
+        assert paths[kind].read_text() == render(loaded, [SECRET]), kind
+
+
 def test_render_run_without_record_says_so(tmp_path):
     with pytest.raises(run_store.RunRecordError, match="no run record here"):
         report.render_run(tmp_path)

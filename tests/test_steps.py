@@ -9,9 +9,10 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.console import Console
-from orchestrator.steps import STEPS
+from orchestrator.errors import StepError
 from orchestrator.steps import sync as sync_step
-from orchestrator.steps.context import StepContext, StepError
+from orchestrator.steps.context import StepContext
+from orchestrator.steps.session import HostSession
 
 FAILED_CASE = json.dumps({"tests": [{"name": "the socket read timed out", "status": "failed", "seconds": 1}]})
 
@@ -39,25 +40,12 @@ def _commands(make_inventory) -> dict:
     return dict(make_inventory({}).project.commands)
 
 
-def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone():
-    """ctx.changing(): the with-block of a step that changes the deployed tree (Step.changes_tree);
-    any other step asking for it is a programming error, never a lock held alone."""
-    for name, step in STEPS.items():
-        ctx = StepContext(*[None] * 9, step=name)       # no lock held: changing() holds nothing more
-        if step.changes_tree:
-            with ctx.changing():
-                pass
-        else:
-            with pytest.raises(ValueError, match=f"the {name} step is not declared to change the deployed tree"):
-                ctx.changing()
-    assert [n for n, s in STEPS.items() if s.changes_tree] == ["sync", "build", "bundles"]
-
-
 def test_a_step_that_needs_the_tree_lock_fails_with_its_evidence_in_a_run_that_holds_none(make_inventory):
     """The sync runs under the lock held alone (sync.sync_tree takes it): outside a run that holds
-    it, the step fails saying so (ctx.held_lock), not with an attribute error of a missing lock."""
+    it, the step fails saying so (HostSession.held_lock), not with an attribute error of a missing lock."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": "d/local"}})
-    ctx = StepContext(inv.hosts["local"], *[None] * 8, step="sync")
+    host = inv.hosts["local"]
+    ctx = StepContext(host, HostSession(host, None), *[None] * 7, step="sync")
     with pytest.raises(StepError, match="the sync step needs the tree lock, and this run holds none") as failed:
         sync_step.run(ctx)
     assert failed.value.host == "local"

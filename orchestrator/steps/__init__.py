@@ -38,8 +38,8 @@ class Step:
     opt_in: bool = False                # validate runs it only when --steps names it (nightly always)
     checks: bool = False                # the host checks: their probe starts as the host connects (Run.prepare);
                                         # with the GPUs the step takes the tree lock itself, once they passed
-    changes_tree: bool = False          # it changes the deployed tree: alone under the tree lock (ctx.changing)
-    reads_ahead: bool = False           # StepContext.read_ahead starts its host reads before the first such step
+    changes_tree: bool = False          # it changes the deployed tree: alone under the tree lock (ctx.session.changing)
+    reads_ahead: bool = False           # HostReads.read_ahead starts its host reads before the first such step
     reuses: tuple[str, ...] = ()        # the result files (keys of project.results) its reuse pulls (read ahead)
     stamp: str = ""                     # the state file of .kdtree/ it writes: what it last did (state.STAMPS)
     command: str = ""                   # the project command whose results it stamps and reuses (results_key)

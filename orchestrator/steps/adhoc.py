@@ -16,7 +16,7 @@ def run(ctx: StepContext) -> Outcome:
     argv, timeout = command.argv, command.timeout
     shown = remote.quote(argv)
     ctx.log(f"$ {shown}")
-    result = ctx.transport.run(remote.adhoc(ctx.host, argv, timeout), on_output=ctx.log)
+    result = ctx.session.transport.run(remote.adhoc(ctx.host, argv, timeout), on_output=ctx.log)
     if result.ok:
         return Outcome("passed", "exited with 0")
     timed_out = result.exit_code is None or (result.timed_out and result.seconds >= timeout)

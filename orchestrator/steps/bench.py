@@ -13,9 +13,9 @@ import secrets
 import threading
 
 from .. import gpus
-from ..errors import KdError
+from ..errors import KdError, StepError
 from ..result_files import bench_from_engine
-from .context import Outcome, StepContext, StepError
+from .context import Outcome, StepContext
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run
 OWNER_VARIABLE = "KDTREE_OWNER"   # in the bench command's environment: its processes are the step's own
@@ -31,16 +31,16 @@ def run(ctx: StepContext) -> Outcome:
         return Outcome("cached", f"{len(ctx.record.bench['metrics'])} metrics reused from run {reused.run_id} "
                                  f"({reused.why}; not a new measurement)", reused.run_id)
     command = ctx.step_command()
-    if not ctx.gpus:
-        ctx.engine(command)
+    if not ctx.session.gpus:
+        ctx.shell.run(command)
         data = ctx.pull_json("bench")
         ctx.record.bench = _bench(ctx, data)
         _annotate(ctx, busy=bool(ctx.record.fingerprint.gpus_busy))
         ctx.stamp_result(data)
         return Outcome("passed", f"{len(ctx.record.bench['metrics'])} metrics")
-    gpu = ctx.gpus[0]
+    gpu = ctx.session.gpus[0]
     with _Sampler(ctx, gpu.uuid) as sampler:
-        ctx.engine(command, {**ctx.gpu_env(gpu), OWNER_VARIABLE: sampler.owner})
+        ctx.shell.run(command, {**ctx.shell.gpu_env(gpu), OWNER_VARIABLE: sampler.owner})
     ctx.record.bench = _bench(ctx, ctx.pull_json("bench", gpu))
     others = gpus.co_tenants(sampler.samples, gpu.uuid, sampler.own)
     ctx.record.bench["gpu"] = {"index": gpu.index, "uuid": gpu.uuid, "co_tenants": others,
@@ -78,9 +78,9 @@ class _Sampler:
     def _run(self) -> None:
         while True:
             try:
-                sample = gpus.query(self.ctx.transport)
+                sample = gpus.query(self.ctx.session.transport)
                 new = gpus.pids_on(sample, self.uuid) - self._resolved
-                self.own |= gpus.own_pids(self.ctx.transport, new, self.ctx.host.remote_dir,
+                self.own |= gpus.own_pids(self.ctx.session.transport, new, self.ctx.host.remote_dir,
                                           f"{OWNER_VARIABLE}={self.owner}")
                 self._resolved |= new
                 self.samples.append(sample)

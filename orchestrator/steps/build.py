@@ -12,7 +12,9 @@ from typing import Any
 from .. import ownership, record, remote
 from ..host import script_text
 from . import STEPS, executables
-from .context import NOT_READ, Outcome, StepContext, StepError
+from ..errors import StepError
+from .context import Outcome, StepContext
+from .host_reads import NOT_READ
 
 STAMP = STEPS["build"].stamp
 RESTORED = "(restored from build/trees/"      # what build.sh prints when its tree cache had the build
@@ -33,13 +35,13 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
         # an incremental build would keep a newer binary as it is (and run it): it must be made anew
-        ctx.transport.check(remote.script(_DROP_SCRIPT, ctx.host.remote_dir, timeout=ctx.host.timeout(ctx.step),
+        ctx.session.transport.check(remote.script(_DROP_SCRIPT, ctx.host.remote_dir, timeout=ctx.host.timeout(ctx.step),
                                           what="removing build/'s executables"))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
-    with ctx.changing():
-        result = ctx.engine("build", None if ctx.plan.use_cache else {"KD_REBUILD": "1"})
+    with ctx.session.changing(ctx.step):
+        result = ctx.shell.run("build", None if ctx.plan.use_cache else {"KD_REBUILD": "1"})
         version = _checked_version(ctx, tree)
-        executables.remember(ctx.project, key, executables.hashes(ctx.transport, ctx.host.timeout(ctx.step)))
+        executables.remember(ctx.project, key, executables.hashes(ctx.session.transport, ctx.host.timeout(ctx.step)))
         executables.remember_key(ctx.project, ctx.host, key)
         ctx.stamps.write(STAMP, {"key": key, "run_id": ctx.run_dir.run_id})
     if RESTORED in result.tail:     # the engine's build cache had this tree: nothing was compiled
@@ -53,8 +55,9 @@ def _reusable(ctx: StepContext, key: dict, tree: str) -> dict[str, str] | None:
     records = executables.load(ctx.project, key)
     if not records:
         return None
-    ahead = ctx.built_ahead(key)
-    checked = ahead if ahead is not NOT_READ else executables.check(ctx.transport, records, ctx.command("version"))
+    ahead = ctx.reads.built(key)
+    checked = ahead if ahead is not NOT_READ else \
+        executables.check(ctx.session.transport, records, ctx.shell.command("version"))
     if not executables.matches(records, checked.hashes) or checked.version is None:
         return None
     return _checked_version(ctx, tree, checked.version)
@@ -78,7 +81,7 @@ def parse_version(line: str) -> dict[str, str]:
 def _checked_version(ctx: StepContext, tree: str, output: str | None = None) -> dict[str, str]:
     """The binary's --version (its `output` when it ran already), recorded; StepError unless it
     was built from `tree`."""
-    line = (ctx.engine_output("version") if output is None else output).strip().splitlines()
+    line = (ctx.reads.output("version") if output is None else output).strip().splitlines()
     version = parse_version(line[-1] if line else "")
     if not version.get("tree"):
         raise StepError(f"cannot read the engine's version line: {line[-1] if line else '(nothing)'}",

@@ -12,10 +12,10 @@ import re
 
 from .. import remote
 from ..bundle_plan import gb
-from ..errors import CommandError, cause_of
+from ..errors import CommandError, StepError, cause_of
 from ..host import script_text
 from ..gpus import visible
-from .context import Outcome, StepContext, StepError
+from .context import Outcome, StepContext
 
 ENGINE = "build/kdtree"       # the deployed engine, relative to remote_dir (what the build step leaves)
 LISTED_MAX = 4096             # bundle files listed at most (more: refused, nothing removed)
@@ -46,8 +46,8 @@ def check_bundle(ctx: StepContext) -> Outcome:
                f'on this host first" >&2; exit 3; }}; exec {remote.quote(argv)}')
     timeout = ctx.host.timeout("golden")
     ctx.log(f"$ {remote.quote(argv)}")
-    result = ctx.transport.run(remote.step(ctx.host, snippet, timeout, env=ctx.gpu_env(), what="the bundle check"),
-                               on_output=ctx.log)
+    command = ctx.shell.build(snippet, step="golden", env=ctx.shell.gpu_env(), what="the bundle check")
+    result = ctx.session.transport.run(command, on_output=ctx.log)
     said = _last_line(result.tail)
     if result.ok:
         return Outcome("passed", f"{visible(task.path, 300)}: {said}")
@@ -84,7 +84,7 @@ def _list(ctx: StepContext, folder: str) -> dict[str, int]:
     relative path -> bytes. A name of another shape is refused, never removed."""
     command = remote.script(_LIST_SCRIPT, ctx.host.remote_dir, folder, timeout=ctx.host.timeout("preflight"),
                             what="listing the bundles")
-    out = ctx.transport.capture(command, max_bytes=256 * 1024).decode("utf-8", errors="replace")
+    out = ctx.session.transport.capture(command, max_bytes=256 * 1024).decode("utf-8", errors="replace")
     found: dict[str, int] = {}
     for line in out.splitlines():
         m = _LISTED.match(line)
@@ -103,7 +103,7 @@ def _remove(ctx: StepContext, folder: str, paths: list[str]) -> None:
     inside the folder); CommandError with the host's words when one cannot be removed."""
     command = remote.script(_REMOVE_SCRIPT, ctx.host.remote_dir, folder, *paths, timeout=ctx.host.timeout("preflight"),
                             what="removing stale bundles")
-    result = ctx.transport.run(command, on_output=ctx.log)
+    result = ctx.session.transport.run(command, on_output=ctx.log)
     if not result.ok:
         raise CommandError(f"removing stale bundles exited with {result.exit_code}", host=ctx.host.name,
                            command=command.line, exit_status=result.exit_code, tail=result.tail)

@@ -15,7 +15,7 @@ STAMP = STEPS["bundles"].stamp
 def run(ctx: StepContext) -> Outcome:
     """Run the bundles command unless the generator's input hash and interpreter are unchanged
     and the bundle folder (the manifest's) holds, hash for hash, what the last regeneration left."""
-    key = {"generator": ctx.engine_output("bundles_key").split()[-1], "python": ctx.host.python}
+    key = {"generator": ctx.reads.output("bundles_key").split()[-1], "python": ctx.host.python}
     if ctx.bundles is not None and not ctx.bundles.is_default:     # another selection: other bundles
         key["configs"] = " ".join(ctx.bundles.configs)
     stamp = ctx.stamps.get(STAMP) or {}
@@ -24,13 +24,13 @@ def run(ctx: StepContext) -> Outcome:
             return Outcome("cached", f"bundles of generator {key['generator'][:12]} are up to date", str(stamp["run_id"]))
         ctx.log(f"the bundles on the host are not those run {stamp['run_id']} regenerated "
                 f"({inputs.changes(stamp.get('outputs') or {}, _outputs(ctx))}): regenerating")
-    with ctx.changing():
+    with ctx.session.changing(ctx.step):
         if ctx.bundles is not None:
             # What the writer will leave in all, beside its own progress reports (bundles and
             # bytes written so far): the declared disk need of the selected bundles.
             ctx.log(f"writing {len(ctx.bundles.bundles)} bundles of tiers {', '.join(ctx.bundles.tiers)}: "
                     f"{gb(ctx.bundles.disk_bytes)}")
-        ctx.engine("bundles")
+        ctx.shell.run("bundles")
         ctx.stamps.write(STAMP, {"key": key, "run_id": ctx.run_dir.run_id, "outputs": _outputs(ctx)})
     return Outcome("passed", f"regenerated with {ctx.host.python}")
 
@@ -39,5 +39,5 @@ def _outputs(ctx: StepContext) -> dict[str, str]:
     """The content hashes of the files in the manifest's folder on the host (the bundles, the
     manifest); {} without the manifest."""
     folder = posixpath.dirname(ctx.project.results["manifest"])
-    found = {p: h for p, h in ctx.current_inputs().files.items() if posixpath.dirname(p) == folder}
+    found = {p: h for p, h in ctx.reads.inputs(ctx.tree_hash).files.items() if posixpath.dirname(p) == folder}
     return found if ctx.project.results["manifest"] in found else {}

@@ -13,19 +13,19 @@ that no longer pass are not trusted: the engine runs again. Never on GPUs, in a 
 from __future__ import annotations
 
 from .. import golden
-from ..errors import KdError
+from ..errors import KdError, StepError
 from ..record import GoldenRecord
-from .context import Outcome, StepContext, StepError, gpu_run
+from .context import Outcome, StepContext, gpu_run
 
 
 def run(ctx: StepContext) -> Outcome:
     """Generate the engine's AR and DDTree outputs (per GPU), pull them and the host's manifest,
     compare; one GPU's failure fails its cell and the step, the others are still checked."""
-    if not ctx.gpus:
+    if not ctx.session.gpus:
         reused = _reused(ctx)
         if reused is not None:
             return reused
-        ctx.engine("generate")
+        ctx.shell.run("generate")
         outputs = ctx.pull_json("outputs")
         ctx.record.golden = _checked(ctx, outputs, ctx.pull_json("manifest"))
         failed = golden.failures(ctx.record.golden)
@@ -33,10 +33,11 @@ def run(ctx: StepContext) -> Outcome:
             raise StepError("golden tokens differ: " + "; ".join(failed), host=ctx.host.name)
         ctx.stamp_result(outputs)
         return Outcome("passed", f"{len(ctx.record.golden)} bundles: AR and DDTree equal the golden tokens")
-    outputs = ctx.on_each_gpu(lambda c, gpu: (c.engine("generate", c.gpu_env(gpu)), c.pull_json("outputs", gpu))[1])
+    outputs = ctx.on_each_gpu(lambda c, gpu: (c.shell.run("generate", c.shell.gpu_env(gpu)),
+                                              c.pull_json("outputs", gpu))[1])
     manifest = ctx.pull_json("manifest")
     rows, problems = {}, []
-    for gpu in ctx.gpus:
+    for gpu in ctx.session.gpus:
         cell = gpu_run(ctx, gpu)
         try:
             output = outputs[gpu.index]
@@ -54,7 +55,8 @@ def run(ctx: StepContext) -> Outcome:
     ctx.record.golden = golden.merge_gpu_rows(rows)
     if problems:
         raise StepError("; ".join(problems), host=ctx.host.name)
-    return Outcome("passed", f"{len(ctx.record.golden)} bundles on GPU {', '.join(str(g.index) for g in ctx.gpus)}: "
+    on = ', '.join(str(g.index) for g in ctx.session.gpus)
+    return Outcome("passed", f"{len(ctx.record.golden)} bundles on GPU {on}: "
                              "AR and DDTree equal the golden tokens on each")
 
 

@@ -10,7 +10,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .. import capacity, doctor, gpu_claims, gpus, state
 from ..bundle_plan import BundlePlan
 from ..record import Fingerprint
-from .context import Outcome, StepContext, StepError
+from ..errors import StepError
+from .context import Outcome, StepContext
 
 
 def run(ctx: StepContext) -> Outcome:
@@ -18,12 +19,12 @@ def run(ctx: StepContext) -> Outcome:
     fingerprint; fail on a failed check. A run that claims GPUs asks for them and takes the tree
     lock meanwhile (the lock begins no sync before the checks pass)."""
     query = lock = None
-    if ctx.claim_gpus is not None:
+    if ctx.session.claims_gpus:
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gpu-query-{ctx.host.name}")
-        query = pool.submit(gpus.query, ctx.transport)
+        query = pool.submit(gpus.query, ctx.session.transport)
         lock = pool.submit(_lock_for, ctx, query)
         pool.shutdown(wait=False)
-    findings, facts = doctor.examine(ctx.transport, ctx.probe, import_numpy=ctx.plan.imports_numpy)
+    findings, facts = doctor.examine(ctx.session.transport, ctx.session.probe, import_numpy=ctx.plan.imports_numpy)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)
@@ -40,7 +41,7 @@ def run(ctx: StepContext) -> Outcome:
 def _room(ctx: StepContext, plan: BundlePlan) -> capacity.Room:
     """The host's room for the selected bundles `plan`, logged; StepError with the numbers when
     its disk cannot hold them."""
-    room = capacity.probe(ctx.transport, plan, posixpath.dirname(ctx.project.results["manifest"]))
+    room = capacity.probe(ctx.session.transport, plan, posixpath.dirname(ctx.project.results["manifest"]))
     ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
             f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
             f"{plan.max_memory} bytes")
@@ -57,10 +58,10 @@ def _ram(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> str:
     """The RAM verdict for the engine processes the run will have at once: one per GPU claimed
     (doctor: per GPU a run would ask for), one on a host without GPUs. StepError with the
     numbers when they do not fit."""
-    if ctx.claim_gpus is not None or not ctx.record.gpus:
-        engines = len(ctx.gpus)
+    if ctx.session.claims_gpus or not ctx.record.gpus:
+        engines = len(ctx.session.gpus)
     else:
-        request = ctx.gpu_request
+        request = ctx.session.gpu_request
         engines = len(request.indices) if request.policy == "list" else request.count or len(ctx.record.gpus)
     problem = capacity.ram_problem(room, plan, max(1, engines))
     if problem:
@@ -71,9 +72,9 @@ def _ram(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> str:
 def take_gpus(ctx: StepContext, query: Future | None = None, lock: Future | None = None) -> str:
     """Doctor: what a run would take. Validate and nightly: hold the tree and claim the GPUs
     (hold_tree_and_gpus; `query`: the GPU query under way, `lock`: its lock). What happened, in words."""
-    if ctx.claim_gpus is not None:
+    if ctx.session.claims_gpus:
         return hold_tree_and_gpus(ctx, query, lock)
-    found, choice = gpu_claims.preview(ctx.transport, ctx.gpu_request)
+    found, choice = gpu_claims.preview(ctx.session.transport, ctx.session.gpu_request)
     _record(ctx, found, ())
     if not found.gpus:
         return "no GPU"
@@ -87,38 +88,35 @@ def hold_tree_and_gpus(ctx: StepContext, query: Future | None = None, lock: Futu
     up to gpu_wait for enough: GpuSelectionError naming each GPU not taken and why); on a host
     without, the lock alone, as one run at a time. Records every GPU and the selection. `lock`:
     that lock, being taken already (_lock_for)."""
-    found = query.result() if query is not None else gpus.query(ctx.transport)
+    found = query.result() if query is not None else gpus.query(ctx.session.transport)
     if not found.gpus:
-        gpus.choose((), ctx.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
-        ctx.hold_tree(state.EXCLUSIVE, taken=lock)
+        gpus.choose((), ctx.session.gpu_request, host=ctx.host.name)       # GPUs asked for explicitly: an error
+        ctx.session.hold_tree(state.EXCLUSIVE, taken=lock, log=ctx.log)
         _record(ctx, found, ())
         return "no GPU: the run holds the deployed tree alone"
-    if ctx.claim_gpus is None:
-        raise ValueError("hold_tree_and_gpus: this run claims no GPUs (only doctor looks at them)")
-    held = ctx.hold_tree(state.SHARED, ctx.host.timeout("lock"), taken=lock)
-    claim = ctx.claim = ctx.claim_gpus(ctx.gpu_request)
+    held = ctx.session.hold_tree(state.SHARED, ctx.host.timeout("lock"), taken=lock, log=ctx.log)
+    claim = ctx.session.hold_gpus()
     for uuid, owner in claim.stale:
         ctx.log(f"recovered the claim on {uuid} left by a run that died: {gpus.visible(str(owner), 300)}")
-    ctx.gpus = claim.gpus
     _record(ctx, claim.inventory, claim.gpus)
     if not claim.gpus:                  # they went away since the first look
         held.to_exclusive()
         return "no GPU: the run holds the deployed tree alone"
     return (f"GPU {', '.join(str(g.index) for g in claim.gpus)} claimed for the run "
-            f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.gpu_request.describe()})")
+            f"(CUDA_VISIBLE_DEVICES by uuid; {ctx.session.gpu_request.describe()})")
 
 
 def _lock_for(ctx: StepContext, query: Future):
     """The tree lock in hold_tree_and_gpus' mode for the GPUs `query` finds, taken without
     beginning a sync (the sync step begins it over the lock's channel)."""
     if query.result().gpus:
-        return ctx.take_lock(state.SHARED, ctx.host.timeout("lock"), False)
-    return ctx.take_lock(state.EXCLUSIVE, 0, False)
+        return ctx.session.take_lock(state.SHARED, ctx.host.timeout("lock"))
+    return ctx.session.take_lock(state.EXCLUSIVE)
 
 
 def _record(ctx: StepContext, found: gpus.GpuInventory, taken) -> None:
     """Every GPU and the selection into the host's record, and the GPU table into the log."""
-    ctx.record.gpus = [g.to_record(ctx.gpu_request.max_used_mib) for g in found.gpus]
+    ctx.record.gpus = [g.to_record(ctx.session.gpu_request.max_used_mib) for g in found.gpus]
     ctx.record.selected_gpus = sorted(g.index for g in taken)
     if not found.gpus:
         ctx.log(f"gpus       {'no nvidia-smi on the host' if found.nvidia_smi is None else 'nvidia-smi lists no GPU'}")

@@ -3,9 +3,9 @@ same GPU (run_tests.sh with KD_GPU_LOAD), so that a result that depends on havin
 is caught before a shared production host finds it. Never cached: a repeat is the point."""
 from __future__ import annotations
 
-from ..errors import CommandError
+from ..errors import CommandError, StepError
 from ..record import LOAD_CASE
-from .context import Outcome, StepContext, StepError
+from .context import Outcome, StepContext
 from .test import pull_results, raise_on_failures
 
 SETUP_EXIT = 2                    # run_tests.sh: the environment asks for what the build lacks
@@ -25,7 +25,7 @@ def run(ctx: StepContext) -> Outcome:
                         "(see hosts.yaml): nothing to run", host=ctx.host.name)
     failure, tail = None, ""
     try:
-        tail = ctx.engine("stress").tail
+        tail = ctx.shell.run("stress").tail
     except CommandError as e:
         if e.exit_status == SETUP_EXIT:
             return Outcome("skipped", f"the stress command refused this setup (exit {SETUP_EXIT}): {_last_line(e.tail)}")

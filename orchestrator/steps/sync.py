@@ -9,13 +9,14 @@ def run(ctx: StepContext) -> Outcome:
     """Deploy the source tree and remember the verified tree hash for the later steps. Under a
     shared lock (other runs may use the tree) a tree that is already this run's is left as it is;
     otherwise the run holds the tree alone while it syncs."""
-    if ctx.lock is not None and ctx.lock.mode == state.SHARED:
-        deployed = sync.deployed_tree(ctx.transport, ctx.project)
+    if ctx.session.lock is not None and ctx.session.lock.mode == state.SHARED:
+        deployed = sync.deployed_tree(ctx.session.transport, ctx.project)
         if deployed == ctx.source.tree_hash:
             ctx.deployed_tree_hash = ctx.record.deployed_tree_hash = deployed
             return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
-    with ctx.changing():            # the lock holder begins and ends the sync, over the lock's channel
-        result = sync.sync_tree(ctx.transport, ctx.project, ctx.source, ctx.owner, ctx.log, ctx.held_lock())
+    with ctx.session.changing(ctx.step):            # the lock holder begins and ends the sync, over the lock's channel
+        result = sync.sync_tree(ctx.session.transport, ctx.project, ctx.source, ctx.owner, ctx.log,
+                                ctx.session.held_lock(ctx.step))
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
     ctx.stamps.forget()             # the deploy record changed

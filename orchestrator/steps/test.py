@@ -3,10 +3,10 @@ claimed, the suite runs once per GPU, all at once, each pinned to its GPU (run.j
 with several GPUs each case's name says its GPU (`gpu<index>.<name>`)."""
 from __future__ import annotations
 
-from ..errors import CommandError, KdError
+from ..errors import CommandError, KdError, StepError
 from ..record import TestCase, TestsRecord
 from ..result_files import tests_from_engine
-from .context import Outcome, StepContext, StepError, gpu_run
+from .context import Outcome, StepContext, gpu_run
 
 SHOWN_FAILURES = 5
 
@@ -22,7 +22,7 @@ def run(ctx: StepContext) -> Outcome:
             ctx.record.tests = tests
             return Outcome("cached", f"{tests.passed} passed, {tests.skipped} skipped "
                                      f"(reused from run {reused.run_id}: {reused.why})", reused.run_id)
-    if ctx.gpus:
+    if ctx.session.gpus:
         return _on_each_gpu(ctx)
     data, failure = _suite(ctx)
     tests = ctx.record.tests = _tests(ctx, data)
@@ -36,7 +36,7 @@ def _suite(ctx: StepContext, gpu=None) -> tuple[dict, CommandError | None]:
     without readable results the command's failure (or the reading error) is raised."""
     failure = None
     try:
-        ctx.engine("test", ctx.gpu_env(gpu) if gpu is not None else None)
+        ctx.shell.run("test", ctx.shell.gpu_env(gpu) if gpu is not None else None)
     except CommandError as e:
         failure = e
     return pull_results(ctx, "tests", failure, gpu)[0], failure
@@ -66,10 +66,10 @@ def raise_on_failures(ctx: StepContext, tests: TestsRecord, failure: CommandErro
 
 def _on_each_gpu(ctx: StepContext) -> Outcome:
     results = ctx.on_each_gpu(_suite)
-    several = len(ctx.gpus) > 1
+    several = len(ctx.session.gpus) > 1
     cases: list[TestCase] = []
     problems = []
-    for gpu in ctx.gpus:
+    for gpu in ctx.session.gpus:
         cell = gpu_run(ctx, gpu)
         result = results[gpu.index]
         if isinstance(result, KdError):
@@ -91,7 +91,7 @@ def _on_each_gpu(ctx: StepContext) -> Outcome:
     if problems:
         raise StepError("; ".join(problems), host=ctx.host.name)
     return Outcome("passed", f"{counts['passed']} passed, {counts['skipped']} skipped on GPU "
-                             f"{', '.join(str(g.index) for g in ctx.gpus)}")
+                             f"{', '.join(str(g.index) for g in ctx.session.gpus)}")
 
 
 def _failed(tests: TestsRecord, what: str) -> str:
