@@ -97,7 +97,8 @@ class Allocation:
             self._ended_by_slurm(job, steps[failed])
         if job.ended:
             return
-        why = ("the run was interrupted" if stopped else f"the {failed} step {steps[failed].status}" if failed
+        outcome = "timed out" if failed and steps[failed].status == "timeout" else "failed"
+        why = ("the run was interrupted" if stopped else f"the {failed} step {outcome}" if failed
                else "the host's steps are done")
         try:
             slurm.cancel(self.transport, job.job_id)
