@@ -90,7 +90,7 @@ class Allocation:
         """Cancel the job (scancel) and record why; after a failed step whose job Slurm ended
         (NODE_FAIL, TIMEOUT...), that step's message says the job's state and reason."""
         job = self.record.job
-        if job is None:
+        if job is None or job.ended:        # never submitted, or cancelled already (queue_limit)
             return
         failed = next((name for name, s in steps.items() if s.status in FAILED_STEP_STATUSES), None)
         if failed is not None and not stopped:
