@@ -216,7 +216,7 @@ def test_slurm_a_node_that_goes_down_mid_job_fails_the_host_with_slurms_state(sl
     seen = cluster.job(job["job_id"])           # slurmctld: the job ran on the node, and the node's failure ended it
     assert seen["JobState"] == "NODE_FAIL" and seen["NodeList"] == slurm_cluster.NODE
     assert host["status"] == "failed" and host["steps"]["build"]["status"] == "failed"
-    assert f"Slurm ended job {job['job_id']}: NODE_FAIL" in host["steps"]["build"]["message"]
+    assert f"Slurm ended job {job['job_id']}: NODE_FAIL, reason {job['reason']}" in host["steps"]["build"]["message"]
     assert job["ended"].startswith("ended by Slurm: NODE_FAIL") and job["state"] == "NODE_FAIL"
 
 
