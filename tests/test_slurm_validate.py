@@ -3,7 +3,9 @@ against the local Slurm cluster (tests/slurm_cluster.py) through its login node:
 shared filesystem, then build, bundles, golden, test and bench as job steps of one allocation.
 slurmctld's record says the job ran on the node and was cancelled at the end; slurmd's log that
 every engine command was a job step of it. The local bundle cache starts with the session's
-reference bundles (as tests/test_validate.py's does), and the bench is a light one."""
+reference bundles (as tests/test_validate.py's does); the host runs the `tiny` bundles only, the
+engine's tests on them and a light bench: the steps' plumbing inside the allocation, not the
+engine's coverage (tests/test_validate.py's)."""
 from __future__ import annotations
 
 import json
@@ -21,6 +23,7 @@ from test_slurm_run import job_steps
 REPO = Path(__file__).resolve().parent.parent
 # one tree budget, one repeat, the smallest MoE layer: the bench step's plumbing, not its figures
 LIGHT_BENCH = 'KD_BENCH_ARGS="--budgets 4 --repeats 1 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
+LIGHT_TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
 
 
 def test_slurm_invoke_validate_runs_the_whole_pipeline_inside_one_allocation(slurm_lab, lab, reference_bundles,
@@ -32,7 +35,8 @@ def test_slurm_invoke_validate_runs_the_whole_pipeline_inside_one_allocation(slu
         reference_bundles.copy_to(tmp_path / "build" / "local-bundles" / reference_bundles.key)
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     data["project"]["source"] = str(tmp_path / "engine_src")
-    data["project"]["commands"]["bench"] = LIGHT_BENCH
+    data["project"]["commands"].update(bench=LIGHT_BENCH, test=LIGHT_TEST)
+    data["project"]["bundle_tiers"]["default"] = ["tiny"]
     data["hosts"] = {"cluster": lab.inventory_entry(
         login, remote_dir=str(login.root / f"{tmp_path.name}-engine"), scheduler="slurm",
         partition=slurm_cluster.PARTITION, gpus=2, slurm_conf=str(cluster.conf))}
@@ -49,7 +53,8 @@ def test_slurm_invoke_validate_runs_the_whole_pipeline_inside_one_allocation(slu
     assert {s: v["status"] for s, v in host["steps"].items()} == dict.fromkeys(
         ["preflight", "sync", "build", "bundles", "golden", "test", "bench"], "passed")
     assert host["backend"] == "cpu" and host["deployed_tree_hash"] == host["binary_tree_hash"]
-    assert host["golden"] and all(g["status"] == "passed" for g in host["golden"].values())
+    assert set(host["golden"]) == {"tiny_fp32", "tiny_int4"}
+    assert all(g["status"] == "passed" for g in host["golden"].values())
     assert host["tests"]["failed"] == 0 and host["tests"]["passed"] >= 10 and host["bench"]["metrics"]
     job = host["job"]
     assert (job["node"], job["gpus"], job["cuda_visible_devices"]) == (slurm_cluster.NODE, [0, 1], "0,1")
