@@ -14,7 +14,8 @@ locks, GPU claims and stop flag. Nothing here decides exit codes.
 Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
-first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
+first step that needs it; a `scheduler: slurm` entry's run holds it alone, its allocation the claim
+(slurm_run.py). preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
 does exec: the user's own command, outside the deployed tree (an nvidia-smi while a validate runs).
 """
 from __future__ import annotations
