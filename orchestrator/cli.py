@@ -32,9 +32,10 @@ INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
 EXEC_TIMEOUT = 300     # seconds `exec` gives its command without --timeout
-# What runs on a `scheduler: slurm` entry so far (docs/slurm.md): doctor, and deploy to the cluster's
-# shared filesystem through its login node. The steps inside a Slurm allocation are not built yet.
-SLURM_COMMANDS = ("doctor", "deploy")
+# What runs on a `scheduler: slurm` entry so far (docs/slurm.md): doctor, deploy to the cluster's
+# shared filesystem through its login node, and validate and nightly with their engine commands as job
+# steps of one allocation per entry (slurm_run.py). exec, bisect and the bundle commands do not yet.
+SLURM_COMMANDS = ("doctor", "deploy", "validate", "nightly")
 
 
 class Terminated(KeyboardInterrupt):
@@ -370,8 +371,7 @@ def refuse_slurm(hosts: list[Host], command: str) -> None:
     entries = [h.name for h in hosts if h.slurm is not None]
     if entries and command not in SLURM_COMMANDS:
         raise UsageError(f"{command}: {', '.join(entries)} is a `scheduler: slurm` entry: only "
-                         f"{' and '.join(SLURM_COMMANDS)} run there so far; the steps inside a Slurm allocation "
-                         "are not built yet (docs/slurm.md)")
+                         f"{', '.join(SLURM_COMMANDS)} run there so far (docs/slurm.md)")
 
 
 def _baseline(path: str | None) -> dict | None:
@@ -394,7 +394,7 @@ def _history_path(runs_root: Path, path: str | None) -> Path:
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
-    from . import record
+    from . import record, slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
@@ -415,6 +415,9 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
               for step, s in host.steps.items() if s.reused_from]
     if reused:
         console.say("reused results (not re-run): " + "; ".join(reused))
+    for name, host in run.hosts.items():       # apart from the step times: the queue wait is in none of them
+        if host.job is not None:
+            console.say(f"slurm {name}: {slurm_run.describe(host.job)}")
     for reg in run.regressions:
         why = (reg.evidence or {}).get("reason") or "fixed ratio against the baseline file"
         console.say(f"REGRESSION {reg.host} {reg.metric}: {reg.value:g} vs baseline {reg.baseline:g} "

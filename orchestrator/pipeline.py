@@ -14,7 +14,8 @@ locks, GPU claims and stop flag. Nothing here decides exit codes.
 Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs of the same
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
-first step that needs it. preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
+first step that needs it; a `scheduler: slurm` entry's run holds it alone, its allocation the claim
+(slurm_run.py). preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
 does exec: the user's own command, outside the deployed tree (an nvidia-smi while a validate runs).
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, state, sync
+from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, \
+    slurm_run, state, sync
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
@@ -315,8 +317,11 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
     hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     probe = run.first_result(host)
-    session = HostSession(host, run.transport(host), run, shared.owner, hash_line, begins_sync="sync" in plan.steps,
-                          claims_gpus=plan.claims_gpus, gpu_request=request, probe=probe)
+    transport = run.transport(host)
+    job = slurm_run.Allocation.of(transport, rec)       # a Slurm entry: its allocation is the claim
+    claims = plan.claims_gpus and job is None
+    session = HostSession(host, transport, run, shared.owner, hash_line, begins_sync="sync" in plan.steps,
+                          claims_gpus=claims, gpu_request=request, probe=probe)
     ctx = StepContext(host, session, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan, secrets=shared.secrets[host.name], bundles=bundles)
     stopped_by = None
@@ -329,8 +334,12 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
             elif run.stopped.is_set():
                 rec.steps[step] = StepRecord("skipped", message=record.INTERRUPTED_SKIP)
             else:
-                if session.lock is None and plan.takes_lock and not (plan.claims_gpus and STEPS[step].checks) \
-                        and not _hold(ctx, run, plan, step, out):
+                if session.lock is None and plan.takes_lock and not (claims and STEPS[step].checks) \
+                        and not _hold(ctx, run, claims, step, out):
+                    stopped_by = step
+                    continue
+                if job is not None and STEPS[step].on_node and session.job is None \
+                        and not _hold(ctx, run, False, step, out, job):
                     stopped_by = step
                     continue
                 readers = tuple(s for s in plan.listed if s in plan.steps and STEPS[s].reads_ahead)
@@ -340,6 +349,8 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
                 if rec.steps[step].status in record.UNFINISHED_STEP_STATUSES:
                     stopped_by = step
     finally:
+        if job is not None:
+            job.release(rec.steps, run.stopped.is_set())
         for held in session.held():
             run.release(held)
         session.transport.close()
@@ -370,13 +381,17 @@ def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecor
     rec.status = record.host_status(rec.steps, stopped)
 
 
-def _hold(ctx: StepContext, run: Run, plan: Plan, step: str, out) -> bool:
+def _hold(ctx: StepContext, run: Run, claims: bool, step: str, out,
+          job: slurm_run.Allocation | None = None) -> bool:
     """Before `step`, the first step that needs them, take the tree lock (and, for validate and
-    nightly, the GPUs: preflight does it otherwise) for the rest of the run; on failure record it
-    as the step's outcome."""
+    nightly, the GPUs: preflight does it otherwise), or a Slurm entry's allocation (`job`), for
+    the rest of the run; on failure record it as the step's outcome."""
     ctx.log = lambda text: out(f"{step:9} | {text}")
     try:
-        if plan.claims_gpus:
+        if job is not None:         # its queue wait is in no step's seconds (the record's job says it)
+            ctx.log(job.hold())
+            ctx.session.job = job
+        elif claims:
             ctx.log(preflight_step.hold_tree_and_gpus(ctx))
         else:
             ctx.session.hold_tree(state.EXCLUSIVE, log=ctx.log)

@@ -41,7 +41,10 @@ Schema, version 1:
         "build_key": {...} | null, "seconds",
         "bundles": null | {"tiers", "configs", "bundles": [{"name", "file", "config", "disk_bytes", "ram_bytes",
                    "gpu_bytes", "declared"}], "disk_bytes", "ram_bytes_per_engine", "gpu_bytes", "max_memory", "undeclared",
-                   "timeouts": {STEP: SECONDS}, "seconds_per_gb"} (bundle_plan.py)}},
+                   "timeouts": {STEP: SECONDS}, "seconds_per_gb"} (bundle_plan.py),
+        "job": null | {"job_id", "partition", "node", "gpus": [INDEX, ...], "cuda_visible_devices",
+                "submitted", "started", "queue_wait" (seconds in Slurm's queue: in no step's seconds),
+                "time_limit", "state", "reason", "ended"} (a `scheduler: slurm` entry's allocation)}},
      "regressions": [{"host", "metric", "baseline", "value", "ratio", "threshold", "unit", "better",
                       "method", "evidence", "since_run", "bisect"}],
      "history": null | {"store", "dashboard", "contended": [{"host", "metric", "ratio", "cpu_change", "cal_change"?,
@@ -213,6 +216,27 @@ class GpuRun:
 
 
 @dataclass
+class SlurmJob:
+    """A `scheduler: slurm` entry's allocation in the run (slurm_run.py): slurmctld's job id,
+    partition, node, the GPU indices and CUDA_VISIBLE_DEVICES Slurm gave, the submit and start
+    times (Slurm's clock), the seconds it waited in the queue (apart from every step's seconds),
+    its time limit as Slurm prints it, its last state and reason, and how it ended, in words."""
+
+    job_id: str
+    partition: str
+    node: str | None = None
+    gpus: list[int] = field(default_factory=list)
+    cuda_visible_devices: str | None = None
+    submitted: str | None = None
+    started: str | None = None
+    queue_wait: float | None = None
+    time_limit: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    ended: str = ""
+
+
+@dataclass
 class HostRecord:
     """Everything one run learned about one host."""
 
@@ -234,6 +258,7 @@ class HostRecord:
     seconds: float = 0.0
     build_key: dict | None = None       # what the engine's build key command printed (compilers, flags, arch)
     bundles: dict | None = None         # the bundles the host runs, their needs, the scaled timeouts (bundle_plan)
+    job: SlurmJob | None = None         # a `scheduler: slurm` entry's allocation (None: any other host)
 
 
 @dataclass

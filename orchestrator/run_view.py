@@ -116,6 +116,7 @@ def view(run: dict, secrets: Iterable[str] = ()) -> dict:
         "bundles": _unique(b for h in hosts for b in h["golden"]),
         "golden_rows": [row for h in hosts for row in _golden_rows(h)],
         "gpu_hosts": [h for h in hosts if h["gpus"]],
+        "slurm_hosts": [h for h in hosts if h["job"]],
         "metrics": _metric_rows(hosts, regressions),
         "bench_hosts": [h for h in hosts if h["bench"] and h["bench"]["metrics"]],
         "charts": _charts(hosts),
@@ -155,7 +156,21 @@ def _host_view(name: str, host: Any, secrets: list[str]) -> dict:
         "bench": _bench_view(host.get("bench"), secrets),
         "gpus": _gpus_view(host, secrets),
         "gpu_runs": [_gpu_run_view(r, secrets) for r in _list(host.get("gpu_runs"))[:GPUS_LIMIT] if isinstance(r, dict)],
+        "job": _job_view(host.get("job"), secrets),
     }
+
+
+def _job_view(job: Any, secrets: list[str]) -> dict | None:
+    """A Slurm entry's job (record.SlurmJob) as the reports show it, apart from the step times;
+    None for any other host."""
+    if not isinstance(job, dict):
+        return None
+    wait = finite_number(job.get("queue_wait"))
+    return {**{k: text(job.get(k), NAME_LIMIT, secrets) for k in ("job_id", "partition", "node", "cuda_visible_devices",
+                                                                  "submitted", "started", "time_limit", "state")},
+            "gpus": ",".join(str(i) for i in map(_whole, _list(job.get("gpus"))[:GPUS_LIMIT]) if i is not None),
+            "queue_wait": wait, "reason": text(job.get("reason"), MESSAGE_LIMIT, secrets),
+            "ended": text(job.get("ended"), MESSAGE_LIMIT, secrets)}
 
 
 def _golden_rows(host: dict) -> list[dict]:

@@ -123,11 +123,12 @@ def time_limit(host: Host) -> int:
 
 def sbatch_options(host: Host) -> list[str]:
     """sbatch's options for the entry: one node, one task, its partition, GRES, account, QOS,
-    constraint and time limit (Slurm counts whole minutes: rounded up), a job name naming the entry."""
+    constraint, no requeue and time limit (Slurm counts whole minutes: rounded up), a job name naming the entry."""
     req = request(host)
     minutes = -(-time_limit(host) // 60)
+    # --no-requeue: a job Slurm requeued (its node failed) would hold a new allocation nobody uses
     options = [f"--partition={req.partition}", "--nodes=1", "--ntasks=1", f"--time={minutes}",
-               f"--job-name=kdtree-{host.name}"]
+               f"--job-name=kdtree-{host.name}", "--no-requeue"]
     options += [f"--{key}={value}" for key, value in (("gres", req.gres), ("account", req.account),
                                                        ("qos", req.qos), ("constraint", req.constraint)) if value]
     return options

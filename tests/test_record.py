@@ -54,7 +54,7 @@ def test_record_serialises_to_the_documented_schema():
                                       "inputs": None, "output_cut": None}
     assert set(host) == {"status", "transport", "address", "backend", "deployed_tree_hash", "binary_tree_hash",
                          "fingerprint", "steps", "golden", "tests", "bench", "stress", "gpus", "selected_gpus",
-                         "gpu_runs", "build_key", "seconds", "bundles"}
+                         "gpu_runs", "build_key", "seconds", "bundles", "job"}
     assert set(host["fingerprint"]) == {"gpu", "gpu_count", "compute_capability", "driver", "nvcc", "arch", "gpus_busy", "cpu"}
     assert host["golden"]["tiny_fp32"]["mismatch"] is None
     assert host["tests"]["cases"][0] == {"name": "op_rope", "status": "passed", "seconds": 0.1, "message": ""}

@@ -239,14 +239,14 @@ def test_slurm_gres_parsing():
     assert slurm.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:6") and not slurm.has_gpus("(null)", "gpu:1")
 
 
-def test_slurm_entries_refuse_what_is_not_built_yet(make_inventory):
+def test_slurm_entries_refuse_exec_and_the_bundle_commands(make_inventory):
     inv = make_inventory({"c": {"scheduler": "slurm", "address": "login", "remote_dir": "/srv/kdtree",
                                 "partition": "gpu"}})
     assert inv.hosts["c"].slurm == SlurmRequest(partition="gpu")
-    for run in (lambda: cli.validate(inv, [inv.hosts["c"]], Console(io.StringIO())),
-                lambda: cli.exec_command(inv, [inv.hosts["c"]], Console(io.StringIO()), ("true",))):
-        with pytest.raises(UsageError, match=r"c is a `scheduler: slurm` entry: only doctor and deploy run there "
-                                             r"so far; the steps inside a Slurm allocation are not built yet"):
+    for run in (lambda: cli.exec_command(inv, [inv.hosts["c"]], Console(io.StringIO()), ("true",)),
+                lambda: cli.clean_bundles(inv, [inv.hosts["c"]], Console(io.StringIO()))):
+        with pytest.raises(UsageError, match=r"c is a `scheduler: slurm` entry: only doctor, deploy, validate, "
+                                             r"nightly run there so far"):
             run()
 
 

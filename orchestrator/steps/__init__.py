@@ -45,6 +45,8 @@ class Step:
     command: str = ""                   # the project command whose results it stamps and reuses (results_key)
     scaled: bool = False                # its timeout grows with the selected bundles' bytes (bundle_plan)
     bundles: bool = False               # the selected bundles shape it: a plan with it makes a bundle plan
+    on_node: bool = False               # its engine commands need a compute node: on a `scheduler: slurm` entry
+                                        # they run as job steps of the host's allocation (slurm_run.py)
 
     @property
     def runner(self) -> Callable[[StepContext], Outcome]:
@@ -57,16 +59,16 @@ class Step:
 STEPS: typing.Mapping[str, Step] = MappingProxyType({s.name: s for s in (
     Step("preflight", "preflight", timeout=60, checks=True, bundles=True),
     Step("sync", "sync", timeout=300, changes_tree=True, stamp="deploy.json"),
-    Step("build", "build", timeout=900, changes_tree=True, reads_ahead=True, stamp="build.json"),
+    Step("build", "build", timeout=900, changes_tree=True, reads_ahead=True, stamp="build.json", on_node=True),
     Step("bundles", "bundles", timeout=600, changes_tree=True, reads_ahead=True, stamp="bundles.json",
-         scaled=True, bundles=True),
+         scaled=True, bundles=True, on_node=True),
     Step("golden", "golden", timeout=600, reads_ahead=True, reuses=("outputs", "manifest"), stamp="golden.json",
-         command="generate", scaled=True, bundles=True),
+         command="generate", scaled=True, bundles=True, on_node=True),
     Step("test", "test", timeout=900, reads_ahead=True, reuses=("tests",), stamp="test.json", command="test",
-         scaled=True, bundles=True),
+         scaled=True, bundles=True, on_node=True),
     Step("bench", "bench", timeout=900, reads_ahead=True, reuses=("bench",), stamp="bench.json", command="bench",
-         scaled=True, bundles=True),
-    Step("stress", "stress", timeout=600, opt_in=True, bundles=True),
+         scaled=True, bundles=True, on_node=True),
+    Step("stress", "stress", timeout=600, opt_in=True, bundles=True, on_node=True),
     Step("exec", "adhoc"),
     Step("check_bundle", "bundle_tasks", "check_bundle"),
     Step("clean_bundles", "bundle_tasks", "clean_bundles", bundles=True),

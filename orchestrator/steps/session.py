@@ -23,6 +23,7 @@ if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at r
     from ..gpu_claims import GpuClaim
     from ..gpus import Gpu
     from ..run import Run
+    from ..slurm_run import Allocation
 
 
 @dataclasses.dataclass
@@ -42,6 +43,7 @@ class HostSession:
     lock: state.HostLock | None = None  # the run's tree lock on the host (None: not taken yet)
     claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
     gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
+    job: Allocation | None = None       # a `scheduler: slurm` entry's allocation, held: engine commands are its job steps
 
     def take_lock(self, mode: str, wait: float = 0, begin_sync: bool = False) -> state.HostLock:
         """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds; `begin_sync`:

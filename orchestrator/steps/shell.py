@@ -48,8 +48,9 @@ class EngineShell:
         `step`'s deadline (the current step's), `env` added to the steps' environment;
         `with_secrets`: it reads the host's secret_env on stdin."""
         host = self.session.host
-        return remote.step(host, script, host.timeout(step or self.step), with_secrets=with_secrets, env=env,
-                           what=what)
+        command = remote.step(host, script, host.timeout(step or self.step), with_secrets=with_secrets, env=env,
+                              what=what)
+        return self.session.job.step(command) if self.session.job is not None else command    # a Slurm job step
 
     def command(self, name: str, env: dict[str, str] | None = None, step: str | None = None) -> remote.Command:
         """The project's command `name` as the host runs it for `step` (the current one), `env`
@@ -117,6 +118,8 @@ class EngineShell:
         with its own results folder and without building: one of the runs made once per GPU)."""
         if gpu is not None:
             return {"CUDA_VISIBLE_DEVICES": gpu.uuid, "KD_RESULTS_DIR": results_dir(gpu), "KD_NO_BUILD": "1"}
+        if self.session.job is not None:        # the GPUs Slurm gave (no claim of ours)
+            return self.session.job.gpu_env()
         gpus = self.session.gpus
         return {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)} if gpus else {}
 

@@ -1,0 +1,261 @@
+"""validate and nightly on Slurm entries (issue 41, second half) against the real local Slurm
+cluster (tests/slurm_cluster.py), its login node a loopback sshd host: the engine commands as job
+steps of one allocation per entry, a step timeout, an interrupt, two runs queued by Slurm, a node
+that goes down mid-job, the record's job facts and a nightly across an ssh host and a Slurm entry.
+These use a small project whose build is a shell command (sleep, print what the node gave); the
+whole `invoke validate` with the real CPU engine is test_slurm_validate.py. Each test checks from
+slurmctld's side (`scontrol show job`, its log) that the job ran, waited or was cancelled."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.console import Console
+
+import slurm_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+# The small project's engine commands: the build says where it ran and with which GPUs, then sleeps
+# SLEEP seconds; version prints the deployed tree's hash as the engine's does.
+BUILD = ('echo "built on node $(hostname) CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-unset}}"; sleep {sleep}; '
+         'mkdir -p build && printf "#!/bin/sh\\n" > build/kdtree && chmod +x build/kdtree')
+COMMANDS = {
+    "build_key": 'echo \'{"backend": "cpu"}\'',
+    "version": 'echo "kdtree 0.1.0 tree=$(bash scripts/tree_hash.sh) backend=cpu arch=none"',
+}
+
+
+@pytest.fixture
+def slurm_inventory(slurm_lab, lab, make_inventory, tmp_path):
+    """slurm_inventory(hosts, sleep) -> the Inventory of the small project (its build sleeping
+    `sleep` seconds) with a Slurm entry per name of `hosts` (name -> extra keys), each its own
+    remote_dir on the login node, and the ssh host h1 when `ssh` is given."""
+    cluster, login = slurm_lab
+
+    def make(hosts: dict[str, dict], sleep: float = 0, ssh: bool = False):
+        entries = {name: lab.inventory_entry(login, **{
+            "remote_dir": str(login.root / f"{tmp_path.name}-{name}"), "scheduler": "slurm",
+            "partition": slurm_cluster.PARTITION, "gpus": 2, "queue_limit": 60, "slurm_conf": str(cluster.conf), **keys})
+            for name, keys in hosts.items()}
+        if ssh:
+            entries["h1"] = lab.inventory_entry(lab.hosts["h1"], remote_dir=str(lab.hosts["h1"].root / tmp_path.name))
+        base = make_inventory({}).project.commands
+        return make_inventory(entries, commands={**base, **COMMANDS, "build": BUILD.format(sleep=sleep)})
+    return make
+
+
+def validate(inv, names: list[str], steps: str = "sync,build", command: str = "validate",
+             report_dir: Path | None = None) -> tuple[int, dict, str]:
+    """Run `command` (validate, nightly) with `steps` on the named hosts as the task does (into
+    `report_dir` when given): the exit code, run.json and the console's output."""
+    out = io.StringIO()
+    code = cli.validate(inv, [inv.hosts[n] for n in names], Console(out), steps=steps, command=command,
+                        report_dir=str(report_dir) if report_dir else None)
+    run_dir = report_dir or inv.project.root / "runs" / "latest"
+    return code, json.loads((run_dir / "run.json").read_text()), out.getvalue()
+
+
+def wait_for(condition, within: float = 60) -> bool:
+    """Whether `condition()` holds within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def building(run_dir: Path, host: str = "c") -> bool:
+    """Whether the host's build command started on the node (its first line is in the build log)."""
+    log = run_dir / host / "build.log"
+    return log.exists() and "built on node" in log.read_text(errors="replace")
+
+
+def job_steps(cluster, job_id: str) -> list[str]:
+    """The job steps of the job that the node launched (slurmd's log: `launch task StepId=JOB.N`;
+    slurmctld logs no step at its verbosity), the batch step aside."""
+    log = (cluster.dir / "log" / "slurmd.log").read_text(errors="replace")
+    return sorted({line.split("StepId=")[1].split()[0] for line in log.splitlines()
+                   if "launch task StepId=" in line and f"StepId={job_id}." in line})
+
+
+def test_slurm_validate_runs_the_build_as_job_steps_of_one_allocation_and_records_the_job(slurm_lab, slurm_inventory):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}})
+    code, run, output = validate(inv, ["c"])
+    assert code == 0, output
+    host = run["hosts"]["c"]
+    assert {s: v["status"] for s, v in host["steps"].items() if s in ("sync", "build")} == \
+        {"sync": "passed", "build": "passed"}
+    job = host["job"]
+    seen = cluster.job(job["job_id"])           # slurmctld: the job ran on the node, and was cancelled at the end
+    assert (seen["JobState"], seen["NodeList"], seen["JobName"]) == ("CANCELLED", slurm_cluster.NODE, "kdtree-c")
+    assert (job["node"], job["gpus"], job["cuda_visible_devices"], job["partition"]) == \
+        (slurm_cluster.NODE, [0, 1], "0,1", "gpu")
+    assert job["ended"] == "cancelled: the host's steps are done" and job["time_limit"] == seen["TimeLimit"]
+    assert 0 <= job["queue_wait"] < 30 and job["submitted"] and job["started"]
+    # every engine command of the build (build_key, build, version) was a job step of that job
+    assert len(job_steps(cluster, job["job_id"])) == 4      # + the look at CUDA_VISIBLE_DEVICES
+    log = (inv.project.root / "runs" / "latest" / "c" / "build.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1" in log                    # the GPUs Slurm gave, as the engine saw them
+    assert host["steps"]["build"]["cuda_visible_devices"] == ["0", "1"] and not host["selected_gpus"]
+    assert f"slurm c: job {job['job_id']} on {slurm_cluster.NODE} (partition gpu), GPUs 0,1, queue wait" in output
+
+
+def test_slurm_a_step_timeout_scancels_the_job_and_the_record_says_timeout(slurm_lab, slurm_inventory):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {"timeouts": {"connect": 5, "keepalive": 5, "build": 4}}}, sleep=120)
+    began = time.monotonic()
+    code, run, output = validate(inv, ["c"])
+    assert code == 1 and time.monotonic() - began < 60, output
+    host = run["hosts"]["c"]
+    assert host["status"] == "failed" and host["steps"]["build"]["status"] == "timeout"
+    assert host["steps"]["build"]["message"].startswith("build timed out after 4 s")
+    job = host["job"]
+    assert job["ended"] == "cancelled: the build step timed out"
+    seen = cluster.job(job["job_id"])               # slurmctld: it ran on the node, and scancel ended it
+    assert seen["JobState"] == "CANCELLED" and seen["NodeList"] == slurm_cluster.NODE
+    assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
+
+
+def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm_inventory, lab, tmp_path):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}}, sleep=120)
+    run_dir = tmp_path / "run-interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "validate", "--inventory", str(inv.path), "--host", "c",
+                             "--steps", "sync,build", "--report-dir", str(run_dir)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **lab.env()})
+    try:
+        assert wait_for(lambda: building(run_dir)), "the build never started on the node"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == cli.INTERRUPTED, output
+    run = json.loads((run_dir / "run.json").read_text())
+    host = run["hosts"]["c"]
+    assert run["status"] == host["status"] == "interrupted" and host["steps"]["build"]["status"] == "interrupted"
+    job = host["job"]
+    assert job["ended"] == "cancelled: the run was interrupted"
+    seen = cluster.job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
+    assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
+    assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
+    assert wait_for(lambda: not cluster.command("squeue", "-h", "-s", "-j", job["job_id"]).stdout.strip(), 30)
+
+
+def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wait(slurm_lab, slurm_inventory,
+                                                                                tmp_path):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c1": {}, "c2": {}}, sleep=8)     # both want the node's 2 GPUs
+    first: dict = {}
+    runner = threading.Thread(target=lambda: first.update(zip(("code", "run", "output"), validate(
+        inv, ["c1"], report_dir=tmp_path / "run-1"))))
+    runner.start()
+    try:
+        assert wait_for(lambda: building(tmp_path / "run-1", "c1")), "the first run's build never started"
+        waited: list[str] = []
+
+        def pending() -> bool:          # slurmctld: the second run's job waits for the GPUs
+            jobs = cluster.command("squeue", "-h", "-t", "PENDING", "-o", "%i %j %r").stdout.split("\n")
+            waited.extend(line for line in jobs if "kdtree-c2" in line and line.endswith("Resources"))
+            return bool(waited)
+        second: dict = {}
+        later = threading.Thread(target=lambda: second.update(zip(("code", "run", "output"), validate(
+            inv, ["c2"], report_dir=tmp_path / "run-2"))))
+        later.start()
+        assert wait_for(pending, 30), cluster.command("squeue").stdout
+        later.join(120)
+    finally:
+        runner.join(120)
+    assert first["code"] == second["code"] == 0, first["output"] + second["output"]
+    one, two = first["run"]["hosts"]["c1"]["job"], second["run"]["hosts"]["c2"]["job"]
+    assert waited[0].split()[0] == two["job_id"] != one["job_id"]
+    assert two["queue_wait"] >= 2 and two["queue_wait"] > one["queue_wait"]      # Slurm's StartTime - SubmitTime
+    for job in (one, two):
+        seen = cluster.job(job["job_id"])
+        assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
+        assert job["gpus"] == [0, 1] and len(job_steps(cluster, job["job_id"])) == 4
+    # the queue wait is in no step's seconds: the second run's build took about as long as the first's
+    steps = second["run"]["hosts"]["c2"]["steps"]
+    assert steps["build"]["seconds"] < two["queue_wait"] + first["run"]["hosts"]["c1"]["steps"]["build"]["seconds"]
+    assert f"queue wait {two['queue_wait']:.1f} s" in second["output"]
+
+
+def test_slurm_a_node_that_goes_down_mid_job_fails_the_host_with_slurms_state(slurm_lab, slurm_inventory,
+                                                                              tmp_path):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}}, sleep=120)
+    run_dir = tmp_path / "run-down"
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(zip(("code", "run", "output"), validate(
+        inv, ["c"], report_dir=run_dir))))
+    runner.start()
+    try:
+        assert wait_for(lambda: building(run_dir)), "the build never started on the node"
+        down = cluster.scontrol("update", f"NodeName={slurm_cluster.NODE}", "State=DOWN", "Reason=kdtree test: down")
+        assert down.returncode == 0, down.stderr
+        runner.join(90)
+    finally:
+        runner.join(60)
+        cluster.resume()
+    assert not runner.is_alive() and result["code"] == 1, result.get("output")
+    host = result["run"]["hosts"]["c"]
+    job = host["job"]
+    seen = cluster.job(job["job_id"])           # slurmctld: the job ran on the node, and the node's failure ended it
+    assert seen["JobState"] == "NODE_FAIL" and seen["NodeList"] == slurm_cluster.NODE
+    assert host["status"] == "failed" and host["steps"]["build"]["status"] == "failed"
+    assert f"Slurm ended job {job['job_id']}: NODE_FAIL, reason {job['reason']}" in host["steps"]["build"]["message"]
+    assert job["ended"].startswith("ended by Slurm: NODE_FAIL") and job["state"] == "NODE_FAIL"
+
+
+def test_slurm_a_job_past_the_queue_limit_fails_the_host_with_the_pending_reason(slurm_lab, slurm_inventory):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {"queue_limit": 3}})
+    cluster.drain("kdtree test: drained")
+    try:
+        began = time.monotonic()
+        code, run, output = validate(inv, ["c"])
+    finally:
+        cluster.resume()
+    assert code == 1 and time.monotonic() - began < 60, output
+    host = run["hosts"]["c"]
+    build, job = host["steps"]["build"], host["job"]
+    assert build["status"] == "failed" and build["seconds"] == 0.0 and host["steps"]["sync"]["status"] == "passed"
+    assert f"job {job['job_id']} waited" in build["message"] and "past queue_limit 3 s" in build["message"]
+    assert "DRAINED" in build["message"] and job["reason"] in build["message"] and job["state"] == "PENDING"
+    assert job["ended"] == "cancelled: it waited past queue_limit" and job["node"] is None
+    seen = cluster.job(job["job_id"])           # slurmctld: it waited, never ran, and was cancelled
+    assert seen["JobState"] == "CANCELLED" and seen["NodeList"] in ("", "(null)")
+
+
+def test_slurm_the_nightly_validates_an_ssh_host_and_a_slurm_entry_in_one_run_and_report(slurm_lab, slurm_inventory,
+                                                                                        tmp_path):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}}, ssh=True)
+    _, selected = cli.load_selection(str(inv.path), nightly=True)      # every host but local: the Slurm entry too
+    assert sorted(h.name for h in selected) == ["c", "h1"]
+    run_dir = tmp_path / "night"
+    out = io.StringIO()
+    code = cli.validate(inv, selected, Console(out), steps="sync,build", command="nightly", report_dir=str(run_dir))
+    assert code == 0, out.getvalue()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["command"] == "nightly" and run["status"] == "passed"
+    assert {name: h["status"] for name, h in run["hosts"].items()} == {"c": "passed", "h1": "passed"}
+    assert run["hosts"]["h1"]["job"] is None
+    job = run["hosts"]["c"]["job"]
+    assert cluster.job(job["job_id"])["JobState"] == "CANCELLED" and len(job_steps(cluster, job["job_id"])) == 4
+    for report in ("report.md", "report.html"):     # the job beside the ssh host's steps in the one report
+        text = (run_dir / report).read_text()
+        assert f"job {job['job_id']}" in text and "queue wait" in text and "h1" in text, report
