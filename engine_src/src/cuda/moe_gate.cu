@@ -99,23 +99,13 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
     }
     __syncthreads();
     // A candidate's place among all candidates is its place among all experts (the experts
-    // ahead of one of the top_k are all candidates). P neighbouring lanes share a candidate, each
-    // counting over a 1/P of the candidates (K2: 96 candidates, 4 lanes each; a lane per
-    // candidate going over all 96 was a chain of 96 shared-memory reads).
-    int P = 1;
-    while (P < 32 && 2 * P * n_cand <= static_cast<int>(blockDim.x)) P *= 2;
-    const int per_round = blockDim.x / P, share = (n_cand + P - 1) / P;
-    for (int c0 = 0; c0 < n_cand; c0 += per_round) {  // the same rounds in every lane
-        const int c = c0 + e / P, part = e % P;
+    // ahead of one of the top_k are all candidates).
+    for (int c = e; c < n_cand; c += blockDim.x) {
+        const float cv = cand_v[c];
+        const int ci = cand_i[c];
         int ahead = 0;
-        if (c < n_cand) {
-            const float cv = cand_v[c];
-            const int ci = cand_i[c];
-            for (int d = part * share; d < min(n_cand, (part + 1) * share); ++d)
-                ahead += goes_before(cand_v[d], cand_i[d], cv, ci);
-        }
-        for (int o = 1; o < P; o <<= 1) ahead += __shfl_xor_sync(0xffffffffu, ahead, o);
-        if (c < n_cand && part == 0 && ahead < top_k) chosen[ahead] = cand_i[c];
+        for (int d = 0; d < n_cand; ++d) ahead += goes_before(cand_v[d], cand_i[d], cv, ci);
+        if (ahead < top_k) chosen[ahead] = ci;
     }
     __syncthreads();
     if (lists.pair_id) {
@@ -134,11 +124,13 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
             lists.slot_start[lists.n_pairs] = lists.n_pairs;
         }
     }
-    if (e < top_k) {  // each of these lanes adds the same scores in the same order
+    if (e == 0) {
         float total = 0.0f;
         for (int j = 0; j < top_k; ++j) total += s[chosen[j]];
-        idx[static_cast<long>(m) * top_k + e] = chosen[e];
-        weight[static_cast<long>(m) * top_k + e] = s[chosen[e]] / total * route_scale;
+        for (int j = 0; j < top_k; ++j) {
+            idx[static_cast<long>(m) * top_k + j] = chosen[j];
+            weight[static_cast<long>(m) * top_k + j] = s[chosen[j]] / total * route_scale;
+        }
     }
 }
 
