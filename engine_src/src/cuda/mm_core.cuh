@@ -484,6 +484,8 @@ __global__ void __launch_bounds__(32 * KD_MM_NARROW_WARPS, 1) mm_narrow_kernel(M
     float* val = xs + K;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
     const int r0 = blockIdx.x * rpb;
+    chain_acquire();
+    chain_release();
     float w[STEPS][4];
     // Weights of unit u (output r0 + u / n_sc, super-chunk u % n_sc), all issued before any use.
     const auto load = [&](int u) {
@@ -497,12 +499,8 @@ __global__ void __launch_bounds__(32 * KD_MM_NARROW_WARPS, 1) mm_narrow_kernel(M
                 w[st][u4] = kk < ke ? __ldg(wr + kk) : 0.0f;
             }
     };
-    // A model's weights (p.weights_early) are on their way while the kernel before this one drains.
     int u = warp;
-    if (p.weights_early && u < units) load(u);
-    chain_acquire();
-    chain_release();
-    if (!p.weights_early && u < units) load(u);
+    if (u < units) load(u);
     // The activations, while the weights are on their way.
     if (K % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
         const float4* x4 = reinterpret_cast<const float4*>(p.x);
