@@ -457,27 +457,17 @@ __global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_kernel(MmParams p) {
 // loads all its weights of the super-chunk at once (16 steps x 4 words a lane: one load latency
 // where mm_kernel's warps wait for 16 steps in turn), the block's warps take rpb outputs x n_sc
 // super-chunks, and the block adds the super-chunk values itself (no workspace, no count, no
-// second launch). The grid is one block per SM where a block of at most KD_MM_NARROW_WARPS warps
-// holds an SM's share of the outputs (mm_narrow_rows). The arithmetic is mm_kernel's: a lane's inputs k + lane + 32u (steps of 128,
+// second launch). The arithmetic is mm_kernel's: a lane's inputs k + lane + 32u (steps of 128,
 // u = 0..3) in ascending order from 0, the xor butterfly, then 0 + value_0 + value_1 + ...
 // (+ bias): the same bits as every other path.
 constexpr int KD_MM_NARROW_STEPS = KD_MM_SCHUNK / 128;
-constexpr int KD_MM_NARROW_WARPS = 16;  // the most warps of an mm_narrow_kernel block
 
-// Outputs per block of mm_narrow_kernel for N outputs of n_sc super-chunks: a warp per (output,
-// super-chunk). Each warp has all its weights in flight at once, so an SM's time is its share of
-// the bytes: where ceil(N / num_sms) outputs fit one block, one block per SM, and the busiest SM
-// reads as little as any grid can make it (the K2 router, 384 x 7168: 3 outputs, 128 blocks on
-// an H100's 132 SMs, where 2 outputs a block gave 192 blocks and 60 SMs reading twice what the
-// others did). Else KD_MM_WARPS / n_sc outputs (more super-chunks: a warp takes several in turn).
-inline int mm_narrow_rows(int n_sc, int N, int num_sms) {
-    const int per_sm = ceil_div(N, std::max(1, num_sms));
-    if (per_sm * n_sc <= KD_MM_NARROW_WARPS) return per_sm;
-    return std::max(1, KD_MM_WARPS / n_sc);
-}
+// Outputs per block of mm_narrow_kernel for n_sc super-chunks: a warp per (output, super-chunk),
+// at most KD_MM_WARPS warps (more super-chunks: a warp takes several in turn).
+inline int mm_narrow_rows(int n_sc) { return std::max(1, KD_MM_WARPS / n_sc); }
 
 template <int STEPS>
-__global__ void __launch_bounds__(32 * KD_MM_NARROW_WARPS, 1) mm_narrow_kernel(MmParams p, int rpb) {
+__global__ void __launch_bounds__(KD_MM_THREADS, 2) mm_narrow_kernel(MmParams p, int rpb) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);  // [K] the row's activations, then [units] values
     const int K = p.K, N = p.N, n_sc = (K + KD_MM_SCHUNK - 1) / KD_MM_SCHUNK, units = rpb * n_sc;
@@ -545,12 +535,12 @@ __global__ void __launch_bounds__(32 * KD_MM_NARROW_WARPS, 1) mm_narrow_kernel(M
 
 // Whether mm_run_plain takes mm_narrow_kernel: one row, split-K would be chosen, and the row and
 // the values fit the kernel's shared memory.
-inline bool mm_narrow_fits(int M, int splits, int N, int K, int num_sms) {
+inline bool mm_narrow_fits(int M, int splits, int K) {
     const int n_sc = ceil_div(K, KD_MM_SCHUNK);
-    return M == 1 && splits > 1 && K + mm_narrow_rows(n_sc, N, num_sms) * n_sc <= KD_MM_SMEM_FLOATS;
+    return M == 1 && splits > 1 && K + mm_narrow_rows(n_sc) * n_sc <= KD_MM_SMEM_FLOATS;
 }
 
-inline void mm_narrow_launch(const MmParams& p, int num_sms, cudaStream_t stream) {
+inline void mm_narrow_launch(const MmParams& p, cudaStream_t stream) {
     const auto kernel = mm_narrow_kernel<KD_MM_NARROW_STEPS>;
     static bool configured = false;
     if (!configured) {
@@ -558,8 +548,8 @@ inline void mm_narrow_launch(const MmParams& p, int num_sms, cudaStream_t stream
                                            static_cast<int>(sizeof(float)) * KD_MM_SMEM_FLOATS));
         configured = true;
     }
-    const int n_sc = ceil_div(p.K, KD_MM_SCHUNK), rpb = mm_narrow_rows(n_sc, p.N, num_sms);
-    const int warps = std::min(KD_MM_NARROW_WARPS, rpb * n_sc);
+    const int n_sc = ceil_div(p.K, KD_MM_SCHUNK), rpb = mm_narrow_rows(n_sc);
+    const int warps = std::min(KD_MM_WARPS, rpb * n_sc);
     const int smem = static_cast<int>(sizeof(float)) * (p.K + rpb * n_sc);
     launch_chained("mm_narrow_kernel launch", kernel, dim3(ceil_div(p.N, rpb)), dim3(32 * warps), smem, stream,
                    p, rpb);
@@ -648,8 +638,8 @@ inline void mm_run_plain(Context& ctx, MmParams& p, float* y, const float* x, in
     mm_set_rows(p, x, K, y, N, N, K);
     p.M = M;
     p.splits = mm_split_count(ctx.num_sms, N, K, M);
-    if (mm_narrow_fits(M, p.splits, N, K, ctx.num_sms)) {
-        mm_narrow_launch(p, ctx.num_sms, ctx.stream);
+    if (mm_narrow_fits(M, p.splits, K)) {
+        mm_narrow_launch(p, ctx.stream);
         return;
     }
     if (p.splits > 1) {
