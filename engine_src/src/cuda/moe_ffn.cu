@@ -86,11 +86,7 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, 
     }
 }
 
-// y_shared: the shared expert's rows [M][dim], or null. A thread's loads are in flight together,
-// kCombineBatch pairs at a time (as in w4_sum_kernel: a loop waiting for each in turn is a chain
-// of L2 round trips).
-constexpr int kCombineBatch = 8;
-
+// y_shared: the shared expert's rows [M][dim], or null.
 __global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
                                    int top_k, int dim) {
     chain_acquire();
@@ -98,21 +94,10 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
-    const float shared = y_shared ? y_shared[i] : 0.0f;
     float acc = 0.0f;
-    for (int j0 = 0; j0 < top_k; j0 += kCombineBatch) {
-        float wj[kCombineBatch], yj[kCombineBatch];
-#pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j)
-            if (j0 + j < top_k) {
-                wj[j] = weight[m * top_k + j0 + j];
-                yj[j] = y[(static_cast<long>(m) * top_k + j0 + j) * dim + d];
-            }
-#pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j)
-            if (j0 + j < top_k) acc += wj[j] * yj[j];
-    }
-    if (y_shared) acc += shared;
+    for (int j = 0; j < top_k; ++j)
+        acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+    if (y_shared) acc += y_shared[i];
     out[i] = acc;
 }
 

@@ -558,42 +558,23 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
 // (row, output). Its griddepcontrol.wait (chain_acquire) returns once w4_kernel has finished and
 // its stores are visible, so the streaming kernel stores its values with no fence and no count.
 // Grouped: the rows are the slots' pairs [0, slot_start[*n_active]); y row row_out[p] (null: p).
-// A thread has all its loads in flight at once (KD_W4_SUM_BATCH values at a time, the slot count
-// and the output row beside them; every row < M has its workspace row and list entry): a loop
-// that waited for each value in turn made this launch take 5.7 us at one row (K2's w1/w3, 7
-// super-chunks) for 1 MB of L2 reads.
-constexpr int KD_W4_SUM_BATCH = 8;
-
 template <bool GLU>
 __global__ void w4_sum_kernel(W4Params p) {
     chain_acquire();
     chain_release();
     const int N = p.N, NW = GLU ? 2 * N : N;
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-    if (i >= static_cast<long>(p.M) * N) return;
+    const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
+    if (i >= static_cast<long>(rows) * N) return;
     const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
-    const int n_active = p.slot_expert ? __ldcg(p.n_active) : 0;
-    const long yrow = p.row_out ? __ldcg(p.row_out + prow) : prow;
-    const float* wr = p.ws + static_cast<long>(prow) * NW + n;
-    const long c_stride = static_cast<long>(p.M) * NW;
     float v0 = 0.0f, v1 = 0.0f;
-    for (int c0 = 0; c0 < p.n_sc; c0 += KD_W4_SUM_BATCH) {
-        float a[KD_W4_SUM_BATCH], b[KD_W4_SUM_BATCH];
-#pragma unroll
-        for (int j = 0; j < KD_W4_SUM_BATCH; ++j)
-            if (c0 + j < p.n_sc) {
-                a[j] = __ldcg(wr + (c0 + j) * c_stride);
-                if (GLU) b[j] = __ldcg(wr + (c0 + j) * c_stride + N);
-            }
-#pragma unroll
-        for (int j = 0; j < KD_W4_SUM_BATCH; ++j)
-            if (c0 + j < p.n_sc) {
-                v0 += a[j];
-                if (GLU) v1 += b[j];
-            }
+    for (int c = 0; c < p.n_sc; ++c) {
+        const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
+        v0 += __ldcg(wr + n);
+        if (GLU) v1 += __ldcg(wr + N + n);
     }
-    if (p.slot_expert && prow >= __ldcg(p.slot_start + n_active)) return;
-    p.y[yrow * p.ldy + n] = GLU ? silu_mul_f(v0, v1) : v0;
+    float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
+    yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
 
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
