@@ -409,14 +409,13 @@ struct MoeBuffers {
 };
 
 // The layer through the backend's ops as the engine's model runs it: the router (matmul_f32),
-// moe_gate, moe_ffn with the shared expert stacked after the routed ones. separate = true: the
+// moe_gate_ffn with the shared expert stacked after the routed ones. separate = true: the
 // shared expert as three matmuls, silu_mul and an add (the model's path for a shared expert that
 // cannot be stacked; the same output).
 void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const float* x, int T, bool int4,
                     bool separate = false) {
     const MoeRouting r{L.E, L.k, 1, 1, 2.827f};
     matmul_f32(ctx, b.logits, x, L.gate_w, nullptr, T, L.E, L.h);
-    moe_gate(ctx, b.idx, b.weight, b.logits, L.gate_b, T, r);
     ExpertWeights ew;
     ew.n_experts = L.E; ew.dim = L.h; ew.inter = L.inter; ew.int4 = int4; ew.shared = !separate;
     if (int4) {
@@ -426,7 +425,7 @@ void moe_int4_layer(Context& ctx, const MoeLayer& L, const MoeBuffers& b, const 
     } else {
         ew.w1 = L.w[0]; ew.w2 = L.w[1]; ew.w3 = L.w[2];
     }
-    moe_ffn(ctx, b.out, x, b.idx, b.weight, T, L.k, ew);
+    moe_gate_ffn(ctx, b.out, x, b.idx, b.weight, b.logits, L.gate_b, T, r, ew);
     if (!separate) return;
     if (int4) {
         matmul_w4a16(ctx, b.sh_a, x, reinterpret_cast<const int32_t*>(L.sq[0]), L.ss[0], T, L.inter, L.h);

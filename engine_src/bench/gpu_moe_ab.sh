@@ -8,8 +8,10 @@
 # each tree's output bits equal the kept tree's; `bench_gpu --only N K 1` on the expert's and the
 # large shape (time and output bits of the plain matmul); per tree compute-sanitizer memcheck of
 # the op tests and run_tests.sh (KD_TEST_BUNDLES as given; in parallel, at most
-# KD_MOE_AB_TESTS_S seconds); last, ncu's duration of each kernel of the layer at one token in
-# the kept tree and this one.
+# KD_MOE_AB_TESTS_S seconds; KD_MOE_AB_GATES: the names of the trees run_tests.sh runs on, default
+# all); last, ncu's duration of each kernel of the layer at one token in the kept tree and this
+# one. KD_MOE_AB_OWN_BENCH=1: each tree builds its own bench/bench_gpu.cu (a tree whose layer
+# calls an op the kept tree lacks; the rows printed must then be the same in all of them).
 #   bench/gpu_moe_ab.sh OUT_DIR KEPT_ENGINE_SRC [NAME=ENGINE_SRC ...]   (from engine_src/; env KD_ARCH as for build.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -27,7 +29,7 @@ t0=$SECONDS
 nvidia-smi >"$out/setup.log" 2>&1
 pids=()
 for t in "$kept" "${trees[@]}"; do
-    [[ "$t" == "$PWD" ]] || cp bench/bench_gpu.cu "$t/bench/bench_gpu.cu" || exit 2
+    [[ "$t" == "$PWD" || "${KD_MOE_AB_OWN_BENCH:-0}" == 1 ]] || cp bench/bench_gpu.cu "$t/bench/bench_gpu.cu" || exit 2
     (cd "$t" && KD_BENCH_GPU_BUILD_ONLY=1 KD_BENCH_TORCH=0 KD_RESULTS_DIR=build/ab bash scripts/bench_gpu.sh) \
         >>"$out/build_bench.log" 2>&1 & pids+=($!)
 done
@@ -89,12 +91,17 @@ for i in "${!trees[@]}"; do
         >"$out/memcheck_$n.log" 2>&1
     echo "memcheck $n rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_$n.log")"
 done
-pids=()
+gated=()  # indices of the trees run_tests.sh runs on
 for i in "${!trees[@]}"; do
+    [[ -z "${KD_MOE_AB_GATES:-}" || " $KD_MOE_AB_GATES " == *" ${names[$i]} "* ]] && gated+=("$i")
+done
+pids=()
+for i in "${gated[@]}"; do
     (cd "${trees[$i]}" && timeout "${KD_MOE_AB_TESTS_S:-240}" bash scripts/run_tests.sh) >"$out/run_tests_${names[$i]}.log" 2>&1 & pids+=($!)
 done
-for i in "${!trees[@]}"; do
-    wait "${pids[$i]}"
+for k in "${!gated[@]}"; do
+    i="${gated[$k]}"
+    wait "${pids[$k]}"
     r=$?
     l="$out/run_tests_${names[$i]}.log"
     echo "run_tests ${names[$i]} rc=$r ($((SECONDS - t0)) s): $(grep -cE '^PASS' "$l") pass; $(grep -E '^FAIL|TESTS (PASSED|FAILED)' "$l" | head -n 4 | tr '\n' ';')"

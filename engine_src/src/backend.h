@@ -257,6 +257,15 @@ public:
     virtual void moe_ffn(float* out, const float* x, const int32_t* idx, const float* weight,
                          int M, int top_k, const ExpertWeights& experts) = 0;
 
+    // moe_gate(idx, weight, logits, bias, M, routing), then moe_ffn(out, x, idx, weight, M,
+    // routing.top_k, experts): the same outputs (idx and weight too), as one op so a GPU can fuse
+    // the routing's launches. routing.n_experts is experts.n_experts.
+    virtual void moe_gate_ffn(float* out, const float* x, int32_t* idx, float* weight, const float* logits,
+                              const float* bias, int M, const MoeRouting& routing, const ExpertWeights& experts) {
+        moe_gate(idx, weight, logits, bias, M, routing);
+        moe_ffn(out, x, idx, weight, M, routing.top_k, experts);
+    }
+
     // ---- sampling / drafting -------------------------------------------------------------------
     // out_host[m] = argmax_j x[m][j], j < N; ties go to the lower j (a host output).
     virtual void argmax(int32_t* out_host, const float* x, int M, int N) = 0;

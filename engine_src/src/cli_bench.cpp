@@ -515,8 +515,7 @@ Json bench_moe_layer(Backend& be, Probe& probe, int n_experts, const std::vector
 
         const auto layer = [&](int M, bool int4) {
             be.matmul_f32(logits, x, gate_w, nullptr, M, n_experts, D);
-            be.moe_gate(idx, wts, logits, gate_b, M, r);
-            be.moe_ffn(y, x, idx, wts, M, top_k, int4 ? q4 : f32);
+            be.moe_gate_ffn(y, x, idx, wts, logits, gate_b, M, r, int4 ? q4 : f32);
         };
         struct Timed {
             std::vector<double> ms, cpu_ms, shares, probe_ms;  // every repeat's milliseconds, CPU ms, CPU share, probe CPU ms

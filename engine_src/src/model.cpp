@@ -283,8 +283,7 @@ void Model::ffn(LayerWeights& L, int M) {
     r.topk_groups = c.n_limited_groups;
     r.route_scale = c.route_scale;
     linear(gate_logits_, xn_, L.gate, M);
-    be_.moe_gate(route_idx_, route_w_, gate_logits_, L.gate_bias, M, r);
-    be_.moe_ffn(moe_out_, xn_, route_idx_, route_w_, M, r.top_k, L.experts);
+    be_.moe_gate_ffn(moe_out_, xn_, route_idx_, route_w_, gate_logits_, L.gate_bias, M, r, L.experts);
     if (L.w1.out > 0) {
         swiglu(tmp_);
         be_.add(moe_out_, moe_out_, tmp_, n);

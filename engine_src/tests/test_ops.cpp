@@ -642,6 +642,30 @@ void test_moe(Backend& be, const std::string& p) {
             return buf.get(o1, D);
         }, M, D);
         report(p + (int4 ? "moe_ffn.int4" : "moe_ffn.fp32") + (skewed ? ".M19_skewed" : "") + (shared ? "_shared" : ""), e < 5e-4 && rows, "nmse=" + fmt("%.2e", e) + (rows ? " rows independent of M" : " ROW DEPENDS ON M"));
+        // moe_gate_ffn against moe_gate then moe_ffn, bit for bit (idx, weight, out), at one row
+        // (where the CUDA gate's kernel writes moe_ffn's routing lists itself) and at M rows.
+        MoeRouting r;
+        r.n_experts = E; r.top_k = k; r.route_scale = 1.7f;
+        const float* logits = buf.put(rng.vec(static_cast<size_t>(M) * E, 3.0f));
+        const float* bias = buf.put(rng.vec(E, 0.3f));
+        bool same = true;
+        for (const int rows_in : {1, M}) {
+            const size_t nk = static_cast<size_t>(rows_in) * k, nd = static_cast<size_t>(rows_in) * D;
+            int32_t* ia = buf.zeros<int32_t>(nk);
+            int32_t* ic = buf.zeros<int32_t>(nk);
+            float* wa = buf.zeros<float>(nk);
+            float* wc = buf.zeros<float>(nk);
+            float* oa = buf.zeros<float>(nd);
+            float* oc = buf.zeros<float>(nd);
+            be.moe_gate(ia, wa, logits, bias, rows_in, r);
+            be.moe_ffn(oa, xb, ia, wa, rows_in, k, w);
+            be.moe_gate_ffn(oc, xb, ic, wc, logits, bias, rows_in, r, w);
+            same = same && buf.get(ia, nk) == buf.get(ic, nk) &&
+                   std::memcmp(buf.get(wa, nk).data(), buf.get(wc, nk).data(), nk * sizeof(float)) == 0 &&
+                   std::memcmp(buf.get(oa, nd).data(), buf.get(oc, nd).data(), nd * sizeof(float)) == 0;
+        }
+        report(p + (int4 ? "moe_gate_ffn.int4" : "moe_gate_ffn.fp32") + ".E" + std::to_string(E) + (shared ? "_shared" : ""), same,
+               same ? "= moe_gate + moe_ffn bit for bit at 1 and " + std::to_string(M) + " rows" : "DIFFERS from moe_gate + moe_ffn");
     }
 }
 

@@ -297,6 +297,11 @@ public:
         if (replaying_) return;
         cuda::moe_ffn(ctx_, out, x, idx, weight, M, top_k, experts);
     }
+    void moe_gate_ffn(float* out, const float* x, int32_t* idx, float* weight, const float* logits, const float* bias,
+                      int M, const MoeRouting& routing, const ExpertWeights& experts) override {
+        if (replaying_) return;
+        cuda::moe_gate_ffn(ctx_, out, x, idx, weight, logits, bias, M, routing, experts);
+    }
 
     void argmax(int32_t* out_host, const float* x, int M, int N) override {
         if (M <= 0) return;

@@ -1,6 +1,7 @@
 // moe_ffn.cu: the experts of one MoE layer as four launches whatever the routing:
 //   1. moe_lists_kernel groups the (row, slot) pairs by expert (deterministic order: experts
-//      ascending, then pairs ascending), all on the device, so the layer can be graph-captured;
+//      ascending, then pairs ascending), all on the device, so the layer can be graph-captured
+//      (moe_gate_ffn at one row: the gate's kernel writes the same lists, and this launch goes);
 //   2. one grouped launch for w1 and w3 together (fused SwiGLU epilogue) over every selected
 //      expert, then one for w2: INT4 experts run on w4a16_core.cuh's kernel, fp32 experts on
 //      mm_core.cuh's grouped mm_kernel; a row comes out bit-identical to matmul_w4a16 /
@@ -100,29 +101,44 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     out[i] = acc;
 }
 
-// The layer for at most KD_W4_GROUPED_ROWS rows (moe_ffn takes more rows in such passes).
-void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
-                  const ExpertWeights& w) {
-    const int E = w.n_experts, D = w.dim, I = w.inter;
-    // The grouped launches' pairs: the routed ones, then at one row (or a small shared expert)
-    // the shared expert's.
-    const int n_routed = M * top_k;
-    const bool shared_slot = w.shared && (M == 1 || static_cast<long>(I) * D <= kSmallExpert);
-    const int n_pairs = n_routed + (shared_slot ? M : 0), n_sets = E + (shared_slot ? 1 : 0);
-    const int max_slots = std::min(n_sets, n_pairs);
+// The routing lists of M rows of top_k pairs, in ctx.moe_lists: the grouped launches' pairs are
+// the routed ones, then at one row (or a small shared expert) the shared expert's.
+MoeLists moe_lists_at(Context& ctx, int M, int top_k, const ExpertWeights& w) {
+    const bool shared_slot = w.shared && (M == 1 || static_cast<long>(w.inter) * w.dim <= kSmallExpert);
+    MoeLists l;
+    l.n_pairs = M * top_k + (shared_slot ? M : 0);
+    l.n_sets = w.n_experts + (shared_slot ? 1 : 0);
+    const int max_slots = std::min(l.n_sets, l.n_pairs);
+    l.slot_expert = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 2 * l.n_pairs));
+    l.slot_start = l.slot_expert + max_slots;  // [max_slots + 1]
+    l.n_active = l.slot_start + max_slots + 1;
+    l.pair_token = l.n_active + 1;
+    l.pair_id = l.pair_token + l.n_pairs;
+    return l;
+}
 
-    int* lists = ctx.moe_lists.get<int>(static_cast<size_t>(2 * max_slots + 2 + 2 * n_pairs));
-    int* slot_expert = lists;
-    int* slot_start = slot_expert + max_slots;      // [max_slots + 1]
-    int* n_active = slot_start + max_slots + 1;
-    int* pair_token = n_active + 1;
-    int* pair_id = pair_token + n_pairs;
-    const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(n_sets) + n_pairs);
-    if (list_smem > 48 * 1024)
-        throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
-                                 " pairs exceed the routing kernel's shared memory");
-    launch_chained("moe_lists_kernel launch", moe_lists_kernel, dim3(1), dim3(kListThreads), list_smem, ctx.stream, idx,
-                   n_routed, n_pairs, top_k, n_sets, slot_expert, slot_start, n_active, pair_token, pair_id);
+// The layer for at most KD_W4_GROUPED_ROWS rows (moe_ffn takes more rows in such passes). built:
+// lists the gate's kernel wrote for idx (moe_lists_at's, one row); null: made here from idx.
+void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+                  const ExpertWeights& w, const MoeLists* built = nullptr) {
+    const int E = w.n_experts, D = w.dim, I = w.inter;
+    const int n_routed = M * top_k;
+    const MoeLists l = built ? *built : moe_lists_at(ctx, M, top_k, w);
+    const int n_pairs = l.n_pairs, n_sets = l.n_sets, max_slots = std::min(n_sets, n_pairs);
+    const bool shared_slot = n_sets > E;
+    int* slot_expert = l.slot_expert;
+    int* slot_start = l.slot_start;
+    int* n_active = l.n_active;
+    int* pair_token = l.pair_token;
+    int* pair_id = l.pair_id;
+    if (!built) {
+        const size_t list_smem = sizeof(int) * (3 * static_cast<size_t>(n_sets) + n_pairs);
+        if (list_smem > 48 * 1024)
+            throw std::runtime_error("moe_ffn: " + std::to_string(E) + " experts x " + std::to_string(n_pairs) +
+                                     " pairs exceed the routing kernel's shared memory");
+        launch_chained("moe_lists_kernel launch", moe_lists_kernel, dim3(1), dim3(kListThreads), list_smem, ctx.stream,
+                       idx, n_routed, n_pairs, top_k, n_sets, slot_expert, slot_start, n_active, pair_token, pair_id);
+    }
 
     // h and y rows: one per pair, then (shared expert on its own launches) one per row.
     const int shared_rows = w.shared ? M : 0;
@@ -222,21 +238,39 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
                    static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);
 }
 
-}  // namespace
-
-void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
-             const ExpertWeights& w) {
-    if (M <= 0) return;
+// Throws where moe_ffn cannot run these experts.
+void moe_ffn_check(const ExpertWeights& w) {
     if (w.dim % 32 != 0 || w.inter % 32 != 0)
         throw std::runtime_error("moe_ffn: dim and inter must be multiples of 32 (dim " + std::to_string(w.dim) +
                                  ", inter " + std::to_string(w.inter) + ")");
     if (w.int4 ? !(w.q1 && w.q2 && w.q3 && w.s1 && w.s2 && w.s3) : !(w.w1 && w.w2 && w.w3))
         throw std::runtime_error("moe_ffn: expert weights missing for the chosen format");
+}
+
+}  // namespace
+
+void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
+             const ExpertWeights& w) {
+    if (M <= 0) return;
+    moe_ffn_check(w);
     // Passes of at most KD_W4_GROUPED_ROWS rows (a row's result does not depend on its pass).
     for (int m0 = 0; m0 < M; m0 += KD_W4_GROUPED_ROWS) {
         const long d = static_cast<long>(m0) * w.dim, k = static_cast<long>(m0) * top_k;
         moe_ffn_rows(ctx, out + d, x + d, idx + k, weight + k, std::min(KD_W4_GROUPED_ROWS, M - m0), top_k, w);
     }
+}
+
+void moe_gate_ffn(Context& ctx, float* out, const float* x, int32_t* idx, float* weight, const float* logits,
+                  const float* bias, int M, const MoeRouting& routing, const ExpertWeights& experts) {
+    if (M != 1) {
+        moe_gate(ctx, idx, weight, logits, bias, M, routing);
+        moe_ffn(ctx, out, x, idx, weight, M, routing.top_k, experts);
+        return;
+    }
+    moe_ffn_check(experts);
+    const MoeLists lists = moe_lists_at(ctx, 1, routing.top_k, experts);
+    moe_gate(ctx, idx, weight, logits, bias, 1, routing, &lists);
+    moe_ffn_rows(ctx, out, x, idx, weight, 1, routing.top_k, experts, &lists);
 }
 
 }  // namespace kd::cuda

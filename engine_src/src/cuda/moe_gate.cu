@@ -38,8 +38,12 @@ __device__ __forceinline__ void warp_sort(float& v, int& i) {
     }
 }
 
+// lists (a grid of one row only): moe_ffn's routing lists for the row's pairs, the chosen
+// experts j < top_k and then, where lists.n_pairs says so, the shared set (lists.n_sets - 1).
+// The gate's experts are distinct and the shared set is none of them, so every pair is a slot of
+// its own, the slots in ascending expert order: what moe_lists_kernel makes of one row's pairs.
 __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits, const float* bias, int E,
-                                int top_k, int n_groups, int topk_groups, float route_scale) {
+                                int top_k, int n_groups, int topk_groups, float route_scale, MoeLists lists) {
     extern __shared__ float sm[];
     float* s = sm;                                        // [E] sigmoid scores
     float* sel = sm + E;                                  // [E] selection scores s + bias
@@ -104,6 +108,22 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
         if (ahead < top_k) chosen[ahead] = ci;
     }
     __syncthreads();
+    if (lists.pair_id) {
+        const auto expert = [&](int i) { return i < top_k ? chosen[i] : lists.n_sets - 1; };
+        for (int i = e; i < lists.n_pairs; i += blockDim.x) {
+            const int ex = expert(i);
+            int pos = 0;
+            for (int d = 0; d < lists.n_pairs; ++d) pos += expert(d) < ex;
+            lists.slot_expert[pos] = ex;
+            lists.slot_start[pos] = pos;
+            lists.pair_token[pos] = 0;
+            lists.pair_id[pos] = i;
+        }
+        if (e == 0) {
+            *lists.n_active = lists.n_pairs;
+            lists.slot_start[lists.n_pairs] = lists.n_pairs;
+        }
+    }
     if (e == 0) {
         float total = 0.0f;
         for (int j = 0; j < top_k; ++j) total += s[chosen[j]];
@@ -117,8 +137,15 @@ __global__ void moe_gate_kernel(int32_t* idx, float* weight, const float* logits
 }  // namespace
 
 void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, const float* bias, int M,
-              const MoeRouting& r) {
+              const MoeRouting& r, const MoeLists* lists) {
     if (M <= 0) return;
+    // The lists of one row: its top_k pairs over the routed sets, or one more pair and set (the shared one).
+    const int extra = lists ? lists->n_pairs - r.top_k : 0;
+    if (lists && (M != 1 || extra < 0 || extra > 1 || lists->n_sets != r.n_experts + extra))
+        throw std::runtime_error("moe_gate: routing lists of " + std::to_string(lists->n_pairs) + " pairs over " +
+                                 std::to_string(lists->n_sets) + " expert sets for " + std::to_string(M) +
+                                 " rows of top " + std::to_string(r.top_k) + " of " + std::to_string(r.n_experts) +
+                                 " (one row: top_k pairs over the experts, or one more of each for the shared set)");
     if (r.n_experts <= 0 || r.n_groups <= 0 || r.n_experts % r.n_groups != 0 || r.top_k <= 0 ||
         r.top_k > r.n_experts || r.topk_groups <= 0 || r.topk_groups > r.n_groups)
         throw std::runtime_error("moe_gate: bad routing parameters (experts " + std::to_string(r.n_experts) +
@@ -130,7 +157,8 @@ void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, co
     const size_t smem = sizeof(float) * (2 * static_cast<size_t>(r.n_experts) + r.n_groups) +
                         (sizeof(float) + sizeof(int)) * (threads / 32) * r.top_k + sizeof(int) * r.top_k;
     launch_chained("moe_gate_kernel launch", moe_gate_kernel, dim3(M), dim3(threads), smem, ctx.stream, idx, weight,
-                   logits, bias, r.n_experts, r.top_k, r.n_groups, r.topk_groups, r.route_scale);
+                   logits, bias, r.n_experts, r.top_k, r.n_groups, r.topk_groups, r.route_scale,
+                   lists ? *lists : MoeLists{});
 }
 
 }  // namespace kd::cuda

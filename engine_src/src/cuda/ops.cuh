@@ -30,10 +30,27 @@ void cublas_destroy(Context& ctx);
 // moe_ffn.cu
 void moe_ffn(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
              const ExpertWeights& experts);
+// moe_gate, then moe_ffn on its idx and weight (backend.h's moe_gate_ffn): at one row the gate's
+// kernel also writes moe_ffn's routing lists, one launch less.
+void moe_gate_ffn(Context& ctx, float* out, const float* x, int32_t* idx, float* weight, const float* logits,
+                  const float* bias, int M, const MoeRouting& routing, const ExpertWeights& experts);
 
-// moe_gate.cu
+// The routing lists of moe_ffn's grouped launches (device memory; moe_ffn.cu says what they
+// hold): slot s < *n_active is expert set slot_expert[s] (ascending) with the pairs
+// [slot_start[s], slot_start[s + 1]), pair p being row pair_token[p] and pair id pair_id[p].
+struct MoeLists {
+    int* slot_expert = nullptr;
+    int* slot_start = nullptr;
+    int* n_active = nullptr;
+    int* pair_token = nullptr;
+    int* pair_id = nullptr;
+    int n_sets = 0;   // expert sets: the routed ones, + the shared one when it is a slot (the last)
+    int n_pairs = 0;  // the routed pairs (M x top_k), + one per row when the shared set is a slot
+};
+
+// moe_gate.cu. lists (one row only): also writes them for the gate's experts.
 void moe_gate(Context& ctx, int32_t* idx, float* weight, const float* logits, const float* bias, int M,
-              const MoeRouting& routing);
+              const MoeRouting& routing, const MoeLists* lists = nullptr);
 
 // mla_attention.cu (committed, parent: device copies of Visibility::committed and parent_host;
 // max_rows: the most cache rows the call may see, committed + M at most, for its shared memory)
