@@ -97,10 +97,10 @@ def project_excludes() -> list[str]:
     return list(yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["excludes"])
 
 
-def write_inventory(work: Path, name: str, lab, hosts, source: Path, subdir: str, **entry) -> Path:
-    """An inventory like the shipped one: the project pointed at `source`, one entry per lab host
-    with remote_dir <host root>/<subdir>."""
-    data = yaml.safe_load((REPO / "hosts.yaml").read_text())
+def write_inventory(work: Path, name: str, lab, hosts, source: Path, subdir: str, repo: Path = REPO, **entry) -> Path:
+    """An inventory like the one `repo` ships (its keys are the ones that checkout knows): the
+    project pointed at `source`, one entry per lab host with remote_dir <host root>/<subdir>."""
+    data = yaml.safe_load((repo / "hosts.yaml").read_text())
     data["project"]["source"] = str(source)
     data["hosts"] = {h.name: lab.inventory_entry(h, remote_dir=str(h.root / subdir), **entry) for h in hosts}
     data.pop("groups", None)
@@ -348,11 +348,12 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
     cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
     # both checkouts deploy to the same remote_dir; each validates its own (the engine's outputs.json
     # holds its speed: one checkout's golden run would make the other's stamped outputs another file)
-    deploy_inv = write_inventory(work, "warm", lab, [host], source, "warm", persist=600)
     invoke = [sys.executable, "-m", "invoke"]
     for label, repo in ((" (baseline)", baseline), ("", REPO)) if baseline else (("", REPO),):
         subdir = "warmvalbase" if label else "warmval"
-        validate_inv = write_inventory(work, subdir, lab, [host], source, subdir, persist=600, backend="cpu")
+        validate_inv = write_inventory(work, subdir, lab, [host], source, subdir, repo, persist=600, backend="cpu")
+        deploy_inv = write_inventory(work, "warmbase" if label else "warm", lab, [host], source, "warm", repo,
+                                     persist=600)
         cases |= {
             f"invoke deploy (warm){label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name], repo),
             f"invoke deploy --no-persist{label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
