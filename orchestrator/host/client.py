@@ -38,14 +38,21 @@ BEGIN_SYNC_BYTES = 4096     # PARTIAL (500 characters), RSYNC and its version li
 
 
 def _script(names: Sequence[str], *args: str, check: str | None, timeout: float | None,
-            stdin: bytes | BinaryIO | None = None, what: str, **values: object) -> remote.Command:
+            stdin: bytes | BinaryIO | None = None, what: str, short: bool = False, **values: object) -> remote.Command:
     """The scripts `names` sent as one (`values` for their placeholders), their values positional
-    arguments; `check`: the ownership check runs first on the directory that shell expression names."""
+    arguments; `check`: the ownership check runs first on the directory that shell expression names.
+    `short`: a script of a few commands of its own in the state directory (the sync's first and
+    last steps) runs under its timeout in a process group of its own but without the step guard
+    (remote.GUARD: its watcher and its sweep of /proc cost more than such a script), as it did
+    inside the lock command."""
     text = "".join(script_text(name, **values) if i == len(names) - 1 else script_text(name)
                    for i, name in enumerate(names))
     if check is not None:
         text = ownership.guard(text, check)
-    return remote.command(["bash", "-c", text, "kdtree", *args], timeout=timeout, stdin=stdin, what=what)
+    argv = ["bash", "-c", text, "kdtree", *args]
+    if short:
+        return remote.Command(tuple(argv), remote.wrap(argv, timeout=timeout, reads_stdin=True), timeout, what=what)
+    return remote.command(argv, timeout=timeout, stdin=stdin, what=what)
 
 
 def output(transport: "Transport", command: remote.Command, *, max_bytes: int) -> str:
@@ -102,7 +109,7 @@ def begin_sync_command(host: Host, owner: "Owner") -> remote.Command:
     """host/begin_sync.sh, for `owner`'s sync, under the host's lock timeout (the bound of its
     other state-directory commands)."""
     return _script(("begin_sync",), host.remote_dir, str(owner), host.rsync_path or "", check='"$1"',
-                   timeout=host.timeout("lock"), what="beginning the sync")
+                   timeout=host.timeout("lock"), what="beginning the sync", short=True)
 
 
 def begin_sync(transport: "Transport", owner: "Owner") -> dict[str, str]:
@@ -123,7 +130,8 @@ def finish_sync_command(host: Host, *, tree_hash: str, record: dict, hash_line: 
     the hash is `tree_hash`, store `record` as the deploy record and clear the sync's mark; under
     the sync step's timeout, its host-side parts included."""
     return _script(("finish_sync",), host.remote_dir, tree_hash, hash_line, json.dumps(record), check='"$1"',
-                   timeout=remote.client_timeout(host.timeout("sync")), what="ending the sync", FINISH_TAIL=FINISH_TAIL)
+                   timeout=remote.client_timeout(host.timeout("sync")), what="ending the sync", short=True,
+                   FINISH_TAIL=FINISH_TAIL)
 
 
 def finish_sync(transport: "Transport", *, tree_hash: str, record: dict, hash_line: str) -> tuple[int | None, str]:
