@@ -12,7 +12,7 @@ printf 'started %s\n' "$2" > sync.partial || exit 3
 r=$3; [ -n "$r" ] || r=$(command -v rsync) || r=
 if [ -n "$r" ] && [ -x "$r" ]; then
   # never for long: an rsync_path may be a wrapper
-  printf 'RSYNC %s\nRSYNC_VERSION %s\n' "$r" \
-    "$(timeout 10 "$r" --version </dev/null 2>/dev/null | head -n 1 | tr -c '[:print:]' ' ')"
+  v=$(timeout 10 "$r" --version </dev/null 2>/dev/null | head -n 1)
+  printf 'RSYNC %s\nRSYNC_VERSION %s\n' "$r" "${v//[^[:print:]]/ }"
 fi
 exit 0

@@ -17,7 +17,7 @@ if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
 claimed=; [ -d "$d/.kdtree" ] && claimed=1
-why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why//[^[:print:]]/ })"
+[ -n "$claimed" ] || why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why//[^[:print:]]/ })"
 # checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
 # and nobody else can have changed it since (the way to it and what is in it are not theirs)
 [ -n "$claimed" ] || kd_owned "$d"
