@@ -3,12 +3,14 @@ reach the host literally (nothing from the inventory is ever executed)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 
 import pytest
 
 from orchestrator import console, doctor, inventory, ownership, parallel, remote, state, sync
+from orchestrator.host import client
 from orchestrator.inventory import Host
 from orchestrator.connectors.local import LocalTransport
 from orchestrator.connectors.paramiko import SshTransport
@@ -84,21 +86,26 @@ def test_rsync_argv(monkeypatch, make_inventory):
 
 
 def test_deploy_commands_in_order(make_inventory):
+    """The lock command takes the lock and nothing else; the sync's first and last steps are
+    commands of their own (the host client's), each run in remote_dir's state directory after
+    the ownership check."""
     inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine"}})
     owner = state.Owner("client", 42, "2026-01-01T00:00:00Z", "deploy")
     steps = sync.deploy_commands(SshTransport(inv.hosts["ct200"]), inv.project, owner)
     assert [what for what, _ in steps] == [
-        "host: claim remote_dir, take the lock, mark the sync in progress, find rsync; the lock holder keeps the "
-        "tree hash command line (its last argument) for the sync's end",
+        "host: claim remote_dir, take the lock (held until the deploy ends)",
+        "host: mark the sync in progress, find rsync",
         "local: transfer (a tar stream instead when the host has no rsync)",
-        "host, told over the lock's channel: hash the deployed tree; when it is the local hash, write the deploy "
-        "record (one line of JSON), clear the in-progress mark"]
+        "host: hash the deployed tree; when it is the local hash, write the deploy record (its last argument), "
+        "clear the in-progress mark"]
     hash_line = sync.hash_line(inv.hosts["ct200"], inv.project)
     assert "setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'" in hash_line
-    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
-                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' '' begin "
-                                .replace("orchestrator's", "orchestrator'\"'\"'s") + shlex.quote(hash_line))
-    assert steps[2][1] == "finish LOCAL_TREE_HASH DEPLOY_RECORD"
+    marker = client._marker_text(owner).replace("orchestrator's", "orchestrator'\"'\"'s")
+    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' '{marker}' exclusive 0 45")
+    assert steps[1][1].endswith(f"kdtree /root/kdtree-engine {shlex.quote(str(owner))} ''")
+    assert "kdtree-step" not in steps[1][1] and "setsid -w timeout -k 10 30 bash -c" in steps[1][1]
+    assert steps[3][1].endswith(f"kdtree /root/kdtree-engine LOCAL_TREE_HASH {shlex.quote(hash_line)} "
+                                f"{shlex.quote(json.dumps({'DEPLOY': 'RECORD'}))}")
 
 
 @pytest.mark.parametrize("path, is_dir, excluded", [
