@@ -1,7 +1,9 @@
 """The one client of the host-side scripts (orchestrator/host/*.sh): one function per script, its
 values as typed, named arguments, never an argument list a caller puts together. No other module
-builds a script's command line; a script that works under remote_dir is sent after the ownership
-check (ownership.guard), decided here, once per script.
+builds a script's command line (but for the wrappers every command line carries: the step guard
+and the secrets reader in remote.py, the ownership check of an engine step in ownership.guarded);
+a script that works under remote_dir is sent after the ownership check (ownership.guard), decided
+here, once per script.
 
 A function returns the script as a remote.Command (data: what a test compares, what --dry-run
 shows, what a caller starts or fuses) or, for a script whose answer the client reads itself, runs
