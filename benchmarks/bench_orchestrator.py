@@ -77,12 +77,12 @@ sshd = _load_sshd()
 
 
 # -- set-up -----------------------------------------------------------------------------------------
-def make_source(work: Path, files: int) -> Path:
-    """engine_src/ (without build outputs and bundles) plus `files` synthetic files in 60 folders."""
-    src = work / "src"
+def make_source(work: Path, files: int, engine: Path = ENGINE, name: str = "src") -> Path:
+    """`engine` (engine_src/, without build outputs and bundles) plus `files` synthetic files in 60 folders."""
+    src = work / name
     if src.exists():
         shutil.rmtree(src)
-    shutil.copytree(ENGINE, src, symlinks=True, ignore=shutil.ignore_patterns(
+    shutil.copytree(engine, src, symlinks=True, ignore=shutil.ignore_patterns(
         "build", "__pycache__", "*.pyc", "model_*.kdtr", "manifest.json", ".kdtree"))
     rng = random.Random(1234)
     for i in range(files):
@@ -97,10 +97,10 @@ def project_excludes() -> list[str]:
     return list(yaml.safe_load((REPO / "hosts.yaml").read_text())["project"]["excludes"])
 
 
-def write_inventory(work: Path, name: str, lab, hosts, source: Path, subdir: str, **entry) -> Path:
-    """An inventory like the shipped one: the project pointed at `source`, one entry per lab host
-    with remote_dir <host root>/<subdir>."""
-    data = yaml.safe_load((REPO / "hosts.yaml").read_text())
+def write_inventory(work: Path, name: str, lab, hosts, source: Path, subdir: str, repo: Path = REPO, **entry) -> Path:
+    """An inventory like the one `repo` ships (its keys are the ones that checkout knows): the
+    project pointed at `source`, one entry per lab host with remote_dir <host root>/<subdir>."""
+    data = yaml.safe_load((repo / "hosts.yaml").read_text())
     data["project"]["source"] = str(source)
     data["hosts"] = {h.name: lab.inventory_entry(h, remote_dir=str(h.root / subdir), **entry) for h in hosts}
     data.pop("groups", None)
@@ -348,11 +348,15 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
     cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
     # both checkouts deploy to the same remote_dir; each validates its own (the engine's outputs.json
     # holds its speed: one checkout's golden run would make the other's stamped outputs another file)
-    deploy_inv = write_inventory(work, "warm", lab, [host], source, "warm", persist=600)
     invoke = [sys.executable, "-m", "invoke"]
     for label, repo in ((" (baseline)", baseline), ("", REPO)) if baseline else (("", REPO),):
         subdir = "warmvalbase" if label else "warmval"
-        validate_inv = write_inventory(work, subdir, lab, [host], source, subdir, persist=600, backend="cpu")
+        # each checkout validates its own engine_src: a no-op validate is judged against the manifest
+        # and bundle tiers of the engine its orchestrator was written for
+        checked = make_source(work, 0, repo / "engine_src", "src-baseline") if label else source
+        validate_inv = write_inventory(work, subdir, lab, [host], checked, subdir, repo, persist=600, backend="cpu")
+        deploy_inv = write_inventory(work, "warmbase" if label else "warm", lab, [host], source, "warm", repo,
+                                     persist=600)
         cases |= {
             f"invoke deploy (warm){label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name], repo),
             f"invoke deploy --no-persist{label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name,
@@ -361,10 +365,6 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
                 invoke + ["validate", "--inventory", str(validate_inv), "--host", host.name, "--skip", "bench",
                           "--report-dir"], repo)}
     cases |= floor_cases(deploy_inv, lab, host, bare, invoke)
-    if baseline:            # one full validate (it builds), its deployment copied for the baseline's
-        argv, repo = cases["invoke validate --skip bench (no-op, warm)"]
-        runner.run(argv + [str(work / "runs" / "warm-settle-first")], cwd=repo, what="settle validate")
-        shutil.copytree(host.root / "warmval", host.root / "warmvalbase", symlinks=True, dirs_exist_ok=True)
     for name, (argv, repo) in cases.items():       # bring every target up to date (not timed): a full validate builds
         runner.run(argv + ([str(work / "runs" / f"warm-settle-{len(name)}")] if argv[-1] == "--report-dir" else []),
                    cwd=repo, what=f"settle {name}")

@@ -14,10 +14,9 @@ import dataclasses
 import posixpath
 import re
 
-from . import remote
 from .bundle_plan import BundlePlan, gb
 from .gpus import visible
-from .host import script_text
+from .host import client
 from .inventory import Host
 from .connectors.base import Transport
 
@@ -46,10 +45,7 @@ def probe(transport: Transport, plan: BundlePlan, bundle_folder: str) -> Room:
     relative to it)."""
     host = transport.host
     files = [posixpath.join(bundle_folder, b.file) for b in plan.bundles]
-    command = remote.script(_ROOM_SCRIPT, host.remote_dir, *files, timeout=host.timeout("preflight"),
-                            what="measuring free disk and memory")
-    text = transport.capture(command, max_bytes=MAX_OUTPUT).decode("utf-8", errors="replace")
-    return parse(text, files)
+    return parse(client.output(transport, client.room(host, files=files), max_bytes=MAX_OUTPUT), files)
 
 
 def parse(text: str, files: list[str]) -> Room:
@@ -111,5 +107,3 @@ def summary(room: Room, plan: BundlePlan, engines: int) -> str:
 def _tiers(plan: BundlePlan) -> str:
     return f"tier{'s' if len(plan.tiers) > 1 else ''} {', '.join(plan.tiers)} ({len(plan.bundles)} bundles)"
 
-
-_ROOM_SCRIPT = script_text("room")

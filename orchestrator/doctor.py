@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from . import remote, slurm
 from .bounded import short_text
 from .errors import AuthError, ConnectError, HostKeyError
-from .host import script_text
+from .host import client
 from .inventory import Host
 from .connectors.base import Transport
 from .safe_text import visible
@@ -74,9 +74,7 @@ def failed(findings: list[Finding]) -> list[Finding]:
 def probe_command(host: Host, import_numpy: bool = True) -> remote.Command:
     """The one command that gathers every fact the checks need (key=value lines); numpy's version
     from importing it, or (not `import_numpy`) from its installed metadata when it has some."""
-    return remote.script(_PROBE_SCRIPT, host.remote_dir, host.rsync_path or "", host.cuda_home or "",
-                         host.python, "import" if import_numpy else "find", timeout=host.timeout("preflight"),
-                         what="the doctor probe")
+    return client.doctor_probe(host, import_numpy=import_numpy)
 
 
 def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str]]:
@@ -93,8 +91,8 @@ def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str
 def slurm_probe_command(host: Host) -> remote.Command:
     """The second probe of a Slurm entry, on its login node (host/slurm_probe.sh)."""
     req = slurm.request(host)
-    return remote.script(_SLURM_PROBE_SCRIPT, req.conf or "", req.partition, *slurm.sbatch_options(host),
-                         timeout=host.timeout("preflight"), what="the Slurm doctor probe")
+    return client.slurm_probe(host, conf=req.conf or "", partition=req.partition,
+                              sbatch_options=slurm.sbatch_options(host))
 
 
 def _facts(output: str) -> dict[str, list[str]]:
@@ -278,5 +276,3 @@ def check_account(host: Host, facts) -> Finding:
 
 SLURM_CHECKS = (check_rsync, check_disk, check_slurm, check_partition, check_nodes, check_queue, check_account)
 
-_PROBE_SCRIPT = script_text("doctor_probe")
-_SLURM_PROBE_SCRIPT = script_text("slurm_probe")

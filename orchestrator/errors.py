@@ -137,6 +137,11 @@ class FetchError(HostError):
     """A file could not be read back from the host safely (symlink, too large, outside)."""
 
 
+class OutputOverflow(Exception):
+    """A started command printed more than connectors.base.UNREAD_BYTES that were not read yet;
+    the rest was dropped (what reads its answer turns this into a HostError)."""
+
+
 class LocalWriteError(KdError):
     """A file of the run could not be written on this machine (a full disk, a read-only one):
     the message names the file and the system's reason."""

@@ -22,9 +22,9 @@ import time
 from typing import Callable, Sequence
 
 from . import gpus as gpus_mod
-from . import ownership, remote, state
+from . import state
 from .errors import DestinationError
-from .host import script_text
+from .host import client
 from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
 from .connectors.base import Transport
 
@@ -99,7 +99,7 @@ def acquire(transport: Transport, request: Request, owner: state.Owner, *,
 def held_claims(transport: Transport, uuids: Sequence[str]) -> dict[str, str]:
     """Which of these GPUs other runs of this remote_dir hold now (uuid -> owner), taking none."""
     host = transport.host
-    process = transport.start(claim_command(host.remote_dir, state.Owner.now("probe"), uuids, 0))
+    process = transport.start(client.gpu_claim(host, state.Owner.now("probe"), uuids=uuids, count=0).line)
     return _answer(process, host, uuids).held
 
 
@@ -112,29 +112,20 @@ def preview(transport: Transport, request: Request, *,
     return found, gpus_mod.choose(found.gpus, request, held, host=transport.host.name)
 
 
-def claim_command(remote_dir: str, owner: state.Owner, uuids: Sequence[str], count: int,
-                  silence: float | None = None) -> str:
-    """The command that takes the first `count` free GPUs of `uuids` (in that order), reports who
-    holds each other one, and holds its claims until told to release them (or until the client's
-    heartbeat stops for `silence` seconds, or its connection ends)."""
-    return remote.script(_CLAIM_SCRIPT, remote_dir, owner.to_json(), str(count),
-                         remote._seconds(silence) if silence else "", *uuids, timeout=None).line
-
-
 def _claim(transport: Transport, owner: state.Owner, choice: Choice) -> _Attempt:
     host = transport.host
     uuids = [g.uuid for g in choice.usable]
-    command = claim_command(host.remote_dir, owner, uuids, choice.needed, state.lock_silence(host))
-    return _answer(transport.start(command), host, uuids)
+    command = client.gpu_claim(host, owner, uuids=uuids, count=choice.needed, silence=state.lock_silence(host))
+    return _answer(transport.start(command.line), host, uuids)
 
 
 def _answer(process, host, asked: Sequence[str]) -> _Attempt:
     """Read the claim command's answer: CLAIMED (it holds them now), SHORT or PROBED (it ended).
     Only the GPUs `asked` about are taken from HELD and STALE lines (a host that names others, or
-    the same again, grows nothing: the answer's size is bounded by state.answers)."""
+    the same again, grows nothing: the answer's size is bounded by client.answers)."""
     held: dict[str, str] = {}
     stale: dict[str, state.Owner] = {}
-    for word, rest in state.answers(process, host, "GPU claim command", host.timeout("lock")):
+    for word, rest in client.answers(process, host, "GPU claim command", host.timeout("lock")):
         uuid, _, text = rest.partition(" ")
         if word in ("HELD", "STALE") and uuid not in asked:
             continue
@@ -152,6 +143,3 @@ def _answer(process, host, asked: Sequence[str]) -> _Attempt:
             raise DestinationError(f"cannot claim GPUs: {gpus_mod.visible(rest, 300)}", host=host.name)
     raise AssertionError("answers() ends only by raising")
 
-
-# The claim holder (host/gpu_claim.sh: its arguments and answers).
-_CLAIM_SCRIPT = ownership.CHECK + script_text("gpu_claim")

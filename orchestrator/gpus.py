@@ -24,7 +24,7 @@ from typing import Collection, Mapping, Sequence, cast
 
 from . import remote
 from .errors import HostError, UsageError
-from .host import script_text
+from .host import client
 
 # Where nvidia-smi lives when the host's PATH for non-interactive ssh sessions lacks it: the
 # driver packages' own bin, the NVIDIA container runtime, WSL, the GPU operator's driver root.
@@ -137,8 +137,8 @@ class GpuInventory:
 def query_command(host, driver_paths: Sequence[str] = DRIVER_PATHS) -> remote.Command:
     """The command that finds nvidia-smi (the host's PATH, then `driver_paths`) and runs the GPU
     and compute-process queries; its output is tagged lines for parse_query."""
-    return remote.script(_QUERY_SCRIPT, str(OUTPUT_MAX_BYTES), QUERY_GPUS, QUERY_APPS, CSV_FORMAT, *driver_paths,
-                         timeout=host.timeout("preflight"), what="the GPU query")
+    return client.gpu_query(host, max_bytes=OUTPUT_MAX_BYTES, gpu_fields=QUERY_GPUS, app_fields=QUERY_APPS,
+                            csv_format=CSV_FORMAT, driver_paths=driver_paths)
 
 
 def query(transport, driver_paths: Sequence[str] = DRIVER_PATHS) -> GpuInventory:
@@ -456,9 +456,8 @@ def own_pids(transport, pids: Collection[int], under: str, marker: str) -> set[i
     command started from elsewhere: an interpreter, a shell)."""
     if not pids:
         return set()
-    command = remote.script(_OWN_SCRIPT, under, marker, *map(str, sorted(pids)),
-                            timeout=transport.host.timeout("preflight"), what="reading /proc/PID/exe and environ")
-    out = transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode("utf-8", errors="replace")
+    out = client.output(transport, client.gpu_own(transport.host, under=under, marker=marker, pids=sorted(pids)),
+                        max_bytes=OUTPUT_MAX_BYTES)
     return {int(line) for line in out.splitlines() if _INT.match(line) and int(line) in pids}
 
 
@@ -485,6 +484,3 @@ def co_tenants(samples: Sequence[GpuInventory], uuid: str, own: Collection[int])
 def _or_unknown(value) -> str:
     return "?" if value is None else str(value)
 
-
-_OWN_SCRIPT = script_text("gpu_own")
-_QUERY_SCRIPT = script_text("gpu_query")

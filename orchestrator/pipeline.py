@@ -315,12 +315,11 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     if bundles is not None:         # its steps' timeouts scale with the bundles (bundle_plan)
         host = dataclasses.replace(host, timeouts=bundles.timeouts(host))
     request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
-    hash_line = sync.hash_line(host, shared.project) if "sync" in plan.steps else ""    # the lock ends the sync
     probe = run.first_result(host)
     transport = run.transport(host)
     job = slurm_run.Allocation.of(transport, rec)       # a Slurm entry: its allocation is the claim
     claims = plan.claims_gpus and job is None
-    session = HostSession(host, transport, run, shared.owner, hash_line, begins_sync="sync" in plan.steps,
+    session = HostSession(host, transport, run, shared.owner,
                           claims_gpus=claims, gpu_request=request, probe=probe)
     ctx = StepContext(host, session, shared.project, shared.run_dir, shared.source, shared.owner,
                       shared.reference, rec, plan, secrets=shared.secrets[host.name], bundles=bundles)

@@ -78,13 +78,6 @@ def command(argv: Sequence[str], *, timeout: float | None, cwd: str | None = Non
     return Command(tuple(argv), line, timeout, stdin, what=what)
 
 
-def script(text: str, *args: str, timeout: float | None, cwd: str | None = None,
-            stdin: bytes | BinaryIO | None = None, what: str = "command") -> Command:
-    """One of the orchestrator's own bash scripts as a Command, its values passed as positional
-    arguments; with `stdin` data it reads that on its stdin."""
-    return command(["bash", "-c", text, "kdtree", *args], timeout=timeout, cwd=cwd, stdin=stdin, what=what)
-
-
 def step(host: Host, snippet: str, timeout: float, *, with_secrets: bool = False,
          env: Mapping[str, str] | None = None, what: str = "command") -> Command:
     """An engine command (a trusted snippet of hosts.yaml) as a Command run in the host's

@@ -96,11 +96,10 @@ class Run:
         return transport
 
     def lock(self, transport: Transport, owner: state.Owner, mode: str = state.EXCLUSIVE,
-             wait: float = 0, begin_sync: bool = False, hash_line: str = "") -> state.HostLock:
+             wait: float = 0) -> state.HostLock:
         """Take the host lock over `transport` (state.acquire) in `mode`, waiting up to `wait`
-        seconds for it (`begin_sync`: beginning the sync too; `hash_line`: how it ends a sync),
-        and hold it for this run."""
-        return self._hold(self._locks, state.acquire(transport, owner, mode, wait, begin_sync, hash_line), transport)
+        seconds for it, and hold it for this run."""
+        return self._hold(self._locks, state.acquire(transport, owner, mode, wait), transport)
 
     def claim_gpus(self, transport: Transport, request: Request, owner: state.Owner) -> gpu_claims.GpuClaim:
         """Claim the GPUs `request` asks for on the host (gpu_claims.acquire) for this run."""

@@ -4,8 +4,6 @@ rsync --delete spares it): the ownership marker, the lock, the deploy record.
     with state.acquire(transport, state.Owner.now("deploy")) as lock:   # one run at a time
         lock.stale        # the owner of a lock left by a dead run, now recovered (or None)
         ...
-    lock = state.acquire(transport, owner, begin_sync=True, hash_line=line)   # the lock and a sync's first step at once
-    lock.begin_sync(); ...; lock.finish_sync(tree_hash, record)    # a sync's first and last steps, over its channel
     state.read_deploy_record(transport)                  # what the last deploy recorded
     state.read_json(transport, name) / state.write_json(transport, name, data)   # build/bundle stamps
     state.read_jsons(transport, state.STAMPS)            # several at once: {name: document or None}
@@ -15,10 +13,10 @@ nor be the home directory, and a non-empty remote_dir must carry the marker (so 
 never empties a directory the orchestrator did not create), and it makes remote_dir the user's alone
 (0700; an earlier version's 0755 deploy once, whole), so that no other user of the host can open the
 lock (a read-only handle is all flock needs to keep every run out). The lock is a flock held by a
-process on the host for as long as the run lasts: if the run dies, the kernel releases it and
-the next run recovers it and says whose it was. A run about to sync asks the lock command to
-begin the sync too (BEGIN_SYNC, once the lock is held alone), and the lock holder ends it (hashes
-the tree, writes the deploy record): no host command of their own.
+process on the host (host/lock.sh, through host/client.py) for as long as the run lasts: if the run
+dies, the kernel releases it and the next run recovers it and says whose it was. The lock command
+takes and releases the lock and nothing else: a sync's first and last steps are the sync's own
+commands (sync.py), run while the lock is held alone.
 """
 from __future__ import annotations
 
@@ -29,25 +27,21 @@ import json
 import os
 import socket
 import threading
-import time
-from typing import Iterator
 
-from . import bounded, ownership, remote
+from . import bounded
 from .errors import DestinationError, FetchError, HostError, KdError, LockError
-from .host import script_text
+from .host import client
 from .steps import STEPS
-from .connectors.base import OutputOverflow, Transport
+from .connectors.base import Transport
 
 STATE_DIR = ".kdtree"
 MARKER = f"{STATE_DIR}/marker"
 DEPLOY_RECORD = f"{STATE_DIR}/deploy.json"
 RECORD_MAX_BYTES = 1 << 20
-FINISH_TAIL = 8192          # the bytes of the tree hash command's output the client keeps (and the host sends)
 # The state files a validate reads: the deploy record (the sync's) and the stamps of the steps that reuse results
 STAMPS = tuple(s.stamp for s in STEPS.values() if s.stamp)
 HEARTBEAT_MISSES = 3        # the host lets go of the lock after this many keepalive intervals without a heartbeat
 SHARED, EXCLUSIVE = "shared", "exclusive"   # runs that use the deployed tree share it; one that changes it holds it alone
-ANSWER_BYTES = 1 << 20      # what a host-side helper may print before its answer (a few lines normally)
 HOLDERS_SHOWN = 8           # the owners a busy lock's error names (the others counted)
 
 
@@ -85,45 +79,12 @@ class HostLock:
     A shared lock becomes exclusive for the time of `with lock.exclusive():`."""
 
     def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None,
-                 mode: str = EXCLUSIVE, wait: float = 0, begun: dict[str, str] | None = None):
+                 mode: str = EXCLUSIVE, wait: float = 0):
         self.transport, self._process, self.stale = transport, process, stale
-        self.mode, self._wait, self._begun = mode, wait, begun
+        self.mode, self._wait = mode, wait
         self._guard = threading.Lock()
         if heartbeat:
             threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
-
-    def begin_sync(self) -> dict[str, str]:
-        """The sync's first step under this lock held alone (BEGIN_SYNC's PARTIAL and RSYNC facts):
-        what the lock command said when it began the sync as it
-        took the lock, else the holder begins it now (one exchange over the lock's channel)."""
-        begun, self._begun = self._begun, None
-        if begun is not None:
-            return begun
-        if self.mode != EXCLUSIVE:
-            raise ValueError("a sync begins only under the lock held alone")
-        return self._ask(b"begin\n", ("BEGUN",)).facts
-
-    def finish_sync(self, tree_hash: str, record: dict) -> tuple[int | None, str]:
-        """The sync's last step under this lock held alone, by the lock holder: it hashes the
-        deployed tree with the lock command's `hash_line` and, when the hash is `tree_hash`, stores
-        `record` as the deploy record and clears the in-progress mark. (The hash line's exit
-        status, None when the holder did not say in time; the tail of its output.)"""
-        if self.mode != EXCLUSIVE:
-            raise ValueError("a sync ends only under the lock held alone")
-        with self._guard:
-            if self._process is None:
-                raise HostError("the lock was released", host=self.transport.host.name)
-            self._process.write(f"finish {tree_hash} {json.dumps(record)}\n".encode())
-            process = self._process
-        host, tail = self.transport.host, ""
-        for word, rest in answers(process, host, "lock command", remote.client_timeout(host.timeout("sync"))):
-            if word == "OUT":
-                tail = (tail + rest + "\n")[-FINISH_TAIL:]      # a host may send more than it should
-            elif word == "HASHED":
-                return (int(rest) if rest.strip().isdigit() else None), tail
-            elif word == "UNSAFE":
-                raise DestinationError(f"refusing to use remote_dir: {rest}", host=host.name)
-        raise AssertionError("answers() ends only by raising")
 
     def _beat(self, interval: float) -> None:
         """Tell the lock holder on the host that this run is alive, every `interval` seconds."""
@@ -200,30 +161,11 @@ def lock_silence(host) -> float:
     return host.timeout("keepalive") * HEARTBEAT_MISSES
 
 
-def lock_command(remote_dir: str, owner: Owner, silence: float | None = None, mode: str = EXCLUSIVE,
-                 wait: float = 0, begin_sync: bool = False, rsync_path: str | None = None, hash_line: str = "") -> str:
-    """The command that claims remote_dir (checks, marker) and holds its lock in `mode` (shared or
-    exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
-    client's heartbeat stops for that many seconds (a client cut off by a network partition, whose
-    closed connection the host may never hear about); `begin_sync`: once it holds the lock alone,
-    it also begins a sync (BEGIN_SYNC, with the host's `rsync_path`) before it answers; `hash_line`:
-    the command line that hashes the deployed tree (run in remote_dir) when told to finish a sync."""
-    if begin_sync and mode != EXCLUSIVE:
-        raise ValueError("a sync begins only under the lock held alone")
-    return remote.script(_LOCK_SCRIPT, remote_dir, owner.to_json(), _marker_text(owner), mode,
-                         remote._seconds(wait), remote._seconds(silence) if silence else "",
-                         str(owner), rsync_path or "", "begin" if begin_sync else "", hash_line, timeout=None).line
-
-
-def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0,
-            begin_sync: bool = False, hash_line: str = "") -> HostLock:
+def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: float = 0) -> HostLock:
     """Claim the host's remote_dir and take its lock in `mode`, waiting up to `wait` seconds for
-    the runs holding it; DestinationError, or LockError naming them. `begin_sync` (exclusive
-    only): the lock command begins the sync as well, its answer kept for HostLock.begin_sync.
-    `hash_line`: how the holder hashes the tree when a sync finishes (sync.hash_line)."""
+    the runs holding it; DestinationError, or LockError naming them."""
     host = transport.host
-    process = transport.start(lock_command(host.remote_dir, owner, lock_silence(host), mode, wait,
-                                           begin_sync, host.rsync_path, hash_line))
+    process = transport.start(client.lock(host, owner, mode=mode, wait=wait, silence=lock_silence(host)).line)
     try:
         answer = _answer(process, host, wait, ("LOCKED", "BUSY"))
     except KdError:
@@ -232,65 +174,28 @@ def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: flo
     if answer.word == "BUSY":
         process.close()
         raise _busy(host, answer, wait, "is locked by another run")
-    return HostLock(transport, process, answer.stale, host.timeout("keepalive"), mode, wait,
-                    answer.facts if begin_sync else None)
-
-
-def answers(process, host, what: str, limit: float) -> Iterator[tuple[str, str]]:
-    """The (word, rest of the line) answers a host-side helper prints, for as long as the caller
-    reads; a helper that ends first, is still answering `limit` seconds from now (a host that
-    trickles lines is no answer), or prints more than ANSWER_BYTES (a host that floods lines is no
-    answer either), is a HostError naming `what`."""
-    deadline = time.monotonic() + limit
-    size = 0
-    try:
-        while True:
-            line = process.readline(timeout=max(0.0, deadline - time.monotonic()))
-            size += len(line) + 1 if line is not None else 0
-            if size > ANSWER_BYTES:
-                process.close(timeout=1)
-                raise HostError(f"the {what} printed more than {ANSWER_BYTES} bytes without an answer",
-                                host=host.name, tail=(line or "")[:200])
-            if line is None:
-                result = process.close()
-                raise HostError(f"the {what} ended without an answer", host=host.name,
-                                command=result.command if result else None,
-                                exit_status=result.exit_code if result else None, tail=result.tail if result else "")
-            word, _, rest = line.partition(" ")
-            yield word, rest
-            if time.monotonic() > deadline:
-                raise TimeoutError
-    except TimeoutError:
-        process.close(timeout=1)
-        raise HostError(f"no answer from the {what} within {limit:g} s", host=host.name) from None
-    except OutputOverflow as e:
-        process.close(timeout=1)
-        raise HostError(f"the {what} flooded its output: {e}", host=host.name) from None
+    return HostLock(transport, process, answer.stale, host.timeout("keepalive"), mode, wait)
 
 
 @dataclasses.dataclass
 class _Answer:
     """The lock holder's answer: its final word, the first HOLDERS_SHOWN owners of the runs
-    holding the lock (`more`: how many others it named), the last STALE owner it recovered and
-    BEGIN_SYNC's facts (PARTIAL, RSYNC, RSYNC_VERSION)."""
+    holding the lock (`more`: how many others it named) and the last STALE owner it recovered."""
 
     word: str = ""
     holders: list[Owner] = dataclasses.field(default_factory=list)
     more: int = 0
     stale: Owner | None = None
-    facts: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _answer(process, host, wait: float, finals: tuple[str, ...]) -> _Answer:
-    """Read the lock holder's answer up to one of `finals` (bounded: answers())."""
+    """Read the lock holder's answer up to one of `finals` (bounded: client.answers)."""
     answer = _Answer()
-    for word, rest in answers(process, host, "lock command", wait + host.timeout("lock")):
+    for word, rest in client.answers(process, host, "lock command", wait + host.timeout("lock")):
         if word in finals:
             answer.word = word
             return answer
-        if word in BEGIN_SYNC_FACTS:
-            answer.facts[word] = rest.strip()
-        elif word == "STALE":
+        if word == "STALE":
             answer.stale = _owner(rest)
         elif word == "HOLDER" and len(answer.holders) < HOLDERS_SHOWN:
             answer.holders.append(_owner(rest))
@@ -363,23 +268,5 @@ def read_deploy_record(transport: Transport) -> dict | None:
 
 
 def write_json(transport: Transport, name: str, data: dict) -> None:
-    """Store a JSON document in the host's state directory, atomically (build and bundle stamps),
-    within the host's lock timeout (the bound of its other state-directory commands' answers)."""
-    transport.check(remote.script(_WRITE_JSON_SCRIPT, transport.host.remote_dir, name,
-                                  timeout=transport.host.timeout("lock"), stdin=json.dumps(data, indent=1).encode(),
-                                  what=f"writing {STATE_DIR}/{name}"))
-
-
-def _marker_text(owner: Owner) -> str:
-    return f"This directory is a deploy target of kdtree-orchestrator (created {owner.started} by {owner.client}).\n" \
-           "Its content is replaced on every deploy (rsync --delete); .kdtree/ holds the orchestrator's state."
-
-
-# The sync's first step, in .kdtree/ under the lock held alone (kd_begin_sync: host/begin_sync.sh).
-BEGIN_SYNC = script_text("begin_sync")
-BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC", "RSYNC_VERSION")
-
-# The lock holder (host/lock.sh: its arguments and stdin commands).
-_LOCK_SCRIPT = ownership.CHECK + BEGIN_SYNC + script_text("lock", FINISH_TAIL=FINISH_TAIL)
-
-_WRITE_JSON_SCRIPT = ownership.guard(script_text("write_json"))
+    """Store a JSON document in the host's state directory, atomically (build and bundle stamps)."""
+    client.write_json(transport, name=name, data=data)

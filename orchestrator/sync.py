@@ -3,15 +3,14 @@
     sync_tree(transport, project, source_id, owner, log, lock) -> DeployResult   # the host's lock held alone
     deploy_commands(transport, project, source_id, owner) -> [(what, command)]   # --dry-run
 
-The sync step (steps/sync.py) syncs under the run's tree lock (state.acquire: also refuses a
-dangerous or foreign remote_dir), which, in the round trip that takes it, marks the sync as in
-progress and finds rsync (or begins it over its channel when taken before); it transfers the tree
-with `rsync -az --delete` and the project's excludes (or, when either side has no rsync, a tar
-stream that sends only changed files and deletes removed ones); then the lock holder runs the
-project's `tree_hash` command on the host and, when it gives the local hash, writes the deploy
-record and clears the in-progress mark (HostLock.finish_sync: over the lock's channel, no command
-of its own). A sync broken half-way leaves the mark behind: the next deploy repairs the tree and
-says so.
+The sync step (steps/sync.py) syncs under the run's tree lock held alone (state.acquire: also
+refuses a dangerous or foreign remote_dir). Its first step marks the sync as in progress and finds
+rsync (client.begin_sync); it transfers the tree with `rsync -az --delete` and the project's
+excludes (or, when either side has no rsync, a tar stream that sends only changed files and
+deletes removed ones); its last step runs the project's `tree_hash` command on the host and, when
+it gives the local hash, writes the deploy record and clears the in-progress mark, in one command
+(client.finish_sync). A sync broken half-way leaves the mark behind: the next deploy repairs the
+tree and says so.
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from typing import Callable
 
 from . import ownership, remote, state
 from .errors import CommandError, FetchError, KdError, SyncError, cause_of
-from .host import script_text
+from .host import client
 from .inventory import Host, Project
 from .connectors import relay
 from .connectors.base import READ_MISSING, Transport
@@ -120,10 +119,12 @@ def _files_digest(project: Project) -> str | None:
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
               log: Callable[[str], None], lock: state.HostLock) -> DeployResult:
     """Sync and verify the source on a host whose `lock` the caller holds alone (validate holds
-    it for the whole run; taken with hash_line): the lock holder begins and ends the sync."""
+    it for the whole run)."""
     host = transport.host
+    if lock.mode != state.EXCLUSIVE:
+        raise ValueError("a sync runs only under the tree lock held alone")
     start = time.monotonic()
-    facts = lock.begin_sync()
+    facts = client.begin_sync(transport, owner)
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
@@ -139,7 +140,8 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
     # one exchange: the host hashes the tree and writes the record only when it is the local hash
-    code, output = lock.finish_sync(source.tree_hash, record)
+    code, output = client.finish_sync(transport, tree_hash=source.tree_hash, record=record,
+                                      hash_line=hash_line(host, project))
     if code != 0:
         timed_out = remote.timed_out(code)
         cause = None if timed_out else cause_of(output)
@@ -177,14 +179,15 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir, take the lock, mark the sync in progress, find rsync; the lock holder "
-         "keeps the tree hash command line (its last argument) for the sync's end",
-         state.lock_command(host.remote_dir, owner, state.lock_silence(host), begin_sync=True,
-                            rsync_path=host.rsync_path, hash_line=hash_line(host, project))),
+        (f"{where}: claim remote_dir, take the lock (held until the deploy ends)",
+         client.lock(host, owner, mode=state.EXCLUSIVE, silence=state.lock_silence(host)).line),
+        (f"{where}: mark the sync in progress, find rsync", client.begin_sync_command(host, owner).line),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
-        (f"{where}, told over the lock's channel: hash the deployed tree; when it is the local hash, write the "
-         "deploy record (one line of JSON), clear the in-progress mark", "finish LOCAL_TREE_HASH DEPLOY_RECORD"),
+        (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record (its last "
+         "argument), clear the in-progress mark",
+         client.finish_sync_command(host, tree_hash="LOCAL_TREE_HASH", record={"DEPLOY": "RECORD"},
+                                    hash_line=hash_line(host, project)).line),
     ]
 
 
@@ -210,9 +213,9 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
 
 
 def hash_line(host: Host, project: Project) -> str:
-    """The command line with which the lock holder hashes the deployed tree at a sync's end
-    (HostLock.finish_sync, run in remote_dir): the project's tree_hash command in the step
-    environment, under the sync step's timeout."""
+    """The command line with which a sync's last step hashes the deployed tree (client.finish_sync,
+    run in remote_dir): the project's tree_hash command in the step environment, under the sync
+    step's timeout."""
     return remote.wrap(["bash", "-c", project.commands["tree_hash"]], timeout=host.timeout("sync"),
                        env=remote.host_env(host), path_prefix=remote.host_path_prefix(host), reads_stdin=True)
 
@@ -297,8 +300,7 @@ def _space_cause(transport: Transport, project: Project) -> str | None:
     """`No space left on device`, with the numbers, when the tree cannot fit in remote_dir's
     filesystem (rsync's receiver does not always get to say so before its connection ends)."""
     try:
-        out = transport.capture(remote.script(_SPACE_SCRIPT, transport.host.remote_dir, timeout=30,
-                                              what="checking free space"), max_bytes=4096)
+        out = client.output(transport, client.sync_space(transport.host), max_bytes=4096)
         free_kb, used_kb = (int(w) for w in out.split()[:2])
     except (KdError, ValueError):
         return None
@@ -326,8 +328,7 @@ def _tar_sync(transport: Transport, project: Project, everything: bool) -> dict:
     gone = sorted((p for p, (kind, _, _) in listing.items() if p not in local
                    and not _under_excluded(p, kind == "d", project.excludes)), reverse=True)
     if gone:
-        transport.check(remote.script(_DELETE_SCRIPT, host.remote_dir, timeout=timeout, what="deleting removed files",
-                                      stdin=b"".join(os.fsencode(p) + b"\0" for p in gone)))
+        transport.check(client.sync_delete(host, paths=[os.fsencode(p) for p in gone], timeout=timeout))
     with tempfile.TemporaryFile() as stream:
         with tarfile.open(fileobj=stream, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             for path in sorted(p for p, (kind, _, _) in local.items() if kind == "d"):
@@ -336,15 +337,12 @@ def _tar_sync(transport: Transport, project: Project, everything: bool) -> dict:
                 tar.add(project.source / path, arcname=path, recursive=False)
         size = stream.tell()
         stream.seek(0)
-        transport.check(remote.script(_EXTRACT_SCRIPT, host.remote_dir, timeout=timeout, stdin=stream,
-                                      what="extracting the tar stream"))
+        transport.check(client.sync_extract(host, stream=stream, timeout=timeout))
     return {"files": len(changed), "bytes": size, "deleted": len(gone)}
 
 
 def _remote_listing(transport: Transport, timeout: float) -> dict:
-    host = transport.host
-    data = transport.capture(remote.script(_LIST_SCRIPT, host.remote_dir, timeout=timeout, what="listing remote_dir"),
-                             max_bytes=LISTING_MAX_BYTES)
+    data = transport.capture(client.sync_list(transport.host, timeout=timeout), max_bytes=LISTING_MAX_BYTES)
     listing = {}
     for entry in data.split(b"\0"):
         if entry:
@@ -412,8 +410,3 @@ def _git_revision(source: Path) -> tuple[str | None, bool]:
         return None, False
     return head, any(not line.startswith("#") for line in lines)
 
-
-_SPACE_SCRIPT = script_text("sync_space")
-_LIST_SCRIPT = ownership.guard(script_text("sync_list"))
-_DELETE_SCRIPT = ownership.guard(script_text("sync_delete"))
-_EXTRACT_SCRIPT = ownership.guard(script_text("sync_extract"))

@@ -3,12 +3,14 @@ reach the host literally (nothing from the inventory is ever executed)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 
 import pytest
 
 from orchestrator import console, doctor, inventory, ownership, parallel, remote, state, sync
+from orchestrator.host import client
 from orchestrator.inventory import Host
 from orchestrator.connectors.local import LocalTransport
 from orchestrator.connectors.paramiko import SshTransport
@@ -84,21 +86,26 @@ def test_rsync_argv(monkeypatch, make_inventory):
 
 
 def test_deploy_commands_in_order(make_inventory):
+    """The lock command takes the lock and nothing else; the sync's first and last steps are
+    commands of their own (the host client's), each run in remote_dir's state directory after
+    the ownership check."""
     inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine"}})
     owner = state.Owner("client", 42, "2026-01-01T00:00:00Z", "deploy")
     steps = sync.deploy_commands(SshTransport(inv.hosts["ct200"]), inv.project, owner)
     assert [what for what, _ in steps] == [
-        "host: claim remote_dir, take the lock, mark the sync in progress, find rsync; the lock holder keeps the "
-        "tree hash command line (its last argument) for the sync's end",
+        "host: claim remote_dir, take the lock (held until the deploy ends)",
+        "host: mark the sync in progress, find rsync",
         "local: transfer (a tar stream instead when the host has no rsync)",
-        "host, told over the lock's channel: hash the deployed tree; when it is the local hash, write the deploy "
-        "record (one line of JSON), clear the in-progress mark"]
+        "host: hash the deployed tree; when it is the local hash, write the deploy record (its last argument), "
+        "clear the in-progress mark"]
     hash_line = sync.hash_line(inv.hosts["ct200"], inv.project)
     assert "setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'" in hash_line
-    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' "
-                                f"'{state._marker_text(owner)}' exclusive 0 45 '{owner}' '' begin "
-                                .replace("orchestrator's", "orchestrator'\"'\"'s") + shlex.quote(hash_line))
-    assert steps[2][1] == "finish LOCAL_TREE_HASH DEPLOY_RECORD"
+    marker = client._marker_text(owner).replace("orchestrator's", "orchestrator'\"'\"'s")
+    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' '{marker}' exclusive 0 45")
+    assert steps[1][1].endswith(f"kdtree /root/kdtree-engine {shlex.quote(str(owner))} ''")
+    assert "kdtree-step" not in steps[1][1] and "setsid -w timeout -k 10 30 bash -c" in steps[1][1]
+    assert steps[3][1].endswith(f"kdtree /root/kdtree-engine LOCAL_TREE_HASH {shlex.quote(hash_line)} "
+                                f"{shlex.quote(json.dumps({'DEPLOY': 'RECORD'}))}")
 
 
 @pytest.mark.parametrize("path, is_dir, excluded", [
@@ -173,15 +180,20 @@ def test_a_command_carries_its_timeout_stdin_and_secrets_and_the_client_deadline
     assert command.stdin == b"s3cret-value\0" and command.holds_stdin and command.secrets == ("s3cret-value",)
     assert "s3cret-value" not in command.line
     assert command.deadline == 900 + remote.KILL_AFTER + remote.CLIENT_GRACE
-    assert remote.script("exit 0", timeout=None).deadline is None
+    assert _script("exit 0", timeout=None).deadline is None
     local = LocalTransport(Host(name="local", transport="local", remote_dir=str(tmp_path)))
     with pytest.raises(TypeError, match="carries its own timeout"):
-        local.run(remote.script("true", timeout=5), timeout=5)
-    echo = remote.script('cat; echo " $1"', "arg", timeout=5, stdin=b"from stdin")
+        local.run(_script("true", timeout=5), timeout=5)
+    echo = _script('cat; echo " $1"', "arg", timeout=5, stdin=b"from stdin")
     assert local.check(echo).tail == "from stdin arg\n"
     slow = remote.command(["sleep", "30"], timeout=0.5)        # host-side limit 0.5 s: exit 124, timed out
     result = local.run(slow)
     assert result.timed_out and result.exit_code == 124 and result.seconds < 5
+
+
+def _script(text: str, *args: str, **options):
+    """A bash script as the host client sends one: its values positional arguments."""
+    return remote.command(["bash", "-c", text, "kdtree", *args], **options)
 
 
 def _sh(line: str, stdin: bytes = b"", **env) -> str:
@@ -202,13 +214,13 @@ def test_commands_and_scripts_keep_their_argv_timeout_stdin_and_cwd(tmp_path):
     c = remote.command(["echo", "x"], timeout=7, cwd=str(tmp_path))
     assert (c.argv, c.timeout, c.stdin, c.what) == (("echo", "x"), 7, None, "command")
     assert c.line.startswith(f"cd -- {tmp_path} && umask 077 && exec env -i ")
-    s = remote.script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path), stdin=b"in", what="probing")
+    s = _script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path), stdin=b"in", what="probing")
     assert (s.argv, s.timeout, s.stdin, s.what) == (("bash", "-c", 'echo "$0|$1|$PWD"', "kdtree", "a b"), 5, b"in",
                                                     "probing")
     assert _sh(s.line) == f"kdtree|a b|{tmp_path}\n"
-    line = remote.script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path)).line
+    line = _script('echo "$0|$1|$PWD"', "a b", timeout=5, cwd=str(tmp_path)).line
     assert "kdtree-step" in line and _sh(line) == f"kdtree|a b|{tmp_path}\n"
-    assert "kdtree-step" not in remote.script("cat", timeout=5, stdin=b"").line
+    assert "kdtree-step" not in _script("cat", timeout=5, stdin=b"").line
 
 
 def test_a_wrapped_command_gets_only_its_environment_and_its_secrets_from_stdin():
@@ -227,7 +239,7 @@ def test_every_command_runs_with_umask_077_so_nothing_it_writes_is_anyone_elses_
     """Issue 37 (3): what a command writes on a host (a result file with a secret, a build) is
     the user's alone, whatever umask the host's login gives."""
     for line in (remote.wrap(["bash", "-c", "umask; echo s > f; mkdir d"], timeout=None, cwd=str(tmp_path)),
-                 remote.script("umask", timeout=5).line, remote.step_command(
+                 _script("umask", timeout=5).line, remote.step_command(
                      Host(name="local", transport="local", remote_dir=str(tmp_path)), "umask", 5)):
         assert _sh(f"umask 000; {line}").splitlines()[0] == "0077", line
     assert oct((tmp_path / "f").stat().st_mode & 0o777) == "0o600"
@@ -237,7 +249,7 @@ def test_every_command_runs_with_umask_077_so_nothing_it_writes_is_anyone_elses_
 def test_a_script_wraps_as_a_command_labelled_command_and_timeouts_stay_plain_numbers():
     """What an error calls a script or command unless told; a bound of days is written as an
     integer (the host's `timeout` and the lock's bash arithmetic read it), never as 1.8144e+06."""
-    assert remote.script("true", timeout=5).what == remote.command(["true"], timeout=5).what == "command"
+    assert _script("true", timeout=5).what == remote.command(["true"], timeout=5).what == "command"
     assert remote.wrap(["true"], timeout=1814400.0).split()[-2:] == ["1814400", "true"]
 
 

@@ -21,6 +21,7 @@ from orchestrator import cli, state, sync
 from orchestrator.console import Console
 from orchestrator.errors import HostError, SyncError
 from orchestrator.connectors.factory import open_transport
+from orchestrator.host import client
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,31 +160,30 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
 SENT = ("method", "files", "bytes", "deleted", "repaired", "tree_hash", "seconds")     # a sync's result, as both kinds give it
 
 
-@pytest.mark.parametrize("begun_by_lock", [True, False], ids=["deploy", "lock-then-sync"])
+@pytest.mark.parametrize("by_task", [True, False], ids=["deploy", "lock-then-sync"])
 @pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
 def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method,
-                                                      begun_by_lock):
+                                                      by_task):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
-    what was sent; the log says how it went. The same whether the lock command began the sync
-    (invoke deploy) or the sync begins it under a lock taken without (validate on a host with
-    GPUs: sync_tree under that lock); so is the in-progress mark a sync that breaks leaves, naming
-    its owner to the next, which repairs."""
+    what was sent; the log says how it went. The same through invoke deploy and through
+    sync_tree under a lock taken on its own (as validate takes it); so is the in-progress mark a
+    sync that breaks leaves, naming its owner to the next, which repairs."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
-    tree = sync.SourceId("f" * 64, "abc123", True) if not begun_by_lock else sync.source_id(inv.project)
+    tree = sync.SourceId("f" * 64, "abc123", True) if not by_task else sync.source_id(inv.project)
     owner = state.Owner("laptop", 7, "2026-01-01T00:00:00Z", "deploy")
-    owners = re.escape(str(owner)) if not begun_by_lock else \
+    owners = re.escape(str(owner)) if not by_task else \
         rf"deploy by pid {os.getpid()} on {re.escape(socket.gethostname())}, started \S+"
 
     def deploy() -> dict:
         """What the sync did (SENT: as its result says), its status, its error's message, its log lines."""
-        if begun_by_lock:
+        if by_task:
             done = deploy_task(inv, "local")
             return {k: getattr(done, k) for k in (*SENT, "status", "message", "log")}
         log: list[str] = []
         with open_transport(inv.hosts["local"]) as t:
-            with state.acquire(t, owner, hash_line=sync.hash_line(t.host, inv.project)) as lock:
+            with state.acquire(t, owner) as lock:
                 try:
                     result = sync.sync_tree(t, inv.project, tree, owner, log.append, lock)
                 except SyncError as e:
@@ -392,7 +392,7 @@ def test_lock_contention_and_recovery_of_a_dead_runs_lock(deployer, lab):
 
     # a run that dies holding the lock: its ssh client is killed, the host keeps no lock
     dead = state.Owner("ci-runner", 999, "2026-01-02T00:00:00Z", "deploy")
-    argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(inv.hosts["h"].remote_dir, dead))
+    argv = lab.ssh_argv(lab.hosts["h1"], client.lock(inv.hosts["h"], dead, mode=state.EXCLUSIVE).line)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "LOCKED exclusive"
     proc.kill()

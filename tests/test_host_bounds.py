@@ -240,6 +240,7 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
     from orchestrator import gpu_claims, state
     from orchestrator.connectors import base, factory
     from orchestrator.errors import HostError
+    from orchestrator.host import client
     remote = flooding_host.root / f"claims-{tmp_path.name}"
     (remote / ".kdtree").mkdir(parents=True)
     host = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(remote))}).hosts["h"]
@@ -247,7 +248,7 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
     with factory.open_transport(host) as t:
         with pytest.raises(HostError, match="the GPU claim command printed more than 1048576 bytes"):
             gpu_claims.held_claims(t, ["GPU-0"])
-        process = t.start(state.lock_command(str(remote), state.Owner.now("probe")))
+        process = t.start(client.lock(t.host, state.Owner.now("probe"), mode=state.EXCLUSIVE).line)
         time.sleep(3)               # the flood arrives with nobody reading it
         assert process._unread <= base.UNREAD_BYTES
         with pytest.raises(base.OutputOverflow):

@@ -17,7 +17,7 @@ LONGEST_STRING = 40      # lines: a string this long belongs in a file of its ow
 
 
 def test_the_host_scripts_are_there():
-    assert {p.stem for p in SCRIPTS} >= {"ownership", "lock", "begin_sync", "gpu_claim", "doctor_probe", "step_guard"}
+    assert {p.stem for p in SCRIPTS} >= {"ownership", "lock", "begin_sync", "finish_sync", "gpu_claim", "doctor_probe", "step_guard"}
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (.ci/run installs it)")
@@ -43,20 +43,20 @@ def test_no_python_string_of_40_lines_or_more_holds_a_script():
 
 
 def test_a_script_is_sent_without_its_leading_comments_and_with_its_values(tmp_path):
-    lock = host.script_text("lock", FINISH_TAIL=8192)
-    source = (Path(host.__file__).parent / "lock.sh").read_text()
-    assert source.startswith("# shellcheck shell=bash\n") and not lock.startswith("#")
-    assert "tail -c 8192 |" in lock and "FINISH_TAIL" not in lock
-    assert source.endswith(lock.replace("tail -c 8192 |", "tail -c @FINISH_TAIL@ |"))
+    finish = host.script_text("finish_sync", FINISH_TAIL=8192)
+    source = (Path(host.__file__).parent / "finish_sync.sh").read_text()
+    assert source.startswith("# shellcheck shell=bash\n") and not finish.startswith("#")
+    assert "tail -c 8192 |" in finish and "FINISH_TAIL" not in finish
+    assert source.endswith(finish.replace("tail -c 8192 |", "tail -c @FINISH_TAIL@ |"))
     with pytest.raises(ValueError, match="no value given for @FINISH_TAIL@"):
-        host.script_text("lock")
+        host.script_text("finish_sync")
     with pytest.raises(ValueError, match="has no placeholder @OTHER@"):
-        host.script_text("lock", FINISH_TAIL=1, OTHER=2)
+        host.script_text("finish_sync", FINISH_TAIL=1, OTHER=2)
 
 
 def test_every_host_script_as_sent_is_bash_that_parses():
     """Each file, as sent (placeholders filled), is bash that parses (`bash -n`)."""
-    values = {"lock": {"FINISH_TAIL": 8192}, "build_check": {"MATCHED": "MATCHED", "NO_MATCH": 10}}
+    values = {"finish_sync": {"FINISH_TAIL": 8192}, "build_check": {"MATCHED": "MATCHED", "NO_MATCH": 10}}
     for script in SCRIPTS:
         text = host.script_text(script.stem, **values.get(script.stem, {}))
         proc = subprocess.run(["bash", "-n", "-c", text], capture_output=True, text=True)

@@ -26,6 +26,7 @@ from orchestrator import (bounded, cli, gpu_claims, gpus, inventory as inventory
                           remote, report, run_store, state)
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
+from orchestrator.host import client
 from orchestrator.inventory import Host
 from orchestrator.safe_text import visible
 from orchestrator.connectors.factory import open_transport
@@ -369,22 +370,25 @@ def tampered_local_host(tmp_path) -> Host:
 
 def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     """Every kind of command the orchestrator runs under remote_dir, with its stdin."""
-    from orchestrator import sync
-    from orchestrator.connectors import base
     from orchestrator.steps import executables
     owner = state.Owner.now("test")
     d = host.remote_dir
     return {
-        "lock": (state.lock_command(d, owner), None),
-        "write state": (remote.script(state._WRITE_JSON_SCRIPT, d, "build.json", timeout=10, stdin=b"{}"), None),
-        "read file": (remote.script(base._READ_SCRIPT, f"{d}/.kdtree/build.json", "100", d, timeout=10), None),
-        "read files": (remote.script(base._READ_FILES_SCRIPT, d, "mark", f"{d}/.kdtree/build.json", "100",
-                                     timeout=10), None),
-        "list (tar)": (remote.script(sync._LIST_SCRIPT, d, timeout=10), None),
-        "delete (tar)": (remote.script(sync._DELETE_SCRIPT, d, timeout=10, stdin=b"build\0"), None),
-        "extract (tar)": (remote.script(sync._EXTRACT_SCRIPT, d, timeout=10, stdin=b""), None),
-        "hash build": (remote.script(executables._HASH_SCRIPT, d, timeout=10), None),
-        "check build, run --version": (executables.check_command(d, [{"build/kdtree": "0" * 64}],
+        "lock": (client.lock(host, owner, mode=state.EXCLUSIVE).line, None),
+        "begin sync": (client.begin_sync_command(host, owner), None),
+        "end sync": (client.finish_sync_command(host, tree_hash="x", record={"tree_hash": "x"},
+                                                hash_line="touch executed; echo x"), None),
+        "write state": (client.write_json_command(host, name="build.json", data={}), None),
+        "read file": (client.read_file(host, path=f"{d}/.kdtree/build.json", max_bytes=100, timeout=10), None),
+        "read files": (client.read_files(host, mark="mark", paths=[(".kdtree/build.json", 100)], timeout=10), None),
+        "list (tar)": (client.sync_list(host, timeout=10), None),
+        "delete (tar)": (client.sync_delete(host, paths=[b"build"], timeout=10), None),
+        "extract (tar)": (client.sync_extract(host, stream=io.BytesIO(b""), timeout=10), None),
+        "hash inputs": (client.hash_inputs(host, program="open('executed', 'w')", mask="", if_built=False,
+                                           timeout=10), None),
+        "hash build": (client.build_hash(host, timeout=10), None),
+        "drop build": (client.build_drop(host, timeout=10), None),
+        "check build, run --version": (executables.check_command(host, [{"build/kdtree": "0" * 64}],
                                                                  remote.step(host, "touch executed", 10)), None),
         "engine command": (remote.step_command(host, "touch executed", 10), None),
     }
@@ -407,19 +411,19 @@ def test_every_write_lock_delete_read_and_execute_checks_first(tmp_path, operati
     assert tree(tmp_path) == before
 
 
-def test_the_lock_holder_checks_ownership_again_before_it_ends_a_sync(tmp_path):
-    """A sync's end runs in the lock holder, which checked remote_dir when it took the lock: a
-    build/ handed to another uid since (after rsync wrote the tree) is refused at the end, with
-    `UNSAFE ... owned by uid 4242`, before the tree hash runs and without a deploy record."""
+def test_a_sync_checks_ownership_again_before_it_ends(tmp_path):
+    """A sync ends under the lock, which checked remote_dir when it was taken: a build/ handed to
+    another uid since (after rsync wrote the tree) is refused at the end, with `UNSAFE ... owned by
+    uid 4242`, before the tree hash runs and without a deploy record (a DestinationError)."""
     d = tmp_path / "engine"
     host = Host(name="local", transport="local", remote_dir=str(d))
     hash_line = remote.wrap(["bash", "-c", "touch executed; echo x"], timeout=10, reads_stdin=True)
     with LocalTransport(host) as t:
-        lock = state.acquire(t, state.Owner.now("test"), hash_line=hash_line)
+        lock = state.acquire(t, state.Owner.now("test"))
         (d / "build").mkdir()
         os.chown(d / "build", ATTACKER, ATTACKER)
         with pytest.raises(DestinationError, match=f"^local: refusing to use remote_dir: {d}/build is owned by uid {ATTACKER}"):
-            lock.finish_sync("x", {"tree_hash": "x"})
+            client.finish_sync(t, tree_hash="x", record={"tree_hash": "x"}, hash_line=hash_line)
         lock.release()
     assert not (d / "executed").exists() and not (d / ".kdtree" / "deploy.json").exists()
 
@@ -631,7 +635,8 @@ def test_a_host_that_trickles_lock_lines_is_given_up_on_at_the_lock_timeout(tmp_
     up after `timeouts.lock` (2 s) overall, not per line."""
     host = Host(name="local", transport="local", remote_dir=str(tmp_path / "engine"),
                 timeouts={**inventory_mod.DEFAULT_TIMEOUTS, "lock": 2})
-    monkeypatch.setattr(state, "lock_command", lambda *a: "while true; do echo waiting; sleep 0.5; done")
+    monkeypatch.setattr(client, "lock", lambda *a, **k: remote.Command((), "while true; do echo waiting; sleep 0.5; done",
+                                                                      None))
     start = time.monotonic()
     with pytest.raises(HostError, match="no answer from the lock command within 2 s"):
         state.acquire(LocalTransport(host), state.Owner.now("test"))

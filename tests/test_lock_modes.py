@@ -4,6 +4,7 @@ they stay; nobody overtakes a run on its way back from exclusive to shared; dead
 recovered while live ones are not."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import state
+from orchestrator.host import client
 from orchestrator.errors import HostError, LockError
 from orchestrator.state import EXCLUSIVE, SHARED, Owner
 from orchestrator.connectors.factory import open_transport
@@ -109,7 +111,7 @@ def test_a_dead_holder_is_recovered_and_a_live_one_is_not(host, lab):
     live, tl = take(host, "validate", 1)
     with tl:
         dead = owner("nightly", 999)
-        argv = lab.ssh_argv(lab.hosts["h1"], state.lock_command(host.remote_dir, dead, mode=SHARED))
+        argv = lab.ssh_argv(lab.hosts["h1"], client.lock(host, dead, mode=SHARED).line)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "LOCKED shared"
         proc.kill()
@@ -175,20 +177,10 @@ def local(make_inventory, tmp_path):
 def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp_path, fake_tool):
     """A held lock outlives many silences (the client's heartbeat keeps it); the claim writes the
     marker; a released lock answers no more requests; a release whose host hangs (its `rm`) returns
-    within the lock timeout; a lock command waits 0 s unless told, and begins a sync only when
-    exclusive."""
+    within the lock timeout; a lock command waits 0 s unless told, and takes the lock only (no
+    sync begun)."""
     lock, transport = take(local, "validate", 1)
-    with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
-        lock.begin_sync()                           # shared: other runs use the tree
-    with pytest.raises(ValueError, match="^a sync ends only under the lock held alone$"):
-        lock.finish_sync("f" * 64, {})
-    partial = tmp_path / "d" / ".kdtree" / "sync.partial"
-    assert not partial.exists()
-    with lock.exclusive():                          # taken without beginning a sync: the holder begins it when asked
-        assert set(lock.begin_sync()) == {"RSYNC", "RSYNC_VERSION"} and partial.read_text().startswith("started validate by pid 1")
-        # taken without a tree hash command line: the holder ends no sync (and the mark stays)
-        assert lock.finish_sync("f" * 64, {}) == (2, "no sync to finish here\n") and partial.exists()
-    partial.unlink()
+    assert not (tmp_path / "d" / ".kdtree" / "sync.partial").exists()
     marker = (tmp_path / "d" / ".kdtree" / "marker").read_text()
     assert marker.rstrip("\n") == ("This directory is a deploy target of kdtree-orchestrator (created "
                                   "2026-01-01T00:00:00Z by laptop).\nIts content is replaced on every deploy "
@@ -214,9 +206,8 @@ def test_the_lock_is_kept_by_its_heartbeat_and_let_go_in_bounded_time(local, tmp
     start = time.monotonic()
     lock.release(timeout=0.2)                      # a caller's own bound wins over the lock timeout
     assert time.monotonic() - start < 1.5
-    assert shlex.split(state.lock_command("/srv/kdtree", owner("deploy", 4)))[-7:-4] == ["exclusive", "0", ""]
-    with pytest.raises(ValueError, match="^a sync begins only under the lock held alone$"):
-        state.lock_command("/srv/kdtree", owner("deploy", 4), mode=SHARED, begin_sync=True)
+    srv = dataclasses.replace(local, remote_dir="/srv/kdtree")
+    assert shlex.split(client.lock(srv, owner("deploy", 4), mode=EXCLUSIVE).line)[-3:] == ["exclusive", "0", ""]
 
 
 def test_a_client_that_exits_holding_the_lock_does_not_linger(local, tmp_path):

@@ -79,14 +79,14 @@ def test_the_installed_wheel_runs_hosts_from_another_directory(installed, tmp_pa
 def test_the_installed_wheel_carries_the_host_scripts(installed, tmp_path):
     """orchestrator/host/*.sh are package data: the installed package holds each of them and sends
     the same lock script as the checkout."""
-    from orchestrator import host, state
-    code = ("from pathlib import Path; from orchestrator import host, state; "
-            "print(sorted(p.name for p in Path(host.__file__).parent.glob('*.sh'))); print(len(state._LOCK_SCRIPT))")
+    from orchestrator import host
+    code = ("from pathlib import Path; from orchestrator import host; "
+            "print(sorted(p.name for p in Path(host.__file__).parent.glob('*.sh'))); print(len(host.script_text('lock')))")
     proc = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in Path(host.__file__).parent.glob("*.sh"))
-    assert proc.stdout.splitlines() == [str(names), str(len(state._LOCK_SCRIPT))] and "lock.sh" in names
+    assert proc.stdout.splitlines() == [str(names), str(len(host.script_text("lock")))] and "lock.sh" in names
 
 
 def test_the_program_offers_only_options_that_apply_and_its_version_is_the_package_metadata(installed, tmp_path):

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol, Sequence
 
 from .. import ownership, remote
-from ..errors import CommandError, FetchError, HostError, cause_of, refusal
-from ..host import script_text
+from ..errors import CommandError, FetchError, HostError, OutputOverflow, cause_of, refusal
+from ..host import client
 from ..inventory import Host
 
 TAIL_BYTES = 64 * 1024
@@ -201,7 +201,7 @@ class Transport:
         """The content of a regular file on the host (relative: under remote_dir). Refuses a
         symlink, anything but a regular file, and a file larger than `max_bytes`."""
         path = posixpath.join(self.host.remote_dir, path)
-        command = remote.script(_READ_SCRIPT, path, str(max_bytes), self.host.remote_dir, timeout=timeout)
+        command = client.read_file(self.host, path=path, max_bytes=max_bytes, timeout=timeout)
         code, data = self._capture(command.line, command.deadline, max_bytes)
         if code == 0 and len(data) <= max_bytes:
             return data
@@ -217,9 +217,7 @@ class Transport:
         (the ownership check, a timeout, an answer that does not frame as asked) raises FetchError."""
         root = self.host.remote_dir
         mark = b"\n" + secrets.token_hex(16).encode() + b" "     # after each file: its exit status, then a newline
-        command = remote.script(_READ_FILES_SCRIPT, root, mark[1:-1].decode(),
-                                *(w for path, most in paths for w in (posixpath.join(root, path), str(most))),
-                                timeout=timeout, what="reading files")
+        command = client.read_files(self.host, mark=mark[1:-1].decode(), paths=paths, timeout=timeout)
         limit = sum(most + 1 + len(mark) + 8 for _, most in paths)
         code, data = self._capture(command.line, command.deadline, limit)
         found: dict[str, bytes | FetchError] = {}
@@ -293,10 +291,6 @@ class Transport:
         self.close()
 
 
-class OutputOverflow(Exception):
-    """A started command printed more than UNREAD_BYTES that were not read yet; the rest was dropped."""
-
-
 _OVERFLOW = object()        # in a Process's queue: what follows was dropped
 
 
@@ -367,9 +361,6 @@ class Process:
         return self.result
 
 
-_READ_FUNCTION = script_text("read_function")         # kd_read FILE MAX ROOT REAL
-_READ_SCRIPT = ownership.guard(_READ_FUNCTION + script_text("read_file"), '"$3"')
-_READ_FILES_SCRIPT = ownership.guard(_READ_FUNCTION + script_text("read_files"))
 READ_MISSING = 4         # read_file's FetchError.exit_status when the file does not exist
 _READ_ERRORS: dict[int | None, str] = {3: "is a symlink; refusing to read it", READ_MISSING: "does not exist",
                 5: "is not a regular file; refusing to read it",

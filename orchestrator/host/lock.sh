@@ -1,12 +1,11 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2015  # `A && B || C` here means "unless A and B, C" (C exits, continues or returns)
-# The lock (state.py): claim remote_dir (the ownership check, the marker, made private) and hold its
-# lock until told. Sent after ownership.sh and begin_sync.sh; @FINISH_TAIL@ becomes state.FINISH_TAIL.
+# The lock (state.py, built by host/client.py's lock): claim remote_dir (the ownership check, the
+# marker, made private) and hold its lock until told; nothing else. Sent after ownership.sh.
 # $1 remote_dir, $2 the owner (JSON), $3 the marker's text, $4 shared|exclusive, $5 seconds to wait
-# for the lock (0: none), $6 heartbeat silence (seconds, empty: none), $7 the owner in words,
-# $8 the host's rsync_path, $9 `begin` (begin the sync once held alone), $10 the tree hash command.
+# for the lock (0: none), $6 heartbeat silence (seconds, empty: none).
 # Answers LOCKED MODE (or HOLDER ... BUSY, exit 75; UNSAFE ..., exit 3 or 86), then reads commands
-# on stdin: release, exclusive, shared, begin, finish HASH RECORD.
+# on stdin: release, exclusive, shared.
 
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
@@ -18,7 +17,7 @@ if [ -d "$d" ] && [ ! -f "$d/.kdtree/marker" ] && [ -n "$(ls -A -- "$d" | grep -
 fi
 command -v flock >/dev/null || unsafe "flock (util-linux) is missing on the host"
 claimed=; [ -d "$d/.kdtree" ] && claimed=1
-why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why//[^[:print:]]/ })"
+[ -n "$claimed" ] || why=$(mkdir -p -- "$d/.kdtree" 2>&1) || unsafe "cannot create $d/.kdtree (${why//[^[:print:]]/ })"
 # checked again when this made remote_dir or .kdtree; otherwise the check above saw all there is,
 # and nobody else can have changed it since (the way to it and what is in it are not theirs)
 [ -n "$claimed" ] || kd_owned "$d"
@@ -74,29 +73,6 @@ for f in holder-*.json owner; do
   [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
   if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
 done
-# $9 asks to begin the sync too (as $7, the owner in words), before the answer: one round trip less
-[ -n "$9" ] && [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"
-hash_line=${10}
-# finish HASH RECORD, under the lock held alone: the ownership check again (rsync wrote the tree),
-# then the tree hash (hash_line, run in remote_dir): its output as OUT lines and, when its last word
-# is HASH, RECORD (a line of JSON) stored as the deploy record and the sync's mark cleared; HASHED
-# and the exit status last.
-kd_finish() {
-  local want=${1%% *} record=${1#* } out rc=0 words
-  [ "$held" = exclusive ] && [ -n "$hash_line" ] || { echo "OUT no sync to finish here"; echo "HASHED 2"; return; }
-  kd_owned "$d"
-  out=$( (cd -- "$d" && eval "$hash_line") </dev/null 2>sync.err) || rc=$?
-  { printf '%s\n' "$out"; [ "$rc" = 0 ] || cat sync.err; } | tail -c @FINISH_TAIL@ | tr -c '[:print:]\n' ' ' | sed 's/^/OUT /'
-  rm -f sync.err
-  if [ "$rc" = 0 ]; then
-    read -r -d '' -a words <<< "$out"
-    if [ "${#words[@]}" -gt 0 ] && [ "${words[-1]}" = "$want" ]; then
-      { printf '%s\n' "$record" > deploy.json.tmp && mv -f deploy.json.tmp deploy.json && rm -f sync.partial; } ||
-        { echo "OUT cannot write $d/.kdtree/deploy.json"; rc=1; }
-    fi
-  fi
-  echo "HASHED $rc"
-}
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
@@ -104,8 +80,6 @@ while IFS= read -r "${t[@]}" reply; do
     release) rm -f -- "$me"; exit 0;;
     exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
     shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
-    begin) [ "$held" = exclusive ] && kd_begin_sync "$7" "$8"; echo BEGUN;;
-    finish\ *) kd_finish "${reply#finish }";;
   esac
 done
 exit 0

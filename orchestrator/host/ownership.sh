@@ -18,7 +18,11 @@ kd_owned() {
   local -a parents=()
   case $d in /*) ;; *) kd_unsafe "$d is not an absolute path";; esac
   [ -L "$d" ] && kd_unsafe "$d is a symlink"
-  real=$(realpath -m -- "$d") || kd_unsafe "cannot resolve $d"
+  # an existing DIR resolved by bash itself (a subshell, no program to start: this check runs before
+  # every command under remote_dir); one still to be made (`new`) by realpath
+  if ! { [ -d "$d" ] && real=$(cd -P -- "$d" 2>/dev/null && pwd); }; then
+    real=$(realpath -m -- "$d") || kd_unsafe "cannot resolve $d"
+  fi
   [ "$real" = "$d" ] || kd_unsafe "$d resolves to $real (a symlink on the way)"
   [ "$real" = "$(cd ~ 2>/dev/null && pwd -P)" ] && kd_unsafe "$d is the home directory"
   [ -e "$d" ] && [ ! -d "$d" ] && kd_unsafe "$d exists and is not a directory"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import ownership, record, remote
-from ..host import script_text
+from .. import record
+from ..host import client
 from . import STEPS, executables
 from ..errors import StepError
 from .context import Outcome, StepContext
@@ -35,8 +35,7 @@ def run(ctx: StepContext) -> Outcome:
         ctx.log("the build stamp matches, but the executables under build/ are not those this machine recorded "
                 "for it: removing them and building again")
         # an incremental build would keep a newer binary as it is (and run it): it must be made anew
-        ctx.session.transport.check(remote.script(_DROP_SCRIPT, ctx.host.remote_dir, timeout=ctx.host.timeout(ctx.step),
-                                          what="removing build/'s executables"))
+        ctx.session.transport.check(client.build_drop(ctx.host, timeout=ctx.host.timeout(ctx.step)))
     # --no-cache: a full rebuild (the engine's build is incremental; its log lists every compile)
     with ctx.session.changing(ctx.step):
         result = ctx.shell.run("build", None if ctx.plan.use_cache else {"KD_REBUILD": "1"})
@@ -98,5 +97,3 @@ def _checked_version(ctx: StepContext, tree: str, output: str | None = None) -> 
     version.setdefault("arch", "?")
     return version
 
-
-_DROP_SCRIPT = ownership.guard(script_text("build_drop"))

@@ -13,7 +13,7 @@ import re
 from .. import remote
 from ..bundle_plan import gb
 from ..errors import CommandError, StepError, cause_of
-from ..host import script_text
+from ..host import client
 from ..gpus import visible
 from .context import Outcome, StepContext
 
@@ -82,9 +82,7 @@ def clean_bundles(ctx: StepContext) -> Outcome:
 def _list(ctx: StepContext, folder: str) -> dict[str, int]:
     """The bundle files (*.kdtr, regular files, not through a link) under `folder` of remote_dir:
     relative path -> bytes. A name of another shape is refused, never removed."""
-    command = remote.script(_LIST_SCRIPT, ctx.host.remote_dir, folder, timeout=ctx.host.timeout("preflight"),
-                            what="listing the bundles")
-    out = ctx.session.transport.capture(command, max_bytes=256 * 1024).decode("utf-8", errors="replace")
+    out = client.output(ctx.session.transport, client.bundle_list(ctx.host, folder=folder), max_bytes=256 * 1024)
     found: dict[str, int] = {}
     for line in out.splitlines():
         m = _LISTED.match(line)
@@ -101,8 +99,7 @@ def _list(ctx: StepContext, folder: str) -> dict[str, int]:
 def _remove(ctx: StepContext, folder: str, paths: list[str]) -> None:
     """Remove these files of `folder` (each checked again on the host: a regular file, not a link,
     inside the folder); CommandError with the host's words when one cannot be removed."""
-    command = remote.script(_REMOVE_SCRIPT, ctx.host.remote_dir, folder, *paths, timeout=ctx.host.timeout("preflight"),
-                            what="removing stale bundles")
+    command = client.bundle_remove(ctx.host, folder=folder, paths=paths)
     result = ctx.session.transport.run(command, on_output=ctx.log)
     if not result.ok:
         raise CommandError(f"removing stale bundles exited with {result.exit_code}", host=ctx.host.name,
@@ -113,6 +110,3 @@ def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return visible(lines[-1].strip(), 300) if lines else "(no output)"
 
-
-_LIST_SCRIPT = script_text("bundle_list")
-_REMOVE_SCRIPT = script_text("bundle_remove")

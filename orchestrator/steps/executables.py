@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from .. import ownership, remote
-from ..host import script_text
+from ..host import client
 from ..inventory import Host, Project
 from ..connectors.base import Transport
 
@@ -79,25 +79,22 @@ def matches(records: list[dict[str, str]], current: dict[str, str]) -> bool:
 
 def hashes(transport: Transport, timeout: float) -> dict[str, str]:
     """sha256 of every executable file under build/ on the host."""
-    command = remote.script(_HASH_SCRIPT, transport.host.remote_dir, timeout=timeout,
-                            what="hashing the build's executables")
-    return _parse(transport.capture(command, max_bytes=HASHES_MAX_BYTES).decode(errors="replace"))
+    return _parse(client.output(transport, client.build_hash(transport.host, timeout=timeout),
+                                max_bytes=HASHES_MAX_BYTES))
 
 
 def check(transport: Transport, records: list[dict[str, str]], version: remote.Command) -> Checked:
     """Run check_command: what it found."""
-    command = check_command(transport.host.remote_dir, records, version)
-    text = transport.capture(command, max_bytes=HASHES_MAX_BYTES + VERSION_MAX_BYTES).decode(errors="replace")
+    command = check_command(transport.host, records, version)
+    text = client.output(transport, command, max_bytes=HASHES_MAX_BYTES + VERSION_MAX_BYTES)
     sums, sep, output = text.partition(f"{MATCHED}\n")
     return Checked(_parse(sums), output if sep else None)
 
 
-def check_command(remote_dir: str, records: list[dict[str, str]], version: remote.Command) -> remote.Command:
+def check_command(host: Host, records: list[dict[str, str]], version: remote.Command) -> remote.Command:
     """One host command: hash the recorded executables and, when they match a record, run
     `version` (the project's version command); each part under the version's timeout."""
-    words = [w for r in records for w in (*(f"{h} {p}" for p, h in sorted(r.items())), "--")]
-    hashing = remote.script(_CHECK_SCRIPT, remote_dir, *words, timeout=version.timeout,
-                            what="checking the build's executables")
+    hashing = client.build_check(host, records=records, timeout=version.timeout, matched=MATCHED, no_match=NO_MATCH)
     line = (f'({hashing.line}); rc=$?; if [ "$rc" = 0 ]; then {version.line}; '
             f'elif [ "$rc" != {NO_MATCH} ]; then exit "$rc"; fi')
     timeout = None if version.timeout is None else 2 * version.timeout
@@ -124,6 +121,3 @@ def _json(path) -> Any:
 def _parse(text: str) -> dict[str, str]:
     return {m.group(2): m.group(1) for m in re.finditer(r"^([0-9a-f]{64}) [ *](.+)$", text, re.M)}
 
-
-_HASH_SCRIPT = ownership.guard(script_text("build_hash"))
-_CHECK_SCRIPT = ownership.guard(script_text("build_check", MATCHED=MATCHED, NO_MATCH=NO_MATCH))

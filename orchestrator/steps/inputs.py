@@ -22,8 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from .. import ownership, remote
-from ..host import script_text
+from ..host import client
 from ..inventory import Project
 from ..connectors.base import Transport
 
@@ -52,15 +51,14 @@ def measure(transport: Transport, project: Project, tree: str) -> Inputs:
 def measure_if_built(transport: Transport, project: Project, tree: str) -> Inputs | None:
     """measure(), or None without hashing when the host's build stamp names another tree than
     `tree` (the build step will rebuild: a read ahead of it would be thrown away)."""
-    out = _hash_on_host(transport, tree, "if-built")
+    out = _hash_on_host(transport, tree, if_built=True)
     return None if out == NOT_BUILT else _parsed(project, out)
 
 
-def _hash_on_host(transport: Transport, tree: str, *condition: str) -> str:
+def _hash_on_host(transport: Transport, tree: str, if_built: bool = False) -> str:
     mask = tree if _TREE.match(tree) else ""
-    command = remote.script(_SCRIPT, transport.host.remote_dir, transport.host.python, _HOST_SIDE, mask, *condition,
-                            timeout=SECONDS, what="hashing what the results depend on")
-    return transport.capture(command, max_bytes=OUTPUT_MAX_BYTES).decode(errors="replace")
+    command = client.hash_inputs(transport.host, program=_HOST_SIDE, mask=mask, if_built=if_built, timeout=SECONDS)
+    return client.output(transport, command, max_bytes=OUTPUT_MAX_BYTES)
 
 
 def _parsed(project: Project, out: str) -> Inputs:
@@ -100,5 +98,4 @@ def changes(old: dict, new: dict, shown: int = 3) -> str:
 
 # The hashing runs in the host's Python (hash_inputs.py, standard library only), which keeps the
 # hashes of unchanged files between runs: a no-change validate no longer reads every bundle.
-_SCRIPT = ownership.guard(script_text("hash_inputs"))
 _HOST_SIDE = (Path(__file__).parent / "hash_inputs.py").read_text()

@@ -35,8 +35,6 @@ class HostSession:
     transport: Transport
     holder: Run | None = None           # the run that holds the lock and the claim (None: a session outside a run)
     owner: state.Owner | None = None    # the holder, as the host shows it to other runs
-    hash_line: str = ""                 # how the lock's holder hashes the tree as a sync ends (sync.hash_line)
-    begins_sync: bool = False           # the run syncs: the lock taken alone begins the sync (one round trip)
     claims_gpus: bool = False           # the run claims GPUs (validate, nightly, check-bundle); else it only looks
     gpu_request: Request = dataclasses.field(default_factory=Request)   # the inventory's GPU policy, --gpus over it
     probe: Future[dict[str, list[str]]] | None = None   # the doctor probe started as the host connected (Run.prepare)
@@ -45,21 +43,19 @@ class HostSession:
     gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
     job: Allocation | None = None       # a `scheduler: slurm` entry's allocation, held: engine commands are its job steps
 
-    def take_lock(self, mode: str, wait: float = 0, begin_sync: bool = False) -> state.HostLock:
-        """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds; `begin_sync`:
-        the lock command begins the sync too), not yet kept as the session's (hold_tree does)."""
+    def take_lock(self, mode: str, wait: float = 0) -> state.HostLock:
+        """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds), not yet kept
+        as the session's (hold_tree does)."""
         if self.holder is None or self.owner is None:
             raise ValueError(f"this host session takes no tree lock (asked for it in {mode} mode)")
-        return self.holder.lock(self.transport, self.owner, mode, wait, begin_sync, self.hash_line)
+        return self.holder.lock(self.transport, self.owner, mode, wait)
 
     def hold_tree(self, mode: str, wait: float = 0, taken: Future[state.HostLock] | None = None,
                   log: Callable[[str], None] = print) -> state.HostLock:
         """Take the tree lock in `mode` for the rest of the run (waiting up to `wait` seconds), or
-        hold the one `taken` already (started as take_lock(mode, wait, False)); held alone
-        before a planned sync, the lock command begins the sync too (one round trip). The lock
-        held; a stale lock it recovered is said to `log`."""
-        lock = self.lock = taken.result() if taken is not None else \
-            self.take_lock(mode, wait, self.begins_sync and mode == state.EXCLUSIVE)
+        hold the one `taken` already (started as take_lock(mode, wait)). The lock held; a stale
+        lock it recovered is said to `log`."""
+        lock = self.lock = taken.result() if taken is not None else self.take_lock(mode, wait)
         if lock.stale:
             log(f"recovered the lock left by a run that died: {lock.stale}")
         return lock

@@ -1,0 +1,122 @@
+"""The host client (orchestrator/host/client.py) against a real loopback sshd: the sync's first and
+last steps as commands of their own under the tree lock, the state writer, bounded output with its
+evidence; and the package's shape: only the client builds a host script's command line, and the
+lock script takes the lock and nothing else."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import host as host_scripts, state
+from orchestrator.connectors.factory import open_transport
+from orchestrator.errors import CommandError
+from orchestrator.host import client
+from orchestrator.state import EXCLUSIVE, Owner
+
+PACKAGE = Path(client.__file__).resolve().parent.parent
+HASH = "a" * 64
+
+
+@pytest.fixture
+def host(lab, make_inventory, remote_dir):
+    inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
+    return inv.hosts["h"]
+
+
+@pytest.fixture
+def held(host):
+    """A transport to the sshd host and the tree lock it holds alone."""
+    with open_transport(host) as transport:
+        lock = state.acquire(transport, Owner("laptop", 4, "2026-01-01T00:00:00Z", "deploy"), EXCLUSIVE)
+        yield transport, lock
+        lock.release()
+
+
+def state_dir(host) -> Path:
+    return Path(host.remote_dir) / ".kdtree"
+
+
+def test_begin_sync_marks_the_sync_and_says_where_rsync_is_and_what_the_last_one_left(held, host):
+    """The first sync finds no mark and leaves one naming its owner; the next is told what that
+    mark said, as one line of at most 500 printable characters (a hostile mark's newlines and
+    control characters become spaces); both are told where rsync is and its version line."""
+    transport, _ = held
+    owner = Owner("laptop", 4, "2026-01-01T00:00:00Z", "deploy")
+    facts = client.begin_sync(transport, owner)
+    assert set(facts) == {"RSYNC", "RSYNC_VERSION"} and facts["RSYNC_VERSION"].startswith("rsync  version")
+    assert (state_dir(host) / "sync.partial").read_text() == f"started {owner}\n"
+    (state_dir(host) / "sync.partial").write_bytes(b"started x\n\x1b[31mred\n" + b"y" * 2000)
+    again = client.begin_sync(transport, owner)
+    assert again["PARTIAL"].startswith("started x  [31mred y") and len(again["PARTIAL"]) == 500
+
+
+def test_finish_sync_records_the_deploy_only_when_the_host_hashes_the_local_tree(held, host):
+    """Another hash: the record is not written and the mark stays (exit status 0, the hash's
+    output as the tail); a failing hash command: its exit status and its stderr; the local hash:
+    the record stored as sent and the mark cleared."""
+    transport, _ = held
+    (state_dir(host) / "sync.partial").write_text("started deploy\n")
+    record = {"version": 1, "tree_hash": HASH, "by": {"client": "laptop"}}
+    assert client.finish_sync(transport, tree_hash=HASH, record=record, hash_line="echo other") == (0, "other\n")
+    assert (state_dir(host) / "sync.partial").exists() and not (state_dir(host) / "deploy.json").exists()
+    code, tail = client.finish_sync(transport, tree_hash=HASH, record=record, hash_line="echo oops >&2; exit 3")
+    assert (code, tail) == (3, "\noops\n") and not (state_dir(host) / "deploy.json").exists()
+    assert client.finish_sync(transport, tree_hash=HASH, record=record, hash_line=f"echo {HASH}") == (0, f"{HASH}\n")
+    assert json.loads((state_dir(host) / "deploy.json").read_text()) == record
+    assert not (state_dir(host) / "sync.partial").exists()
+
+
+def test_finish_sync_sends_back_only_the_tail_of_a_flooding_hash_command(held):
+    """A hash command that prints 100 kB: the client gets its last FINISH_TAIL bytes, printable."""
+    transport, _ = held
+    code, tail = client.finish_sync(transport, tree_hash=HASH, record={},
+                                    hash_line="head -c 100000 /dev/zero | tr '\\0' 'z'; echo")
+    assert code == 0 and len(tail) <= client.FINISH_TAIL + 1 and set(tail) <= {"z", "\n"}
+
+
+def test_write_json_stores_a_state_document_that_read_json_reads_back(held, host):
+    transport, _ = held
+    client.write_json(transport, name="build.json", data={"key": {"tree": HASH}, "run_id": "r1"})
+    assert state.read_json(transport, "build.json") == {"key": {"tree": HASH}, "run_id": "r1"}
+    assert oct((state_dir(host) / "build.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_output_is_bounded_and_its_failure_carries_the_evidence(held, host):
+    """A script that prints more than asked for, or fails: CommandError naming the host, the
+    command line, the exit status and the tail of what it printed."""
+    transport, _ = held
+    listing = client.output(transport, client.room(host, files=["missing.kdtr"]), max_bytes=4096)
+    assert listing.startswith(f"disk_path={host.remote_dir}\ndisk_free_kb=")
+    with pytest.raises(CommandError, match="^h: measuring free disk and memory printed more than 10 bytes") as big:
+        client.output(transport, client.room(host, files=[]), max_bytes=10)
+    assert big.value.command.startswith("umask 077") and "disk_path=" in big.value.tail
+    (Path(host.remote_dir) / "bundles").symlink_to("/")
+    with pytest.raises(CommandError, match="^h: listing the bundles failed") as failed:
+        client.output(transport, client.bundle_list(host, folder="bundles"), max_bytes=4096)
+    assert failed.value.exit_status == 4 and failed.value.host == "h" and "leads outside remote_dir" in failed.value.tail
+    with pytest.raises(TypeError, match="gets no stdin"):
+        client.output(transport, client.sync_delete(host, paths=[b"x"], timeout=10), max_bytes=10)
+
+
+def test_the_lock_script_takes_the_lock_and_nothing_else():
+    """No sync in the lock: its script neither begins nor ends one, and takes six arguments."""
+    lock = host_scripts.script_text("lock")
+    assert "sync" not in lock and "hash" not in lock and "$7" not in lock and "$6" in lock
+
+
+def test_only_the_host_client_builds_a_host_script_command_line():
+    """script_text (a host script's text) is called by host/client.py alone, but for the wrappers
+    every command line carries (remote.py: the step guard, the secrets reader; ownership.py:
+    the ownership check, which guarded engine steps run too)."""
+    allowed = {"orchestrator/host/client.py", "orchestrator/remote.py", "orchestrator/ownership.py"}
+    callers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "script_text":
+                callers.add(str(path.relative_to(PACKAGE.parent)))
+    assert callers <= allowed, sorted(callers - allowed)
+    assert not hasattr(client.remote, "script") and not hasattr(client.remote, "script_command")
