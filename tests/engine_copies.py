@@ -1,6 +1,8 @@
-"""Where the tests find nvcc, and how they copy engine_src/ to build it on their own."""
+"""Where the tests find nvcc, how they copy engine_src/ to build it on their own, and the
+session's CPU build that the whole-pipeline tests start from."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -23,3 +25,33 @@ def engine_copy(folder: Path) -> Path:
     shutil.copytree(ENGINE, copy, ignore=shutil.ignore_patterns(
         "build", "__pycache__", "*.pyc", ".kdtree", "*.kdtr", "manifest.json"))
     return copy
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuBuild:
+    """A copy of engine_src/ (`tree`) built for the CPU backend by its scripts/build.sh, which also
+    kept the binaries in its build cache, build/trees/<tree hash>-<build key hash>/."""
+
+    tree: Path
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        """This environment as a host's build step sees it for a CPU build: KD_BACKEND=cpu, and no
+        variable of ours that would change the build key (compiler, arch, sanitizer, cache size)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KD_") and k != "CXX"}
+        return {**env, "KD_BACKEND": "cpu"}
+
+    def seed(self, remote_dir: Path) -> None:
+        """Give `remote_dir` (a host's deployment, empty or not) this build's cache entries, as an
+        earlier build of the same tree there would have left them: its build step restores the
+        binaries instead of compiling (the engine's build cache; a changed tree or key still
+        compiles, and --no-cache still rebuilds everything)."""
+        trees = remote_dir / "build" / "trees"
+        trees.mkdir(parents=True, exist_ok=True)
+        for entry in (self.tree / "build" / "trees").iterdir():
+            shutil.copytree(entry, trees / entry.name, dirs_exist_ok=True)
+
+    def copy_build_to(self, tree: Path) -> None:
+        """Put this build's whole build/ (objects, binaries, cache) into `tree`, a copy of the same
+        sources: its next build compiles only what changed since (file times are kept)."""
+        shutil.copytree(self.tree / "build", tree / "build", symlinks=True, dirs_exist_ok=True)

@@ -1,7 +1,8 @@
 """`invoke validate`, `doctor` and the GPUs of a shared host: the loopback sshd host g1, whose PATH
 starts with a fake nvidia-smi (tests/fake_gpus.py) listing GPUs with chosen loads, and the real
 engine forced onto its CPU backend (`backend: cpu`): GPUs are selected, claimed and pinned whatever
-the backend. One full run builds the engine on g1; the later runs reuse that build (cached)."""
+the backend. One full run builds the engine on g1 (from the engine's build cache, seeded with the
+session's CPU build); the later runs reuse that build (cached)."""
 from __future__ import annotations
 
 import json
@@ -82,9 +83,10 @@ def load(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def full_run(lab, workdir, g1):
+def full_run(lab, workdir, g1, cpu_build):
     """Every step on GPUs 0 and 1 of four (`--gpus 0,1`), GPU 0 busy with a co-tenant's server."""
     host, fake = g1
+    cpu_build.seed(host.root / "engine")
     # GPU 0 also lists the run's own engine processes, by the relative name they were started as
     fake.set(4, busy={0: [BUSY]}, own_under={"dir": str(host.root / "engine"), "gpu_uuid": fake.uuid(0),
                                              "log": str(workdir / "own-processes.log")})
