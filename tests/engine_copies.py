@@ -29,8 +29,8 @@ def engine_copy(folder: Path) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class CpuBuild:
-    """A copy of engine_src/ (`tree`) built for the CPU backend by its scripts/build.sh, which also
-    kept the binaries in its build cache, build/trees/<tree hash>-<build key hash>/."""
+    """A copy of engine_src/ (`tree`) built for the CPU backend by its scripts/build.sh: its objects
+    (build/obj/, with the dependency files naming what each was compiled from) and binaries."""
 
     tree: Path
 
@@ -42,14 +42,15 @@ class CpuBuild:
         return {**env, "KD_BACKEND": "cpu"}
 
     def seed(self, remote_dir: Path) -> None:
-        """Give `remote_dir` (a host's deployment, empty or not) this build's cache entries, as an
-        earlier build of the same tree there would have left them: its build step restores the
-        binaries instead of compiling (the engine's build cache; a changed tree or key still
-        compiles, and --no-cache still rebuilds everything)."""
-        trees = remote_dir / "build" / "trees"
-        trees.mkdir(parents=True, exist_ok=True)
-        for entry in (self.tree / "build" / "trees").iterdir():
-            shutil.copytree(entry, trees / entry.name, dirs_exist_ok=True)
+        """Give `remote_dir`, a deployment of the same tree that the orchestrator made (it refuses a
+        non-empty remote_dir without its marker), this build's objects and generated header (file
+        times kept), as an earlier compile there would have left them, but no binary and no
+        build cache: its build step runs build.sh, which compiles nothing (a changed source
+        still compiles, --no-cache everything) and links the binaries."""
+        marker = remote_dir / ".kdtree" / "marker"
+        assert marker.is_file(), f"{remote_dir} is no deployment of the orchestrator's (no {marker}): sync it first"
+        for part in ("obj", "gen"):
+            shutil.copytree(self.tree / "build" / part, remote_dir / "build" / part, symlinks=True, dirs_exist_ok=True)
 
     def copy_build_to(self, tree: Path) -> None:
         """Put this build's whole build/ (objects, binaries, cache) into `tree`, a copy of the same

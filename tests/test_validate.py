@@ -1,8 +1,8 @@
 """`invoke validate` end to end against loopback sshd hosts, with the real engine (CPU backend).
 
-One full run on h1 builds the engine there once, from the engine's own build cache seeded with the
-session's CPU build (a cold compile is the timeout test's and, with every source compiled, the
---no-cache test's); the later runs reuse that build through the orchestrator's own cache (a copy
+One full run on h1 builds the engine there once, linking the session's CPU build's objects, which
+the test puts there after a first sync (a cold compile is the timeout test's and, with every source
+compiled, the --no-cache test's); the later runs reuse that build through the orchestrator's own cache (a copy
 of h1's deployment carries its build stamp), which is itself one of the things tested.
 """
 from __future__ import annotations
@@ -102,11 +102,14 @@ def steps(run: dict, host: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def full_run(lab, workdir, cpu_build):
-    """The whole pipeline once on h1, from a remote_dir that holds only the engine's build cache of
-    this tree (the session's CPU build): no orchestrator state, no sources, no bundles."""
+    """The whole pipeline once on h1, on a remote_dir that holds the synced sources and the
+    session's CPU build's objects of this tree, nothing else: no binary, no bundles, no step's
+    stamp."""
     remote_dir = lab.hosts["h1"].root / "engine"
-    cpu_build.seed(remote_dir)
     inventory = write_inventory(workdir, "h1", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(remote_dir))})
+    synced = invoke(lab, inventory, "--host", "h1", "--steps", "preflight,sync", "--report-dir", str(workdir / "run-sync"))
+    assert synced.returncode == 0, synced.stdout[-4000:] + synced.stderr[-2000:]
+    cpu_build.seed(remote_dir)
     run_dir = workdir / "run-full"
     proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
     return proc, run_dir

@@ -5,8 +5,7 @@ result is cut a thousandfold through the inventory's bench command, exits 3 agai
 found as the last good nightly in the history outside the checkout.
 
 (Named to run after test_validate.py: a copy of that module's deployment on h1, when the session
-has one, saves the first night its engine build and bundles; without one, the session's CPU build
-seeds the engine's build cache.)
+has one, saves the first night its engine build and bundles.)
 """
 from __future__ import annotations
 
@@ -133,14 +132,12 @@ def nightly_code(result: dict) -> int:
 
 @pytest.mark.timeout(2400)      # two nights of seven steps with the real engine (15 min at load 30 on 2 cores)
 @pytest.mark.skipif(shutil.which("git") is None, reason="the checkout is made from git's list of files")
-def test_the_nightly_workflow_passes_then_flags_a_regression(lab, tmp_path, cpu_build):
+def test_the_nightly_workflow_passes_then_flags_a_regression(lab, tmp_path):
     h1 = lab.hosts["h1"]
     remote_dir = h1.root / "workflow-nightly"
     shutil.rmtree(remote_dir, ignore_errors=True)
     if (h1.root / "engine" / "build" / "kdtree").is_file():       # test_validate's deployment: its build
         shutil.copytree(h1.root / "engine", remote_dir, symlinks=True)
-    else:
-        cpu_build.seed(remote_dir)
     entry = lab.inventory_entry(h1, remote_dir=str(remote_dir))
     state = tmp_path / "state"
     checkout = tmp_path / "work" / "kdtree"
