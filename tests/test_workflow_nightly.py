@@ -5,7 +5,7 @@ result is cut a thousandfold through the inventory's bench command, exits 3 agai
 found as the last good nightly in the history outside the checkout.
 
 (Named to run after test_validate.py: a copy of that module's deployment on h1, when the session
-has one, saves the first night its engine build and bundles.)
+has one, saves a night its engine build.)
 """
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ EXPRESSION = re.compile(r"\$\{\{\s*(\w+)\.(\w+)\s*\}\}")
 LIGHT_BENCH = 'KD_BENCH_ARGS="--budgets 4 --repeats 1 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
 # Likewise the engine's tests: the model tests on the tiny bundles (the whole suite runs in test_engine_native.py).
 LIGHT_TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
-# And the bundles: h1 runs a tier of the tiny config alone (hosts.yaml `bundles:`), so that each night's
-# golden step generates two bundles' tokens, not the long-context k2mini prompts (half a night's time).
-LIGHT_TIER = {"light": ["tiny"]}
 # The injected regression: every higher-is-better figure of the bench result (value, samples and
 # figures per CPU second) cut a thousandfold: code that much slower, not a run starved of CPU. (A
 # tenth was too little: with one repeat on a 2-core machine at a load of 9, k2mini_int4's DDTree
@@ -114,14 +111,12 @@ def check_out(checkout: Path) -> None:
 
 def write_hosts(checkout: Path, entry: dict, bench: str) -> None:
     """The checkout's hosts.yaml: the shipped project section with `bench` as its bench commands
-    (validate's and the nightly's), LIGHT_TEST as its test command and the LIGHT_TIER of bundles, and
-    one host, h1, that runs that tier (the nightly validates every host but `local`)."""
+    (validate's and the nightly's) and LIGHT_TEST as its test command, and one host, h1 (the nightly validates every host but `local`)."""
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     assert "bench_nightly" in data["project"]["commands"]         # the shipped nightly measures with its own
     data["project"]["commands"]["bench"] = data["project"]["commands"]["bench_nightly"] = bench
     data["project"]["commands"]["test"] = LIGHT_TEST
-    data["project"]["bundle_tiers"].update(LIGHT_TIER)
-    data["hosts"] = {"h1": {**entry, "bundles": list(LIGHT_TIER)}}
+    data["hosts"] = {"h1": entry}
     data.pop("groups", None)
     (checkout / "hosts.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
