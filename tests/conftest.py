@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator import inventory as inventory_mod
 
-from early_builds import cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
+from early_builds import cpu_build, cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
 from fake_gpus import FakeGpus
 import slurm_cluster
 from sshd import Hostile, SshLab

@@ -1,10 +1,12 @@
-"""The session's two longest pieces of work, started in the background when the session begins:
-the CUDA builds (tests/test_engine_cuda_compile.py) and the sanitized engine suite
-(tests/test_engine_sanitize.py). They are mostly compilers and engine processes on their own, while
-most of the other tests wait on ssh, rsync and sleeps: on CI's 2 cores, starting them at the
-beginning (at a lower priority, so the timing bounds of the other tests keep their CPU) and running
-their two modules last (conftest.py) overlaps several minutes of work that used to run alone.
-Each starts only when the session selected a test of its module."""
+"""The session's longest pieces of work, started in the background when the session begins: the
+CUDA builds (tests/test_engine_cuda_compile.py), the sanitized engine suite
+(tests/test_engine_sanitize.py) and the CPU build that the whole-pipeline modules start from
+(CPU_BUILD_MODULES: one compile instead of one per module). They are mostly compilers and engine
+processes on their own, while most of the other tests wait on ssh, rsync and sleeps: on CI's 2
+cores, starting them at the beginning (at a lower priority, so the timing bounds of the other tests
+keep their CPU) and running the first two modules last (conftest.py) overlaps several minutes of
+work that used to run alone. Each starts only when the session selected a test of a module that
+uses it."""
 from __future__ import annotations
 
 import os
@@ -18,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-from engine_copies import cuda_home, engine_copy
+from engine_copies import CpuBuild, cuda_home, engine_copy
 
 CUDA_ARCHES = ("sm_120", "sm_90")
 CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/test_engine_cuda_compile.py says why)
@@ -29,6 +31,8 @@ NICE = ["nice", "-n", "10"]
 HANG_GUARD = 3600
 # The modules whose session fixtures start early; conftest.py runs their tests last.
 LATE_MODULES = ("test_engine_cuda_compile", "test_engine_sanitize")
+# The modules that start from the session's CPU build (the cpu_build fixture).
+CPU_BUILD_MODULES = ("test_engine_native", "test_validate", "test_gpu_validate")
 
 
 class Background:
@@ -140,11 +144,25 @@ def _sanitized_suite(tmp_path_factory, reference_bundles) -> Callable[[Backgroun
     return work
 
 
+def _cpu_build(tmp_path_factory) -> Callable[[Background], CpuBuild]:
+    folder = tmp_path_factory.mktemp("engine_cpu")     # in the session's thread, as _cuda_builds says
+
+    def work(bg: Background) -> CpuBuild:
+        copy = engine_copy(folder)
+        proc = bg.run(["bash", "scripts/build.sh"], cwd=copy, env=CpuBuild.env(), timeout=HANG_GUARD)
+        assert proc.returncode == 0, f"build.sh in {copy}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return CpuBuild(copy)
+    return work
+
+
 @pytest.fixture(scope="session", autouse=True)
 def early_builds(request, tmp_path_factory):
-    """module name -> Background, for the LATE_MODULES this session selected."""
+    """name -> Background: the LATE_MODULES this session selected, and "cpu_build" when it selected
+    one of CPU_BUILD_MODULES."""
     selected = {item.module.__name__ for item in request.session.items if item.module is not None}
     started = {}
+    if selected & set(CPU_BUILD_MODULES) and shutil.which("g++") is not None:
+        started["cpu_build"] = Background(_cpu_build(tmp_path_factory))
     if "test_engine_cuda_compile" in selected and cuda_home() is not None:
         started["test_engine_cuda_compile"] = Background(_cuda_builds(tmp_path_factory))
     if "test_engine_sanitize" in selected and shutil.which("g++") is not None:
@@ -165,6 +183,14 @@ def cuda_builds(early_builds) -> dict:
 def sanitized_run(early_builds) -> tuple:
     """(engine copy, completed run_tests.sh, fuzz seed) of the sanitized suite with a bounded fuzz run."""
     return early_builds["test_engine_sanitize"].result()
+
+
+@pytest.fixture(scope="session")
+def cpu_build(early_builds) -> CpuBuild:
+    """engine_src built once for the CPU backend, for the modules that would each compile it."""
+    if "cpu_build" not in early_builds:
+        pytest.skip("needs g++")
+    return early_builds["cpu_build"].result()
 
 
 def run_late(items: list) -> None:

@@ -1,5 +1,6 @@
-"""The native engine in the project's test run: build the CPU engine with g++ in a temporary copy
-of engine_src/ and run its own suite (scripts/run_tests.sh), once per session.
+"""The native engine in the project's test run: the CPU engine in a temporary copy of engine_src/,
+holding the session's CPU build (tests/early_builds.py: its objects, so that build.sh compiles only
+what a test changes), and its own suite (scripts/run_tests.sh), once per session.
 
 The copy gets the session's reference bundles (conftest.py: generated once, shared with the
 validate tests) in tests/refs, so run_tests.sh does not regenerate them.
@@ -31,9 +32,10 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="session")
-def engine_run(tmp_path_factory, reference_bundles):
+def engine_run(tmp_path_factory, reference_bundles, cpu_build):
     """(engine copy, completed run_tests.sh) for the session."""
     copy = engine_copy(tmp_path_factory.mktemp("engine"))
+    cpu_build.copy_build_to(copy)
     reference_bundles.copy_to(copy / "tests" / "refs")
     run = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=copy, env=_env(), capture_output=True, text=True,
                          timeout=900)

@@ -1,7 +1,8 @@
 """`invoke validate`, `doctor` and the GPUs of a shared host: the loopback sshd host g1, whose PATH
 starts with a fake nvidia-smi (tests/fake_gpus.py) listing GPUs with chosen loads, and the real
 engine forced onto its CPU backend (`backend: cpu`): GPUs are selected, claimed and pinned whatever
-the backend. One full run builds the engine on g1; the later runs reuse that build (cached)."""
+the backend. One full run builds the engine on g1 (linking the session's CPU build's objects, put
+there after a first sync); the later runs reuse that build (cached)."""
 from __future__ import annotations
 
 import json
@@ -82,13 +83,16 @@ def load(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def full_run(lab, workdir, g1):
+def full_run(lab, workdir, g1, cpu_build):
     """Every step on GPUs 0 and 1 of four (`--gpus 0,1`), GPU 0 busy with a co-tenant's server."""
     host, fake = g1
     # GPU 0 also lists the run's own engine processes, by the relative name they were started as
     fake.set(4, busy={0: [BUSY]}, own_under={"dir": str(host.root / "engine"), "gpu_uuid": fake.uuid(0),
                                              "log": str(workdir / "own-processes.log")})
     inventory = write_inventory(workdir, lab, host, "full")
+    synced = invoke(lab, "validate", inventory, "--steps", "preflight,sync", "--report-dir", str(workdir / "run-sync"))
+    assert synced.returncode == 0, synced.stdout[-4000:] + synced.stderr[-2000:]
+    cpu_build.seed(host.root / "engine")
     run_dir = workdir / "run-full"
     proc = invoke(lab, "validate", inventory, "--gpus", "0,1", "--report-dir", str(run_dir))
     return proc, run_dir, fake, host

@@ -1,8 +1,9 @@
 """`invoke validate` end to end against loopback sshd hosts, with the real engine (CPU backend).
 
-One full run on h1 builds the engine there once; the later runs reuse that build through the
-orchestrator's own cache (a copy of h1's deployment carries its build stamp), which is itself
-one of the things tested.
+One full run on h1 builds the engine there once, linking the session's CPU build's objects, which
+the test puts there after a first sync (a cold compile is the timeout test's and, with every source
+compiled, the --no-cache test's); the later runs reuse that build through the orchestrator's own cache (a copy
+of h1's deployment carries its build stamp), which is itself one of the things tested.
 """
 from __future__ import annotations
 
@@ -63,13 +64,21 @@ def workdir(tmp_path_factory, reference_bundles) -> Path:
 # samples of every bundle at one tree budget and the smallest MoE layer (the shipped bench_nightly's longer
 # runs, and every budget, cost CI minutes that these tests of the verdicts do not need).
 NIGHTLY_BENCH = 'KD_BENCH_ARGS="--repeats 3 --budgets 4 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
+# Likewise validate's bench: every metric of every bundle, three samples each (the default), but two tree
+# budgets and the smallest MoE layer; no test here judges the figures, only that they exist and pair up
+# (the shipped command runs whole in CI's first command, `invoke validate` on local).
+BENCH = 'KD_BENCH_ARGS="--budgets 4,8 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
+# And validate's engine tests: the model tests on the tiny bundles, every other test whole (the whole suite
+# runs in tests/test_engine_native.py, and through the orchestrator in CI's first command).
+TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
 
 
 def write_inventory(workdir: Path, name: str, hosts: dict, source: Path | None = None) -> Path:
-    """An inventory like the shipped one, with `hosts` and the engine `source` (default: the snapshot)."""
+    """An inventory like the shipped one, with `hosts` and the engine `source` (default: the snapshot),
+    whose test, bench and nightly bench commands are TEST, BENCH and NIGHTLY_BENCH."""
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     data["project"]["source"] = str(source or workdir / "engine_src")
-    data["project"]["commands"]["bench_nightly"] = NIGHTLY_BENCH
+    data["project"]["commands"].update(test=TEST, bench=BENCH, bench_nightly=NIGHTLY_BENCH)
     data["hosts"] = hosts
     data.pop("groups", None)
     path = workdir / f"{name}.yaml"
@@ -92,10 +101,15 @@ def steps(run: dict, host: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def full_run(lab, workdir):
-    """The whole pipeline once on h1, from an empty remote_dir."""
-    inventory = write_inventory(workdir, "h1", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(
-        lab.hosts["h1"].root / "engine"))})
+def full_run(lab, workdir, cpu_build):
+    """The whole pipeline once on h1, on a remote_dir that holds the synced sources and the
+    session's CPU build's objects of this tree, nothing else: no binary, no bundles, no step's
+    stamp."""
+    remote_dir = lab.hosts["h1"].root / "engine"
+    inventory = write_inventory(workdir, "h1", {"h1": lab.inventory_entry(lab.hosts["h1"], remote_dir=str(remote_dir))})
+    synced = invoke(lab, inventory, "--host", "h1", "--steps", "preflight,sync", "--report-dir", str(workdir / "run-sync"))
+    assert synced.returncode == 0, synced.stdout[-4000:] + synced.stderr[-2000:]
+    cpu_build.seed(remote_dir)
     run_dir = workdir / "run-full"
     proc = invoke(lab, inventory, "--host", "h1", "--report-dir", str(run_dir))
     return proc, run_dir
@@ -193,8 +207,10 @@ def test_a_host_with_different_golden_tokens_fails_at_the_right_position(second_
 
 
 # The stress command on a CPU build: the same run_tests.sh with the load switch, but without
-# KD_TEST_BACKENDS=cuda (which a CPU build refuses), so that it runs and writes real results.
-STRESS_ON_CPU = "KD_GPU_LOAD=cycle KD_TEST_RESULTS=build/stress_results.json bash scripts/run_tests.sh"
+# KD_TEST_BACKENDS=cuda (which a CPU build refuses), so that it runs and writes real results; the model
+# tests on the tiny bundles, as TEST (h2's flipped token is tiny_fp32's).
+STRESS_ON_CPU = ("KD_GPU_LOAD=cycle KD_TEST_BUNDLES=tiny_fp32,tiny_int4 KD_TEST_RESULTS=build/stress_results.json "
+                 "bash scripts/run_tests.sh")
 NO_GPU = "the host has no GPU (preflight found none): nothing to run under GPU load"
 
 
