@@ -28,6 +28,9 @@ from pathlib import Path
 
 from sshd import LOOPBACK, free_port
 
+# Job states a job leaves on its own (`squeue --help`): a test that reads a job after its end waits them out.
+UNENDED_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED")
+
 DAEMONS = {"munged": "/usr/sbin/munged", "mungekey": "/usr/sbin/mungekey", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd", "sbatch": "/usr/bin/sbatch"}
 NODE = "kdnode1"
@@ -170,6 +173,17 @@ class SlurmCluster:
         """slurmctld's record of a job (`scontrol -o show job`) as Key -> value; {} once forgotten."""
         proc = self.scontrol("-o", "show", "job", job_id)
         return dict(word.split("=", 1) for word in proc.stdout.split() if "=" in word) if proc.returncode == 0 else {}
+
+    def ended_job(self, job_id: str, within: float = 30) -> dict[str, str]:
+        """slurmctld's record of a job once it has ended (no longer pending, running or completing),
+        or as it stands after `within` seconds: scancel and a job's end are asynchronous, so a record
+        read at once can still say COMPLETING."""
+        deadline = time.monotonic() + within
+        while True:
+            seen = self.job(job_id)
+            if seen.get("JobState") not in UNENDED_STATES or time.monotonic() > deadline:
+                return seen
+            time.sleep(0.2)
 
     def node_state(self) -> str:
         proc = self.command("sinfo", "-h", "-n", NODE, "-o", "%T")

@@ -74,7 +74,7 @@ def test_slurm_queue_limit_fails_with_the_pending_reason_of_a_drained_node_and_c
     assert e.value.job_id == job_id and e.value.state == "PENDING"
     assert "DRAINED" in e.value.reason and e.value.reason in str(e.value)
     assert f"job {job_id} waited" in str(e.value) and "past queue_limit 3 s" in str(e.value)
-    seen = cluster.job(job_id)                          # slurmctld: it waited, never ran, and was cancelled
+    seen = cluster.ended_job(job_id)                          # slurmctld: it waited, never ran, and was cancelled
     assert seen["JobState"] == "CANCELLED" and seen["NodeList"] in ("", "(null)")
 
 
@@ -90,7 +90,7 @@ def test_slurm_queue_limit_names_a_reservation_and_cancels(slurm_lab, entry):
     finally:
         cluster.scontrol("delete", "ReservationName=kdmaint")
     assert "Reserved_for_maintenance" in e.value.reason
-    assert cluster.job(e.value.job_id)["JobState"] == "CANCELLED"
+    assert cluster.ended_job(e.value.job_id)["JobState"] == "CANCELLED"
 
 
 def test_slurm_an_interrupted_wait_still_cancels_the_job(slurm_lab, entry, drained):
@@ -124,7 +124,7 @@ def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measu
     job = second["job"]
     assert job.job_id == pending and second["seen"]["JobState"] == "RUNNING" and job.gpus == (0, 1)
     assert job.queue_wait is not None and job.queue_wait >= 3          # Slurm's StartTime - SubmitTime
-    assert cluster.job(first.job_id)["JobState"] == "CANCELLED"
+    assert cluster.ended_job(first.job_id)["JobState"] == "CANCELLED"
     assert _state_soon(cluster, job.job_id, "CANCELLED")
 
 

@@ -98,7 +98,7 @@ def test_slurm_validate_runs_the_build_as_job_steps_of_one_allocation_and_record
     assert {s: v["status"] for s, v in host["steps"].items() if s in ("sync", "build")} == \
         {"sync": "passed", "build": "passed"}
     job = host["job"]
-    seen = cluster.job(job["job_id"])           # slurmctld: the job ran on the node, and was cancelled at the end
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: the job ran on the node, and was cancelled at the end
     assert (seen["JobState"], seen["NodeList"], seen["JobName"]) == ("CANCELLED", slurm_cluster.NODE, "kdtree-c")
     assert (job["node"], job["gpus"], job["cuda_visible_devices"], job["partition"]) == \
         (slurm_cluster.NODE, [0, 1], "0,1", "gpu")
@@ -123,7 +123,7 @@ def test_slurm_a_step_timeout_scancels_the_job_and_the_record_says_timeout(slurm
     assert host["steps"]["build"]["message"].startswith("build timed out after 4 s")
     job = host["job"]
     assert job["ended"] == "cancelled: the build step timed out"
-    seen = cluster.job(job["job_id"])               # slurmctld: it ran on the node, and scancel ended it
+    seen = cluster.ended_job(job["job_id"])               # slurmctld: it ran on the node, and scancel ended it
     assert seen["JobState"] == "CANCELLED" and seen["NodeList"] == slurm_cluster.NODE
     assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
 
@@ -149,7 +149,7 @@ def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm
     assert run["status"] == host["status"] == "interrupted" and host["steps"]["build"]["status"] == "interrupted"
     job = host["job"]
     assert job["ended"] == "cancelled: the run was interrupted"
-    seen = cluster.job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
     assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
     assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
     assert wait_for(lambda: not cluster.command("squeue", "-h", "-s", "-j", job["job_id"]).stdout.strip(), 30)
@@ -184,7 +184,7 @@ def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wai
     assert waited[0].split()[0] == two["job_id"] != one["job_id"]
     assert two["queue_wait"] >= 2 and two["queue_wait"] > one["queue_wait"]      # Slurm's StartTime - SubmitTime
     for job in (one, two):
-        seen = cluster.job(job["job_id"])
+        seen = cluster.ended_job(job["job_id"])
         assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
         assert job["gpus"] == [0, 1] and len(job_steps(cluster, job["job_id"])) == 4
     # the queue wait is in no step's seconds: the second run's build took about as long as the first's
@@ -213,7 +213,7 @@ def test_slurm_a_node_that_goes_down_mid_job_fails_the_host_with_slurms_state(sl
     assert not runner.is_alive() and result["code"] == 1, result.get("output")
     host = result["run"]["hosts"]["c"]
     job = host["job"]
-    seen = cluster.job(job["job_id"])           # slurmctld: the job ran on the node, and the node's failure ended it
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: the job ran on the node, and the node's failure ended it
     assert seen["JobState"] == "NODE_FAIL" and seen["NodeList"] == slurm_cluster.NODE
     assert host["status"] == "failed" and host["steps"]["build"]["status"] == "failed"
     assert f"Slurm ended job {job['job_id']}: NODE_FAIL, reason {job['reason']}" in host["steps"]["build"]["message"]
@@ -236,7 +236,7 @@ def test_slurm_a_job_past_the_queue_limit_fails_the_host_with_the_pending_reason
     assert f"job {job['job_id']} waited" in build["message"] and "past queue_limit 3 s" in build["message"]
     assert "DRAINED" in build["message"] and job["reason"] in build["message"] and job["state"] == "PENDING"
     assert job["ended"] == "cancelled: it waited past queue_limit" and job["node"] is None
-    seen = cluster.job(job["job_id"])           # slurmctld: it waited, never ran, and was cancelled
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: it waited, never ran, and was cancelled
     assert seen["JobState"] == "CANCELLED" and seen["NodeList"] in ("", "(null)")
 
 
@@ -255,7 +255,7 @@ def test_slurm_the_nightly_validates_an_ssh_host_and_a_slurm_entry_in_one_run_an
     assert {name: h["status"] for name, h in run["hosts"].items()} == {"c": "passed", "h1": "passed"}
     assert run["hosts"]["h1"]["job"] is None
     job = run["hosts"]["c"]["job"]
-    assert cluster.job(job["job_id"])["JobState"] == "CANCELLED" and len(job_steps(cluster, job["job_id"])) == 4
+    assert cluster.ended_job(job["job_id"])["JobState"] == "CANCELLED" and len(job_steps(cluster, job["job_id"])) == 4
     for report in ("report.md", "report.html"):     # the job beside the ssh host's steps in the one report
         text = (run_dir / report).read_text()
         assert f"job {job['job_id']}" in text and "queue wait" in text and "h1" in text, report

@@ -59,7 +59,7 @@ def test_slurm_invoke_validate_runs_the_whole_pipeline_inside_one_allocation(slu
     job = host["job"]
     assert (job["node"], job["gpus"], job["cuda_visible_devices"]) == (slurm_cluster.NODE, [0, 1], "0,1")
     assert job["ended"] == "cancelled: the host's steps are done" and job["queue_wait"] is not None
-    seen = cluster.job(job["job_id"])           # slurmctld: the one job ran on the node, and was cancelled at the end
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: the one job ran on the node, and was cancelled at the end
     assert (seen["JobState"], seen["NodeList"], seen["JobName"]) == ("CANCELLED", slurm_cluster.NODE, "kdtree-cluster")
     # build, bundles, golden, test and bench ran their engine commands as job steps of that job
     assert len(job_steps(cluster, job["job_id"])) >= 6
