@@ -20,11 +20,11 @@ class Recorded(Run):
 
     def __init__(self):
         super().__init__("validate")
-        self.asked: list[tuple[str, float, bool]] = []
+        self.asked: list[tuple[str, float]] = []
 
-    def lock(self, transport, owner, mode=state.EXCLUSIVE, wait=0, begin_sync=False, hash_line=""):
-        self.asked.append((mode, wait, begin_sync))
-        return super().lock(transport, owner, mode, wait, False, hash_line)     # no sync to begin here
+    def lock(self, transport, owner, mode=state.EXCLUSIVE, wait=0):
+        self.asked.append((mode, wait))
+        return super().lock(transport, owner, mode, wait)
 
 
 @pytest.fixture
@@ -63,10 +63,10 @@ def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone(local):
     lock.release()
 
 
-def test_the_lock_is_held_for_the_run_and_begins_a_planned_sync_only_when_held_alone(local):
-    """hold_tree keeps the lock it took for held_lock and held(); the lock command begins the sync
-    only in a run that syncs and only for the lock held alone; a step that needs the lock in a
-    session that holds none fails naming the step and the host."""
+def test_the_lock_is_held_for_the_run_in_the_mode_asked(local):
+    """hold_tree takes the lock through the run in the mode and wait asked and keeps it for held_lock
+    and held(); a step that needs the lock in a session that holds none fails naming the step and
+    the host. (The sync begins with a command of its own: tests/test_host_client.py.)"""
     host, transport, run = local
     bare = _session(local)
     with pytest.raises(StepError, match="the sync step needs the tree lock, and this run holds none") as failed:
@@ -74,11 +74,10 @@ def test_the_lock_is_held_for_the_run_and_begins_a_planned_sync_only_when_held_a
     assert failed.value.host == "local" and bare.held() == ()
     with pytest.raises(ValueError, match="this host session takes no tree lock"):
         HostSession(host, transport).hold_tree(state.SHARED)
-    for begins_sync, mode, begun in [(True, state.EXCLUSIVE, True), (True, state.SHARED, False),
-                                     (False, state.EXCLUSIVE, False)]:
-        session = _session(local, begins_sync=begins_sync)
+    for mode in (state.EXCLUSIVE, state.SHARED):
+        session = _session(local)
         lock = session.hold_tree(mode, 3)
-        assert run.asked[-1] == (mode, 3, begun)
+        assert run.asked[-1] == (mode, 3) and lock.mode == mode
         assert session.held_lock("sync") is lock and session.held() == (lock,)
         lock.release()
 
