@@ -31,6 +31,16 @@ from sshd import LOOPBACK, free_port
 # Job states a job leaves on its own (`squeue --help`): a test that reads a job after its end waits them out.
 UNENDED_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED")
 
+def soon(condition, within: float) -> bool:
+    """Whether `condition()` holds within `within` seconds (slurmctld and slurmd act on their own time)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
 DAEMONS = {"munged": "/usr/sbin/munged", "mungekey": "/usr/sbin/mungekey", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd", "sbatch": "/usr/bin/sbatch"}
 NODE = "kdnode1"

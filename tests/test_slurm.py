@@ -118,7 +118,7 @@ def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measu
         waiter = threading.Thread(target=later)
         waiter.start()
         pending = _pending_job(cluster, exclude=first.job_id)      # slurmctld: the second waits for the GPUs
-        assert pending and _soon(lambda: cluster.job(pending).get("Reason") == "Resources")
+        assert pending and slurm_cluster.soon(lambda: cluster.job(pending).get("Reason") == "Resources", 20)
         time.sleep(3)
     waiter.join(60)
     job = second["job"]
@@ -184,18 +184,8 @@ def test_slurm_gpus_beyond_every_node_fail_doctor(slurm_lab, entry, tmp_path):
     assert findings["nodes"].status == "fail" and findings["nodes"].detail.startswith("no usable node has gpu:3")
 
 
-def _soon(condition, within: float = 20) -> bool:
-    """Whether `condition()` holds within `within` seconds (slurmctld acts on its own time)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _state_soon(cluster, job_id: str, state: str) -> bool:
-    return _soon(lambda: cluster.job(job_id).get("JobState") == state)
+    return slurm_cluster.soon(lambda: cluster.job(job_id).get("JobState") == state, 20)
 
 
 def _pending_job(cluster, exclude: str, within: float = 20) -> str | None:

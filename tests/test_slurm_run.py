@@ -65,16 +65,6 @@ def validate(inv, names: list[str], steps: str = "sync,build", command: str = "v
     return code, json.loads((run_dir / "run.json").read_text()), out.getvalue()
 
 
-def wait_for(condition, within: float = 60) -> bool:
-    """Whether `condition()` holds within `within` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def building(run_dir: Path, host: str = "c") -> bool:
     """Whether the host's build command started on the node (its first line is in the build log)."""
     log = run_dir / host / "build.log"
@@ -137,7 +127,7 @@ def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **lab.env()})
     try:
-        assert wait_for(lambda: building(run_dir)), "the build never started on the node"
+        assert slurm_cluster.soon(lambda: building(run_dir), 60), "the build never started on the node"
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -152,7 +142,7 @@ def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm
     seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
     assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
     assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
-    assert wait_for(lambda: not cluster.command("squeue", "-h", "-s", "-j", job["job_id"]).stdout.strip(), 30)
+    assert slurm_cluster.soon(lambda: not cluster.command("squeue", "-h", "-s", "-j", job["job_id"]).stdout.strip(), 30)
 
 
 def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wait(slurm_lab, slurm_inventory,
@@ -164,7 +154,7 @@ def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wai
         inv, ["c1"], report_dir=tmp_path / "run-1"))))
     runner.start()
     try:
-        assert wait_for(lambda: building(tmp_path / "run-1", "c1")), "the first run's build never started"
+        assert slurm_cluster.soon(lambda: building(tmp_path / "run-1", "c1"), 60), "the first run's build never started"
         waited: list[str] = []
 
         def pending() -> bool:          # slurmctld: the second run's job waits for the GPUs
@@ -175,7 +165,7 @@ def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wai
         later = threading.Thread(target=lambda: second.update(zip(("code", "run", "output"), validate(
             inv, ["c2"], report_dir=tmp_path / "run-2"))))
         later.start()
-        assert wait_for(pending, 30), cluster.command("squeue").stdout
+        assert slurm_cluster.soon(pending, 30), cluster.command("squeue").stdout
         later.join(120)
     finally:
         runner.join(120)
@@ -203,7 +193,7 @@ def test_slurm_a_node_that_goes_down_mid_job_fails_the_host_with_slurms_state(sl
         inv, ["c"], report_dir=run_dir))))
     runner.start()
     try:
-        assert wait_for(lambda: building(run_dir)), "the build never started on the node"
+        assert slurm_cluster.soon(lambda: building(run_dir), 60), "the build never started on the node"
         down = cluster.scontrol("update", f"NodeName={slurm_cluster.NODE}", "State=DOWN", "Reason=kdtree test: down")
         assert down.returncode == 0, down.stderr
         runner.join(90)
