@@ -23,7 +23,7 @@ from .inventory import Host, Inventory
 # Start-up time counts (engineers run these tasks dozens of times a day): each task imports what
 # it uses (Paramiko only when a host is reached; Jinja2 and the pipeline only for validate/report).
 if TYPE_CHECKING:
-    from . import record
+    from .records import record
 
 # The checkout this package sits in, when it runs from one (`invoke` in the repo, an editable install).
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -316,12 +316,13 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import parallel, pipeline, record, regression, remote, run_store
+    from . import parallel, pipeline, remote
+    from .records import record, regression, run_store
     refuse_slurm(hosts, plan.command)
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
-        from . import history as history_mod
+        from .records import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
-        threading.Thread(target=importlib.import_module, args=(f"{__package__}.dashboard",), daemon=True).start()
+        threading.Thread(target=importlib.import_module, args=(f"{__package__}.records.dashboard",), daemon=True).start()
     secrets = remote.host_secrets(hosts)     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
@@ -350,7 +351,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
             paths = pipeline.finish(run_dir, run, runs_root, [v for values in secrets.values() for v in values])
             if store is not None:
                 store.index_run(run_store.load_run(run_dir.path), run_dir.path)
-                from . import dashboard
+                from .records import dashboard
                 dashboard.render_history(store, board, tolerance)
         except LocalWriteError:             # a full disk: the summary still, then the one line (exit 1)
             run_summary(console, run, plan)
@@ -376,7 +377,7 @@ def refuse_slurm(hosts: list[Host], command: str) -> None:
 
 def _baseline(path: str | None) -> dict | None:
     """The baseline file given with nightly --baseline (None: the history decides)."""
-    from . import regression
+    from .records import regression
     if not path:
         return None
     try:
@@ -387,14 +388,15 @@ def _baseline(path: str | None) -> dict | None:
 
 def _history_path(runs_root: Path, path: str | None) -> Path:
     """The history file: --history, else runs/history.sqlite."""
-    from . import history
+    from .records import history
     return Path(path) if path else history.default_path(runs_root)
 
 
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
-    from . import record, slurm_run
+    from .records import record
+    from . import slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
@@ -440,7 +442,7 @@ def history(inv: Inventory, console: Console, history: str | None = None, rebuil
             html: bool = False) -> int:
     """Reindex the history from the run directories (--rebuild), write the dashboard (--html);
     without either, print every series' latest value and verdict."""
-    from . import dashboard, detector, history as history_mod, regression
+    from .records import dashboard, detector, history as history_mod, regression
     runs_root = inv.project.root / "runs"
     tolerance = lambda metric: regression.threshold_for(metric, {})     # noqa: E731
     with history_mod.HistoryStore.open(_history_path(runs_root, history)) as store:
@@ -465,8 +467,9 @@ def history(inv: Inventory, console: Console, history: str | None = None, rebuil
 
 def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: str | None,
            metric: str | None = None, golden: bool = False) -> int:
-    """Find the first bad commit between --good and --bad on one host (see orchestrator.bisect)."""
-    from . import bisect as bisect_mod, probe
+    """Find the first bad commit between --good and --bad on one host (see orchestrator.records.bisect)."""
+    from .records import bisect as bisect_mod
+    from . import probe
     if bool(metric) == bool(golden):
         raise UsageError("bisect needs exactly one of --metric NAME and --golden")
     if not good or not bad:
@@ -493,7 +496,7 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
     """Re-render a run's reports (default: the latest of any command); with compare_to, write the
     benchmark comparison of the two runs beside the newer one's reports (default: the newest
     validate or nightly run)."""
-    from . import report, run_store
+    from .records import report, run_store
     runs_root = inv.project.root / "runs"
     run_dir = run_store.resolve_run(runs_root, run)
     paths = report.render_run(run_dir)
@@ -509,7 +512,7 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
 def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the newest validate or nightly run) for
     `nightly --baseline`."""
-    from . import regression, run_store
+    from .records import regression, run_store
     if not out:
         raise UsageError("baseline needs the file to write: --out FILE")
     runs_root = inv.project.root / "runs"
@@ -522,7 +525,7 @@ def baseline(inv: Inventory, console: Console, out: str | None, run: str | None 
 
 def _measured_run(runs_root: Path) -> Path:
     """The newest validate or nightly run (the default of baselines and comparisons)."""
-    from . import run_store
+    from .records import run_store
     path = run_store.newest_run(runs_root)
     if path is None:
         raise run_store.RunRecordError(runs_root, "no validate or nightly run here")
@@ -531,7 +534,7 @@ def _measured_run(runs_root: Path) -> Path:
 
 def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> int:
     """Delete all but the newest `keep` runs under runs/ (default 10)."""
-    from . import run_store
+    from .records import run_store
     try:
         keep = DEFAULT_KEEP if keep is None else int(keep)
     except ValueError:

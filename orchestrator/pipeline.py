@@ -35,14 +35,14 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, \
-    slurm_run, state, sync
+from . import bundle_plan, doctor, gpus, ownership, parallel, progress, remote, slurm_run, state, sync
+from .records import record, redaction, run_store
 from .console import Console
 from .errors import CommandError, KdError, UsageError
 from .inventory import Host, Inventory, Project
-from .record import HostRecord, RunRecord, StepRecord
+from .records.record import HostRecord, RunRecord, StepRecord
 from .run import Run
-from .run_store import RunDir
+from .records.run_store import RunDir
 from .sink import BoundedSink
 from .steps import ORDER, STEPS
 from .steps import preflight as preflight_step
@@ -280,13 +280,13 @@ def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
 
 
 def _prepare_reports() -> None:
-    from . import report
+    from .records import report
     report.prepare()
 
 
 def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict[str, Path]:
     """Write run.json and the reports, and point runs/latest at the run."""
-    from . import report
+    from .records import report
     run_store.write_run(run_dir, run, secrets)
     paths = report.render_run(run_dir.path, secrets)
     run_store.update_latest(runs_root, run_dir.path)

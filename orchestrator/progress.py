@@ -36,7 +36,7 @@ import time
 from typing import Any, Callable, NamedTuple, Protocol
 
 from .console import Console
-from .redaction import redact
+from .records.redaction import redact
 from .safe_text import visible
 
 PREFIX = "::kdtree-progress "

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, dashboard, history as history_mod, run_store
+from orchestrator import cli
+from orchestrator.records import dashboard, history as history_mod, run_store
 from orchestrator.console import Console
 
 from test_faults import entry, fake_commands, run_validate

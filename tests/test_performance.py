@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor, pipeline, record, run_store, state, sync
+from orchestrator import doctor, pipeline, state, sync
+from orchestrator.records import record, run_store
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
 from orchestrator.run import Run

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import record as rec
-from orchestrator import redaction, result_files, run_store
+from orchestrator.records import record as rec
+from orchestrator.records import redaction, result_files, run_store
 from orchestrator.steps import ORDER
 from orchestrator.console import Console
 

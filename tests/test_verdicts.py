@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import cli, inventory, pipeline, remote, run_store, steps
+from orchestrator import cli, inventory, pipeline, remote, steps
+from orchestrator.records import run_store
 from orchestrator.console import Console
 from orchestrator.errors import HostError, InventoryError, UsageError
 from orchestrator.run import Run

@@ -25,9 +25,9 @@ from .shell import EngineShell, results_dir
 from .stamps import Stamps
 from ..errors import HostError, KdError, StepError
 from ..inventory import Host, Project
-from ..record import GpuRun, HostRecord
-from ..redaction import redact, redact_tree
-from ..run_store import RunDir
+from ..records.record import GpuRun, HostRecord
+from ..records.redaction import redact, redact_tree
+from ..records.run_store import RunDir
 from ..sync import SourceId
 
 if typing.TYPE_CHECKING:      # each imports this module, or one that does, at run time

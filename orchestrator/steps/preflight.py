@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from .. import capacity, doctor, gpu_claims, gpus, state
 from ..bundle_plan import BundlePlan
-from ..record import Fingerprint
+from ..records.record import Fingerprint
 from ..errors import StepError
 from .context import Outcome, StepContext
 
