@@ -266,7 +266,8 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     """Run the pipeline's steps (--steps/--skip) on the hosts, `parallel` at a time, on the GPUs
     --gpus asks for (over each host's gpu_policy and gpu_count), with the bundle tiers --bundles
     names (over each host's `bundles`); see run_plan."""
-    from . import gpus as gpus_mod, pipeline
+    from . import pipeline
+    from .resources import gpus as gpus_mod
     plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus),
                                 max_parallel=parallel)
     return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console, report_dir=report_dir, baseline=baseline,
@@ -275,7 +276,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
 
 def with_tiers(inv: Inventory, hosts: list[Host], bundles: str | None) -> list[Host]:
     """The hosts with the bundle tiers of --bundles (a comma list; UsageError if unknown), if given."""
-    from . import bundle_plan
+    from .resources import bundle_plan
     tiers = bundle_plan.parse_flag(bundles, inv.project)
     return hosts if tiers is None else [dataclasses.replace(h, bundles=tiers) for h in hosts]
 

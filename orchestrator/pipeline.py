@@ -35,7 +35,8 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import bundle_plan, doctor, gpus, ownership, parallel, progress, remote, slurm_run, state, sync
+from . import doctor, ownership, parallel, progress, remote, slurm_run, state, sync
+from .resources import bundle_plan, gpus
 from .records import record, redaction, run_store
 from .console import Console
 from .errors import CommandError, KdError, UsageError

@@ -18,9 +18,10 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from . import gpu_claims, state
+from . import state
+from .resources import gpu_claims
 from .errors import HostError
-from .gpus import Request
+from .resources.gpus import Request
 from .inventory import Host
 from .connectors.base import Transport
 from .connectors.factory import open_transport

@@ -238,7 +238,8 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
     more (the lock's, after its answer) keeps at most UNREAD_BYTES of it waiting."""
     import resource
 
-    from orchestrator import gpu_claims, state
+    from orchestrator import state
+    from orchestrator.resources import gpu_claims
     from orchestrator.connectors import base, factory
     from orchestrator.errors import HostError
     from orchestrator.host import client

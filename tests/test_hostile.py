@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bounded, cli, gpu_claims, gpus, inventory as inventory_mod, ownership, pipeline, remote, state
+from orchestrator import bounded, cli, inventory as inventory_mod, ownership, pipeline, remote, state
+from orchestrator.resources import gpu_claims, gpus
 from orchestrator.records import record, report, run_store
 from orchestrator.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError

@@ -15,7 +15,7 @@ import json
 from dataclasses import fields
 from typing import Any, Iterable
 
-from orchestrator import gpus as gpus_mod
+from orchestrator.resources import gpus as gpus_mod
 from orchestrator.bounded import short_text
 from orchestrator.records.ranges import finite_number
 from orchestrator.records.record import (

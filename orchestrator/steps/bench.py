@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import threading
 
-from .. import gpus
+from ..resources import gpus
 from ..errors import KdError, StepError
 from ..records.result_files import bench_from_engine
 from .context import Outcome, StepContext

@@ -31,8 +31,8 @@ from ..records.run_store import RunDir
 from ..sync import SourceId
 
 if typing.TYPE_CHECKING:      # each imports this module, or one that does, at run time
-    from ..bundle_plan import BundlePlan
-    from ..gpus import Gpu
+    from ..resources.bundle_plan import BundlePlan
+    from ..resources.gpus import Gpu
     from ..pipeline import LocalReference, Plan
 
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.

@@ -14,14 +14,14 @@ from typing import Callable
 
 from .. import state
 from ..errors import StepError
-from ..gpus import Request
+from ..resources.gpus import Request
 from ..inventory import Host
 from ..connectors.base import Transport
 from . import STEPS
 
 if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at run time
-    from ..gpu_claims import GpuClaim
-    from ..gpus import Gpu
+    from ..resources.gpu_claims import GpuClaim
+    from ..resources.gpus import Gpu
     from ..run import Run
     from ..slurm_run import Allocation
 
