@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import inventory as inventory_mod
-from .console import Console
+from .runner.console import Console
 from .errors import HostKeyError, KdError, LocalWriteError, UsageError
 from .inventory import Host, Inventory
 
@@ -127,7 +127,7 @@ def hosts_table(inv: Inventory, console: Console) -> int:
 
 def doctor(inv: Inventory, hosts: list[Host], console: Console, parallel: int | None = None) -> int:
     """Check every host (the preflight step alone), `parallel` at a time; a run record; 1 if a check failed."""
-    from . import pipeline
+    from .runner import pipeline
     return run_plan(inv, hosts, pipeline.Plan.of("doctor", max_parallel=parallel), console)
 
 
@@ -135,7 +135,7 @@ def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = 
            parallel: int | None = None) -> int:
     """Sync the project source to every host, `parallel` at a time (the sync step alone; a run
     record), or with `dry_run` print what would run, resolving every host's address, and change nothing."""
-    from . import pipeline
+    from .runner import pipeline
     if dry_run:
         return dry_run_deploy(inv, hosts, console)
     return run_plan(inv, hosts, pipeline.Plan.of("deploy", max_parallel=parallel), console)
@@ -161,7 +161,7 @@ def exec_command(inv: Inventory, hosts: list[Host], console: Console, argv: tupl
                  timeout: str | float | None = None, parallel: int | None = None) -> int:
     """Run `argv` (its words as typed) on every host, `parallel` at a time, for at most `timeout`
     seconds each (default EXEC_TIMEOUT): a run with the one step `exec` per host (run_plan)."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.context import UserCommand
     command = UserCommand(argv, parse_timeout(timeout))
     return run_plan(inv, hosts, pipeline.Plan.of("exec", max_parallel=parallel, user_command=command), console)
@@ -266,7 +266,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     """Run the pipeline's steps (--steps/--skip) on the hosts, `parallel` at a time, on the GPUs
     --gpus asks for (over each host's gpu_policy and gpu_count), with the bundle tiers --bundles
     names (over each host's `bundles`); see run_plan."""
-    from . import pipeline
+    from .runner import pipeline
     from .resources import gpus as gpus_mod
     plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus),
                                 max_parallel=parallel)
@@ -285,7 +285,7 @@ def check_bundle(inv: Inventory, host: Host, console: Console, path: str | None,
                  max_memory: str | None = None) -> int:
     """Run the deployed engine's bundle check on `path` on the host (check-bundle: one step,
     steps.bundle_tasks); `max_memory`: the engine's --max-memory in bytes. See run_plan."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.bundle_tasks import BundleTask
     if path is None:
         raise UsageError("check-bundle: give the bundle's path on the host (absolute, or relative to remote_dir)")
@@ -305,7 +305,7 @@ def clean_bundles(inv: Inventory, hosts: list[Host], console: Console, bundles: 
                   remove: bool = False, parallel: int | None = None) -> int:
     """List each host's bundles and, with `remove`, remove those its tiers (--bundles over its
     `bundles`) do not use (clean-bundles: one step, steps.bundle_tasks). See run_plan."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.bundle_tasks import BundleTask
     plan = pipeline.Plan.of("clean-bundles", task=BundleTask(remove=remove), max_parallel=parallel)
     return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console)
@@ -317,7 +317,8 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import parallel, pipeline, remote
+    from . import remote
+    from .runner import parallel, pipeline
     from .records import record, regression, run_store
     refuse_slurm(hosts, plan.command)
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
@@ -470,7 +471,7 @@ def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: 
            metric: str | None = None, golden: bool = False) -> int:
     """Find the first bad commit between --good and --bad on one host (see orchestrator.records.bisect)."""
     from .records import bisect as bisect_mod
-    from . import probe
+    from .runner import probe
     if bool(metric) == bool(golden):
         raise UsageError("bisect needs exactly one of --metric NAME and --golden")
     if not good or not bad:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.records.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for,
                                          commit_range, max_probes, search)
 from orchestrator.errors import UsageError
-from orchestrator.probe import golden_verdict
+from orchestrator.runner.probe import golden_verdict
 from orchestrator.records.record import GoldenRecord, HostRecord, StepRecord
 
 

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.records import record as rec
 from orchestrator.records import redaction, result_files, run_store
 from orchestrator.steps import ORDER
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:

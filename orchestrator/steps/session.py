@@ -22,7 +22,7 @@ from . import STEPS
 if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at run time
     from ..resources.gpu_claims import GpuClaim
     from ..resources.gpus import Gpu
-    from ..run import Run
+    from ..runner.run import Run
     from ..slurm_run import Allocation
 
 

@@ -10,7 +10,7 @@ from fake_gpus import FakeGpus
 from orchestrator import state
 from orchestrator.errors import StepError
 from orchestrator.resources.gpus import Request
-from orchestrator.run import Run
+from orchestrator.runner.run import Run
 from orchestrator.steps import STEPS
 from orchestrator.steps.session import HostSession
 
