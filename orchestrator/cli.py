@@ -324,7 +324,8 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
         from .records import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
-        threading.Thread(target=importlib.import_module, args=(f"{__package__}.records.dashboard",), daemon=True).start()
+        threading.Thread(target=importlib.import_module, args=(f"{__package__}.records.dashboard",),
+                         daemon=True).start()
     secrets = remote.host_secrets(hosts)     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):

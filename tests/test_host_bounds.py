@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.records import dashboard, history as history_mod, run_store
+from orchestrator.runner import pipeline
 from orchestrator.runner.console import Console
 
 from test_faults import entry, fake_commands, run_validate
@@ -223,7 +224,7 @@ def test_7_a_lock_helper_that_floods_holder_lines_fails_that_host_in_bounded_mem
     inv = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(flooding_host.root / f"d-{tmp_path.name}"))})
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = io.StringIO()
-    code = cli.run_plan(inv, [inv.hosts["h"]], __import__("orchestrator.runner.pipeline").runner.pipeline.Plan.of("deploy"),
+    code = cli.run_plan(inv, [inv.hosts["h"]], pipeline.Plan.of("deploy"),
                         Console(out), report_dir=str(tmp_path / "run"))
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
     step = json.loads((tmp_path / "run" / "run.json").read_text())["hosts"]["h"]["steps"]["sync"]
