@@ -574,9 +574,10 @@ def validate_round_trips(lab, inventory: Path, host) -> dict:
     """A no-op validate in this process, the transport instrumented: sessions (round trips) per step,
     Paramiko connections, rsync/ssh subprocesses."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import cli, pipeline, sync as sync_mod
+    from orchestrator import cli, sync as sync_mod
+    from orchestrator.runner import pipeline
     from orchestrator.connectors import paramiko as connection_mod
-    from orchestrator.console import Console
+    from orchestrator.runner.console import Console
     import io
 
     local = threading.local()

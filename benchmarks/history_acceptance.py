@@ -227,7 +227,7 @@ def contended(history: Path, runs: list[dict], host: str,
     (judged again from the history file, as nightly judged them), the target metric's CPU share and
     how much the calibration probe alone moved the target (> 0: the machine made it worse)."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import history as history_mod, regression
+    from orchestrator.records import history as history_mod, regression
     counts, shares, machine = [], [], []
     with history_mod.HistoryStore.open(history) as store:
         for run in runs:
@@ -243,7 +243,7 @@ def without_calibration(history: Path, runs: list[dict]) -> list[list[str]]:
     same history judged on the wall clock and per CPU second alone): what the probe changed."""
     sys.path.insert(0, str(REPO))
     import dataclasses
-    from orchestrator import detector, history as history_mod, regression
+    from orchestrator.records import detector, history as history_mod, regression
     flagged = []
     with history_mod.HistoryStore.open(history) as store:
         for run in runs:
@@ -301,7 +301,7 @@ def false_alarms(args, work: Path) -> dict:
 def target_verdict(history: Path, run: dict, target: str) -> str:
     """The detector's verdict on the target metric of a run, judged again from the history file."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import history as history_mod, regression
+    from orchestrator.records import history as history_mod, regression
     with history_mod.HistoryStore.open(history) as store:
         verdicts = history_mod.judge_run(store, run, lambda metric: regression.threshold_for(metric, {}))
     return next((f"{v.status} ({v.method}): {v.reason}" for p, v in verdicts if p.metric == target), "no verdict")
@@ -392,7 +392,7 @@ def replay(args, work: Path) -> dict:
     night, by this checkout's detector (what a detector change does to the same measurements), and
     with the speed-ups paired by round (paired_speedups: the runs indexed again into a scratch history)."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import history as history_mod, regression
+    from orchestrator.records import history as history_mod, regression
     found = {}
     for part, name in (("false-alarms", "history-load.sqlite"), ("detection", "history-detect.sqlite")):
         history, runs_dir = work.parent / part / name, work.parent / part / "repo" / "runs"

@@ -55,9 +55,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                    ["_open_once", "_connect", "_Target.*"]),
     "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
                                 "group or timeout or secret or env or quote or wrap or step"], []),
-    "orchestrator/golden.py": (["tests/test_golden.py"], []),
-    "orchestrator/record.py": (["tests/test_golden.py", "tests/test_record.py"], ["Mismatch.*"]),
-    "orchestrator/redaction.py": (["tests/test_record.py"], []),
+    "orchestrator/records/golden.py": (["tests/test_golden.py"], []),
+    "orchestrator/records/record.py": (["tests/test_golden.py", "tests/test_record.py"], ["Mismatch.*"]),
+    "orchestrator/records/redaction.py": (["tests/test_record.py"], []),
     "orchestrator/safe_text.py": (["tests/test_hostile.py", "tests/test_report.py", "-k",
                                    "escaped or terminal or markdown or safe_text"], []),
     "orchestrator/inventory.py": (["tests/test_inventory.py"],
@@ -89,13 +89,13 @@ EQUIVALENT: dict[str, str] = {
         'rstrip("XX=XX"): the base64 of a 32-byte digest ends in one of AEIMQUYcgkosw048 before its "=", never X',
     "orchestrator.connectors.hostkeys.x_pinned_transport__mutmut_1":
         "the event given to start_client: SSHClient.connect passes none (it waits for the key exchange itself)",
-    "orchestrator.golden.x__twin_check__mutmut_12": "the why of a skipped check is never shown (matrix_row keeps "
-                                                    "the failed checks' only)",
-    "orchestrator.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
-    "orchestrator.redaction.x_redact__mutmut_2": "str() of a str is that str",
-    "orchestrator.redaction.x__redact_edges__mutmut_7": "n = len + 1 or len: secret[-n:] is the whole secret, which redact "
-                                                    "replaced just before",
-    "orchestrator.redaction.x__redact_edges__mutmut_24": "the same at the end: secret[:n] is the whole secret",
+    "orchestrator.records.golden.x__twin_check__mutmut_12":
+        "the why of a skipped check is never shown (matrix_row keeps the failed checks' only)",
+    "orchestrator.records.golden.x__twin_check__mutmut_62": "the why of a passed check is never shown (as above)",
+    "orchestrator.records.redaction.x_redact__mutmut_2": "str() of a str is that str",
+    "orchestrator.records.redaction.x__redact_edges__mutmut_7":
+        "n = len + 1 or len: secret[-n:] is the whole secret, which redact replaced just before",
+    "orchestrator.records.redaction.x__redact_edges__mutmut_24": "the same at the end: secret[:n] is the whole secret",
     "orchestrator.remote.x_secret_input__mutmut_4": "secret values come from os.environ, which cannot hold a NUL byte",
     "orchestrator.remote.x_secret_input__mutmut_6": "the same: the NUL check's message cannot be reached",
     "orchestrator.safe_text.x__escape__mutmut_9": "code <= 0x100: U+0100 is not among the escaped characters",

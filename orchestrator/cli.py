@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import inventory as inventory_mod
-from .console import Console
+from .runner.console import Console
 from .errors import HostKeyError, KdError, LocalWriteError, UsageError
 from .inventory import Host, Inventory
 
 # Start-up time counts (engineers run these tasks dozens of times a day): each task imports what
 # it uses (Paramiko only when a host is reached; Jinja2 and the pipeline only for validate/report).
 if TYPE_CHECKING:
-    from . import record
+    from .records import record
 
 # The checkout this package sits in, when it runs from one (`invoke` in the repo, an editable install).
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def hosts_table(inv: Inventory, console: Console) -> int:
 
 def doctor(inv: Inventory, hosts: list[Host], console: Console, parallel: int | None = None) -> int:
     """Check every host (the preflight step alone), `parallel` at a time; a run record; 1 if a check failed."""
-    from . import pipeline
+    from .runner import pipeline
     return run_plan(inv, hosts, pipeline.Plan.of("doctor", max_parallel=parallel), console)
 
 
@@ -135,7 +135,7 @@ def deploy(inv: Inventory, hosts: list[Host], console: Console, dry_run: bool = 
            parallel: int | None = None) -> int:
     """Sync the project source to every host, `parallel` at a time (the sync step alone; a run
     record), or with `dry_run` print what would run, resolving every host's address, and change nothing."""
-    from . import pipeline
+    from .runner import pipeline
     if dry_run:
         return dry_run_deploy(inv, hosts, console)
     return run_plan(inv, hosts, pipeline.Plan.of("deploy", max_parallel=parallel), console)
@@ -161,7 +161,7 @@ def exec_command(inv: Inventory, hosts: list[Host], console: Console, argv: tupl
                  timeout: str | float | None = None, parallel: int | None = None) -> int:
     """Run `argv` (its words as typed) on every host, `parallel` at a time, for at most `timeout`
     seconds each (default EXEC_TIMEOUT): a run with the one step `exec` per host (run_plan)."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.context import UserCommand
     command = UserCommand(argv, parse_timeout(timeout))
     return run_plan(inv, hosts, pipeline.Plan.of("exec", max_parallel=parallel, user_command=command), console)
@@ -266,7 +266,8 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
     """Run the pipeline's steps (--steps/--skip) on the hosts, `parallel` at a time, on the GPUs
     --gpus asks for (over each host's gpu_policy and gpu_count), with the bundle tiers --bundles
     names (over each host's `bundles`); see run_plan."""
-    from . import gpus as gpus_mod, pipeline
+    from .runner import pipeline
+    from .resources import gpus as gpus_mod
     plan = pipeline.Plan.choose(steps, skip, command, use_cache=not no_cache, gpus=gpus_mod.parse_flag(gpus),
                                 max_parallel=parallel)
     return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console, report_dir=report_dir, baseline=baseline,
@@ -275,7 +276,7 @@ def validate(inv: Inventory, hosts: list[Host], console: Console, *, steps: str 
 
 def with_tiers(inv: Inventory, hosts: list[Host], bundles: str | None) -> list[Host]:
     """The hosts with the bundle tiers of --bundles (a comma list; UsageError if unknown), if given."""
-    from . import bundle_plan
+    from .resources import bundle_plan
     tiers = bundle_plan.parse_flag(bundles, inv.project)
     return hosts if tiers is None else [dataclasses.replace(h, bundles=tiers) for h in hosts]
 
@@ -284,7 +285,7 @@ def check_bundle(inv: Inventory, host: Host, console: Console, path: str | None,
                  max_memory: str | None = None) -> int:
     """Run the deployed engine's bundle check on `path` on the host (check-bundle: one step,
     steps.bundle_tasks); `max_memory`: the engine's --max-memory in bytes. See run_plan."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.bundle_tasks import BundleTask
     if path is None:
         raise UsageError("check-bundle: give the bundle's path on the host (absolute, or relative to remote_dir)")
@@ -304,7 +305,7 @@ def clean_bundles(inv: Inventory, hosts: list[Host], console: Console, bundles: 
                   remove: bool = False, parallel: int | None = None) -> int:
     """List each host's bundles and, with `remove`, remove those its tiers (--bundles over its
     `bundles`) do not use (clean-bundles: one step, steps.bundle_tasks). See run_plan."""
-    from . import pipeline
+    from .runner import pipeline
     from .steps.bundle_tasks import BundleTask
     plan = pipeline.Plan.of("clean-bundles", task=BundleTask(remove=remove), max_parallel=parallel)
     return run_plan(inv, with_tiers(inv, hosts, bundles), plan, console)
@@ -316,12 +317,15 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     benchmark history and redraw the dashboard, print the summary. A nightly's regressions come from the history
     detector, or with --baseline from the fixed ratio against that file. Exit code: 0 passed,
     1 a host failed, 3 (nightly) a benchmark regressed, 130/143 interrupted."""
-    from . import parallel, pipeline, record, regression, remote, run_store
+    from . import remote
+    from .runner import parallel, pipeline
+    from .records import record, regression, run_store
     refuse_slurm(hosts, plan.command)
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
-        from . import history as history_mod
+        from .records import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
-        threading.Thread(target=importlib.import_module, args=(f"{__package__}.dashboard",), daemon=True).start()
+        threading.Thread(target=importlib.import_module, args=(f"{__package__}.records.dashboard",),
+                         daemon=True).start()
     secrets = remote.host_secrets(hosts)     # all set? (else exit 2)
     parallel.fit_fd_limit(min(plan.max_parallel or parallel.default_parallel(), len(hosts)))     # else exit 2
     if any(h.persist and not h.is_local for h in hosts):
@@ -350,7 +354,7 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
             paths = pipeline.finish(run_dir, run, runs_root, [v for values in secrets.values() for v in values])
             if store is not None:
                 store.index_run(run_store.load_run(run_dir.path), run_dir.path)
-                from . import dashboard
+                from .records import dashboard
                 dashboard.render_history(store, board, tolerance)
         except LocalWriteError:             # a full disk: the summary still, then the one line (exit 1)
             run_summary(console, run, plan)
@@ -376,7 +380,7 @@ def refuse_slurm(hosts: list[Host], command: str) -> None:
 
 def _baseline(path: str | None) -> dict | None:
     """The baseline file given with nightly --baseline (None: the history decides)."""
-    from . import regression
+    from .records import regression
     if not path:
         return None
     try:
@@ -387,14 +391,15 @@ def _baseline(path: str | None) -> dict | None:
 
 def _history_path(runs_root: Path, path: str | None) -> Path:
     """The history file: --history, else runs/history.sqlite."""
-    from . import history
+    from .records import history
     return Path(path) if path else history.default_path(runs_root)
 
 
 def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
-    from . import record, slurm_run
+    from .records import record
+    from . import slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
@@ -440,7 +445,7 @@ def history(inv: Inventory, console: Console, history: str | None = None, rebuil
             html: bool = False) -> int:
     """Reindex the history from the run directories (--rebuild), write the dashboard (--html);
     without either, print every series' latest value and verdict."""
-    from . import dashboard, detector, history as history_mod, regression
+    from .records import dashboard, detector, history as history_mod, regression
     runs_root = inv.project.root / "runs"
     tolerance = lambda metric: regression.threshold_for(metric, {})     # noqa: E731
     with history_mod.HistoryStore.open(_history_path(runs_root, history)) as store:
@@ -465,8 +470,9 @@ def history(inv: Inventory, console: Console, history: str | None = None, rebuil
 
 def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: str | None,
            metric: str | None = None, golden: bool = False) -> int:
-    """Find the first bad commit between --good and --bad on one host (see orchestrator.bisect)."""
-    from . import bisect as bisect_mod, probe
+    """Find the first bad commit between --good and --bad on one host (see orchestrator.records.bisect)."""
+    from .records import bisect as bisect_mod
+    from .runner import probe
     if bool(metric) == bool(golden):
         raise UsageError("bisect needs exactly one of --metric NAME and --golden")
     if not good or not bad:
@@ -493,7 +499,7 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
     """Re-render a run's reports (default: the latest of any command); with compare_to, write the
     benchmark comparison of the two runs beside the newer one's reports (default: the newest
     validate or nightly run)."""
-    from . import report, run_store
+    from .records import report, run_store
     runs_root = inv.project.root / "runs"
     run_dir = run_store.resolve_run(runs_root, run)
     paths = report.render_run(run_dir)
@@ -509,7 +515,7 @@ def rerender(inv: Inventory, console: Console, run: str | None = None, compare_t
 def baseline(inv: Inventory, console: Console, out: str | None, run: str | None = None) -> int:
     """Write a baseline file from a run (default: the newest validate or nightly run) for
     `nightly --baseline`."""
-    from . import regression, run_store
+    from .records import regression, run_store
     if not out:
         raise UsageError("baseline needs the file to write: --out FILE")
     runs_root = inv.project.root / "runs"
@@ -522,7 +528,7 @@ def baseline(inv: Inventory, console: Console, out: str | None, run: str | None 
 
 def _measured_run(runs_root: Path) -> Path:
     """The newest validate or nightly run (the default of baselines and comparisons)."""
-    from . import run_store
+    from .records import run_store
     path = run_store.newest_run(runs_root)
     if path is None:
         raise run_store.RunRecordError(runs_root, "no validate or nightly run here")
@@ -531,7 +537,7 @@ def _measured_run(runs_root: Path) -> Path:
 
 def clean(inv: Inventory, console: Console, keep: str | int | None = None) -> int:
     """Delete all but the newest `keep` runs under runs/ (default 10)."""
-    from . import run_store
+    from .records import run_store
     try:
         keep = DEFAULT_KEEP if keep is None else int(keep)
     except ValueError:

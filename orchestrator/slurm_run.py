@@ -26,7 +26,7 @@ import dataclasses
 from . import remote, slurm
 from .connectors.base import Transport
 from .errors import KdError
-from .record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
+from .records.record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
 
 SRUN_GRACE = 30         # seconds srun gets on the login node past the step's timeout and its KILL_AFTER
 

@@ -12,7 +12,7 @@ import sys
 from invoke import Collection, Exit, Task, task as _invoke_task
 
 from . import cli
-from .console import Console
+from .runner.console import Console
 
 
 class KdTask(Task):
@@ -35,7 +35,7 @@ def _inventory(c, inventory: str | None) -> str | None:
 
 
 def _parallel(value) -> int | None:
-    from .parallel import parse_parallel        # a UsageError (exit 2) for anything but a count
+    from .runner.parallel import parse_parallel        # a UsageError (exit 2) for anything but a count
     return parse_parallel(value)
 
 

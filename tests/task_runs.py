@@ -9,7 +9,7 @@ import json
 import re
 
 from orchestrator import cli, doctor
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.inventory import Host, Inventory
 
 # the sync step's message when it passed (steps/sync.py)

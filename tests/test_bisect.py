@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for, commit_range,
-                                 max_probes, search)
+from orchestrator.records.bisect import (BisectError, Commit, MetricJudge, ProbeResult, Worktree, command_for,
+                                         commit_range, max_probes, search)
 from orchestrator.errors import UsageError
-from orchestrator.probe import golden_verdict
-from orchestrator.record import GoldenRecord, HostRecord, StepRecord
+from orchestrator.runner.probe import golden_verdict
+from orchestrator.records.record import GoldenRecord, HostRecord, StepRecord
 
 
 def git(repo: Path, *args: str) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import bundle_plan, capacity, gpus, inventory
+from orchestrator import inventory
+from orchestrator.resources import bundle_plan, capacity, gpus
 from orchestrator.errors import InventoryError, UsageError
 
 from fake_gpus import FakeGpus

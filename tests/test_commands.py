@@ -9,7 +9,8 @@ import shlex
 
 import pytest
 
-from orchestrator import console, doctor, inventory, ownership, parallel, remote, state, sync
+from orchestrator import doctor, inventory, ownership, remote, state, sync
+from orchestrator.runner import console, parallel
 from orchestrator.host import client
 from orchestrator.inventory import Host
 from orchestrator.connectors.local import LocalTransport

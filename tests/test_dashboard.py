@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from browser import chromium
-from orchestrator import record as rec
-from orchestrator import report, run_store
-from orchestrator.dashboard import render_history
-from orchestrator.history import HistoryStore
+from orchestrator.records import record as rec
+from orchestrator.records import report, run_store
+from orchestrator.records.dashboard import render_history
+from orchestrator.records.history import HistoryStore
 from test_history import H200, a_run, bench
 
 HOSTILE = 'tok<script>alert("x")</script>_per_s'

@@ -18,7 +18,7 @@ import yaml
 
 from task_runs import deploy_task
 from orchestrator import cli, state, sync
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, SyncError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.host import client

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from orchestrator.detector import Point, Policy, judge, mad, mann_whitney_less, median
+from orchestrator.records.detector import Point, Policy, judge, mad, mann_whitney_less, median
 
 
 def run(rng: random.Random, mean: float, cv: float, repeats: int = 5, load: float = 0.0, commit: str = "c") -> Point:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.result_files import bench_from_engine
+from orchestrator.records.result_files import bench_from_engine
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 MERGE = ENGINE / "scripts" / "merge_gpu_bench.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine_copies import engine_copy
-from orchestrator import progress
+from orchestrator.runner import progress
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 
@@ -52,7 +52,7 @@ def test_run_tests_passes(engine_run):
 
 def test_the_scripts_report_progress_the_orchestrator_reads(engine_run):
     """run_tests.sh reports after every test (tests run, passed of them), build.sh the files it
-    compiles of those it must, then each link: every report is one orchestrator.progress parses."""
+    compiles of those it must, then each link: every report is one orchestrator.runner.progress parses."""
     copy, run = engine_run
     results = json.loads((copy / "build" / "test_results.json").read_text())
     tests = [progress.parse(line) for line in run.stdout.splitlines() if line.startswith("::kdtree-progress")]

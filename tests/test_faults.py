@@ -28,7 +28,7 @@ import pytest
 from task_runs import deploy_task
 from orchestrator import cli, inventory as inventory_mod, sync
 from orchestrator.connectors import paramiko as connection, relay
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import AuthError, HostKeyError, InventoryError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.connectors.paramiko import SshTransport

@@ -1,9 +1,9 @@
-"""The golden-token matrix as data: every check of orchestrator.golden on small manifests."""
+"""The golden-token matrix as data: every check of orchestrator.records.golden on small manifests."""
 from __future__ import annotations
 
 import copy
 
-from orchestrator import golden
+from orchestrator.records import golden
 
 
 def manifest() -> dict:

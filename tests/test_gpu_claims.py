@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import gpu_claims, gpus, state
+from orchestrator import state
+from orchestrator.resources import gpu_claims, gpus
 from orchestrator.errors import DestinationError
-from orchestrator.gpus import GpuQueryError, GpuSelectionError, Request
+from orchestrator.resources.gpus import GpuQueryError, GpuSelectionError, Request
 from orchestrator.connectors.factory import open_transport
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,8 +187,9 @@ def test_every_gpu_the_policy_allows_skips_those_other_runs_hold(g1):
 
 CLIENT = """
 import sys, time
-from orchestrator import gpu_claims, inventory, state
-from orchestrator.gpus import Request
+from orchestrator import inventory, state
+from orchestrator.resources import gpu_claims
+from orchestrator.resources.gpus import Request
 from orchestrator.connectors.factory import open_transport
 host = inventory.load(sys.argv[1]).hosts["g1"]
 claim = gpu_claims.acquire(open_transport(host), Request(count=1), state.Owner.now("nightly"))

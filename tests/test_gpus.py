@@ -8,9 +8,10 @@ import types
 import pytest
 import yaml
 
-from orchestrator import gpus, inventory
+from orchestrator import inventory
+from orchestrator.resources import gpus
 from orchestrator.errors import InventoryError, UsageError
-from orchestrator.gpus import Gpu, GpuProcess, GpuQueryError, GpuSelectionError, Request
+from orchestrator.resources.gpus import Gpu, GpuProcess, GpuQueryError, GpuSelectionError, Request
 
 from fake_gpus import FakeGpus
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import record as rec
-from orchestrator import result_files, run_store
-from orchestrator.history import (HistoryError, HistoryStore, SeriesKey, build_key_id, contended, host_key, judge_run,
-                                  regressions, run_points)
+from orchestrator.records import record as rec
+from orchestrator.records import result_files, run_store
+from orchestrator.records.history import (HistoryError, HistoryStore, SeriesKey, build_key_id, contended,
+                                          host_key, judge_run, regressions, run_points)
 
 H200 = rec.Fingerprint(gpu="NVIDIA H200", gpu_count=1, compute_capability="9.0", arch="sm_90", nvcc="13.0")
 BUILD = {"backend": "cuda", "arch": "sm_90", "cxx": "g++ 13.2", "nvcc": "13.0", "cxxflags": "-O2"}

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, dashboard, history as history_mod, run_store
-from orchestrator.console import Console
+from orchestrator import cli
+from orchestrator.records import dashboard, history as history_mod, run_store
+from orchestrator.runner import pipeline
+from orchestrator.runner.console import Console
 
 from test_faults import entry, fake_commands, run_validate
 
@@ -222,7 +224,7 @@ def test_7_a_lock_helper_that_floods_holder_lines_fails_that_host_in_bounded_mem
     inv = make_inventory({"h": entry(lab, flooding_host, remote_dir=str(flooding_host.root / f"d-{tmp_path.name}"))})
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = io.StringIO()
-    code = cli.run_plan(inv, [inv.hosts["h"]], __import__("orchestrator.pipeline").pipeline.Plan.of("deploy"),
+    code = cli.run_plan(inv, [inv.hosts["h"]], pipeline.Plan.of("deploy"),
                         Console(out), report_dir=str(tmp_path / "run"))
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
     step = json.loads((tmp_path / "run" / "run.json").read_text())["hosts"]["h"]["steps"]["sync"]
@@ -237,7 +239,8 @@ def test_7_a_claim_helper_that_floods_held_lines_is_bounded_too(lab, make_invent
     more (the lock's, after its answer) keeps at most UNREAD_BYTES of it waiting."""
     import resource
 
-    from orchestrator import gpu_claims, state
+    from orchestrator import state
+    from orchestrator.resources import gpu_claims
     from orchestrator.connectors import base, factory
     from orchestrator.errors import HostError
     from orchestrator.host import client

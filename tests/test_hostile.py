@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import (bounded, cli, gpu_claims, gpus, inventory as inventory_mod, ownership, pipeline, record,
-                          remote, report, run_store, state)
-from orchestrator.console import Console
+from orchestrator import bounded, cli, inventory as inventory_mod, ownership, remote, state
+from orchestrator.runner import pipeline
+from orchestrator.resources import gpu_claims, gpus
+from orchestrator.records import record, report, run_store
+from orchestrator.runner.console import Console
 from orchestrator.errors import DestinationError, HostError, HostKeyError, InventoryError
 from orchestrator.host import client
 from orchestrator.inventory import Host

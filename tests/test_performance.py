@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor, pipeline, record, run_store, state, sync
+from orchestrator import doctor, state, sync
+from orchestrator.runner import pipeline
+from orchestrator.records import record, run_store
 from orchestrator.connectors import base, factory, paramiko as connection
 from orchestrator.errors import AuthError, CommandError, FetchError, UsageError
-from orchestrator.run import Run
+from orchestrator.runner.run import Run
 from orchestrator.steps import bench as bench_step, build as build_step, bundles as bundles_step, \
     executables, host_reads, test as test_step
 from orchestrator.errors import StepError

@@ -1,4 +1,4 @@
-"""Live progress of long steps (orchestrator/progress.py): the protocol's bounds, the live line in
+"""Live progress of long steps (orchestrator/runner/progress.py): the protocol's bounds, the live line in
 a pseudo-terminal, plain and rare lines when the console is not a terminal, and hostile reports
 (huge numbers, control characters, a flood of lines) bounded and escaped."""
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, pipeline, progress
-from orchestrator.console import Console
+from orchestrator import cli
+from orchestrator.runner import pipeline, progress
+from orchestrator.runner.console import Console
 from orchestrator.errors import KdError
 
 from test_faults import fake_commands

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import record as rec
-from orchestrator import redaction, result_files, run_store
+from orchestrator.records import record as rec
+from orchestrator.records import redaction, result_files, run_store
 from orchestrator.steps import ORDER
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 
 
 def small_record(run_id: str = "20261129-172233-ab12", status: str = "passed") -> rec.RunRecord:

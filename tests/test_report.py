@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import record as rec
-from orchestrator import redaction, regression, report, result_files, run_store, run_view
+from orchestrator.records import record as rec
+from orchestrator.records import redaction, regression, report, result_files, run_store, run_view
 from orchestrator.steps import ORDER as STEPS
 
 from browser import chromium

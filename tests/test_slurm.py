@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import cli, doctor, inventory, slurm
 from orchestrator.connectors.factory import open_transport
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, UsageError
 from orchestrator.inventory import Host, SlurmRequest
 

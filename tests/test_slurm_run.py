@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 
 import slurm_cluster
 

@@ -17,7 +17,7 @@ import pytest
 
 from task_runs import deploy_task, doctor_task
 from orchestrator import cli, remote, sync
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
 from orchestrator.connectors.factory import open_transport
 
@@ -415,7 +415,7 @@ def test_doctor(lab, make_inventory, tmp_path):
 INTERRUPTED_RUN = """
 import sys
 from orchestrator import inventory, parallel, remote
-from orchestrator.run import Run
+from orchestrator.runner.run import Run
 inv = inventory.load(sys.argv[1])
 with Run("test") as run:
     def work(host):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from orchestrator import cli
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import StepError
 from orchestrator.steps import sync as sync_step
 from orchestrator.steps.context import StepContext

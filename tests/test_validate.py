@@ -586,7 +586,7 @@ def orch(lab, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
 
 def test_nightly_judges_each_metric_against_its_history_and_prints_the_bisect_command(lab, workdir, full_run,
                                                                                       history_repo):
-    from orchestrator.history import HistoryStore, host_key
+    from orchestrator.records.history import HistoryStore, host_key
     repo, inventory, shas = history_repo
     git(repo, "checkout", "-q", shas[1])                # the engine of c0, the commit c1
     _, full_dir = full_run

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import cli, inventory, pipeline, remote, run_store, steps
-from orchestrator.console import Console
+from orchestrator import cli, inventory, remote, steps
+from orchestrator.runner import pipeline
+from orchestrator.records import run_store
+from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, InventoryError, UsageError
-from orchestrator.run import Run
+from orchestrator.runner.run import Run
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = ("hosts", "doctor", "trust", "deploy", "validate", "nightly", "baseline", "report", "clean")

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, inventory as inventory_mod, parallel, remote
+from orchestrator import cli, inventory as inventory_mod, remote
+from orchestrator.runner import parallel
 from orchestrator.connectors import hostkeys, openssh as warm, ssh_common
-from orchestrator.console import Console
+from orchestrator.runner.console import Console
 from orchestrator.errors import ConnectError, HostError, HostKeyError, InventoryError, UsageError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.connectors.paramiko import SshTransport

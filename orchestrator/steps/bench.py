@@ -12,9 +12,9 @@ from __future__ import annotations
 import secrets
 import threading
 
-from .. import gpus
+from ..resources import gpus
 from ..errors import KdError, StepError
-from ..result_files import bench_from_engine
+from ..records.result_files import bench_from_engine
 from .context import Outcome, StepContext
 
 SAMPLE_SECONDS = 5.0         # between two looks at the GPU while the benchmarks run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import record
+from ..records import record
 from ..host import client
 from . import STEPS, executables
 from ..errors import StepError

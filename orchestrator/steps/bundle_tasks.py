@@ -11,10 +11,10 @@ import posixpath
 import re
 
 from .. import remote
-from ..bundle_plan import gb
+from ..resources.bundle_plan import gb
 from ..errors import CommandError, StepError, cause_of
 from ..host import client
-from ..gpus import visible
+from ..resources.gpus import visible
 from .context import Outcome, StepContext
 
 ENGINE = "build/kdtree"       # the deployed engine, relative to remote_dir (what the build step leaves)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import posixpath
 
-from ..bundle_plan import gb
+from ..resources.bundle_plan import gb
 from . import STEPS, inputs
 from .context import Outcome, StepContext
 

@@ -17,7 +17,8 @@ import typing
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-from .. import bounded, ownership, progress, remote, state
+from .. import bounded, ownership, remote, state
+from ..runner import progress
 from . import STEPS, inputs
 from .host_reads import RESULT_MAX_BYTES, HostReads
 from .session import HostSession
@@ -25,15 +26,15 @@ from .shell import EngineShell, results_dir
 from .stamps import Stamps
 from ..errors import HostError, KdError, StepError
 from ..inventory import Host, Project
-from ..record import GpuRun, HostRecord
-from ..redaction import redact, redact_tree
-from ..run_store import RunDir
+from ..records.record import GpuRun, HostRecord
+from ..records.redaction import redact, redact_tree
+from ..records.run_store import RunDir
 from ..sync import SourceId
 
 if typing.TYPE_CHECKING:      # each imports this module, or one that does, at run time
-    from ..bundle_plan import BundlePlan
-    from ..gpus import Gpu
-    from ..pipeline import LocalReference, Plan
+    from ..resources.bundle_plan import BundlePlan
+    from ..resources.gpus import Gpu
+    from ..runner.pipeline import LocalReference, Plan
 
 # A nightly's and a bisect's bench measure for the benchmark history with this project command, when named.
 HISTORY_BENCH = "bench_nightly"

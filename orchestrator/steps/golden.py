@@ -1,5 +1,5 @@
 """Golden: run the engine on every bundle on the host and check its tokens against the committed
-expected manifest, this machine's regeneration and the host's regeneration (orchestrator.golden).
+expected manifest, this machine's regeneration and the host's regeneration (orchestrator.records.golden).
 With GPUs claimed, the engine runs once per GPU, all at once, each pinned to its GPU: a column of
 the hosts x GPUs x bundles matrix (run.json's gpu_runs).
 
@@ -12,9 +12,9 @@ that no longer pass are not trusted: the engine runs again. Never on GPUs, in a 
 --no-cache (results_key)."""
 from __future__ import annotations
 
-from .. import golden
+from ..records import golden
 from ..errors import KdError, StepError
-from ..record import GoldenRecord
+from ..records.record import GoldenRecord
 from .context import Outcome, StepContext, gpu_run
 
 

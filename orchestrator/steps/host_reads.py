@@ -17,7 +17,7 @@ from .shell import EngineShell
 from .stamps import Files
 
 if typing.TYPE_CHECKING:      # the pipeline imports this module, through the step context, at run time
-    from ..pipeline import Plan
+    from ..runner.pipeline import Plan
 
 RESULT_MAX_BYTES = 16 << 20      # a result file pulled back from a host is never larger
 NOT_READ = object()      # a read ahead that was not made (the step makes it itself)

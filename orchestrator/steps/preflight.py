@@ -7,9 +7,10 @@ from __future__ import annotations
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .. import capacity, doctor, gpu_claims, gpus, state
-from ..bundle_plan import BundlePlan
-from ..record import Fingerprint
+from .. import doctor, state
+from ..resources import capacity, gpu_claims, gpus
+from ..resources.bundle_plan import BundlePlan
+from ..records.record import Fingerprint
 from ..errors import StepError
 from .context import Outcome, StepContext
 

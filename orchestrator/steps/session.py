@@ -14,15 +14,15 @@ from typing import Callable
 
 from .. import state
 from ..errors import StepError
-from ..gpus import Request
+from ..resources.gpus import Request
 from ..inventory import Host
 from ..connectors.base import Transport
 from . import STEPS
 
 if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at run time
-    from ..gpu_claims import GpuClaim
-    from ..gpus import Gpu
-    from ..run import Run
+    from ..resources.gpu_claims import GpuClaim
+    from ..resources.gpus import Gpu
+    from ..runner.run import Run
     from ..slurm_run import Allocation
 
 

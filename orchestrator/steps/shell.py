@@ -21,8 +21,8 @@ from ..inventory import Project
 from .session import HostSession
 
 if typing.TYPE_CHECKING:      # bundle_plan imports what imports this module at run time
-    from ..bundle_plan import BundlePlan
-    from ..gpus import Gpu
+    from ..resources.bundle_plan import BundlePlan
+    from ..resources.gpus import Gpu
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ is caught before a shared production host finds it. Never cached: a repeat is th
 from __future__ import annotations
 
 from ..errors import CommandError, StepError
-from ..record import LOAD_CASE
+from ..records.record import LOAD_CASE
 from .context import Outcome, StepContext
 from .test import pull_results, raise_on_failures
 

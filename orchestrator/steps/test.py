@@ -4,8 +4,8 @@ with several GPUs each case's name says its GPU (`gpu<index>.<name>`)."""
 from __future__ import annotations
 
 from ..errors import CommandError, KdError, StepError
-from ..record import TestCase, TestsRecord
-from ..result_files import tests_from_engine
+from ..records.record import TestCase, TestsRecord
+from ..records.result_files import tests_from_engine
 from .context import Outcome, StepContext, gpu_run
 
 SHOWN_FAILURES = 5

@@ -6,7 +6,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from orchestrator import pipeline
+from orchestrator.runner import pipeline
 from orchestrator.connectors import factory
 from orchestrator.steps.host_reads import NOT_READ, HostReads
 from orchestrator.steps.session import HostSession

@@ -9,8 +9,8 @@ from fake_gpus import FakeGpus
 
 from orchestrator import state
 from orchestrator.errors import StepError
-from orchestrator.gpus import Request
-from orchestrator.run import Run
+from orchestrator.resources.gpus import Request
+from orchestrator.runner.run import Run
 from orchestrator.steps import STEPS
 from orchestrator.steps.session import HostSession
 

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.connectors import factory
 from orchestrator.errors import CommandError
-from orchestrator.gpus import Gpu
+from orchestrator.resources.gpus import Gpu
 from orchestrator.steps.session import HostSession
 from orchestrator.steps.shell import EngineShell
 

@@ -1,5 +1,5 @@
 """Benchmark baselines, regressions and comparisons: the domain logic the nightly verdict and
-`invoke report --compare` rest on (orchestrator.report only renders it).
+`invoke report --compare` rest on (orchestrator.records.report only renders it).
 
 The nightly job compares benchmarks with a baseline: a previous run.json or a baseline file
 
@@ -16,10 +16,10 @@ import fnmatch
 import json
 from pathlib import Path
 
-from orchestrator import ranges
+from orchestrator.records import ranges
 from orchestrator.ownership import write_private
-from orchestrator.ranges import finite_number
-from orchestrator.record import Regression, mapping as _dict, unique as _unique, utc_now
+from orchestrator.records.ranges import finite_number
+from orchestrator.records.record import Regression, mapping as _dict, unique as _unique, utc_now
 
 BASELINE_VERSION = 1
 DEFAULT_THRESHOLD = 0.10  # relative tolerance of a metric no threshold names

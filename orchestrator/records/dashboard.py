@@ -15,7 +15,7 @@ from typing import Callable
 
 from .detector import DEFAULT_POLICY, Policy, history_noise, judge
 from .history import HistoryStore, SeriesKey, StoredPoint
-from .ownership import write_private
+from ..ownership import write_private
 from .record import utc_now
 from .report import _ENV     # the run report's Jinja2 environment: filters, style, autoescape
 from .run_view import NAME_LIMIT, fmt, text

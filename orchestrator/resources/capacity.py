@@ -16,9 +16,9 @@ import re
 
 from .bundle_plan import BundlePlan, gb
 from .gpus import visible
-from .host import client
-from .inventory import Host
-from .connectors.base import Transport
+from ..host import client
+from ..inventory import Host
+from ..connectors.base import Transport
 
 MAX_OUTPUT = 64 * 1024
 _LINE = re.compile(r"(disk_free_kb|mem_available_kb|have_bytes)=(\d{1,20})(?: (.*))?\Z")

@@ -1,5 +1,5 @@
 """Reports rendered from a run record: report.md, report.html, junit.xml, and the comparison of two
-runs (its rows come from orchestrator.regression, the domain logic of baselines, regressions and
+runs (its rows come from orchestrator.records.regression, the domain logic of baselines, regressions and
 comparisons; this module only renders).
 
 Everything renders from run.json through ``run_view.view()``, which turns whatever the record
@@ -22,10 +22,10 @@ import jinja2
 from orchestrator import ownership
 from orchestrator.errors import UsageError
 from orchestrator.ownership import write_private
-from orchestrator.record import UNFINISHED_STEP_STATUSES
-from orchestrator.regression import compare
-from orchestrator.run_store import RUN_JSON, load_run
-from orchestrator.run_view import NAME_LIMIT, fmt, text, view
+from orchestrator.records.record import UNFINISHED_STEP_STATUSES
+from orchestrator.records.regression import compare
+from orchestrator.records.run_store import RUN_JSON, load_run
+from orchestrator.records.run_view import NAME_LIMIT, fmt, text, view
 from orchestrator.safe_text import markdown, markdown_block, markdown_code, markdown_fence
 
 __all__ = ["render_markdown", "render_html", "render_junit", "render_run", "render_compare", "write_compare"]

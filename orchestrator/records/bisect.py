@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from .detector import Policy, mad, median
-from .errors import KdError, UsageError
+from ..errors import KdError, UsageError
 
 
 REMEASURE = 2          # more measurements of a probe whose figure is too close to call

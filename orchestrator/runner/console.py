@@ -19,7 +19,7 @@ import threading
 import unicodedata
 from typing import Callable, Sequence, TextIO
 
-from .safe_text import visible
+from ..safe_text import visible
 
 
 class Console:

@@ -2,8 +2,8 @@
 
 A run writes one directory, ``runs/<run-id>/`` (or the ``--report-dir`` the user names):
 
-    run.json                             the run record (orchestrator.record), versioned
-    report.md, report.html, junit.xml    rendered from run.json by orchestrator.report
+    run.json                             the run record (orchestrator.records.record), versioned
+    report.md, report.html, junit.xml    rendered from run.json by orchestrator.records.report
     <host>/<step>.log                    each step's full output on each host
     <host>/<file>                        result files pulled back from the host
 
@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from orchestrator import ownership, ranges
+from orchestrator import ownership
+from orchestrator.records import ranges
 from orchestrator.errors import UsageError
-from orchestrator.record import BASELINE_COMMANDS, RUN_VERSION, RunRecord, mapping
-from orchestrator.redaction import redact_tree
+from orchestrator.records.record import BASELINE_COMMANDS, RUN_VERSION, RunRecord, mapping
+from orchestrator.records.redaction import redact_tree
 
 RUN_JSON = "run.json"
 LATEST = "latest"

@@ -22,9 +22,9 @@ import dataclasses
 import re
 from typing import Collection, Mapping, Sequence, cast
 
-from . import remote
-from .errors import HostError, UsageError
-from .host import client
+from .. import remote
+from ..errors import HostError, UsageError
+from ..host import client
 
 # Where nvidia-smi lives when the host's PATH for non-interactive ssh sessions lacks it: the
 # driver packages' own bin, the NVIDIA container runtime, WSL, the GPU operator's driver root.

@@ -62,7 +62,7 @@ from typing import Any, Iterable
 
 from orchestrator.bounded import short_text
 from orchestrator.steps import ORDER
-from orchestrator.ranges import finite_number
+from orchestrator.records.ranges import finite_number
 
 RUN_VERSION = 1
 
@@ -265,7 +265,7 @@ class HostRecord:
 class Regression:
     """A benchmark metric that got worse than its baseline by more than its threshold: ``method``
     says which rule (``baseline``: a fixed ratio against a baseline file; the history detector's
-    ``history``, ``drift`` or ``few-points``), ``evidence`` what it saw (orchestrator.detector's
+    ``history``, ``drift`` or ``few-points``), ``evidence`` what it saw (orchestrator.records.detector's
     Verdict), ``since_run`` the first run of an unbroken streak, ``bisect`` the command to run."""
 
     host: str

@@ -18,12 +18,13 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from . import gpu_claims, state
-from .errors import HostError
-from .gpus import Request
-from .inventory import Host
-from .connectors.base import Transport
-from .connectors.factory import open_transport
+from .. import state
+from ..resources import gpu_claims
+from ..errors import HostError
+from ..resources.gpus import Request
+from ..inventory import Host
+from ..connectors.base import Transport
+from ..connectors.factory import open_transport
 
 STOP_LOCK_WAIT = 2      # seconds each lock gets to be released on an interrupt, before connections close
 

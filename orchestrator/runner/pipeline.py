@@ -35,22 +35,24 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import bundle_plan, doctor, gpus, ownership, parallel, progress, record, redaction, remote, run_store, \
-    slurm_run, state, sync
+from .. import doctor, ownership, remote, slurm_run, state, sync
+from . import parallel, progress
+from ..resources import bundle_plan, gpus
+from ..records import record, redaction, run_store
 from .console import Console
-from .errors import CommandError, KdError, UsageError
-from .inventory import Host, Inventory, Project
-from .record import HostRecord, RunRecord, StepRecord
+from ..errors import CommandError, KdError, UsageError
+from ..inventory import Host, Inventory, Project
+from ..records.record import HostRecord, RunRecord, StepRecord
 from .run import Run
-from .run_store import RunDir
+from ..records.run_store import RunDir
 from .sink import BoundedSink
-from .steps import ORDER, STEPS
-from .steps import preflight as preflight_step
-from .steps.context import StepContext, UserCommand
-from .steps.session import HostSession
+from ..steps import ORDER, STEPS
+from ..steps import preflight as preflight_step
+from ..steps.context import StepContext, UserCommand
+from ..steps.session import HostSession
 
 if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
-    from .steps.bundle_tasks import BundleTask
+    from ..steps.bundle_tasks import BundleTask
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -280,13 +282,13 @@ def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
 
 
 def _prepare_reports() -> None:
-    from . import report
+    from ..records import report
     report.prepare()
 
 
 def finish(run_dir: RunDir, run: RunRecord, runs_root: Path, secrets=()) -> dict[str, Path]:
     """Write run.json and the reports, and point runs/latest at the run."""
-    from . import report
+    from ..records import report
     run_store.write_run(run_dir, run, secrets)
     paths = report.render_run(run_dir.path, secrets)
     run_store.update_latest(runs_root, run_dir.path)

@@ -17,11 +17,13 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
-from . import pipeline, record, remote, report, run_store
-from .bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
+from .. import remote
+from . import pipeline
+from ..records import record, report, run_store
+from ..records.bisect import BisectError, Commit, ProbeResult, Worktree, judged_by_best, per_cpu_figure
 from .console import Console
-from .errors import UsageError
-from .inventory import Host, Inventory, Project
+from ..errors import UsageError
+from ..inventory import Host, Inventory, Project
 
 
 def repository(project: Project) -> tuple[Path, str]:

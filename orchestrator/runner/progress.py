@@ -36,8 +36,8 @@ import time
 from typing import Any, Callable, NamedTuple, Protocol
 
 from .console import Console
-from .redaction import redact
-from .safe_text import visible
+from ..records.redaction import redact
+from ..safe_text import visible
 
 PREFIX = "::kdtree-progress "
 MAX_LINE = 512              # a longer line is output, never a report

@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .errors import LocalWriteError
-from .safe_text import visible
+from ..errors import LocalWriteError
+from ..safe_text import visible
 
 HEAD_BYTES = 1 << 20       # of a step's output, written as it comes
 TAIL_BYTES = 1 << 20       # and the last of it, written when the step ends

@@ -30,9 +30,9 @@ import math
 from types import MappingProxyType
 from typing import Mapping
 
-from .errors import UsageError
-from .inventory import DEFAULT_TIER, Host, Project
-from .steps import STEPS
+from ..errors import UsageError
+from ..inventory import DEFAULT_TIER, Host, Project
+from ..steps import STEPS
 
 SECONDS_PER_GB = 20.0
 SCALED_STEPS = tuple(s.name for s in STEPS.values() if s.scaled)

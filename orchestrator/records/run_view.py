@@ -1,6 +1,6 @@
-"""The view of a run record: run.json (a dict, see orchestrator.record) made safe and convenient
-for the report templates, the JUnit writer, the comparison and the dashboard (orchestrator.report
-and orchestrator.dashboard render it; nothing here renders).
+"""The view of a run record: run.json (a dict, see orchestrator.records.record) made safe and convenient
+for the report templates, the JUnit writer, the comparison and the dashboard (orchestrator.records.report
+and orchestrator.records.dashboard render it; nothing here renders).
 
 Contents pulled from hosts may be hostile (huge strings, control characters, markup, odd types):
 ``view()`` turns whatever the record holds into clean, bounded, typed data. Every string is
@@ -15,10 +15,10 @@ import json
 from dataclasses import fields
 from typing import Any, Iterable
 
-from orchestrator import gpus as gpus_mod
+from orchestrator.resources import gpus as gpus_mod
 from orchestrator.bounded import short_text
-from orchestrator.ranges import finite_number
-from orchestrator.record import (
+from orchestrator.records.ranges import finite_number
+from orchestrator.records.record import (
     GOLDEN_CHECKS,
     HOST_STATUSES,
     LOAD_CASE,
@@ -30,7 +30,7 @@ from orchestrator.record import (
     unique as _unique,
     utc_now,
 )
-from orchestrator.redaction import redact
+from orchestrator.records.redaction import redact
 from orchestrator.safe_text import visible
 
 NAME_LIMIT = 120

@@ -22,11 +22,11 @@ import time
 from typing import Callable, Sequence
 
 from . import gpus as gpus_mod
-from . import state
-from .errors import DestinationError
-from .host import client
+from .. import state
+from ..errors import DestinationError
+from ..host import client
 from .gpus import Choice, Gpu, GpuInventory, GpuSelectionError, Request
-from .connectors.base import Transport
+from ..connectors.base import Transport
 
 POLL_SECONDS = 2.0            # between two looks at the GPUs while waiting for enough (gpu_wait)
 

@@ -27,9 +27,9 @@ from typing import Callable
 
 from . import ranges
 from .bisect import command_for
-from .bounded import short_text
+from ..bounded import short_text
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
-from .errors import LocalWriteError, UsageError
+from ..errors import LocalWriteError, UsageError
 from .record import Regression, mapping
 from .run_store import RunRecordError, list_runs, load_run
 

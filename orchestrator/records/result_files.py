@@ -2,7 +2,7 @@
 (``build/test_results.json``: tests_from_engine, also the stress step's) and its benchmark report
 (``build/bench.json``: bench_from_engine). Whatever a host wrote is bounded here (cases, messages,
 metrics, samples, the details' depth and size) and every benchmark number checked against its
-range (orchestrator.ranges), so that run.json stays a few MB per host at most.
+range (orchestrator.records.ranges), so that run.json stays a few MB per host at most.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator import ranges
-from orchestrator.ranges import finite_number
-from orchestrator.record import TEST_STATUSES, TestCase, TestsRecord
+from orchestrator.records import ranges
+from orchestrator.records.ranges import finite_number
+from orchestrator.records.record import TEST_STATUSES, TestCase, TestsRecord
 from orchestrator.bounded import short_text
 
 MESSAGE_LIMIT = 4000  # characters kept of a message parsed from a host's result file
@@ -62,7 +62,7 @@ def bench_from_engine(data: Any) -> dict:
     ``cpu_samples`` (the same figures per CPU second, positive), ``cal_samples`` (the calibration
     probe beside each repeat, in the metric's terms, positive) and ``cpu_share`` (CPU seconds per
     wall second of the repeats, positive), at most MAX_METRICS (ValueError beyond). Every number
-    kept must lie inside its field's range (orchestrator.ranges: ranges.OutOfRange, a ValueError,
+    kept must lie inside its field's range (orchestrator.records.ranges: ranges.OutOfRange, a ValueError,
     names the metric, the field and the value). Every other top-level key but ``version`` and
     ``metrics`` goes to ``details``, replaced by a note when it is nested too deeply or too large
     to keep.

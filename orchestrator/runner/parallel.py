@@ -16,8 +16,8 @@ import resource
 import time
 from typing import Callable, Generic, Iterable, TypeVar
 
-from .errors import KdError, UsageError
-from .inventory import Host
+from ..errors import KdError, UsageError
+from ..inventory import Host
 
 MAX_PARALLEL_FLAG = 4096
 # File descriptors: what the process holds before any host, and at most per host in flight (a
