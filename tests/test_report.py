@@ -236,6 +236,8 @@ def test_render_run_views_the_record_once_for_the_three_reports(tmp_path, run, m
     the three renderers, each of which gives what it gives alone."""
     run_store.write_run(tmp_path, run)
     made = []
+    # each view stamps the second it was made: one fixed second, so renders a second apart compare equal
+    monkeypatch.setattr(run_view, "utc_now", lambda: "2026-12-06T12:00:00Z")
     monkeypatch.setattr(report, "view", lambda *args: made.append(1) or run_view.view(*args))
     paths = report.render_run(tmp_path, secrets=[SECRET])
     assert len(made) == 1
