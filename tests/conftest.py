@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -198,7 +199,7 @@ def hostile(make_inventory, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def slurm_lab(lab, tmp_path_factory):
+def slurm_session(lab, tmp_path_factory):
     """A real single-machine Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, one slurmd
     with 2 gpu GRES on character devices, partition `gpu`) and its login node: a loopback sshd
     host `login` of the lab. Skipped, with the reason, where slurm-wlm cannot run (not installed,
@@ -213,3 +214,15 @@ def slurm_lab(lab, tmp_path_factory):
         yield cluster, login
     finally:
         cluster.close()
+
+
+@pytest.fixture
+def slurm_lab(slurm_session):
+    """The session's Slurm cluster and login node (slurm_session), its node in service when the
+    test begins: a node that an earlier test's job left drained or down (a step slurmd could not
+    kill: "Kill task failed") is resumed, and a warning names the state and Slurm's reason."""
+    cluster, _ = slurm_session
+    found = cluster.heal()
+    if found:
+        warnings.warn(f"slurm lab: before this test, {found}", stacklevel=1)
+    return slurm_session

@@ -128,6 +128,15 @@ def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measu
     assert _state_soon(cluster, job.job_id, "CANCELLED")
 
 
+def test_slurm_lab_resumes_a_node_left_drained_and_says_slurms_reason(slurm_lab):
+    cluster, _ = slurm_lab
+    assert cluster.heal() is None                       # in service: nothing to do
+    cluster.drain("Kill task failed")                   # what slurmd sets when it cannot kill a job step
+    found = cluster.heal()
+    assert found is not None and found.startswith(f"node {slurm_cluster.NODE} was IDLE+DRAIN (Kill task failed ")
+    assert found.endswith("): resumed") and cluster.node_state() == "IDLE"
+
+
 def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
     host = entry(account="infer")
     checked = doctor_task(inventory.load(tmp_path / "hosts.yaml"), host)

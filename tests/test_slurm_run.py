@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator import cli, remote
+from orchestrator.connectors.factory import open_transport
+from orchestrator.records.record import HostRecord
 from orchestrator.runner.console import Console
+from orchestrator.slurm_run import Allocation
 
 import slurm_cluster
 
@@ -79,6 +82,20 @@ def job_steps(cluster, job_id: str) -> list[str]:
                    if "launch task StepId=" in line and f"StepId={job_id}." in line})
 
 
+def left_running(folder: str) -> list[str]:
+    """The processes working in `folder` (a host's remote_dir, where its engine commands run), each
+    as `PID COMMAND`: what a run's job steps left running on the node."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if Path(os.readlink(cwd)).is_relative_to(folder):
+                words = (cwd.parent / "cmdline").read_bytes().split(b"\0")
+                found.append(f"{cwd.parent.name} {b' '.join(words).decode(errors='replace')}")
+        except OSError:         # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
 def test_slurm_validate_runs_the_build_as_job_steps_of_one_allocation_and_records_the_job(slurm_lab, slurm_inventory):
     cluster, _ = slurm_lab
     inv = slurm_inventory({"c": {}})
@@ -118,7 +135,10 @@ def test_slurm_a_step_timeout_scancels_the_job_and_the_record_says_timeout(slurm
     assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
 
 
-def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm_inventory, lab, tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, cli.INTERRUPTED), (signal.SIGTERM, cli.TERMINATED)],
+                         ids=["sigint", "sigterm"])
+def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm_inventory, lab, tmp_path, signum,
+                                                                 code):
     cluster, _ = slurm_lab
     inv = slurm_inventory({"c": {}}, sleep=120)
     run_dir = tmp_path / "run-interrupted"
@@ -128,12 +148,12 @@ def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm
                             env={**os.environ, **lab.env()})
     try:
         assert slurm_cluster.soon(lambda: building(run_dir), 60), "the build never started on the node"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == cli.INTERRUPTED, output
+    assert proc.returncode == code, output
     run = json.loads((run_dir / "run.json").read_text())
     host = run["hosts"]["c"]
     assert run["status"] == host["status"] == "interrupted" and host["steps"]["build"]["status"] == "interrupted"
@@ -143,6 +163,38 @@ def test_slurm_an_interrupt_of_invoke_validate_scancels_the_job(slurm_lab, slurm
     assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
     assert f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={job['job_id']} " in cluster.ctld_log()
     assert slurm_cluster.soon(lambda: not cluster.command("squeue", "-h", "-s", "-j", job["job_id"]).stdout.strip(), 30)
+    # Slurm's kill reached the build's whole step (its `sleep`, in the step guard's own session, too)
+    assert slurm_cluster.soon(lambda: not left_running(inv.hosts["c"].remote_dir), 30), \
+        left_running(inv.hosts["c"].remote_dir)
+
+
+def test_slurm_a_job_step_that_slurm_kills_leaves_nothing_running_on_the_node(slurm_lab, slurm_inventory,
+                                                                              tmp_path):
+    # scancel while an engine command runs as a job step, its srun still connected: Slurm's kill
+    # (TERM, KILL after KillWait) reaches the task's process group, the step guard's; the command runs
+    # in a session of its own. Left there, it held the step open until slurmd gave up and drained the
+    # node ("Kill task failed": the flaky lab node of a clean-clone CI run).
+    cluster, _ = slurm_lab
+    host = slurm_inventory({"c": {}}).hosts["c"]
+    work = tmp_path / "node-work"
+    work.mkdir()
+    with open_transport(host) as t:
+        job = Allocation(t, HostRecord())
+        job.hold()
+        step = threading.Thread(target=lambda: t.run(job.step(remote.command(
+            ["bash", "-c", "sleep 120"], timeout=300, cwd=str(work)))))
+        step.start()
+        try:
+            assert slurm_cluster.soon(lambda: left_running(str(work)), 30), "the job step never started"
+            job.release({}, stopped=False)
+            assert job.record.job is not None and job.record.job.ended == "cancelled: the host's steps are done"
+            assert slurm_cluster.soon(lambda: not left_running(str(work)), 30), left_running(str(work))
+            # slurmctld: the job ended (not stuck COMPLETING on a step it cannot kill), the node in service
+            seen = cluster.ended_job(job.record.job.job_id)
+            assert seen["JobState"] == "CANCELLED", seen
+            assert slurm_cluster.soon(lambda: cluster.node().get("State") == "IDLE", 30), cluster.node()
+        finally:
+            step.join(60)
 
 
 def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wait(slurm_lab, slurm_inventory,
@@ -208,6 +260,8 @@ def test_slurm_a_node_that_goes_down_mid_job_fails_the_host_with_slurms_state(sl
     assert host["status"] == "failed" and host["steps"]["build"]["status"] == "failed"
     assert f"Slurm ended job {job['job_id']}: NODE_FAIL, reason {job['reason']}" in host["steps"]["build"]["message"]
     assert job["ended"].startswith("ended by Slurm: NODE_FAIL") and job["state"] == "NODE_FAIL"
+    assert slurm_cluster.soon(lambda: not left_running(inv.hosts["c"].remote_dir), 30), \
+        left_running(inv.hosts["c"].remote_dir)
 
 
 def test_slurm_a_job_past_the_queue_limit_fails_the_host_with_the_pending_reason(slurm_lab, slurm_inventory):
