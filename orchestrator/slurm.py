@@ -50,7 +50,7 @@ _FIELDS = {         # the fields of `scontrol -o -d show job` read, and what eac
     "JobId": r"\d{1,12}", "JobState": r"[A-Z_]{1,32}", "Reason": r"[A-Za-z0-9_(),.:;/\[\]+=*-]{1,300}",
     "Partition": r"[A-Za-z0-9_][A-Za-z0-9_.,-]{0,200}", "NodeList": r"(?:[A-Za-z0-9_.,\[\]-]{1,1000})?|\(null\)",
     "SubmitTime": _TIME, "StartTime": _TIME, "TimeLimit": r"[0-9:-]{1,20}|UNLIMITED|Partition_Limit|NONE",
-    "GRES": r"[A-Za-z0-9_:(),.-]{0,1000}"}
+    "NumCPUs": r"\d{1,6}", "GRES": r"[A-Za-z0-9_:(),.-]{0,1000}"}
 _GPU_IDX = re.compile(r"(?:^|,)gpu(?::[A-Za-z0-9_.-]+)?:\d+\(IDX:([0-9,-]+)\)")
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]{1,64}))?:(\d{1,5})")
 _DEVICES = re.compile(r"(?:\d{1,4}(?:,\d{1,4}){0,1023})?\Z")
@@ -74,7 +74,7 @@ class Job:
     """A job as slurmctld tells it: id, state, pending reason ("None" once running), partition,
     node (None before it runs), the indices of its GPUs on that node (GRES IDX), the submit and
     start times (Slurm's local time, ISO), the seconds it waited in the queue (None before it
-    starts) and its time limit as Slurm prints it."""
+    starts), its time limit as Slurm prints it and the CPUs it holds on its node."""
 
     job_id: str
     state: str
@@ -86,6 +86,7 @@ class Job:
     started: str | None
     queue_wait: float | None
     time_limit: str
+    cpus: int
 
 
 def request(host: Host) -> SlurmRequest:
@@ -123,14 +124,16 @@ def time_limit(host: Host) -> int:
 
 def sbatch_options(host: Host) -> list[str]:
     """sbatch's options for the entry: one node, one task, its partition, GRES, account, QOS,
-    constraint, no requeue and time limit (Slurm counts whole minutes: rounded up), a job name naming the entry."""
+    constraint, CPUs per task, memory, no requeue and time limit (Slurm counts whole minutes:
+    rounded up), a job name naming the entry."""
     req = request(host)
     minutes = -(-time_limit(host) // 60)
     # --no-requeue: a job Slurm requeued (its node failed) would hold a new allocation nobody uses
     options = [f"--partition={req.partition}", "--nodes=1", "--ntasks=1", f"--time={minutes}",
                f"--job-name=kdtree-{host.name}", "--no-requeue"]
-    options += [f"--{key}={value}" for key, value in (("gres", req.gres), ("account", req.account),
-                                                       ("qos", req.qos), ("constraint", req.constraint)) if value]
+    options += [f"--{key}={value}" for key, value in (
+        ("gres", req.gres), ("account", req.account), ("qos", req.qos), ("constraint", req.constraint),
+        ("cpus-per-task", req.cpus_per_task), ("mem", req.mem)) if value]
     return options
 
 
@@ -161,7 +164,7 @@ def job(transport: Transport, job_id: str) -> Job:
     wait = (started - submitted).total_seconds() if running and submitted and started else None
     return Job(job_id, fields["JobState"], fields["Reason"], fields["Partition"], node, gpu_indices(fields["GRES"]),
                submitted.isoformat() if submitted else None, started.isoformat() if started and running else None,
-               wait, fields["TimeLimit"])
+               wait, fields["TimeLimit"], int(fields["NumCPUs"]))
 
 
 def parse_fields(text: str, host: str, argv: str) -> dict[str, str]:

@@ -62,16 +62,24 @@ class Allocation:
         self.devices = slurm.visible_devices(self.transport, job_id)
         rec.node, rec.gpus, rec.cuda_visible_devices = job.node, list(job.gpus), self.devices
         rec.submitted, rec.started, rec.queue_wait = job.submitted, job.started, job.queue_wait
-        rec.time_limit, rec.state, rec.reason = job.time_limit, job.state, job.reason
+        rec.time_limit, rec.cpus, rec.state, rec.reason = job.time_limit, job.cpus, job.state, job.reason
         gpus = f"GPU {','.join(map(str, job.gpus))}" if job.gpus else "no GPU"
         wait = f"{job.queue_wait:.0f} s" if job.queue_wait is not None else "an unknown time"
         return (f"job {job_id} runs on {job.node} with {gpus} (CUDA_VISIBLE_DEVICES={self.devices or 'unset'}) "
-                f"after {wait} in the queue of partition {job.partition}, time limit {job.time_limit}")
+                f"and {job.cpus} CPU(s) after {wait} in the queue of partition {job.partition}, "
+                f"time limit {job.time_limit}")
 
     def gpu_env(self) -> dict[str, str]:
         """The environment that gives an engine command the GPUs Slurm gave the job (remote.wrap
         starts every command with a clean environment, srun's included)."""
         return {"CUDA_VISIBLE_DEVICES": self.devices} if self.devices else {}
+
+    def cpu_env(self) -> dict[str, str]:
+        """The environment that tells an engine command how many CPUs the job holds (KD_JOBS: the
+        build's parallel compiles): srun's SLURM_CPUS_PER_TASK does not pass remote.wrap's clean
+        environment, and nproc counts the node's CPUs where the cluster does not bind tasks to theirs."""
+        job = self.record.job
+        return {"KD_JOBS": str(job.cpus)} if job is not None and job.cpus else {}
 
     def step(self, command: remote.Command) -> remote.Command:
         """`command` (an engine command of remote.step) as a job step of the held job on its node."""
@@ -121,5 +129,6 @@ def describe(job: SlurmJob) -> str:
     """A job of the record in one line: id, node, GPUs, queue wait, how it ended."""
     gpus = ",".join(map(str, job.gpus)) or "none"
     wait = f"{job.queue_wait:.1f} s" if job.queue_wait is not None else "-"
-    return (f"job {job.job_id} on {job.node or '-'} (partition {job.partition}), GPUs {gpus}, "
+    cpus = f", {job.cpus} CPU(s)" if job.cpus else ""
+    return (f"job {job.job_id} on {job.node or '-'} (partition {job.partition}), GPUs {gpus}{cpus}, "
             f"queue wait {wait}; {job.ended or job.state or 'submitted'}")

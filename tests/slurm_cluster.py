@@ -46,6 +46,7 @@ DAEMONS = {"munged": "/usr/sbin/munged", "mungekey": "/usr/sbin/mungekey", "slur
 NODE = "kdnode1"
 PARTITION = "gpu"
 GPUS = 2
+NODE_MEMORY = 512           # MiB the node offers jobs (a `mem` request's room; the machine has more)
 NVIDIA_MAJOR = 195          # the nvidia driver's character device major (the devices are never opened)
 START_TIMEOUT = 120
 
@@ -112,6 +113,7 @@ class SlurmCluster:
             # step's processes can take longer than the default 60 s to be reaped
             "KillWait=5", "UnkillableStepTimeout=180",
             f"NodeName={NODE} NodeHostname={socket.gethostname().split('.')[0]} NodeAddr={LOOPBACK} CPUs={cpus} "
+            f"RealMemory={NODE_MEMORY} "
             f"Gres=gpu:{GPUS} Feature=sm_90,cuda12 State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
             ""]))

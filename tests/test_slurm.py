@@ -211,7 +211,7 @@ def _pending_job(cluster, exclude: str, within: float = 20) -> str | None:
 # -- without a cluster: what Slurm prints is read strictly ---------------------------------------
 
 LINE = ("JobId=7 JobName=kdtree-c JobState=RUNNING Reason=None Partition=gpu NodeList=n1 SubmitTime=2026-12-06T10:00:00 "
-        "StartTime=2026-12-06T10:00:03 TimeLimit=01:21:00 Command=(null) Nodes=n1 CPU_IDs=1 GRES=gpu:2(IDX:0-1)")
+        "StartTime=2026-12-06T10:00:03 TimeLimit=01:21:00 Command=(null) Nodes=n1 NumCPUs=1 CPU_IDs=1 GRES=gpu:2(IDX:0-1)")
 
 
 @pytest.mark.parametrize("line, problem", [

@@ -30,7 +30,8 @@ import slurm_cluster
 REPO = Path(__file__).resolve().parent.parent
 # The small project's engine commands: the build says where it ran and with which GPUs, then sleeps
 # SLEEP seconds; version prints the deployed tree's hash as the engine's does.
-BUILD = ('echo "built on node $(hostname) CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-unset}}"; sleep {sleep}; '
+BUILD = ('echo "built on node $(hostname) CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-unset}} '
+         'KD_JOBS=${{KD_JOBS-unset}} nproc=$(nproc)"; sleep {sleep}; '
          'mkdir -p build && printf "#!/bin/sh\\n" > build/kdtree && chmod +x build/kdtree')
 COMMANDS = {
     "build_key": 'echo \'{"backend": "cpu"}\'',
@@ -114,9 +115,25 @@ def test_slurm_validate_runs_the_build_as_job_steps_of_one_allocation_and_record
     # every engine command of the build (build_key, build, version) was a job step of that job
     assert len(job_steps(cluster, job["job_id"])) == 4      # + the look at CUDA_VISIBLE_DEVICES
     log = (inv.project.root / "runs" / "latest" / "c" / "build.log").read_text()
-    assert "CUDA_VISIBLE_DEVICES=0,1" in log                    # the GPUs Slurm gave, as the engine saw them
+    assert "CUDA_VISIBLE_DEVICES=0,1 KD_JOBS=1 " in log         # the GPUs and the one CPU Slurm gave, as the engine saw them
+    assert job["cpus"] == int(seen["NumCPUs"]) == 1
     assert host["steps"]["build"]["cuda_visible_devices"] == ["0", "1"] and not host["selected_gpus"]
-    assert f"slurm c: job {job['job_id']} on {slurm_cluster.NODE} (partition gpu), GPUs 0,1, queue wait" in output
+    assert f"slurm c: job {job['job_id']} on {slurm_cluster.NODE} (partition gpu), GPUs 0,1, 1 CPU(s), queue wait" in output
+
+
+def test_slurm_cpus_per_task_and_mem_are_asked_of_slurm_and_the_build_compiles_on_the_cpus_given(
+        slurm_lab, slurm_inventory):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {"cpus_per_task": 2, "mem": "100M"}})
+    code, run, output = validate(inv, ["c"])
+    assert code == 0, output
+    job = run["hosts"]["c"]["job"]
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: the job held what the entry asked for
+    assert (seen["CPUs/Task"], seen["NumCPUs"], seen["MinMemoryNode"], seen["NodeList"]) == \
+        ("2", "2", "100M", slurm_cluster.NODE)
+    assert job["cpus"] == 2 and "GPUs 0,1, 2 CPU(s)" in output
+    log = (inv.project.root / "runs" / "latest" / "c" / "build.log").read_text()
+    assert "KD_JOBS=2 " in log          # what build.sh compiles with (engine_src/scripts/build.sh)
 
 
 def test_slurm_a_step_timeout_scancels_the_job_and_the_record_says_timeout(slurm_lab, slurm_inventory):
