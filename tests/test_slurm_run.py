@@ -214,6 +214,67 @@ def test_slurm_a_job_step_that_slurm_kills_leaves_nothing_running_on_the_node(sl
             step.join(60)
 
 
+def test_slurm_exec_runs_the_command_as_a_job_step_of_an_allocation_made_for_it(slurm_lab, slurm_inventory):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}})
+    script = ('echo "on $(hostname) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES KD_JOBS=$KD_JOBS"; '
+              'printf "\\033[2Jx\\n"; yes 0123456789 | head -c 3000000')       # hostile, then past the log's bounds
+    out = io.StringIO()
+    code = cli.exec_command(inv, [inv.hosts["c"]], Console(out), ("bash", "-c", script))
+    output = out.getvalue()
+    assert code == 0, output[-3000:]
+    run = json.loads((inv.project.root / "runs" / "latest" / "run.json").read_text())
+    host = run["hosts"]["c"]
+    job, step = host["job"], host["steps"]["exec"]
+    assert run["command"] == "exec" and step["status"] == "passed"
+    # what it prints: the job's facts, then the command's output, from the node, with what Slurm gave
+    assert f"[c] exec      | job {job['job_id']} runs on {slurm_cluster.NODE} with GPU 0,1" in output
+    assert "CUDA_VISIBLE_DEVICES=0,1 KD_JOBS=1" in output and step["cuda_visible_devices"] == ["0", "1"]
+    assert "\x1b" not in output and "\\x1b[2Jx" in output
+    assert step["output_cut"]["left_out_bytes"] > 0               # the 3 MB: head and tail kept, the rest left out
+    assert f"slurm c: job {job['job_id']} on {slurm_cluster.NODE}" in output
+    assert job["ended"] == "cancelled: the host's steps are done"
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and was cancelled at the end
+    assert (seen["JobState"], seen["NodeList"], seen["JobName"]) == ("CANCELLED", slurm_cluster.NODE, "kdtree-c")
+    assert len(job_steps(cluster, job["job_id"])) == 2      # the look at CUDA_VISIBLE_DEVICES, the command
+
+
+def test_slurm_an_interrupted_exec_scancels_its_job(slurm_lab, slurm_inventory, lab):
+    cluster, _ = slurm_lab
+    inv = slurm_inventory({"c": {}})
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "exec", "--inventory", str(inv.path), "--host", "c",
+                             "--", "sleep", "4321"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **lab.env()})
+    try:
+        assert slurm_cluster.soon(lambda: sleeping("4321"), 60), "the command never started on the node"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == cli.INTERRUPTED, output
+    run = json.loads((inv.project.root / "runs" / "latest" / "run.json").read_text())
+    host = run["hosts"]["c"]
+    assert host["steps"]["exec"]["status"] == "interrupted"
+    job = host["job"]
+    assert job["ended"] == "cancelled: the run was interrupted"
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
+    assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
+    assert slurm_cluster.soon(lambda: not sleeping("4321"), 30), sleeping("4321")
+
+
+def sleeping(seconds: str) -> list[str]:
+    """The pids of the `sleep SECONDS` processes on this machine (a test's own command on the node)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes() == f"sleep\0{seconds}\0".encode():
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return found
+
+
 def test_slurm_two_runs_at_once_are_queued_by_slurm_and_the_record_shows_the_wait(slurm_lab, slurm_inventory,
                                                                                 tmp_path):
     cluster, _ = slurm_lab

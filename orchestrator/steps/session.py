@@ -43,6 +43,13 @@ class HostSession:
     gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
     job: Allocation | None = None       # a `scheduler: slurm` entry's allocation, held: engine commands are its job steps
 
+    @property
+    def measures_anew(self) -> bool:
+        """Whether what golden, test, bench and stress give must come from this run, never an
+        earlier one's: on claimed GPUs (a faulty or busy GPU must show) and on a `scheduler: slurm`
+        entry, whose node and GPUs Slurm may pick differently from run to run."""
+        return bool(self.gpus) or self.host.slurm is not None
+
     def take_lock(self, mode: str, wait: float = 0) -> state.HostLock:
         """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds), not yet kept
         as the session's (hold_tree does)."""
