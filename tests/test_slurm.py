@@ -238,15 +238,14 @@ def test_slurm_gres_parsing():
     assert slurm.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:6") and not slurm.has_gpus("(null)", "gpu:1")
 
 
-def test_slurm_entries_refuse_exec_and_the_bundle_commands(make_inventory):
+def test_slurm_entries_refuse_bisect_saying_why_and_what_to_do_instead(make_inventory):
     inv = make_inventory({"c": {"scheduler": "slurm", "address": "login", "remote_dir": "/srv/kdtree",
                                 "partition": "gpu"}})
     assert inv.hosts["c"].slurm == SlurmRequest(partition="gpu")
-    for run in (lambda: cli.exec_command(inv, [inv.hosts["c"]], Console(io.StringIO()), ("true",)),
-                lambda: cli.clean_bundles(inv, [inv.hosts["c"]], Console(io.StringIO()))):
-        with pytest.raises(UsageError, match=r"c is a `scheduler: slurm` entry: only doctor, deploy, validate, "
-                                             r"nightly run there so far"):
-            run()
+    with pytest.raises(UsageError) as e:
+        cli.bisect(inv, inv.hosts["c"], Console(io.StringIO()), "HEAD~1", "HEAD", golden=True)
+    assert str(e.value).startswith("bisect: c is a `scheduler: slurm` entry: each probe would be a job of its own")
+    assert "Bisect on an ssh host with the same GPU, or run `invoke validate --host c`" in str(e.value)
 
 
 def test_slurm_doctor_shows_slurms_words_escaped_and_refuses_a_garbled_node_line():

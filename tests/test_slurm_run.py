@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from orchestrator.runner.console import Console
 from orchestrator.slurm_run import Allocation
 
 import slurm_cluster
+from test_bundle_needs import needs, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 # The small project's engine commands: the build says where it ran and with which GPUs, then sleeps
@@ -261,6 +263,41 @@ def test_slurm_an_interrupted_exec_scancels_its_job(slurm_lab, slurm_inventory, 
     seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and scancel ended it
     assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
     assert slurm_cluster.soon(lambda: not sleeping("4321"), 30), sleeping("4321")
+
+
+def test_slurm_check_bundle_is_a_job_step_and_clean_bundles_holds_no_allocation(slurm_lab, slurm_inventory, source):
+    cluster, _ = slurm_lab
+    write_manifest(source, tiny_fp32=needs(), big_int4=needs())         # `big` is in no tier of the entry's
+    inv = slurm_inventory({"cb": {}})
+    host = inv.hosts["cb"]
+    code, _, output = validate(inv, ["cb"], steps="sync")
+    assert code == 0, output
+    refs = Path(host.remote_dir) / "tests" / "refs"
+    for name in ("model_tiny_fp32.kdtr", "model_big_int4.kdtr"):
+        (refs / name).write_bytes(b"\0" * 1000)
+    engine = Path(host.remote_dir) / "build" / "kdtree"          # a stand-in for the engine the build step leaves
+    engine.parent.mkdir()
+    engine.write_text('#!/bin/sh\necho "OK: $3 on $(hostname) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n')
+    engine.chmod(0o755)
+    out = io.StringIO()
+    assert cli.check_bundle(inv, host, Console(out), "tests/refs/model_tiny_fp32.kdtr") == 0, out.getvalue()
+    checked = json.loads((inv.project.root / "runs" / "latest" / "run.json").read_text())["hosts"]["cb"]
+    assert checked["steps"]["check_bundle"]["message"] == \
+        f"tests/refs/model_tiny_fp32.kdtr: OK: tests/refs/model_tiny_fp32.kdtr on {socket.gethostname()} " \
+        "CUDA_VISIBLE_DEVICES=0,1"
+    job = checked["job"]
+    seen = cluster.ended_job(job["job_id"])           # slurmctld: the check ran as a job step on the node
+    assert (seen["JobState"], seen["NodeList"]) == ("CANCELLED", slurm_cluster.NODE)
+    assert len(job_steps(cluster, job["job_id"])) == 2
+    out = io.StringIO()
+    assert cli.clean_bundles(inv, [host], Console(out), remove=True) == 0, out.getvalue()
+    assert "removed 1 stale bundles" in out.getvalue()
+    assert (refs / "model_tiny_fp32.kdtr").exists() and not (refs / "model_big_int4.kdtr").exists()
+    assert json.loads((inv.project.root / "runs" / "latest" / "run.json").read_text())["hosts"]["cb"]["job"] is None
+    # slurmctld: the list and the removal held no job, the sync none either: check-bundle's is the entry's one job
+    jobs = [line for line in cluster.command("scontrol", "-o", "show", "jobs").stdout.splitlines()
+            if "JobName=kdtree-cb " in line]
+    assert len(jobs) == 1 and f"JobId={job['job_id']} " in jobs[0]
 
 
 def sleeping(seconds: str) -> list[str]:

@@ -12,7 +12,7 @@ import typing
 from concurrent.futures import Future
 from typing import Callable
 
-from .. import state
+from .. import remote, state
 from ..errors import StepError
 from ..resources.gpus import Request
 from ..inventory import Host
@@ -49,6 +49,11 @@ class HostSession:
         earlier one's: on claimed GPUs (a faulty or busy GPU must show) and on a `scheduler: slurm`
         entry, whose node and GPUs Slurm may pick differently from run to run."""
         return bool(self.gpus) or self.host.slurm is not None
+
+    def on_node(self, command: remote.Command) -> remote.Command:
+        """`command` as it runs where the engine runs: a job step of the held allocation on a
+        `scheduler: slurm` entry (slurm_run.Allocation.step), else as it is."""
+        return self.job.step(command) if self.job is not None else command
 
     def take_lock(self, mode: str, wait: float = 0) -> state.HostLock:
         """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds), not yet kept

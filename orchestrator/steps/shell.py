@@ -50,7 +50,7 @@ class EngineShell:
         host = self.session.host
         command = remote.step(host, script, host.timeout(step or self.step), with_secrets=with_secrets, env=env,
                               what=what)
-        return self.session.job.step(command) if self.session.job is not None else command    # a Slurm job step
+        return self.session.on_node(command)
 
     def command(self, name: str, env: dict[str, str] | None = None, step: str | None = None) -> remote.Command:
         """The project's command `name` as the host runs it for `step` (the current one), `env`
