@@ -392,7 +392,7 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from .records import record
-    from . import slurm_run
+    from .slurm import run as slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]

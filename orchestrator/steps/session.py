@@ -23,7 +23,7 @@ if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at r
     from ..resources.gpu_claims import GpuClaim
     from ..resources.gpus import Gpu
     from ..runner.run import Run
-    from ..slurm_run import Allocation
+    from ..slurm.run import Allocation
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ class HostSession:
 
     def on_node(self, command: remote.Command) -> remote.Command:
         """`command` as it runs where the engine runs: a job step of the held allocation on a
-        `scheduler: slurm` entry (slurm_run.Allocation.step), else as it is."""
+        `scheduler: slurm` entry (slurm.run.Allocation.step), else as it is."""
         return self.job.step(command) if self.job is not None else command
 
     def take_lock(self, mode: str, wait: float = 0) -> state.HostLock:

@@ -1,5 +1,5 @@
 """One whole `invoke validate` on a `scheduler: slurm` entry with the real engine (CPU backend),
-against the local Slurm cluster (tests/slurm_cluster.py) through its login node: sync to the
+against the local Slurm cluster (tests/slurm/slurm_cluster.py) through its login node: sync to the
 shared filesystem, then build, bundles, golden, test and bench as job steps of one allocation; then
 the same again, which reuses the build (its stamp matches on the shared filesystem) but runs golden,
 test and bench anew in its own allocation (a Slurm entry's results are never reused).

@@ -1,5 +1,5 @@
 """validate and nightly on Slurm entries (issue 41, second half) against the real local Slurm
-cluster (tests/slurm_cluster.py), its login node a loopback sshd host: the engine commands as job
+cluster (tests/slurm/slurm_cluster.py), its login node a loopback sshd host: the engine commands as job
 steps of one allocation per entry, a step timeout, an interrupt, two runs queued by Slurm, a node
 that goes down mid-job, the record's job facts and a nightly across an ssh host and a Slurm entry.
 These use a small project whose build is a shell command (sleep, print what the node gave); the
@@ -24,7 +24,7 @@ from orchestrator import cli, remote
 from orchestrator.connectors.factory import open_transport
 from orchestrator.records.record import HostRecord
 from orchestrator.runner.console import Console
-from orchestrator.slurm_run import Allocation
+from orchestrator.slurm.run import Allocation
 
 import slurm_cluster
 from test_bundle_needs import needs, write_manifest

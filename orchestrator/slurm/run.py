@@ -10,7 +10,7 @@ stress) to the end of the host's run, and every engine command of those steps a 
 Each job step keeps the command's own host-side timeout (remote.wrap's guard, now on the node:
 exit 124 when it fires) and gets it again as srun's `--time` (whole minutes, rounded up past the
 guard's KILL_AFTER), so Slurm ends a step the guard could not; the job's own time limit
-(slurm.time_limit: the sum of the step timeouts) covers the run. On the login node srun runs
+(commands.time_limit: the sum of the step timeouts) covers the run. On the login node srun runs
 under that timeout plus SRUN_GRACE, with the command's stdin passed through to the node (the
 secret values, then the open stdin whose end stops the step there).
 
@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import remote, slurm
-from .connectors.base import Transport
-from .errors import KdError
-from .records.record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
+from .. import remote
+from ..connectors.base import Transport
+from ..errors import KdError
+from ..records.record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
+from . import commands as slurm
+from .facts import QueueLimitError
 
 SRUN_GRACE = 30         # seconds srun gets on the login node past the step's timeout and its KILL_AFTER
 
@@ -49,14 +51,14 @@ class Allocation:
         return self.record.job is not None
 
     def hold(self) -> str:
-        """Submit the job and wait until it runs (slurm.wait_running: past queue_limit it is
+        """Submit the job and wait until it runs (commands.wait_running: past queue_limit it is
         cancelled, the QueueLimitError saying Slurm's reason); its facts into the host's record.
         What Slurm gave, in words."""
         job_id = slurm.submit(self.transport)
         rec = self.record.job = SlurmJob(job_id, slurm.request(self.transport.host).partition)
         try:
             job = slurm.wait_running(self.transport, job_id)
-        except slurm.QueueLimitError as e:
+        except QueueLimitError as e:
             rec.state, rec.reason, rec.ended = e.state, e.reason, "cancelled: it waited past queue_limit"
             raise
         self.devices = slurm.visible_devices(self.transport, job_id)
