@@ -29,7 +29,7 @@ from orchestrator.slurm.run import Allocation
 import slurm_cluster
 from test_bundle_needs import needs, write_manifest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The small project's engine commands: the build says where it ran and with which GPUs, then sleeps
 # SLEEP seconds; version prints the deployed tree's hash as the engine's does.
 BUILD = ('echo "built on node $(hostname) CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-unset}} '

@@ -22,7 +22,7 @@ import yaml
 import slurm_cluster
 from test_slurm_run import job_steps
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # one tree budget, one repeat, the smallest MoE layer: the bench step's plumbing, not its figures
 LIGHT_BENCH = 'KD_BENCH_ARGS="--budgets 4 --repeats 1 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
 LIGHT_TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
