@@ -220,7 +220,7 @@ def test_slurm_exec_runs_the_command_as_a_job_step_of_an_allocation_made_for_it(
     cluster, _ = slurm_lab
     inv = slurm_inventory({"c": {}})
     script = ('echo "on $(hostname) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES KD_JOBS=$KD_JOBS"; '
-              'printf "\\033[2Jx\\n"; yes 0123456789 | head -c 3000000')       # hostile, then past the log's bounds
+              'printf "\\033[2Jx\\n"; yes "$(printf "%0200d" 0)" | head -c 2200000')   # hostile, then past the log's bounds
     out = io.StringIO()
     code = cli.exec_command(inv, [inv.hosts["c"]], Console(out), ("bash", "-c", script))
     output = out.getvalue()
@@ -233,7 +233,7 @@ def test_slurm_exec_runs_the_command_as_a_job_step_of_an_allocation_made_for_it(
     assert f"[c] exec      | job {job['job_id']} runs on {slurm_cluster.NODE} with GPU 0,1" in output
     assert "CUDA_VISIBLE_DEVICES=0,1 KD_JOBS=1" in output and step["cuda_visible_devices"] == ["0", "1"]
     assert "\x1b" not in output and "\\x1b[2Jx" in output
-    assert step["output_cut"]["left_out_bytes"] > 0               # the 3 MB: head and tail kept, the rest left out
+    assert step["output_cut"]["left_out_bytes"] > 0               # 2.2 MB: its first and last MiB kept, the rest left out
     assert f"slurm c: job {job['job_id']} on {slurm_cluster.NODE}" in output
     assert job["ended"] == "cancelled: the host's steps are done"
     seen = cluster.ended_job(job["job_id"])           # slurmctld: it ran on the node, and was cancelled at the end
