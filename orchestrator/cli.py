@@ -32,10 +32,12 @@ INTERRUPTED = 130      # SIGINT (Ctrl-C)
 TERMINATED = 143       # SIGTERM (a CI job cancelled, kill)
 DEFAULT_KEEP = 10      # runs `clean` keeps
 EXEC_TIMEOUT = 300     # seconds `exec` gives its command without --timeout
-# What runs on a `scheduler: slurm` entry so far (docs/slurm.md): doctor, deploy to the cluster's
-# shared filesystem through its login node, and validate and nightly with their engine commands as job
-# steps of one allocation per entry (slurm_run.py). exec, bisect and the bundle commands do not yet.
-SLURM_COMMANDS = ("doctor", "deploy", "validate", "nightly")
+# bisect compares its probes' figures and verdicts with each other, each probe a run of its own: on a Slurm
+# entry each would be an allocation of its own, on whatever node and GPUs Slurm gives it then.
+BISECT_ON_SLURM = ("bisect: {host} is a `scheduler: slurm` entry: each probe would be a job of its own, on "
+                   "whichever node and GPUs Slurm gives it, so its figures would not compare with the other "
+                   "probes'. Bisect on an ssh host with the same GPU, or run `invoke validate --host {host}` "
+                   "on the commits to compare (docs/slurm.md)")
 
 
 class Terminated(KeyboardInterrupt):
@@ -320,7 +322,6 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     from . import remote
     from .runner import parallel, pipeline
     from .records import record, regression, run_store
-    refuse_slurm(hosts, plan.command)
     if plan.command in record.BASELINE_COMMANDS:    # only runs that measure are indexed (sqlite, Jinja2: start-up time)
         from .records import history as history_mod
         # the dashboard's module (0.1-0.2 s of imports) loads while the hosts work, for the end
@@ -370,14 +371,6 @@ def run_plan(inv: Inventory, hosts: list[Host], plan, console: Console, *, repor
     return 3 if run.regressions else 0
 
 
-def refuse_slurm(hosts: list[Host], command: str) -> None:
-    """UsageError when `command` does not run on a `scheduler: slurm` entry yet and one is selected."""
-    entries = [h.name for h in hosts if h.slurm is not None]
-    if entries and command not in SLURM_COMMANDS:
-        raise UsageError(f"{command}: {', '.join(entries)} is a `scheduler: slurm` entry: only "
-                         f"{', '.join(SLURM_COMMANDS)} run there so far (docs/slurm.md)")
-
-
 def _baseline(path: str | None) -> dict | None:
     """The baseline file given with nightly --baseline (None: the history decides)."""
     from .records import regression
@@ -399,7 +392,7 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from .records import record
-    from . import slurm_run
+    from .slurm import run as slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
@@ -477,7 +470,8 @@ def bisect(inv: Inventory, host: Host, console: Console, good: str | None, bad: 
         raise UsageError("bisect needs exactly one of --metric NAME and --golden")
     if not good or not bad:
         raise UsageError("bisect needs --good REV and --bad REV")
-    refuse_slurm([host], "bisect")
+    if host.slurm is not None:
+        raise UsageError(BISECT_ON_SLURM.format(host=host.name))
     repo, source = probe.repository(inv.project)
     commits = bisect_mod.commit_range(repo, good, bad, source)
     what = f"metric {metric}" if metric else "the golden check"

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import Future
 
-from . import remote, slurm
+from . import remote
+from .slurm import commands as slurm, facts as slurm_facts
 from .bounded import short_text
 from .errors import AuthError, ConnectError, HostKeyError
 from .host import client
@@ -197,7 +198,7 @@ def _partition(host: Host, facts) -> dict[str, str] | None:
     """The partition's scontrol fields, None when scontrol did not show it."""
     if _one(facts, "partition_rc") != "0":
         return None
-    return slurm.fields(_one(facts, "partition"))
+    return slurm_facts.fields(_one(facts, "partition"))
 
 
 def check_partition(host: Host, facts) -> Finding:
@@ -228,7 +229,7 @@ def check_nodes(host: Host, facts) -> Finding:
         kind = state.rstrip("*~#!%$@+^-")
         if kind in _USABLE:
             usable += int(count)
-            enough += int(count) if slurm.has_gpus(gres, wanted) else 0
+            enough += int(count) if slurm_facts.has_gpus(gres, wanted) else 0
         why = f", {_said(reason, 80)}" if reason and kind not in _USABLE else ""
         groups.append(f"{count} {_said(state, 30)} (GRES {_said(gres, 80)}, features {_said(features, 80)}{why})")
     detail = "; ".join(groups[:20]) or "sinfo lists no node"

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import InventoryError, UsageError
-from . import slurm_entry
-from .slurm_entry import SLURM_KEYS, SlurmRequest
+from .slurm import entry as slurm_entry
+from .slurm.entry import SLURM_KEYS, SlurmRequest
 from . import steps
 
 DEFAULT_HOST = "local"

@@ -87,11 +87,12 @@ def step(host: Host, snippet: str, timeout: float, *, with_secrets: bool = False
     return _with_secrets(host, ("bash", "-c", snippet), line, timeout, secrets, what)
 
 
-def adhoc(host: Host, argv: Sequence[str], timeout: float) -> Command:
+def adhoc(host: Host, argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Command:
     """The user's own command (`invoke exec -- ARGV`) as a Command: each word of `argv` quoted
     once, run in the login directory (no remote_dir needed) with the steps' environment and the
     host's secret_env (on stdin), under the steps' timeout and process-group guard."""
-    line = wrap(argv, timeout=timeout, env=host_env(host), path_prefix=host_path_prefix(host), secrets=host.secret_env)
+    line = wrap(argv, timeout=timeout, env={**host_env(host), **(env or {})}, path_prefix=host_path_prefix(host),
+                secrets=host.secret_env)
     return _with_secrets(host, tuple(argv), line, timeout, bool(host.secret_env), "command")
 
 

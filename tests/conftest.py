@@ -18,7 +18,6 @@ from orchestrator import inventory as inventory_mod
 
 from early_builds import cpu_build, cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
 from fake_gpus import FakeGpus
-import slurm_cluster
 from sshd import Hostile, SshLab
 
 # A test session started in the background of a non-interactive shell (nohup, `cmd &`) inherits
@@ -195,21 +194,3 @@ def hostile(make_inventory, tmp_path, monkeypatch):
     yield make
     for listener in listeners:
         listener.close()
-
-
-@pytest.fixture(scope="session")
-def slurm_lab(lab, tmp_path_factory):
-    """A real single-machine Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, one slurmd
-    with 2 gpu GRES on character devices, partition `gpu`) and its login node: a loopback sshd
-    host `login` of the lab. Skipped, with the reason, where slurm-wlm cannot run (not installed,
-    not root)."""
-    why = slurm_cluster.missing()
-    if why:
-        pytest.skip(why)
-    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        login = lab.hosts.get("login") or lab.add_host("login")
-        yield cluster, login
-    finally:
-        cluster.close()

@@ -32,7 +32,7 @@ HANG_GUARD = 3600
 # The modules whose session fixtures start early; conftest.py runs their tests last.
 LATE_MODULES = ("test_engine_cuda_compile", "test_engine_sanitize")
 # The modules that start from the session's CPU build (the cpu_build fixture).
-CPU_BUILD_MODULES = ("test_engine_native", "test_validate", "test_gpu_validate")
+CPU_BUILD_MODULES = ("test_engine_native", "test_validate", "test_gpu_validate", "test_slurm_validate")
 
 
 class Background:

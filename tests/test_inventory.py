@@ -229,18 +229,20 @@ SLURM = {"scheduler": "slurm", "address": "login1", "remote_dir": "/shared/kdtre
 def test_slurm_entry_is_parsed_into_its_request(tmp_path):
     inv = inventory.load(write(tmp_path, {
         "c": {**SLURM, "gpus": "h100:4", "account": "infer", "qos": "normal", "constraint": "sm_90&cuda12",
-              "time_limit": "1-02:00:00", "queue_limit": 120, "slurm_conf": "/etc/slurm/gpu.conf"},
+              "cpus_per_task": 16, "mem": "64G", "time_limit": "1-02:00:00", "queue_limit": 120,
+              "slurm_conf": "/etc/slurm/gpu.conf"},
         "d": SLURM, "h": SSH}))
     c, d = inv.hosts["c"], inv.hosts["d"]
     assert c.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:h100:4", account="infer", qos="normal",
-                                             constraint="sm_90&cuda12", time_limit=26 * 3600, queue_limit=120.0,
-                                             conf="/etc/slurm/gpu.conf")
+                                             constraint="sm_90&cuda12", cpus_per_task=16, mem="64G",
+                                             time_limit=26 * 3600, queue_limit=120.0, conf="/etc/slurm/gpu.conf")
     assert (c.gpus, c.address, c.transport) == (4, "login1", "ssh")
     assert d.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:2") and d.gpus == 2
     assert d.slurm.queue_limit == 600 and d.slurm.time_limit is None
     assert inv.hosts["h"].slurm is None
     zero = inventory.load(write(tmp_path, {"c": {**SLURM, "gpus": 0}})).hosts["c"]
     assert zero.slurm is not None and zero.slurm.gres is None
+    assert inventory.load(write(tmp_path, {"c": {**SLURM, "mem": 4096}})).hosts["c"].slurm.mem == "4096"
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -266,6 +268,13 @@ def test_slurm_entry_is_parsed_into_its_request(tmp_path):
     ({**SLURM, "qos": ["x"]}, "FILE: host 'h': key 'qos': must be a string, not a list"),
     ({**SLURM, "constraint": "sm_90 && $(id)"},
      "FILE: host 'h': key 'constraint': 'sm_90 && $(id)' is not a Slurm constraint (features and & | [ ] ( ) *)"),
+    ({**SLURM, "cpus_per_task": 0}, "FILE: host 'h': key 'cpus_per_task': must be between 1 and 4096, not 0"),
+    ({**SLURM, "cpus_per_task": "8"}, "FILE: host 'h': key 'cpus_per_task': must be an integer, not a string"),
+    ({**SLURM, "mem": "64GB"}, "FILE: host 'h': key 'mem': '64GB' is not memory for sbatch --mem: MiB, or a count "
+                               "with K, M, G or T (e.g. 64G)"),
+    ({**SLURM, "mem": "0"}, "FILE: host 'h': key 'mem': '0' is not memory for sbatch --mem: MiB, or a count "
+                            "with K, M, G or T (e.g. 64G)"),
+    ({**SSH, "mem": "4G"}, "FILE: host 'h': key 'mem': is only for a `scheduler: slurm` entry"),
     ({**SLURM, "time_limit": "2:61:00"}, "FILE: host 'h': key 'time_limit': '2:61:00' is not seconds or [D-]HH:MM:SS"),
     ({**SLURM, "time_limit": 30}, "FILE: host 'h': key 'time_limit': must be between 60 and 604800, not 30"),
     ({**SLURM, "queue_limit": 0},

@@ -144,7 +144,8 @@ stale() {
     return 1
 }
 
-jobs_max="$(nproc 2>/dev/null || echo 2)"
+# KD_JOBS: the CPUs the build was given (a Slurm job's, the orchestrator says); else every CPU nproc sees
+if [[ "${KD_JOBS:-}" =~ ^[1-9][0-9]{0,3}$ ]]; then jobs_max="$KD_JOBS"; else jobs_max="$(nproc 2>/dev/null || echo 2)"; fi
 pids=(); names=(); rebuilt=()
 n_compile=0   # how many sources this build compiles (the total of its progress reports)
 progress() {  # progress WHAT: a progress report (its shape: python/kdtree_ref/progress.py): compiles ended of all

@@ -5,6 +5,11 @@
 # step's process, if it has not made its group yet); what the step left in its group is killed at the
 # end. Every process of the step carries a tag in its environment (KDTREE_STEP=<guard pid>.<random>):
 # at the end, those that left the group (setsid, daemons) are found by it in /proc and killed too.
+# A TERM, HUP or INT sent to the guard is passed on to the step's group (timeout then KILLs it after
+# $1 seconds): whoever stops the guard stops the step, which is in a session of its own. Slurm's
+# kill of a job step (TERM, then KILL after KillWait) reaches the guard's process group only: without
+# this the step outlived it, holding the step's output open until slurmd gave up ("Kill task
+# failed") and drained the node.
 exec 3<&0 0</dev/null
 tag=KDTREE_STEP=$$.$RANDOM$RANDOM$RANDOM
 env "$tag" setsid -w timeout -k "$1" "$2" "${@:3}" 3<&- &
@@ -12,8 +17,11 @@ step=$!
 { read -r _ <&3; kill -TERM -- "-$step" || kill -TERM "$step"; } >/dev/null 2>&1 &
 guard=$!
 exec 3<&-
+trap 'kill -TERM -- "-$step" 2>/dev/null || kill -TERM "$step" 2>/dev/null' TERM HUP INT
 wait "$step"
 rc=$?
+# a trapped signal ends `wait` early: wait again until the step has ended
+while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 kill "$guard" 2>/dev/null
 kill -KILL -- "-$step" 2>/dev/null
 for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null

@@ -217,10 +217,11 @@ class GpuRun:
 
 @dataclass
 class SlurmJob:
-    """A `scheduler: slurm` entry's allocation in the run (slurm_run.py): slurmctld's job id,
+    """A `scheduler: slurm` entry's allocation in the run (slurm/run.py): slurmctld's job id,
     partition, node, the GPU indices and CUDA_VISIBLE_DEVICES Slurm gave, the submit and start
     times (Slurm's clock), the seconds it waited in the queue (apart from every step's seconds),
-    its time limit as Slurm prints it, its last state and reason, and how it ended, in words."""
+    its time limit as Slurm prints it, the CPUs it holds, its last state and reason, and how it
+    ended, in words."""
 
     job_id: str
     partition: str
@@ -231,6 +232,7 @@ class SlurmJob:
     started: str | None = None
     queue_wait: float | None = None
     time_limit: str | None = None
+    cpus: int | None = None
     state: str | None = None
     reason: str | None = None
     ended: str = ""

@@ -15,7 +15,7 @@ Locks: on a host with GPUs, validate and nightly hold the tree lock shared (runs
 deployed tree run side by side, each on the GPUs it claimed) and alone only while sync, build or
 bundles change the tree; on a host without GPUs, and for deploy, a run holds it alone from its
 first step that needs it; a `scheduler: slurm` entry's run holds it alone, its allocation the claim
-(slurm_run.py). preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
+(slurm/run.py). preflight takes it (beside its checks) with the GPUs; doctor takes none, nor
 does exec: the user's own command, outside the deployed tree (an nvidia-smi while a validate runs).
 """
 from __future__ import annotations
@@ -35,10 +35,11 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import doctor, ownership, remote, slurm_run, state, sync
+from .. import doctor, ownership, remote, state, sync
 from . import parallel, progress
 from ..resources import bundle_plan, gpus
 from ..records import record, redaction, run_store
+from ..slurm import run as slurm_run
 from .console import Console
 from ..errors import CommandError, KdError, UsageError
 from ..inventory import Host, Inventory, Project

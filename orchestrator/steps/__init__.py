@@ -45,8 +45,8 @@ class Step:
     command: str = ""                   # the project command whose results it stamps and reuses (results_key)
     scaled: bool = False                # its timeout grows with the selected bundles' bytes (bundle_plan)
     bundles: bool = False               # the selected bundles shape it: a plan with it makes a bundle plan
-    on_node: bool = False               # its engine commands need a compute node: on a `scheduler: slurm` entry
-                                        # they run as job steps of the host's allocation (slurm_run.py)
+    on_node: bool = False               # its engine commands (exec's: the user's) need a compute node: on a
+                                        # `scheduler: slurm` entry they run as job steps of the host's allocation
 
     @property
     def runner(self) -> Callable[[StepContext], Outcome]:
@@ -69,8 +69,8 @@ STEPS: typing.Mapping[str, Step] = MappingProxyType({s.name: s for s in (
     Step("bench", "bench", timeout=900, reads_ahead=True, reuses=("bench",), stamp="bench.json", command="bench",
          scaled=True, bundles=True, on_node=True),
     Step("stress", "stress", timeout=600, opt_in=True, bundles=True, on_node=True),
-    Step("exec", "adhoc"),
-    Step("check_bundle", "bundle_tasks", "check_bundle"),
+    Step("exec", "adhoc", on_node=True),
+    Step("check_bundle", "bundle_tasks", "check_bundle", on_node=True),
     Step("clean_bundles", "bundle_tasks", "clean_bundles", bundles=True),
 )})
 # The validate pipeline's steps, in order: the ones --steps and --skip name, each with a timeout of its own.

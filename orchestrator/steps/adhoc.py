@@ -1,5 +1,7 @@
 """Exec: the user's own command (`invoke exec -- ARGV`) on the host, as one step: its words quoted
-once (remote.adhoc), its output streamed to the step log, under the step timeout and guard."""
+once (remote.adhoc), its output streamed to the step log, under the step timeout and guard. On a
+`scheduler: slurm` entry it is a job step of an allocation held for it (the step is `on_node`),
+cancelled when the step ends, however it ends."""
 from __future__ import annotations
 
 from .. import remote
@@ -16,7 +18,9 @@ def run(ctx: StepContext) -> Outcome:
     argv, timeout = command.argv, command.timeout
     shown = remote.quote(argv)
     ctx.log(f"$ {shown}")
-    result = ctx.session.transport.run(remote.adhoc(ctx.host, argv, timeout), on_output=ctx.log)
+    # on a Slurm entry a job step of an allocation held for it, with the GPUs and CPUs Slurm gave
+    line = ctx.session.on_node(remote.adhoc(ctx.host, argv, timeout, env=ctx.shell.pinned(None)))
+    result = ctx.session.transport.run(line, on_output=ctx.log)
     if result.ok:
         return Outcome("passed", "exited with 0")
     timed_out = result.exit_code is None or (result.timed_out and result.seconds >= timeout)

@@ -141,10 +141,10 @@ class StepContext:
         """What the current step's results depend on, as the host has it now: the content hashes
         of the executables and of the tree's other files (steps.inputs), the build key, the step's
         command and environment; its digest becomes the step's `inputs`. None (the step runs)
-        without the cache (--no-cache), in a nightly run, on GPUs (what a GPU gives is never
-        reused: a faulty or busy GPU must show), or when the host cannot hash them or give the
-        build key."""
-        if not self.plan.reuses_results or self.session.gpus:
+        without the cache (--no-cache), in a nightly run, on claimed GPUs or a Slurm entry (what
+        a GPU or a node gives is never reused: HostSession.measures_anew), or when the host cannot
+        hash them or give the build key."""
+        if not self.plan.reuses_results or self.session.measures_anew:
             return None
         try:
             found, build = self.reads.inputs(self.tree_hash), self.build_key()

@@ -47,7 +47,7 @@ class HostReads:
         the state files and taken only once these show that."""
         session, project = self.shell.session, self.shell.project
         reusable = [r for step in steps for r in STEPS[step].reuses] \
-            if self.plan.reuses_results and not session.gpus else []
+            if self.plan.reuses_results and not session.measures_anew else []
         # every read has a thread of its own: those that wait for the state files never hold up another
         pool = ThreadPoolExecutor(max_workers=6 + len(reusable), thread_name_prefix=f"read-ahead-{session.host.name}")
         ahead: dict[object, Future] = {}

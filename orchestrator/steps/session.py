@@ -12,7 +12,7 @@ import typing
 from concurrent.futures import Future
 from typing import Callable
 
-from .. import state
+from .. import remote, state
 from ..errors import StepError
 from ..resources.gpus import Request
 from ..inventory import Host
@@ -23,7 +23,7 @@ if typing.TYPE_CHECKING:      # gpu_claims imports what imports this module at r
     from ..resources.gpu_claims import GpuClaim
     from ..resources.gpus import Gpu
     from ..runner.run import Run
-    from ..slurm_run import Allocation
+    from ..slurm.run import Allocation
 
 
 @dataclasses.dataclass
@@ -42,6 +42,18 @@ class HostSession:
     claim: GpuClaim | None = None       # the run's GPU claim on the host (None: none taken)
     gpus: tuple[Gpu, ...] = ()          # the GPUs claimed for the run, ascending index
     job: Allocation | None = None       # a `scheduler: slurm` entry's allocation, held: engine commands are its job steps
+
+    @property
+    def measures_anew(self) -> bool:
+        """Whether what golden, test, bench and stress give must come from this run, never an
+        earlier one's: on claimed GPUs (a faulty or busy GPU must show) and on a `scheduler: slurm`
+        entry, whose node and GPUs Slurm may pick differently from run to run."""
+        return bool(self.gpus) or self.host.slurm is not None
+
+    def on_node(self, command: remote.Command) -> remote.Command:
+        """`command` as it runs where the engine runs: a job step of the held allocation on a
+        `scheduler: slurm` entry (slurm.run.Allocation.step), else as it is."""
+        return self.job.step(command) if self.job is not None else command
 
     def take_lock(self, mode: str, wait: float = 0) -> state.HostLock:
         """The tree lock in `mode`, taken for the run (waiting up to `wait` seconds), not yet kept

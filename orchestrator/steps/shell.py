@@ -50,7 +50,7 @@ class EngineShell:
         host = self.session.host
         command = remote.step(host, script, host.timeout(step or self.step), with_secrets=with_secrets, env=env,
                               what=what)
-        return self.session.job.step(command) if self.session.job is not None else command    # a Slurm job step
+        return self.session.on_node(command)
 
     def command(self, name: str, env: dict[str, str] | None = None, step: str | None = None) -> remote.Command:
         """The project's command `name` as the host runs it for `step` (the current one), `env`
@@ -129,9 +129,10 @@ class EngineShell:
         return self.bundles.env() if self.bundles is not None else {}
 
     def pinned(self, env: dict[str, str] | None) -> dict[str, str]:
-        """`env` over the bundles' and the claimed GPUs' environment; the uuids are noted for the
-        step's record."""
-        env = {**self.bundle_env(), **self.gpu_env(), **(env or {})}
+        """`env` over the bundles' and the claimed GPUs' environment (and a Slurm job's CPU count);
+        the uuids are noted for the step's record."""
+        cpus = self.session.job.cpu_env() if self.session.job is not None else {}
+        env = {**self.bundle_env(), **self.gpu_env(), **cpus, **(env or {})}
         for uuid in env.get("CUDA_VISIBLE_DEVICES", "").split(","):
             if uuid and uuid not in self.devices_used:
                 self.devices_used.append(uuid)

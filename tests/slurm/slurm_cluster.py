@@ -46,6 +46,7 @@ DAEMONS = {"munged": "/usr/sbin/munged", "mungekey": "/usr/sbin/mungekey", "slur
 NODE = "kdnode1"
 PARTITION = "gpu"
 GPUS = 2
+NODE_MEMORY = 512           # MiB the node offers jobs (a `mem` request's room; the machine has more)
 NVIDIA_MAJOR = 195          # the nvidia driver's character device major (the devices are never opened)
 START_TIMEOUT = 120
 
@@ -106,8 +107,13 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none", "ReturnToService=2", "GresTypes=gpu",
             "MinJobAge=600",        # finished jobs stay in `scontrol show job` for the session's checks
-            "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5",
+            "SlurmdTimeout=30", "InactiveLimit=0",
+            # scancel's TERM, then KILL KillWait seconds later; a step still there UnkillableStepTimeout
+            # seconds after the KILL drains the node ("Kill task failed"): on a loaded 2-core machine a
+            # step's processes can take longer than the default 60 s to be reaped
+            "KillWait=5", "UnkillableStepTimeout=180",
             f"NodeName={NODE} NodeHostname={socket.gethostname().split('.')[0]} NodeAddr={LOOPBACK} CPUs={cpus} "
+            f"RealMemory={NODE_MEMORY} "
             f"Gres=gpu:{GPUS} Feature=sm_90,cuda12 State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
             ""]))
@@ -198,6 +204,27 @@ class SlurmCluster:
     def node_state(self) -> str:
         proc = self.command("sinfo", "-h", "-n", NODE, "-o", "%T")
         return proc.stdout.strip().upper()
+
+    def node(self) -> dict[str, str]:
+        """slurmctld's record of the node (`scontrol -o show node`) as Key -> value; Reason, which
+        may hold blanks, whole."""
+        line = self.scontrol("-o", "show", "node", NODE).stdout.strip()
+        before, _, reason = line.partition(" Reason=")
+        found = dict(word.split("=", 1) for word in before.split() if "=" in word)
+        if reason:
+            found["Reason"] = reason
+        return found
+
+    def heal(self) -> str | None:
+        """Put the node back in service when it is drained, down or failing (a state no test set:
+        each test that sets one restores it); what was found, with Slurm's reason, or None when
+        the node was in service."""
+        seen = self.node()
+        state = seen.get("State", "")
+        if not {"DRAIN", "DOWN", "FAIL"} & set(state.replace("+", " ").replace("*", "").split()):
+            return None
+        self.resume()
+        return f"node {NODE} was {state} ({seen.get('Reason', 'no reason given')}): resumed"
 
     def drain(self, reason: str = "kdtree test drain") -> None:
         """Drain the node: new jobs wait (PD, ReqNodeNotAvail / Resources) until resume()."""

@@ -1,4 +1,4 @@
-"""Slurm entries (issue 41, first half) against a real local Slurm cluster (tests/slurm_cluster.py),
+"""Slurm entries (issue 41, first half) against a real local Slurm cluster (tests/slurm/slurm_cluster.py),
 its login node a loopback sshd host: the client's allocation, queue limit and cancel, and doctor
 on a healthy and a drained partition. Each test checks from slurmctld's side (`scontrol show job`)
 that the job it expected ran, waited or was cancelled. `pytest -k slurm` selects them, with the
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, doctor, inventory, slurm
+from orchestrator import cli, doctor, inventory
+from orchestrator.slurm import commands as slurm, facts
 from orchestrator.connectors.factory import open_transport
 from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, UsageError
@@ -68,7 +69,7 @@ def test_slurm_queue_limit_fails_with_the_pending_reason_of_a_drained_node_and_c
     with open_transport(host) as t:
         job_id = slurm.submit(t)
         began = time.monotonic()
-        with pytest.raises(slurm.QueueLimitError) as e:
+        with pytest.raises(facts.QueueLimitError) as e:
             slurm.wait_running(t, job_id, poll=0.5)
     assert 3 <= time.monotonic() - began < 30
     assert e.value.job_id == job_id and e.value.state == "PENDING"
@@ -84,7 +85,7 @@ def test_slurm_queue_limit_names_a_reservation_and_cancels(slurm_lab, entry):
                             f"Nodes={slurm_cluster.NODE}", "Users=nobody", "Flags=MAINT,IGNORE_JOBS")
     assert made.returncode == 0, made.stderr
     try:
-        with open_transport(entry(queue_limit=3)) as t, pytest.raises(slurm.QueueLimitError) as e:
+        with open_transport(entry(queue_limit=3)) as t, pytest.raises(facts.QueueLimitError) as e:
             with slurm.allocation(t, poll=0.5):
                 pass
     finally:
@@ -126,6 +127,15 @@ def test_slurm_two_allocations_at_once_are_queued_by_slurm_and_the_wait_is_measu
     assert job.queue_wait is not None and job.queue_wait >= 3          # Slurm's StartTime - SubmitTime
     assert cluster.ended_job(first.job_id)["JobState"] == "CANCELLED"
     assert _state_soon(cluster, job.job_id, "CANCELLED")
+
+
+def test_slurm_lab_resumes_a_node_left_drained_and_says_slurms_reason(slurm_lab):
+    cluster, _ = slurm_lab
+    assert cluster.heal() is None                       # in service: nothing to do
+    cluster.drain("Kill task failed")                   # what slurmd sets when it cannot kill a job step
+    found = cluster.heal()
+    assert found is not None and found.startswith(f"node {slurm_cluster.NODE} was IDLE+DRAIN (Kill task failed ")
+    assert found.endswith("): resumed") and cluster.node_state() == "IDLE"
 
 
 def test_slurm_doctor_on_a_healthy_partition(slurm_lab, entry, tmp_path):
@@ -202,7 +212,7 @@ def _pending_job(cluster, exclude: str, within: float = 20) -> str | None:
 # -- without a cluster: what Slurm prints is read strictly ---------------------------------------
 
 LINE = ("JobId=7 JobName=kdtree-c JobState=RUNNING Reason=None Partition=gpu NodeList=n1 SubmitTime=2026-12-06T10:00:00 "
-        "StartTime=2026-12-06T10:00:03 TimeLimit=01:21:00 Command=(null) Nodes=n1 CPU_IDs=1 GRES=gpu:2(IDX:0-1)")
+        "StartTime=2026-12-06T10:00:03 TimeLimit=01:21:00 Command=(null) Nodes=n1 NumCPUs=1 CPU_IDs=1 GRES=gpu:2(IDX:0-1)")
 
 
 @pytest.mark.parametrize("line, problem", [
@@ -213,31 +223,30 @@ LINE = ("JobId=7 JobName=kdtree-c JobState=RUNNING Reason=None Partition=gpu Nod
     (LINE + "\n" + LINE, "scontrol printed 2 lines, not one job"),
 ])
 def test_slurm_output_that_breaks_a_pattern_is_refused_with_the_evidence(line, problem):
-    with pytest.raises(slurm.SlurmError) as e:
-        slurm.parse_fields(line, "c", "scontrol -o -d show job 7")
+    with pytest.raises(facts.SlurmError) as e:
+        facts.parse_fields(line, "c", "scontrol -o -d show job 7")
     assert problem in str(e.value) and e.value.command == "scontrol -o -d show job 7" and e.value.tail
 
 
 def test_slurm_gres_parsing():
-    assert slurm.parse_fields(LINE, "c", "x")["GRES"] == "gpu:2(IDX:0-1)"
-    assert slurm.gpu_indices("gpu:2(IDX:0-1)") == (0, 1)
-    assert slurm.gpu_indices("gpu:h100:3(IDX:0,2-3),mps:100(0/100,0/100)") == (0, 2, 3)
-    assert slurm.gpu_indices("gpu:1(IDX:0-99999999)") == ()        # a range no node has: ignored
-    assert slurm.gpu_counts("gpu:a100:2,gpu:h100:4(S:0-1)") == {"a100": 2, "h100": 4}
-    assert slurm.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:h100:4")
-    assert not slurm.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:a100:4")
-    assert slurm.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:6") and not slurm.has_gpus("(null)", "gpu:1")
+    assert facts.parse_fields(LINE, "c", "x")["GRES"] == "gpu:2(IDX:0-1)"
+    assert facts.gpu_indices("gpu:2(IDX:0-1)") == (0, 1)
+    assert facts.gpu_indices("gpu:h100:3(IDX:0,2-3),mps:100(0/100,0/100)") == (0, 2, 3)
+    assert facts.gpu_indices("gpu:1(IDX:0-99999999)") == ()        # a range no node has: ignored
+    assert facts.gpu_counts("gpu:a100:2,gpu:h100:4(S:0-1)") == {"a100": 2, "h100": 4}
+    assert facts.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:h100:4")
+    assert not facts.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:a100:4")
+    assert facts.has_gpus("gpu:a100:2,gpu:h100:4(S:0-1)", "gpu:6") and not facts.has_gpus("(null)", "gpu:1")
 
 
-def test_slurm_entries_refuse_exec_and_the_bundle_commands(make_inventory):
+def test_slurm_entries_refuse_bisect_saying_why_and_what_to_do_instead(make_inventory):
     inv = make_inventory({"c": {"scheduler": "slurm", "address": "login", "remote_dir": "/srv/kdtree",
                                 "partition": "gpu"}})
     assert inv.hosts["c"].slurm == SlurmRequest(partition="gpu")
-    for run in (lambda: cli.exec_command(inv, [inv.hosts["c"]], Console(io.StringIO()), ("true",)),
-                lambda: cli.clean_bundles(inv, [inv.hosts["c"]], Console(io.StringIO()))):
-        with pytest.raises(UsageError, match=r"c is a `scheduler: slurm` entry: only doctor, deploy, validate, "
-                                             r"nightly run there so far"):
-            run()
+    with pytest.raises(UsageError) as e:
+        cli.bisect(inv, inv.hosts["c"], Console(io.StringIO()), "HEAD~1", "HEAD", golden=True)
+    assert str(e.value).startswith("bisect: c is a `scheduler: slurm` entry: each probe would be a job of its own")
+    assert "Bisect on an ssh host with the same GPU, or run `invoke validate --host c`" in str(e.value)
 
 
 def test_slurm_doctor_shows_slurms_words_escaped_and_refuses_a_garbled_node_line():

@@ -20,72 +20,30 @@ granted and ties the allocation to that session. The job sbatch submits only hol
 (`srun --jobid=ID --overlap`), each with its own output, exit code and timeout.
 
 Everything Slurm prints is hostile until checked: the output is bounded (MAX_OUTPUT), each field
-the orchestrator uses must match its own pattern and the job id asked for, else SlurmError with
-the command, exit code and output tail.
+the orchestrator uses must match its own pattern (facts.py) and the job id asked for, else
+SlurmError with the command, exit code and output tail.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime
 import re
 import time
 from typing import Iterator
 
-from . import remote
-from .connectors.base import Transport
-from .errors import CommandError, HostError
-from .inventory import Host, SlurmRequest
-from .steps import ORDER
+from .. import remote
+from ..connectors.base import Transport
+from ..errors import CommandError, HostError
+from ..inventory import Host, SlurmRequest
+from ..steps import ORDER
+from . import facts
+from .facts import WAITING, Job, QueueLimitError, SlurmError
 
 MAX_OUTPUT = 256 << 10      # bytes one Slurm command may print
 COMMAND_TIMEOUT = 60        # seconds one Slurm client command may take
 POLL = 2.0                  # seconds between two looks at a waiting job
 HOLD = "exec sleep infinity"    # the batch step: it holds the allocation until scancel or the time limit
-WAITING = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
 _ID = re.compile(r"(\d{1,12})(?:;[A-Za-z0-9_.-]{1,64})?\n?\Z")     # sbatch --parsable: JOBID[;CLUSTER]
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_:/]*)=(\S*)")
-_TIME = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}|Unknown|None|N/A"
-_FIELDS = {         # the fields of `scontrol -o -d show job` read, and what each may hold
-    "JobId": r"\d{1,12}", "JobState": r"[A-Z_]{1,32}", "Reason": r"[A-Za-z0-9_(),.:;/\[\]+=*-]{1,300}",
-    "Partition": r"[A-Za-z0-9_][A-Za-z0-9_.,-]{0,200}", "NodeList": r"(?:[A-Za-z0-9_.,\[\]-]{1,1000})?|\(null\)",
-    "SubmitTime": _TIME, "StartTime": _TIME, "TimeLimit": r"[0-9:-]{1,20}|UNLIMITED|Partition_Limit|NONE",
-    "GRES": r"[A-Za-z0-9_:(),.-]{0,1000}"}
-_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[A-Za-z0-9_.-]+)?:\d+\(IDX:([0-9,-]+)\)")
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]{1,64}))?:(\d{1,5})")
 _DEVICES = re.compile(r"(?:\d{1,4}(?:,\d{1,4}){0,1023})?\Z")
-
-
-class SlurmError(HostError):
-    """A Slurm command failed, or printed what the orchestrator refuses to read."""
-
-
-class QueueLimitError(SlurmError):
-    """The job waited in the queue past the entry's queue_limit and was cancelled; `reason` is
-    Slurm's pending reason."""
-
-    def __init__(self, message: str, *, host: str, job_id: str, state: str, reason: str):
-        super().__init__(message, host=host)
-        self.job_id, self.state, self.reason = job_id, state, reason
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """A job as slurmctld tells it: id, state, pending reason ("None" once running), partition,
-    node (None before it runs), the indices of its GPUs on that node (GRES IDX), the submit and
-    start times (Slurm's local time, ISO), the seconds it waited in the queue (None before it
-    starts) and its time limit as Slurm prints it."""
-
-    job_id: str
-    state: str
-    reason: str
-    partition: str
-    node: str | None
-    gpus: tuple[int, ...]
-    submitted: str | None
-    started: str | None
-    queue_wait: float | None
-    time_limit: str
 
 
 def request(host: Host) -> SlurmRequest:
@@ -123,14 +81,16 @@ def time_limit(host: Host) -> int:
 
 def sbatch_options(host: Host) -> list[str]:
     """sbatch's options for the entry: one node, one task, its partition, GRES, account, QOS,
-    constraint, no requeue and time limit (Slurm counts whole minutes: rounded up), a job name naming the entry."""
+    constraint, CPUs per task, memory, no requeue and time limit (Slurm counts whole minutes:
+    rounded up), a job name naming the entry."""
     req = request(host)
     minutes = -(-time_limit(host) // 60)
     # --no-requeue: a job Slurm requeued (its node failed) would hold a new allocation nobody uses
     options = [f"--partition={req.partition}", "--nodes=1", "--ntasks=1", f"--time={minutes}",
                f"--job-name=kdtree-{host.name}", "--no-requeue"]
-    options += [f"--{key}={value}" for key, value in (("gres", req.gres), ("account", req.account),
-                                                       ("qos", req.qos), ("constraint", req.constraint)) if value]
+    options += [f"--{key}={value}" for key, value in (
+        ("gres", req.gres), ("account", req.account), ("qos", req.qos), ("constraint", req.constraint),
+        ("cpus-per-task", req.cpus_per_task), ("mem", req.mem)) if value]
     return options
 
 
@@ -151,79 +111,11 @@ def job(transport: Transport, job_id: str) -> Job:
     missing or holds what it may not."""
     argv = ["scontrol", "-o", "-d", "show", "job", job_id]
     text = output(transport, argv, "scontrol show job")
-    fields = parse_fields(text, transport.host.name, remote.quote(argv))
+    fields = facts.parse_fields(text, transport.host.name, remote.quote(argv))
     if fields["JobId"] != job_id:
         raise SlurmError(f"scontrol showed job {fields['JobId']}, not {job_id}", host=transport.host.name,
                          command=remote.quote(argv), tail=text[-2000:])
-    submitted, started = _when(fields["SubmitTime"]), _when(fields["StartTime"])
-    node = fields["NodeList"] if fields["NodeList"] not in ("", "(null)") else None
-    running = node is not None and fields["JobState"] not in WAITING      # it ran (or runs) on a node
-    wait = (started - submitted).total_seconds() if running and submitted and started else None
-    return Job(job_id, fields["JobState"], fields["Reason"], fields["Partition"], node, gpu_indices(fields["GRES"]),
-               submitted.isoformat() if submitted else None, started.isoformat() if started and running else None,
-               wait, fields["TimeLimit"])
-
-
-def parse_fields(text: str, host: str, argv: str) -> dict[str, str]:
-    """The fields of one `scontrol -o show job` line that _FIELDS names (the first of each; GRES,
-    from -d's node details, may be absent), each checked against its pattern."""
-    lines = text.strip().splitlines()
-    if len(lines) != 1:
-        raise SlurmError(f"scontrol printed {len(lines)} lines, not one job", host=host, command=argv,
-                         tail=text[-2000:])
-    found = fields(lines[0])
-    found.setdefault("GRES", "")
-    for key, pattern in _FIELDS.items():
-        if key not in found or not re.fullmatch(pattern, found[key]):
-            shown = "missing" if key not in found else f"{found[key][:80]!r}"
-            raise SlurmError(f"scontrol's job field {key} is {shown}", host=host, command=argv, tail=text[-2000:])
-    return {key: found[key] for key in _FIELDS}
-
-
-def fields(line: str) -> dict[str, str]:
-    """The Key=value words of a line of `scontrol -o show ...` (the first of each key; a value ends
-    at a blank: the callers check the ones they use)."""
-    found: dict[str, str] = {}
-    for key, value in _FIELD.findall(line):
-        found.setdefault(key, value)
-    return found
-
-
-def gpu_counts(gres: str) -> dict[str | None, int]:
-    """GPUs per GRES type (None: untyped) in a node's GRES as sinfo prints it (`gpu:2`,
-    `gpu:h100:4(S:0-1)`, `gpu:a100:2,gpu:h100:2`, `(null)`)."""
-    counts: dict[str | None, int] = {}
-    for kind, count in _GPU_GRES.findall(gres):
-        counts[kind or None] = counts.get(kind or None, 0) + int(count)
-    return counts
-
-
-def has_gpus(gres: str, wanted: str | None) -> bool:
-    """Whether a node's GRES (gpu_counts) holds the request `wanted` (gpu:N, gpu:TYPE:N; None: no GPU)."""
-    if wanted is None:
-        return True
-    parts = wanted.split(":")
-    counts = gpu_counts(gres)
-    have = counts.get(parts[1], 0) if len(parts) == 3 else sum(counts.values())
-    return have >= int(parts[-1])
-
-
-def gpu_indices(gres: str) -> tuple[int, ...]:
-    """The GPU indices of a node's GRES detail (`gpu:2(IDX:0-1)`, `gpu:h100:3(IDX:0,2-3)`)."""
-    indices: list[int] = []
-    for spec in _GPU_IDX.findall(gres):
-        for part in spec.split(","):
-            low, _, high = part.partition("-")
-            if low.isdigit() and (not high or high.isdigit()) and int(high or low) - int(low) < 1024:
-                indices.extend(range(int(low), int(high or low) + 1))
-    return tuple(sorted(set(indices)))
-
-
-def _when(value: str) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.fromisoformat(value)
-    except ValueError:          # Unknown, None, N/A
-        return None
+    return Job.of(fields)
 
 
 def wait_running(transport: Transport, job_id: str, poll: float = POLL) -> Job:
@@ -254,7 +146,7 @@ def cancel(transport: Transport, job_id: str) -> None:
     if not transport.stopped.is_set():
         output(transport, ["scancel", job_id], "scancel")
         return
-    from .connectors.factory import open_transport
+    from ..connectors.factory import open_transport
     with open_transport(transport.host) as own:
         output(own, ["scancel", job_id], "scancel")
 

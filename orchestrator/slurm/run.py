@@ -10,7 +10,7 @@ stress) to the end of the host's run, and every engine command of those steps a 
 Each job step keeps the command's own host-side timeout (remote.wrap's guard, now on the node:
 exit 124 when it fires) and gets it again as srun's `--time` (whole minutes, rounded up past the
 guard's KILL_AFTER), so Slurm ends a step the guard could not; the job's own time limit
-(slurm.time_limit: the sum of the step timeouts) covers the run. On the login node srun runs
+(commands.time_limit: the sum of the step timeouts) covers the run. On the login node srun runs
 under that timeout plus SRUN_GRACE, with the command's stdin passed through to the node (the
 secret values, then the open stdin whose end stops the step there).
 
@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import remote, slurm
-from .connectors.base import Transport
-from .errors import KdError
-from .records.record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
+from .. import remote
+from ..connectors.base import Transport
+from ..errors import KdError
+from ..records.record import FAILED_STEP_STATUSES, HostRecord, SlurmJob, StepRecord
+from . import commands as slurm
+from .facts import QueueLimitError
 
 SRUN_GRACE = 30         # seconds srun gets on the login node past the step's timeout and its KILL_AFTER
 
@@ -49,29 +51,37 @@ class Allocation:
         return self.record.job is not None
 
     def hold(self) -> str:
-        """Submit the job and wait until it runs (slurm.wait_running: past queue_limit it is
+        """Submit the job and wait until it runs (commands.wait_running: past queue_limit it is
         cancelled, the QueueLimitError saying Slurm's reason); its facts into the host's record.
         What Slurm gave, in words."""
         job_id = slurm.submit(self.transport)
         rec = self.record.job = SlurmJob(job_id, slurm.request(self.transport.host).partition)
         try:
             job = slurm.wait_running(self.transport, job_id)
-        except slurm.QueueLimitError as e:
+        except QueueLimitError as e:
             rec.state, rec.reason, rec.ended = e.state, e.reason, "cancelled: it waited past queue_limit"
             raise
         self.devices = slurm.visible_devices(self.transport, job_id)
         rec.node, rec.gpus, rec.cuda_visible_devices = job.node, list(job.gpus), self.devices
         rec.submitted, rec.started, rec.queue_wait = job.submitted, job.started, job.queue_wait
-        rec.time_limit, rec.state, rec.reason = job.time_limit, job.state, job.reason
+        rec.time_limit, rec.cpus, rec.state, rec.reason = job.time_limit, job.cpus, job.state, job.reason
         gpus = f"GPU {','.join(map(str, job.gpus))}" if job.gpus else "no GPU"
         wait = f"{job.queue_wait:.0f} s" if job.queue_wait is not None else "an unknown time"
         return (f"job {job_id} runs on {job.node} with {gpus} (CUDA_VISIBLE_DEVICES={self.devices or 'unset'}) "
-                f"after {wait} in the queue of partition {job.partition}, time limit {job.time_limit}")
+                f"and {job.cpus} CPU(s) after {wait} in the queue of partition {job.partition}, "
+                f"time limit {job.time_limit}")
 
     def gpu_env(self) -> dict[str, str]:
         """The environment that gives an engine command the GPUs Slurm gave the job (remote.wrap
         starts every command with a clean environment, srun's included)."""
         return {"CUDA_VISIBLE_DEVICES": self.devices} if self.devices else {}
+
+    def cpu_env(self) -> dict[str, str]:
+        """The environment that tells an engine command how many CPUs the job holds (KD_JOBS: the
+        build's parallel compiles): srun's SLURM_CPUS_PER_TASK does not pass remote.wrap's clean
+        environment, and nproc counts the node's CPUs where the cluster does not bind tasks to theirs."""
+        job = self.record.job
+        return {"KD_JOBS": str(job.cpus)} if job is not None and job.cpus else {}
 
     def step(self, command: remote.Command) -> remote.Command:
         """`command` (an engine command of remote.step) as a job step of the held job on its node."""
@@ -121,5 +131,6 @@ def describe(job: SlurmJob) -> str:
     """A job of the record in one line: id, node, GPUs, queue wait, how it ended."""
     gpus = ",".join(map(str, job.gpus)) or "none"
     wait = f"{job.queue_wait:.1f} s" if job.queue_wait is not None else "-"
-    return (f"job {job.job_id} on {job.node or '-'} (partition {job.partition}), GPUs {gpus}, "
+    cpus = f", {job.cpus} CPU(s)" if job.cpus else ""
+    return (f"job {job.job_id} on {job.node or '-'} (partition {job.partition}), GPUs {gpus}{cpus}, "
             f"queue wait {wait}; {job.ended or job.state or 'submitted'}")

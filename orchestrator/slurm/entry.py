@@ -6,6 +6,8 @@ every error names the host and the key, as for every other key.
     partition: gpu-h100        # required
     gpus: 2                    # the GRES request: gpu:2; `h100:2`: gpu:h100:2; 0 or absent: none
     account, qos, constraint   # optional: sbatch's --account, --qos, --constraint
+    cpus_per_task: 16          # optional: sbatch's --cpus-per-task (the build's parallel compiles)
+    mem: 64G                   # optional: sbatch's --mem, MiB or a count with K, M, G or T
     time_limit: 7200           # seconds or [D-]HH:MM:SS (default: the partition's)
     queue_limit: 600           # seconds the job may wait in the queue before the host fails
     slurm_conf: /etc/slurm/x.conf   # SLURM_CONF on the login node (default: its own)
@@ -19,11 +21,13 @@ from typing import Any, NoReturn, Protocol
 
 # The gpu_claims keys are refused on a Slurm entry: Slurm's allocation is the claim, `gpus` the GRES request.
 SCHEDULERS = ("slurm",)
-SLURM_KEYS = ("scheduler", "partition", "account", "qos", "constraint", "time_limit", "queue_limit", "slurm_conf")
+SLURM_KEYS = ("scheduler", "partition", "account", "qos", "constraint", "cpus_per_task", "mem", "time_limit",
+              "queue_limit", "slurm_conf")
 CLAIM_KEYS = ("gpu_policy", "gpu_count", "gpu_max_used_mib", "gpu_wait")
 DEFAULT_QUEUE_LIMIT = 600       # seconds a Slurm job may wait in the queue before the host fails
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")         # partition, account, qos, GRES type
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|()\[\]*-]+\Z")           # features and Slurm's operators
+_MEM = re.compile(r"[1-9]\d{0,8}[KMGT]?\Z")                         # sbatch --mem: MiB, or with a unit
 _SLURM_TIME = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):(\d{2}):(\d{2})\Z")   # [D-]HH:MM:SS
 
 
@@ -31,7 +35,8 @@ _SLURM_TIME = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):(\d{2}):(\d{2})\Z")   # [D-]
 class SlurmRequest:
     """What a `scheduler: slurm` entry asks Slurm for: one node of `partition` with the GRES `gres`
     (`gpu:N`, `gpu:TYPE:N`; None: no GPU), under its account, QOS, constraint and time limit
-    (seconds; None: the partition's default), waiting at most `queue_limit` seconds in the queue.
+    (seconds; None: the partition's default), with `cpus_per_task` CPUs and `mem` of memory
+    (sbatch's --mem; None: the partition's defaults), waiting at most `queue_limit` seconds in the queue.
     `conf`: SLURM_CONF for the Slurm commands on the login node (None: the login node's own)."""
 
     partition: str
@@ -39,6 +44,8 @@ class SlurmRequest:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
     time_limit: int | None = None
     queue_limit: float = DEFAULT_QUEUE_LIMIT
     conf: str | None = None
@@ -81,6 +88,14 @@ def request(v: Checks, name, entry, transport, max_seconds: float) -> tuple[Slur
     if "constraint" in entry:
         fields["constraint"] = v.string(entry["constraint"], name, "constraint", _CONSTRAINT,
                                            "a Slurm constraint (features and & | [ ] ( ) *)")
+    if "cpus_per_task" in entry:
+        fields["cpus_per_task"] = v.integer(entry["cpus_per_task"], name, "cpus_per_task", 1, 4096)
+    if "mem" in entry:
+        mem = entry["mem"]
+        if isinstance(mem, bool) or not isinstance(mem, (int, str)) or not _MEM.match(str(mem)):
+            v.fail(name, "mem", f"{mem!r} is not memory for sbatch --mem: MiB, or a count with K, M, G or T "
+                                 "(e.g. 64G)")
+        fields["mem"] = str(mem)
     if "time_limit" in entry:
         fields["time_limit"] = _time_limit(v, entry["time_limit"], name, max_seconds)
     if "queue_limit" in entry:
