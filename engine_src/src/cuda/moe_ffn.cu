@@ -191,6 +191,7 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
+        down.early = true;  // its weights are constants, its lists two launches back (the gate or moe_lists_kernel)
         if (M == 1) {  // every slot has one row: the split-K sums (and the combine) in the streaming launches
             unsigned* ctr = ctx.split_counters.get<unsigned>(
                 static_cast<size_t>(std::max(max_slots * ceil_div(I, 8), ceil_div(D, 16))));
