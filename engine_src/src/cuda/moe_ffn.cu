@@ -152,7 +152,6 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     const int pass_rows = std::min(M, std::max(1, 2 * ceil_div(n_pairs, E)));
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
     // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
-    bool combined = false;  // by w2's launch (W4Params::comb_out)
     if (w.int4) {
         // Projection j (1, 2, 3) of expert set e of the stacks (tiled layout: see backend.h).
         const auto words = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_words(D, I) : w4a16_tiled_words(I, D)); };
@@ -191,20 +190,9 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
-        down.early = true;  // its weights are constants, its lists two launches back (the gate or moe_lists_kernel)
-        if (M == 1) {  // every slot has one row: the split-K sums (and the combine) in the streaming launches
-            unsigned* ctr = ctx.split_counters.get<unsigned>(
-                static_cast<size_t>(std::max(max_slots * ceil_div(I, 8), ceil_div(D, 16))));
-            const int up_sc = w4_n_sc(D), down_sc = w4_n_sc(I);
-            if (up_sc > 1 && up_sc <= KD_W4_TAIL_SC) up.tail_ctr = ctr;
-            if (down_sc > 1 && down_sc <= KD_W4_COMB_SC && n_pairs <= 32) {
-                down.tail_ctr = ctr;
-                down.comb_out = out;
-                down.comb_weight = weight;
-                down.top_k = top_k;
-                combined = true;
-            }
-        }
+        // Its weights are the model's, its lists were written before w1/w3's launch (by the gate
+        // or moe_lists_kernel): its first loads may overlap w1/w3's sum (W4Params::early).
+        down.early = true;
         w4_run<true>(ctx, up, M, pass_rows, max_slots);
         w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {
@@ -248,7 +236,6 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         }
     }
 
-    if (combined) return;
     const long n = static_cast<long>(M) * D;
     launch_chained("moe_combine_kernel launch", moe_combine_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
                    static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);

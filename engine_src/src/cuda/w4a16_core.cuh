@@ -86,20 +86,10 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
-    // One row a slot (moe_ffn at one row), n_sc > 1: the super-chunk values are summed in this
-    // launch, not by w4_sum_kernel, by the last warp to finish a tile (w4_tail; tail_ctr: a
-    // counter per (slot, tile), or per tile with comb_out; zero between launches). comb_out (w2's
-    // launch): that warp also does moe_combine_kernel's sum over the rows w4_sum_kernel would have
-    // written: comb_out[n] = 0 + comb_weight[j] y_j[n] (pair id j < top_k, ascending) + the pair
-    // id top_k's y[n] (the shared expert, where the slots have one more pair than top_k).
-    unsigned* tail_ctr = nullptr;
-    float* comb_out = nullptr;
-    const float* comb_weight = nullptr;
-    int top_k = 0;
     // The weights and (grouped) the slot lists were written two launches back or more (moe_ffn's
-    // w2): a warp's first two steps are fetched before griddepcontrol.wait, which then comes
-    // before the staging (the input rows) and every write, so the fetches overlap the tail of the
-    // launch before.
+    // w2: model weights, lists from the gate or moe_lists_kernel before w1/w3's launch): each
+    // warp's first two steps are fetched before griddepcontrol.wait, which then comes before the
+    // staging (the input rows) and every write, so those loads overlap the launch before's tail.
     bool early = false;
 };
 
@@ -339,85 +329,6 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 #endif
 }
 
-// Super-chunks the split-K end of a tile sums in the streaming launch (K up to 8192), and with the
-// combine (K up to 2048, K2's w2), and the pairs it combines at a time: each lane's loads are all
-// issued before the first addition (one L2 round trip per batch, not one per value).
-constexpr int KD_W4_TAIL_SC = 8, KD_W4_COMB_SC = 2, KD_W4_COMB_BATCH = 5;
-
-// Pair row r's value at workspace column c: w4_sum_kernel's 0 + value_0 + value_1 + ..., for n_sc
-// <= S super-chunks; `load` issues the loads, `sum` adds them in that order.
-template <int S>
-struct W4TailRow {
-    float v[S];
-    __device__ __forceinline__ void load(const W4Params& p, int NW, int r, int c) {
-#pragma unroll
-        for (int k = 0; k < S; ++k) v[k] = k < p.n_sc ? __ldcg(p.ws + (static_cast<long>(k) * p.M + r) * NW + c) : 0.0f;
-    }
-    __device__ __forceinline__ float sum(const W4Params& p) const {
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < S; ++k)
-            if (k < p.n_sc) s += v[k];
-        return s;
-    }
-};
-
-// The split-K end of a tile in the streaming launch (W4Params::tail_ctr): after the warp has put
-// its values of the tile (pair row prow) in the workspace, it counts itself; the last of the
-// tile's n_sc (comb_out: n_active x n_sc) warps reads every value of the tile and writes what
-// w4_sum_kernel (and then moe_combine_kernel) would have, in their order: the same bits, one or
-// two launches fewer. Whole warp, uniform arguments.
-template <bool GLU>
-__device__ __forceinline__ void w4_tail(const W4Params& p, int slot, int tile, int n_tiles, int prow, int lane) {
-    constexpr int TILE = GLU ? 8 : 16;
-    const int N = p.N, NW = GLU ? 2 * N : N;
-    __threadfence();  // this lane's values before the count (threadFenceReduction's pattern)
-    __syncwarp();
-    unsigned* ctr = p.tail_ctr + (p.comb_out ? tile : slot * n_tiles + tile);
-    const unsigned arrivals = p.comb_out ? static_cast<unsigned>(*p.n_active * p.n_sc) : static_cast<unsigned>(p.n_sc);
-    unsigned done = 0;
-    if (lane == 0) done = atomicAdd(ctr, 1u) + 1;
-    if (__shfl_sync(0xffffffffu, done, 0) != arrivals) return;
-    if (lane == 0) *ctr = 0;  // for the next launch (no other warp counts this tile again)
-    __threadfence();          // the other warps' values after their counts
-    const int n = tile * TILE + lane % TILE;
-    const bool mine = lane < TILE && n < N;
-    if (GLU) {
-        W4TailRow<KD_W4_TAIL_SC> a, b;
-        if (!mine) return;
-        a.load(p, NW, prow, n);
-        b.load(p, NW, prow, N + n);
-        p.y[(p.row_out ? p.row_out[prow] : prow) * p.ldy + n] = silu_mul_f(a.sum(p), b.sum(p));
-        return;
-    }
-    // The pair row of pair id j: the lane whose pair (row_out) is j.
-    const int n_pairs = p.slot_start[*p.n_active];
-    const int id = lane < n_pairs ? p.row_out[lane] : -1;
-    const auto row_of = [&](int j) { return __ffs(__ballot_sync(0xffffffffu, id == j)) - 1; };
-    const int n_ids = n_pairs > p.top_k ? p.top_k + 1 : p.top_k;  // id top_k: the shared expert's pair
-    float acc = 0.0f;
-    for (int j0 = 0; j0 < n_ids; j0 += KD_W4_COMB_BATCH) {
-        W4TailRow<KD_W4_COMB_SC> y[KD_W4_COMB_BATCH];
-        float wt[KD_W4_COMB_BATCH];
-#pragma unroll
-        for (int b = 0; b < KD_W4_COMB_BATCH; ++b) {
-            const int j = j0 + b, r = row_of(j);
-            if (mine && j < n_ids) {
-                y[b].load(p, NW, r, n);
-                wt[b] = j < p.top_k ? p.comb_weight[j] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < KD_W4_COMB_BATCH; ++b) {
-            const int j = j0 + b;
-            if (!mine || j >= n_ids) continue;
-            if (j < p.top_k) acc += wt[b] * y[b].sum(p);
-            else acc += y[b].sum(p);
-        }
-    }
-    if (mine) p.comb_out[n] = acc;
-}
-
 // Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
 // or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
 // slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
@@ -519,9 +430,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
         }
-        // One token quad only: moe_ffn sets tail_ctr at one row, whose passes are w4_kernel<1, *>.
-        if constexpr (Q == 1)
-            if (p.tail_ctr) w4_tail<GLU>(p, slot, tile, n_tiles, m_begin, lane);
     };
 
     // A warp's first tile is its place in the wave (global ticket) or in the block's share (block
@@ -601,7 +509,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
         // The first two steps are on their way while the activations are staged (with one, the
         // warps' loads in flight ran out during the staging: 28672 x 8192 at M = 1 42.7 -> 41.8
         // us, M = 16 123 -> 105 us, issue 21's eighth pass).
-        if (p.early) chain_acquire();  // returns at once after the first pass
+        if (p.early) chain_acquire();  // (a no-op after the first pass)
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
         // without per-group tests where w4_full_steps_here(Q); otherwise all of them with the tests.
@@ -703,9 +611,6 @@ inline int w4_schunk() {
     return o ? o : KD_W4_SCHUNK;
 }
 
-// Super-chunks of K inputs (w4_run's n_sc).
-inline int w4_n_sc(int K) { return ceil_div(K, w4_schunk()); }
-
 template <int Q, bool GLU>
 void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
     const auto kernel = w4_kernel<Q, GLU>;
@@ -739,7 +644,7 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // rows, which give the same bits (rows never depend on the pass size).
     while (q > 2 && w4_smem_bytes(q) > device_smem_optin()) q /= 2;
     p.sc_len = w4_schunk();
-    p.n_sc = w4_n_sc(p.K);
+    p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
     if (p.n_sc > 1) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
@@ -749,7 +654,7 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
-    if (p.n_sc > 1 && !p.tail_ctr) {
+    if (p.n_sc > 1) {
         const long n = static_cast<long>(p.M) * p.N;
         launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
     }
