@@ -190,6 +190,9 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         up.row_in = pair_token;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
+        // Its weights are the model's, its lists were written before w1/w3's launch (by the gate
+        // or moe_lists_kernel): its first loads may overlap w1/w3's sum (W4Params::early).
+        down.early = true;
         w4_run<true>(ctx, up, M, pass_rows, max_slots);
         w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {

@@ -86,6 +86,11 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
+    // The weights and (grouped) the slot lists were written two launches back or more (moe_ffn's
+    // w2: model weights, lists from the gate or moe_lists_kernel before w1/w3's launch): each
+    // warp's first two steps are fetched before griddepcontrol.wait, which then comes before the
+    // staging (the input rows) and every write, so those loads overlap the launch before's tail.
+    bool early = false;
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -333,7 +338,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
-    chain_acquire();
+    if (!p.early) chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // Read from the block's index, not divided out of one (no division result to keep in a register).
@@ -504,6 +509,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
         // The first two steps are on their way while the activations are staged (with one, the
         // warps' loads in flight ran out during the staging: 28672 x 8192 at M = 1 42.7 -> 41.8
         // us, M = 16 123 -> 105 us, issue 21's eighth pass).
+        if (p.early) chain_acquire();  // (a no-op after the first pass)
         w4_stage<Q>(p, m_begin, m_count, kb, klen, bsm, xneg, fac, pmax);
         // Full steps only (the common case, K a multiple of 256 in this super-chunk): the steps
         // without per-group tests where w4_full_steps_here(Q); otherwise all of them with the tests.
