@@ -15,8 +15,9 @@ never empties a directory the orchestrator did not create), and it makes remote_
 lock (a read-only handle is all flock needs to keep every run out). The lock is a flock held by a
 process on the host (host/lock.sh, through host/client.py) for as long as the run lasts: if the run
 dies, the kernel releases it and the next run recovers it and says whose it was. The lock command
-takes and releases the lock and nothing else: a sync's first and last steps are the sync's own
-commands (sync.py), run while the lock is held alone.
+takes and releases the lock; told `begin` while held alone, it also runs the sync's first step
+(host/begin_sync.sh, which the client hands it as it starts: HostLock.begin_sync), so that step
+costs no session of its own; the sync's last step is the sync's own command (sync.py).
 """
 from __future__ import annotations
 
@@ -128,13 +129,24 @@ class HostLock:
         self._ask(b"shared\n", ("SHARED",))
         self.mode = SHARED
 
+    def begin_sync(self) -> dict[str, str]:
+        """The sync's first step, run by the lock holder on the host (told `begin`: no session of
+        its own) while this run holds the lock alone: the sync marked as in progress; its facts
+        (client.begun: what a broken sync's mark said, where rsync is and its version)."""
+        if self.mode != EXCLUSIVE:
+            raise ValueError("a sync begins only under the tree lock held alone")
+        return client.begun(self._tell(b"begin\n"), self.transport.host)
+
     def _ask(self, request: bytes, finals: tuple[str, ...]) -> "_Answer":
+        return _answer(self._tell(request), self.transport.host, self._wait, finals)
+
+    def _tell(self, request: bytes):
+        """Send `request` to the lock holder on the host; its process, whose answer follows."""
         with self._guard:
             if self._process is None:
                 raise HostError("the lock was released", host=self.transport.host.name)
             self._process.write(request)
-            process = self._process
-        return _answer(process, self.transport.host, self._wait, finals)
+            return self._process
 
     def release(self, timeout: float | None = None) -> None:
         """Tell the holder on the host to let go and wait for it to end, at most `timeout` seconds

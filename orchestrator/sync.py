@@ -5,7 +5,7 @@
 
 The sync step (steps/sync.py) syncs under the run's tree lock held alone (state.acquire: also
 refuses a dangerous or foreign remote_dir). Its first step marks the sync as in progress and finds
-rsync (client.begin_sync); it transfers the tree with `rsync -az --delete` and the project's
+rsync (HostLock.begin_sync: the lock holder on the host runs it, over the lock's own channel); it transfers the tree with `rsync -az --delete` and the project's
 excludes (or, when either side has no rsync, a tar stream that sends only changed files and
 deletes removed ones); its last step runs the project's `tree_hash` command on the host and, when
 it gives the local hash, writes the deploy record and clears the in-progress mark, in one command
@@ -124,7 +124,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     if lock.mode != state.EXCLUSIVE:
         raise ValueError("a sync runs only under the tree lock held alone")
     start = time.monotonic()
-    facts = client.begin_sync(transport, owner)
+    facts = lock.begin_sync()
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
@@ -179,9 +179,9 @@ def deploy_commands(transport: Transport, project: Project, owner: state.Owner) 
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir, take the lock (held until the deploy ends)",
+        (f"{where}: claim remote_dir, take the lock (held until the deploy ends); told `begin` over its channel, "
+         "mark the sync in progress and find rsync (its 7th argument)",
          client.lock(host, owner, mode=state.EXCLUSIVE, silence=state.lock_silence(host)).line),
-        (f"{where}: mark the sync in progress, find rsync", client.begin_sync_command(host, owner).line),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
         (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record (its last "

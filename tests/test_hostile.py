@@ -377,7 +377,6 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     d = host.remote_dir
     return {
         "lock": (client.lock(host, owner, mode=state.EXCLUSIVE).line, None),
-        "begin sync": (client.begin_sync_command(host, owner), None),
         "end sync": (client.finish_sync_command(host, tree_hash="x", record={"tree_hash": "x"},
                                                 hash_line="touch executed; echo x"), None),
         "write state": (client.write_json_command(host, name="build.json", data={}), None),

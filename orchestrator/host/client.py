@@ -12,7 +12,7 @@ it over a transport and returns that answer parsed; what a host prints is bounde
 and the tail of its output.
 
     client.lock(host, owner, mode="exclusive", wait=0, silence=90)     # state.acquire starts it
-    client.begin_sync(transport, owner)          # {"PARTIAL": ..., "RSYNC": ..., "RSYNC_VERSION": ...}
+    client.begun(process, host)     # the lock's answer to `begin`: {"PARTIAL": ..., "RSYNC": ..., "RSYNC_VERSION": ...}
     client.finish_sync(transport, tree_hash=h, record=r, hash_line=line)   # (exit status, output tail)
     client.write_json(transport, name="build.json", data={...})
     client.output(transport, client.room(host, files=[...]), max_bytes=64 * 1024)   # bounded text
@@ -36,7 +36,7 @@ if TYPE_CHECKING:       # the lock's owner (state.Owner) and a host's transport,
 FINISH_TAIL = 8192          # the bytes of the tree hash command's output the host sends back (and the client keeps)
 ANSWER_BYTES = 1 << 20      # what a conversational script may print before its answer (a few lines normally)
 BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC", "RSYNC_VERSION")
-BEGIN_SYNC_BYTES = 4096     # PARTIAL (500 characters), RSYNC and its version line
+BEGIN_SYNC_BYTES = 4096     # the most characters of a fact of the sync's first step (PARTIAL: 500), and of its error's tail
 
 
 def _script(names: Sequence[str], *args: str, check: str | None, timeout: float | None,
@@ -101,30 +101,35 @@ def answers(process, host: Host, what: str, limit: float) -> Iterator[tuple[str,
 def lock(host: Host, owner: "Owner", *, mode: str, wait: float = 0, silence: float | None = None) -> remote.Command:
     """host/lock.sh: claim remote_dir (checks, marker) and hold its lock in `mode` (shared or
     exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
-    client's heartbeat stops for that many seconds. No timeout: it lasts as long as the run."""
+    client's heartbeat stops for that many seconds. Told `begin` while held alone, it runs the
+    sync's first step for `owner` (host/begin_sync.sh, its 7th argument: begun reads the answer).
+    No timeout: it lasts as long as the run."""
     return _script(("ownership", "lock"), host.remote_dir, owner.to_json(), _marker_text(owner), mode,
-                   remote._seconds(wait), remote._seconds(silence) if silence else "", check=None, timeout=None,
-                   what="the lock command")
+                   remote._seconds(wait), remote._seconds(silence) if silence else "", script_text("begin_sync"),
+                   str(owner), host.rsync_path or "", check=None, timeout=None, what="the lock command")
 
 
-def begin_sync_command(host: Host, owner: "Owner") -> remote.Command:
-    """host/begin_sync.sh, for `owner`'s sync, under the host's lock timeout (the bound of its
-    other state-directory commands)."""
-    return _script(("begin_sync",), host.remote_dir, str(owner), host.rsync_path or "", check='"$1"',
-                   timeout=host.timeout("lock"), what="beginning the sync", short=True)
-
-
-def begin_sync(transport: "Transport", owner: "Owner") -> dict[str, str]:
-    """begin_sync_command run, under the lock held alone: the sync marked as in progress; its facts
-    (BEGIN_SYNC_FACTS: what a broken sync's mark said, where rsync is and its version), each one
-    line of printable characters."""
+def begun(process, host: Host) -> dict[str, str]:
+    """The lock command's answer to `begin` (`process`: the lock command, just told it): the sync
+    marked as in progress; its facts (BEGIN_SYNC_FACTS: what a broken sync's mark said, where rsync
+    is and its version), each at most BEGIN_SYNC_BYTES characters; within the host's lock timeout
+    (the bound of its other state-directory commands). CommandError with the exit status and the
+    other lines it printed when the step failed or the lock is not held alone."""
     facts: dict[str, str] = {}
-    command = begin_sync_command(transport.host, owner)
-    for line in output(transport, command, max_bytes=BEGIN_SYNC_BYTES).splitlines():
-        word, _, rest = line.partition(" ")
+    tail = ""
+    for word, rest in answers(process, host, "lock command's beginning of the sync", host.timeout("lock")):
+        if word == "BEGUN":
+            if rest.strip() == "0":
+                return facts
+            status = rest.strip()
+            raise CommandError("beginning the sync failed" + (": the lock is not held alone" if status == "shared" else ""),
+                               host=host.name, command="begin (told to the lock command)",
+                               exit_status=int(status) if status.isdigit() else None, tail=tail)
         if word in BEGIN_SYNC_FACTS:
-            facts[word] = rest.strip()
-    return facts
+            facts[word] = rest.strip()[:BEGIN_SYNC_BYTES]
+        else:
+            tail = (tail + f"{word} {rest}"[:BEGIN_SYNC_BYTES] + "\n")[-BEGIN_SYNC_BYTES:]
+    raise AssertionError("answers() ends only by raising")
 
 
 def finish_sync_command(host: Host, *, tree_hash: str, record: dict, hash_line: str) -> remote.Command:

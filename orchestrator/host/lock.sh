@@ -1,11 +1,14 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2015  # `A && B || C` here means "unless A and B, C" (C exits, continues or returns)
 # The lock (state.py, built by host/client.py's lock): claim remote_dir (the ownership check, the
-# marker, made private) and hold its lock until told; nothing else. Sent after ownership.sh.
+# marker, made private) and hold its lock until told. Sent after ownership.sh.
 # $1 remote_dir, $2 the owner (JSON), $3 the marker's text, $4 shared|exclusive, $5 seconds to wait
-# for the lock (0: none), $6 heartbeat silence (seconds, empty: none).
+# for the lock (0: none), $6 heartbeat silence (seconds, empty: none), $7 a script it runs when told
+# `begin` while the lock is held alone (the client's: the sync's first step), with $1, $8 and $9 as
+# its arguments: so that step costs no session of its own.
 # Answers LOCKED MODE (or HOLDER ... BUSY, exit 75; UNSAFE ..., exit 3 or 86), then reads commands
-# on stdin: release, exclusive, shared.
+# on stdin: release, exclusive, shared, begin (what $7 printed, then BEGUN and its exit status, or
+# BEGUN shared when the lock is not held alone).
 
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
@@ -80,6 +83,10 @@ while IFS= read -r "${t[@]}" reply; do
     release) rm -f -- "$me"; exit 0;;
     exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
     shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
+    # in a bash of its own, without the lock's descriptors or stdin: whatever it does, it cannot
+    # release the lock, take it or read the client's next command
+    begin) if [ "$held" = exclusive ]; then bash -c "$7" kdtree "$d" "$8" "$9" </dev/null 7>&- 8>&- 9>&-; echo "BEGUN $?"
+           else echo "BEGUN shared"; fi;;
   esac
 done
 exit 0
