@@ -341,21 +341,22 @@ def bench_deploy(tools, host, subdir_of, repeats, source) -> dict:
             for name, by in times.items()}
 
 
-def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int, baseline: Path | None = None) -> dict:
+def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int, baselines: tuple[Path, ...] = ()) -> dict:
     """Warm no-change deploy and a no-op `validate --skip bench`, against bare rsync alone, one host;
-    with `baseline` (another checkout of the project) its deploy and validate too, interleaved."""
+    with `baselines` (other checkouts of the project) their deploy and validate too, interleaved,
+    each labelled with its folder's name."""
     bare = Bare(runner, lab, source, "warm-bare")
     cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
     # both checkouts deploy to the same remote_dir; each validates its own (the engine's outputs.json
     # holds its speed: one checkout's golden run would make the other's stamped outputs another file)
     invoke = [sys.executable, "-m", "invoke"]
-    for label, repo in ((" (baseline)", baseline), ("", REPO)) if baseline else (("", REPO),):
-        subdir = "warmvalbase" if label else "warmval"
+    for i, (label, repo) in enumerate([*((f" ({b.name})", b) for b in baselines), ("", REPO)]):
+        subdir = f"warmvalbase{i}" if label else "warmval"
         # each checkout validates its own engine_src: a no-op validate is judged against the manifest
         # and bundle tiers of the engine its orchestrator was written for
-        checked = make_source(work, 0, repo / "engine_src", "src-baseline") if label else source
+        checked = make_source(work, 0, repo / "engine_src", f"src-baseline{i}") if label else source
         validate_inv = write_inventory(work, subdir, lab, [host], checked, subdir, repo, persist=600, backend="cpu")
-        deploy_inv = write_inventory(work, "warmbase" if label else "warm", lab, [host], source, "warm", repo,
+        deploy_inv = write_inventory(work, f"warmbase{i}" if label else "warm", lab, [host], source, "warm", repo,
                                      persist=600)
         cases |= {
             f"invoke deploy (warm){label}": (invoke + ["deploy", "--inventory", str(deploy_inv), "--host", host.name], repo),
@@ -366,13 +367,13 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
                           "--report-dir"], repo)}
     cases |= floor_cases(deploy_inv, lab, host, bare, invoke)
     for name, (argv, repo) in cases.items():       # bring every target up to date (not timed): a full validate builds
-        runner.run(argv + ([str(work / "runs" / f"warm-settle-{len(name)}")] if argv[-1] == "--report-dir" else []),
+        runner.run(argv + ([str(work / "runs" / f"warm-settle-{list(cases).index(name)}")] if argv[-1] == "--report-dir" else []),
                    cwd=repo, what=f"settle {name}")
     times: dict = collections.defaultdict(list)
     cpu: dict = collections.defaultdict(list)      # client CPU seconds (the command's process tree)
     for r in range(repeats):
         for name, (argv, repo) in cases.items():
-            extra = [str(work / "runs" / f"warm-{r}-{len(name)}")] if argv[-1] == "--report-dir" else []
+            extra = [str(work / "runs" / f"warm-{r}-{list(cases).index(name)}")] if argv[-1] == "--report-dir" else []
             times[name].append(runner.run(argv + extra, cwd=repo, what=name))
             cpu[name].append(runner.last_cpu)
         print(f"  warm repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()),
@@ -743,8 +744,9 @@ def main() -> None:
     ap.add_argument("--ansible-venv", help="an existing venv with the ansible package (else installed)")
     ap.add_argument("--no-ansible", action="store_true")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--baseline-repo", help="warm: also time this checkout's deploy and validate (e.g. an earlier "
-                                            "commit, `git archive REV | tar -x -C DIR`), interleaved")
+    ap.add_argument("--baseline-repo", action="append", default=[],
+                    help="warm: also time this checkout's deploy and validate (e.g. an earlier commit, `git archive "
+                         "REV | tar -x -C DIR`), interleaved, labelled with DIR's name; may be given more than once")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     counts_list = [int(x) for x in args.hosts.split(",")]
@@ -794,7 +796,7 @@ def main() -> None:
                                              counts_list, args.repeats, source)
         if "warm" in sections:
             results["warm"] = bench_warm(runner, work, lab, hosts[0], source, args.repeats,
-                                         Path(args.baseline_repo) if args.baseline_repo else None)
+                                         tuple(Path(b) for b in args.baseline_repo))
         if "scale" in sections:
             results["scale"] = bench_scale(runner, invoke_inv, lab, counts_list)
         if "counts" in sections:

@@ -15,8 +15,9 @@ never empties a directory the orchestrator did not create), and it makes remote_
 lock (a read-only handle is all flock needs to keep every run out). The lock is a flock held by a
 process on the host (host/lock.sh, through host/client.py) for as long as the run lasts: if the run
 dies, the kernel releases it and the next run recovers it and says whose it was. The lock command
-takes and releases the lock and nothing else: a sync's first and last steps are the sync's own
-commands (sync.py), run while the lock is held alone.
+takes and releases the lock; while held alone it also runs, when told, the sync's first and last
+steps (host/begin_sync.sh and finish_sync.sh, which the client hands it as it starts:
+HostLock.begin_sync, HostLock.finish_sync), so that they take no session of their own.
 """
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ class HostLock:
     A shared lock becomes exclusive for the time of `with lock.exclusive():`."""
 
     def __init__(self, transport: Transport, process, stale: Owner | None, heartbeat: float | None = None,
-                 mode: str = EXCLUSIVE, wait: float = 0):
+                 mode: str = EXCLUSIVE, wait: float = 0, owner: Owner | None = None):
         self.transport, self._process, self.stale = transport, process, stale
+        self.owner = owner          # who holds it (None: unknown to this object; no sync runs under it)
         self.mode, self._wait = mode, wait
         self._guard = threading.Lock()
         if heartbeat:
@@ -128,13 +130,39 @@ class HostLock:
         self._ask(b"shared\n", ("SHARED",))
         self.mode = SHARED
 
+    def begin_sync(self) -> dict[str, str]:
+        """The sync's first step, run by the lock holder on the host (told: no session of its own)
+        while this run holds the lock alone: the sync marked as in progress; its facts
+        (client.begun: what a broken sync's mark said, where rsync is and its version)."""
+        host = self.transport.host
+        return client.begun(self._tell(client.begin_sync_request(self._alone(), host.rsync_path)), host)
+
+    def finish_sync(self, *, tree_hash: str, record: dict, hash_line: str) -> tuple[int | None, str]:
+        """The sync's last step, run by the lock holder on the host (told: no session of its own)
+        while this run holds the lock alone: remote_dir checked again, the tree hashed with
+        `hash_line` and, when that gives `tree_hash`, `record` stored as the deploy record and the
+        sync's mark cleared. (The hash command's exit status, the tail of its output: client.finished.)"""
+        self._alone()
+        request = client.finish_sync_request(tree_hash=tree_hash, record=record, hash_line=hash_line)
+        return client.finished(self._tell(request), self.transport.host)
+
+    def _alone(self) -> Owner:
+        """The lock's owner; ValueError unless it is the tree lock (state.acquire's) held alone (a
+        sync runs only so)."""
+        if self.mode != EXCLUSIVE or self.owner is None:
+            raise ValueError("a sync runs only under the tree lock held alone")
+        return self.owner
+
     def _ask(self, request: bytes, finals: tuple[str, ...]) -> "_Answer":
+        return _answer(self._tell(request), self.transport.host, self._wait, finals)
+
+    def _tell(self, request: bytes):
+        """Send `request` to the lock holder on the host; its process, whose answer follows."""
         with self._guard:
             if self._process is None:
                 raise HostError("the lock was released", host=self.transport.host.name)
             self._process.write(request)
-            process = self._process
-        return _answer(process, self.transport.host, self._wait, finals)
+            return self._process
 
     def release(self, timeout: float | None = None) -> None:
         """Tell the holder on the host to let go and wait for it to end, at most `timeout` seconds
@@ -174,7 +202,7 @@ def acquire(transport: Transport, owner: Owner, mode: str = EXCLUSIVE, wait: flo
     if answer.word == "BUSY":
         process.close()
         raise _busy(host, answer, wait, "is locked by another run")
-    return HostLock(transport, process, answer.stale, host.timeout("keepalive"), mode, wait)
+    return HostLock(transport, process, answer.stale, host.timeout("keepalive"), mode, wait, owner)
 
 
 @dataclasses.dataclass

@@ -5,11 +5,11 @@
 
 The sync step (steps/sync.py) syncs under the run's tree lock held alone (state.acquire: also
 refuses a dangerous or foreign remote_dir). Its first step marks the sync as in progress and finds
-rsync (client.begin_sync); it transfers the tree with `rsync -az --delete` and the project's
+rsync (HostLock.begin_sync: the lock holder on the host runs it, told over the lock's own channel); it transfers the tree with `rsync -az --delete` and the project's
 excludes (or, when either side has no rsync, a tar stream that sends only changed files and
 deletes removed ones); its last step runs the project's `tree_hash` command on the host and, when
-it gives the local hash, writes the deploy record and clears the in-progress mark, in one command
-(client.finish_sync). A sync broken half-way leaves the mark behind: the next deploy repairs the
+it gives the local hash, writes the deploy record and clears the in-progress mark, in one exchange
+with the lock holder (HostLock.finish_sync). A sync broken half-way leaves the mark behind: the next deploy repairs the
 tree and says so.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     if lock.mode != state.EXCLUSIVE:
         raise ValueError("a sync runs only under the tree lock held alone")
     start = time.monotonic()
-    facts = client.begin_sync(transport, owner)
+    facts = lock.begin_sync()
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
@@ -140,8 +140,7 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
               "git_dirty": source.git_dirty, "deployed_at": state.Owner.now("").started,
               "by": dataclasses.asdict(owner), "method": method, **counts}
     # one exchange: the host hashes the tree and writes the record only when it is the local hash
-    code, output = client.finish_sync(transport, tree_hash=source.tree_hash, record=record,
-                                      hash_line=hash_line(host, project))
+    code, output = lock.finish_sync(tree_hash=source.tree_hash, record=record, hash_line=hash_line(host, project))
     if code != 0:
         timed_out = remote.timed_out(code)
         cause = None if timed_out else cause_of(output)
@@ -175,19 +174,22 @@ def deployed_tree(transport: Transport, project: Project) -> str | None:
 
 
 def deploy_commands(transport: Transport, project: Project, owner: state.Owner) -> list[tuple[str, str]]:
-    """Exactly what a deploy runs, in order, as (what, command line) pairs (for --dry-run)."""
+    """Exactly what a deploy runs, in order, as (what, command line or what the lock command is
+    told) pairs (for --dry-run)."""
     host = transport.host
     where = "host" if not host.is_local else "local"
     return [
-        (f"{where}: claim remote_dir, take the lock (held until the deploy ends)",
+        (f"{where}: claim remote_dir, take the lock (held until the deploy ends); it carries the sync's first and "
+         "last steps (its last two arguments) and runs each when told",
          client.lock(host, owner, mode=state.EXCLUSIVE, silence=state.lock_silence(host)).line),
-        (f"{where}: mark the sync in progress, find rsync", client.begin_sync_command(host, owner).line),
+        (f"{where}: told over the lock's channel: mark the sync in progress, find rsync",
+         client.begin_sync_request(owner, host.rsync_path).decode().strip()),
         ("local: transfer (a tar stream instead when the host has no rsync)",
          remote.quote(rsync_argv(transport, project, rsh=relay.dry_run_shell(transport)))),
-        (f"{where}: hash the deployed tree; when it is the local hash, write the deploy record (its last "
-         "argument), clear the in-progress mark",
-         client.finish_sync_command(host, tree_hash="LOCAL_TREE_HASH", record={"DEPLOY": "RECORD"},
-                                    hash_line=hash_line(host, project)).line),
+        (f"{where}: told over the lock's channel: check remote_dir again, hash the deployed tree; when it is the "
+         "local hash, write the deploy record (its last argument), clear the in-progress mark",
+         client.finish_sync_request(tree_hash="LOCAL_TREE_HASH", record={"DEPLOY": "RECORD"},
+                                    hash_line=hash_line(host, project)).decode().strip()),
     ]
 
 
@@ -213,7 +215,7 @@ def rsync_argv(transport: Transport, project: Project, checksum: bool = False, r
 
 
 def hash_line(host: Host, project: Project) -> str:
-    """The command line with which a sync's last step hashes the deployed tree (client.finish_sync,
+    """The command line with which a sync's last step hashes the deployed tree (HostLock.finish_sync,
     run in remote_dir): the project's tree_hash command in the step environment, under the sync
     step's timeout."""
     return remote.wrap(["bash", "-c", project.commands["tree_hash"]], timeout=host.timeout("sync"),

@@ -159,6 +159,18 @@ def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_i
                             "more, or choose fewer tiers (hosts.yaml `bundles:`, --bundles)"), message
 
 
+def test_preflight_measures_the_room_beside_the_checks(lab, make_inventory, source, fake_tool, tmp_path):
+    """The room for the bundles (one read-only command) is measured while the doctor's probe runs,
+    not after it: with a `df` that takes 2 s (both run it), preflight takes about 2 s, not 4."""
+    fake_tool("df", f"sleep 2; exec {shutil.which('df')} \"$@\"")
+    write_manifest(source, tiny_fp32=needs())
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}}, bundle_tiers=TIERS)
+    proc = invoke(lab, "validate", inv, "--host", "local", "--steps", "preflight")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    step = latest_run(inv)["hosts"]["local"]["steps"]["preflight"]
+    assert 2 <= step["seconds"] < 3.3, step
+
+
 def test_preflight_refuses_a_host_whose_ram_cannot_hold_the_bundles_and_records_the_plan(lab, make_inventory, source):
     write_manifest(source, tiny_fp32=needs(ram=1 << 50))
     inv = make_inventory({"h1": host_entry(lab, "h1")}, bundle_tiers=TIERS)

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from orchestrator import doctor, inventory, ownership, remote, state, sync
+from orchestrator import doctor, host as host_scripts, inventory, ownership, remote, state, sync
 from orchestrator.runner import console, parallel
 from orchestrator.host import client
 from orchestrator.inventory import Host
@@ -87,26 +87,32 @@ def test_rsync_argv(monkeypatch, make_inventory):
 
 
 def test_deploy_commands_in_order(make_inventory):
-    """The lock command takes the lock and nothing else; the sync's first and last steps are
-    commands of their own (the host client's), each run in remote_dir's state directory after
-    the ownership check."""
+    """The lock command takes the lock and carries the sync's first and last steps (the host
+    client's scripts), which it runs when told (no session of their own), the last after the
+    ownership check again; each value told travels escaped, as one argument."""
     inv = make_inventory({"ct200": {"address": "ct200", "remote_dir": "/root/kdtree-engine"}})
     owner = state.Owner("client", 42, "2026-01-01T00:00:00Z", "deploy")
     steps = sync.deploy_commands(SshTransport(inv.hosts["ct200"]), inv.project, owner)
     assert [what for what, _ in steps] == [
-        "host: claim remote_dir, take the lock (held until the deploy ends)",
-        "host: mark the sync in progress, find rsync",
+        "host: claim remote_dir, take the lock (held until the deploy ends); it carries the sync's first and last "
+        "steps (its last two arguments) and runs each when told",
+        "host: told over the lock's channel: mark the sync in progress, find rsync",
         "local: transfer (a tar stream instead when the host has no rsync)",
-        "host: hash the deployed tree; when it is the local hash, write the deploy record (its last argument), "
-        "clear the in-progress mark"]
+        "host: told over the lock's channel: check remote_dir again, hash the deployed tree; when it is the local "
+        "hash, write the deploy record (its last argument), clear the in-progress mark"]
     hash_line = sync.hash_line(inv.hosts["ct200"], inv.project)
     assert "setsid -w timeout -k 10 300 bash -c 'bash scripts/tree_hash.sh'" in hash_line
     marker = client._marker_text(owner).replace("orchestrator's", "orchestrator'\"'\"'s")
-    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' '{marker}' exclusive 0 45")
-    assert steps[1][1].endswith(f"kdtree /root/kdtree-engine {shlex.quote(str(owner))} ''")
-    assert "kdtree-step" not in steps[1][1] and "setsid -w timeout -k 10 30 bash -c" in steps[1][1]
-    assert steps[3][1].endswith(f"kdtree /root/kdtree-engine LOCAL_TREE_HASH {shlex.quote(hash_line)} "
-                                f"{shlex.quote(json.dumps({'DEPLOY': 'RECORD'}))}")
+    begin, finish = client._held_texts()
+    assert begin == host_scripts.script_text("begin_sync") and finish.endswith(host_scripts.script_text(
+        "finish_sync", FINISH_TAIL=client.FINISH_TAIL)) and 'kd_owned "$1"\n' in finish
+    assert steps[0][1].endswith(f"kdtree /root/kdtree-engine '{owner.to_json()}' '{marker}' exclusive 0 45 "
+                                f"{shlex.quote(begin)} {shlex.quote(finish)}")
+    # each value an x and its escape: the empty rsync_path an argument all the same
+    assert steps[1][1] == "run 1 x" + str(owner).replace(" ", "\\x20") + " x"
+    escaped = hash_line.replace("\\", "\\x5c").replace(" ", "\\x20")
+    record = json.dumps({'DEPLOY': 'RECORD'}).replace(" ", "\\x20")
+    assert steps[3][1] == f"run 2 xLOCAL_TREE_HASH x{escaped} x{record}"
 
 
 @pytest.mark.parametrize("path, is_dir, excluded", [

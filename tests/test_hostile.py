@@ -377,9 +377,6 @@ def operations(host: Host) -> dict[str, tuple[str, bytes | None]]:
     d = host.remote_dir
     return {
         "lock": (client.lock(host, owner, mode=state.EXCLUSIVE).line, None),
-        "begin sync": (client.begin_sync_command(host, owner), None),
-        "end sync": (client.finish_sync_command(host, tree_hash="x", record={"tree_hash": "x"},
-                                                hash_line="touch executed; echo x"), None),
         "write state": (client.write_json_command(host, name="build.json", data={}), None),
         "read file": (client.read_file(host, path=f"{d}/.kdtree/build.json", max_bytes=100, timeout=10), None),
         "read files": (client.read_files(host, mark="mark", paths=[(".kdtree/build.json", 100)], timeout=10), None),
@@ -425,7 +422,7 @@ def test_a_sync_checks_ownership_again_before_it_ends(tmp_path):
         (d / "build").mkdir()
         os.chown(d / "build", ATTACKER, ATTACKER)
         with pytest.raises(DestinationError, match=f"^local: refusing to use remote_dir: {d}/build is owned by uid {ATTACKER}"):
-            client.finish_sync(t, tree_hash="x", record={"tree_hash": "x"}, hash_line=hash_line)
+            lock.finish_sync(tree_hash="x", record={"tree_hash": "x"}, hash_line=hash_line)
         lock.release()
     assert not (d / "executed").exists() and not (d / ".kdtree" / "deploy.json").exists()
 

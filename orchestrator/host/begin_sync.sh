@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The sync's first step (sync.py, through host/client.py's begin_sync), in .kdtree/ under the tree
-# lock the client holds alone; sent after ownership.sh (run on $1).
+# The sync's first step (sync.py, through state.HostLock.begin_sync), in .kdtree/ under the tree
+# lock the client holds alone: the lock command (host/lock.sh, which checked ownership as it
+# claimed remote_dir) carries it and runs it when told (host/client.py's begin_sync_request).
 # $1 remote_dir, $2 this run's owner in words, $3 the host's rsync_path (empty: rsync on PATH).
 # Reports a sync that broke half-way (PARTIAL what its mark said, as one line of printable
 # characters), marks this one, says where rsync is and its version line (RSYNC path,

@@ -12,8 +12,8 @@ it over a transport and returns that answer parsed; what a host prints is bounde
 and the tail of its output.
 
     client.lock(host, owner, mode="exclusive", wait=0, silence=90)     # state.acquire starts it
-    client.begin_sync(transport, owner)          # {"PARTIAL": ..., "RSYNC": ..., "RSYNC_VERSION": ...}
-    client.finish_sync(transport, tree_hash=h, record=r, hash_line=line)   # (exit status, output tail)
+    process.write(client.begin_sync_request(owner, rsync_path)); client.begun(process, host)   # {"PARTIAL": ..., "RSYNC": ...}
+    process.write(client.finish_sync_request(tree_hash=h, record=r, hash_line=line)); client.finished(process, host)
     client.write_json(transport, name="build.json", data={...})
     client.output(transport, client.room(host, files=[...]), max_bytes=64 * 1024)   # bounded text
 """
@@ -36,24 +36,18 @@ if TYPE_CHECKING:       # the lock's owner (state.Owner) and a host's transport,
 FINISH_TAIL = 8192          # the bytes of the tree hash command's output the host sends back (and the client keeps)
 ANSWER_BYTES = 1 << 20      # what a conversational script may print before its answer (a few lines normally)
 BEGIN_SYNC_FACTS = ("PARTIAL", "RSYNC", "RSYNC_VERSION")
-BEGIN_SYNC_BYTES = 4096     # PARTIAL (500 characters), RSYNC and its version line
+BEGIN_SYNC_BYTES = 4096     # the most characters of a fact of the sync's first step (PARTIAL: 500)
 
 
 def _script(names: Sequence[str], *args: str, check: str | None, timeout: float | None,
-            stdin: bytes | BinaryIO | None = None, what: str, short: bool = False, **values: object) -> remote.Command:
+            stdin: bytes | BinaryIO | None = None, what: str, **values: object) -> remote.Command:
     """The scripts `names` sent as one (`values` for their placeholders), their values positional
-    arguments; `check`: the ownership check runs first on the directory that shell expression names.
-    `short`: a script of a few commands of its own in the state directory (the sync's first and
-    last steps) runs under its timeout in a process group of its own but without the step guard
-    (remote.GUARD: its watcher and its sweep of /proc cost more than such a script), as it did
-    inside the lock command."""
+    arguments; `check`: the ownership check runs first on the directory that shell expression names."""
     text = "".join(script_text(name, **values) if i == len(names) - 1 else script_text(name)
                    for i, name in enumerate(names))
     if check is not None:
         text = ownership.guard(text, check)
     argv = ["bash", "-c", text, "kdtree", *args]
-    if short:
-        return remote.Command(tuple(argv), remote.wrap(argv, timeout=timeout, reads_stdin=True), timeout, what=what)
     return remote.command(argv, timeout=timeout, stdin=stdin, what=what)
 
 
@@ -98,58 +92,93 @@ def answers(process, host: Host, what: str, limit: float) -> Iterator[tuple[str,
 
 
 # -- the tree lock and the sync ------------------------------------------------------------------------
+# The scripts the lock command runs when told (`run I ARGS`), under the lock held alone: the sync's
+# first and last steps, in the lock's own session (no session, no ssh client of their own each).
+HELD_SCRIPTS = ("begin_sync", "finish_sync")
+
+
 def lock(host: Host, owner: "Owner", *, mode: str, wait: float = 0, silence: float | None = None) -> remote.Command:
     """host/lock.sh: claim remote_dir (checks, marker) and hold its lock in `mode` (shared or
     exclusive, waiting up to `wait` seconds for it) until told; `silence`: it also lets go when the
-    client's heartbeat stops for that many seconds. No timeout: it lasts as long as the run."""
+    client's heartbeat stops for that many seconds. It carries HELD_SCRIPTS, which it runs when
+    told (begin_sync_request, finish_sync_request). No timeout: it lasts as long as the run."""
     return _script(("ownership", "lock"), host.remote_dir, owner.to_json(), _marker_text(owner), mode,
-                   remote._seconds(wait), remote._seconds(silence) if silence else "", check=None, timeout=None,
-                   what="the lock command")
+                   remote._seconds(wait), remote._seconds(silence) if silence else "", *_held_texts(),
+                   check=None, timeout=None, what="the lock command")
 
 
-def begin_sync_command(host: Host, owner: "Owner") -> remote.Command:
-    """host/begin_sync.sh, for `owner`'s sync, under the host's lock timeout (the bound of its
-    other state-directory commands)."""
-    return _script(("begin_sync",), host.remote_dir, str(owner), host.rsync_path or "", check='"$1"',
-                   timeout=host.timeout("lock"), what="beginning the sync", short=True)
+def _held_texts() -> tuple[str, ...]:
+    """HELD_SCRIPTS as the lock command carries them: the sync's first step (in the state directory
+    the lock checked as it claimed remote_dir), its last after the ownership check again (rsync
+    wrote the tree meanwhile)."""
+    return script_text("begin_sync"), ownership.guard(script_text("finish_sync", FINISH_TAIL=FINISH_TAIL), '"$1"')
 
 
-def begin_sync(transport: "Transport", owner: "Owner") -> dict[str, str]:
-    """begin_sync_command run, under the lock held alone: the sync marked as in progress; its facts
-    (BEGIN_SYNC_FACTS: what a broken sync's mark said, where rsync is and its version), each one
-    line of printable characters."""
-    facts: dict[str, str] = {}
-    command = begin_sync_command(transport.host, owner)
-    for line in output(transport, command, max_bytes=BEGIN_SYNC_BYTES).splitlines():
-        word, _, rest = line.partition(" ")
-        if word in BEGIN_SYNC_FACTS:
-            facts[word] = rest.strip()
-    return facts
+def _request(script: str, *args: str) -> bytes:
+    """The line that tells the lock command to run `script` (one of HELD_SCRIPTS) with `args`: each
+    an `x` and the value with backslashes, spaces and every byte but printable ASCII escaped as
+    `printf %b` reads them, so that a value (a JSON record, a command line) never breaks the line
+    and reaches the script only as an argument."""
+    def escaped(value: str) -> str:
+        return "x" + "".join(c if c.isascii() and c.isprintable() and c not in " \\" else
+                             "".join(f"\\x{b:02x}" for b in c.encode()) for c in value)
+    return " ".join(["run", str(HELD_SCRIPTS.index(script) + 1), *map(escaped, args)]).encode() + b"\n"
 
 
-def finish_sync_command(host: Host, *, tree_hash: str, record: dict, hash_line: str) -> remote.Command:
-    """host/finish_sync.sh: hash the deployed tree with `hash_line` (run in remote_dir) and, when
-    the hash is `tree_hash`, store `record` as the deploy record and clear the sync's mark; under
-    the sync step's timeout, its host-side parts included."""
-    return _script(("finish_sync",), host.remote_dir, tree_hash, hash_line, json.dumps(record), check='"$1"',
-                   timeout=remote.client_timeout(host.timeout("sync")), what="ending the sync", short=True,
-                   FINISH_TAIL=FINISH_TAIL)
+def begin_sync_request(owner: "Owner", rsync_path: str | None) -> bytes:
+    """What tells the lock command to begin `owner`'s sync (host/begin_sync.sh): mark it as in
+    progress, say what a broken sync's mark said, where rsync is (the host's `rsync_path`, else
+    on PATH) and its version; begun reads the answer."""
+    return _request("begin_sync", str(owner), rsync_path or "")
 
 
-def finish_sync(transport: "Transport", *, tree_hash: str, record: dict, hash_line: str) -> tuple[int | None, str]:
-    """finish_sync_command run: (the hash command's exit status, None when the host did not say;
-    the tail of its output). DestinationError when remote_dir fails the ownership check."""
-    command = finish_sync_command(transport.host, tree_hash=tree_hash, record=record, hash_line=hash_line)
-    try:
-        text = output(transport, command, max_bytes=2 * FINISH_TAIL + 1024)
-    except CommandError as e:
-        if e.exit_status == ownership.UNSAFE_EXIT:
-            raise DestinationError(f"refusing to use remote_dir: {refusal(e.tail or '')}", host=transport.host.name,
-                                   command=e.command, exit_status=e.exit_status, tail=e.tail) from None
-        raise
+def finish_sync_request(*, tree_hash: str, record: dict, hash_line: str) -> bytes:
+    """What tells the lock command to end the sync (host/finish_sync.sh): check remote_dir's
+    ownership again, hash the deployed tree with `hash_line` (run in remote_dir) and, when the hash
+    is `tree_hash`, store `record` as the deploy record and clear the sync's mark; finished reads
+    the answer."""
+    return _request("finish_sync", tree_hash, hash_line, json.dumps(record))
+
+
+def _ran(process, host: Host, what: str, limit: float) -> Iterator[tuple[str, str]]:
+    """The lines a script the lock command runs prints, as (word, rest), up to its RAN line
+    (within `limit` seconds, bounded: answers); CommandError naming `what`, with the exit status
+    and the last lines, when it failed or the lock is not held alone (DestinationError when
+    remote_dir failed the ownership check)."""
+    tail = ""
+    for word, rest in answers(process, host, f"lock command ({what})", limit):
+        if word == "RAN":
+            status = rest.strip()
+            if status == "0":
+                return
+            command = f"{what} (run by the lock command)"
+            if status == str(ownership.UNSAFE_EXIT):
+                raise DestinationError(f"refusing to use remote_dir: {refusal(tail)}", host=host.name,
+                                       command=command, exit_status=ownership.UNSAFE_EXIT, tail=tail)
+            raise CommandError(f"{what} failed" + (": the lock is not held alone" if status == "shared" else ""),
+                               host=host.name, command=command, exit_status=int(status) if status.isdigit() else None,
+                               tail=tail)
+        tail = (tail + f"{word} {rest}"[:FINISH_TAIL] + "\n")[-FINISH_TAIL:]      # a host may send more than it should
+        yield word, rest
+    raise AssertionError("answers() ends only by raising")
+
+
+def begun(process, host: Host) -> dict[str, str]:
+    """The lock command's answer to begin_sync_request (`process`: the lock command, just told
+    it), within the host's lock timeout (the bound of its other state-directory commands): the
+    sync's facts (BEGIN_SYNC_FACTS: what a broken sync's mark said, where rsync is and its
+    version), each at most BEGIN_SYNC_BYTES characters. CommandError as _ran."""
+    return {word: rest.strip()[:BEGIN_SYNC_BYTES] for word, rest in _ran(process, host, "beginning the sync",
+                                                                         host.timeout("lock"))
+            if word in BEGIN_SYNC_FACTS}
+
+
+def finished(process, host: Host) -> tuple[int | None, str]:
+    """The lock command's answer to finish_sync_request, within the sync step's timeout: (the hash
+    command's exit status, None when the host did not say; the last FINISH_TAIL bytes of its
+    output). DestinationError when remote_dir failed the ownership check; CommandError as _ran."""
     tail, code = "", None
-    for line in text.splitlines():
-        word, _, rest = line.partition(" ")
+    for word, rest in _ran(process, host, "ending the sync", remote.client_timeout(host.timeout("sync"))):
         if word == "OUT":
             tail = (tail + rest + "\n")[-FINISH_TAIL:]      # a host may send more than it should
         elif word == "HASHED":

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The sync's last step (sync.py, through host/client.py's finish_sync), in .kdtree/ under the tree
-# lock the client holds alone; sent after ownership.sh (run on $1: again, since rsync wrote the tree).
+# The sync's last step (sync.py, through state.HostLock.finish_sync), in .kdtree/ under the tree
+# lock the client holds alone: the lock command carries it after ownership.sh (run on $1: again,
+# since rsync wrote the tree) and runs it when told (host/client.py's finish_sync_request).
 # $1 remote_dir, $2 the local tree hash, $3 the command line that hashes the deployed tree (run in
 # remote_dir), $4 the deploy record (one line of JSON). Prints the tail of the hash command's
 # output (its last @FINISH_TAIL@ bytes, printable) as OUT lines; when its last word is $2, stores the

@@ -1,11 +1,15 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2015  # `A && B || C` here means "unless A and B, C" (C exits, continues or returns)
 # The lock (state.py, built by host/client.py's lock): claim remote_dir (the ownership check, the
-# marker, made private) and hold its lock until told; nothing else. Sent after ownership.sh.
+# marker, made private) and hold its lock until told. Sent after ownership.sh.
 # $1 remote_dir, $2 the owner (JSON), $3 the marker's text, $4 shared|exclusive, $5 seconds to wait
-# for the lock (0: none), $6 heartbeat silence (seconds, empty: none).
+# for the lock (0: none), $6 heartbeat silence (seconds, empty: none), $7 and on: scripts it runs
+# when told, while the lock is held alone (the client's: the sync's first and last steps, which so
+# take no session of their own).
 # Answers LOCKED MODE (or HOLDER ... BUSY, exit 75; UNSAFE ..., exit 3 or 86), then reads commands
-# on stdin: release, exclusive, shared.
+# on stdin: release, exclusive, shared, and `run I ARG...`: the I-th script of $7 and on, with $1
+# and the ARGs as its arguments (each ARG an x and the value as `printf %b` decodes it); answers
+# what it printed, then RAN and its exit status (RAN shared: not run, the lock is not held alone).
 
 d=$1
 unsafe() { printf 'UNSAFE %s\n' "$*"; exit 3; }
@@ -30,6 +34,7 @@ fi
 [ -f "$d/.kdtree/marker" ] || printf '%s\n' "$3" > "$d/.kdtree/marker" || unsafe "cannot write $d/.kdtree/marker"
 cd -- "$d/.kdtree" || unsafe "cannot enter $d/.kdtree"
 mode=$4 wait=$5 silence=$6 me=holder-$$.json held=
+scripts=("${@:7}")
 exec 9>>lock.flock 7>>gate.flock
 # take -s|-x: the tree lock (fd 9) in that mode, through the gate (fd 7), which a run holds while it
 # waits to change the tree (or to go back to shared), so that no run overtakes it meanwhile. A
@@ -73,6 +78,18 @@ for f in holder-*.json owner; do
   [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
   if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
 done
+# run I ARG...: in a bash of its own, without the lock's descriptors or stdin (whatever the script
+# does, it cannot let go of the lock, take it or read the client's next command); each value
+# decoded by printf, never evaluated; its errors on its standard output, in order with the rest
+run() {
+  local words args=() w
+  read -r -a words <<< "$1"
+  [ "$held" = exclusive ] || { echo "RAN shared"; return; }
+  [[ ${words[0]} =~ ^[1-9][0-9]*$ ]] && [ "${words[0]}" -le "${#scripts[@]}" ] || { echo "RAN 2"; return; }
+  for w in "${words[@]:1}"; do printf -v w '%b' "${w#x}"; args+=("$w"); done
+  bash -c "${scripts[words[0] - 1]}" kdtree "$d" "${args[@]}" </dev/null 2>&1 7>&- 8>&- 9>&-
+  echo "RAN $?"
+}
 echo "LOCKED $mode"
 t=(); [ -n "$silence" ] && t=(-t "$silence")
 while IFS= read -r "${t[@]}" reply; do
@@ -80,6 +97,7 @@ while IFS= read -r "${t[@]}" reply; do
     release) rm -f -- "$me"; exit 0;;
     exclusive) if [ "$held" = exclusive ] || take -x; then held=exclusive; echo EXCLUSIVE; else busy; fi;;
     shared) [ "$held" = exclusive ] && { flock 7; flock -s 9; flock -u 7; held=shared; }; echo SHARED;;
+    run\ *) run "${reply#run }";;
   esac
 done
 exit 0

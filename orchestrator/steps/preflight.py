@@ -17,14 +17,19 @@ from .context import Outcome, StepContext
 
 def run(ctx: StepContext) -> Outcome:
     """Probe the host once, log every finding (reachable, host key and auth included), record its
-    fingerprint; fail on a failed check. A run that claims GPUs asks for them and takes the tree
-    lock meanwhile (the lock begins no sync before the checks pass)."""
+    fingerprint; fail on a failed check. The room for the selected bundles is measured beside the
+    checks (read-only; judged once they pass). A run that claims GPUs asks for them and takes the
+    tree lock meanwhile (the lock begins no sync before the checks pass)."""
+    plan = ctx.bundles
+    # every host read of this step at once: each its own thread, none waits for another
+    pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"preflight-{ctx.host.name}")
+    measured = pool.submit(capacity.probe, ctx.session.transport, plan,
+                           posixpath.dirname(ctx.project.results["manifest"])) if plan is not None and plan.bundles else None
     query = lock = None
     if ctx.session.claims_gpus:
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gpu-query-{ctx.host.name}")
         query = pool.submit(gpus.query, ctx.session.transport)
         lock = pool.submit(_lock_for, ctx, query)
-        pool.shutdown(wait=False)
+    pool.shutdown(wait=False)
     findings, facts = doctor.examine(ctx.session.transport, ctx.session.probe, import_numpy=ctx.plan.imports_numpy)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
@@ -33,16 +38,14 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    plan = ctx.bundles
-    room = _room(ctx, plan) if plan is not None and plan.bundles else None
+    room = _room(ctx, plan, measured.result()) if plan is not None and measured is not None else None
     taken = take_gpus(ctx, query, lock)
     return Outcome("passed", "; ".join(warnings + [taken] + ([_ram(ctx, plan, room)] if plan and room else [])))
 
 
-def _room(ctx: StepContext, plan: BundlePlan) -> capacity.Room:
-    """The host's room for the selected bundles `plan`, logged; StepError with the numbers when
-    its disk cannot hold them."""
-    room = capacity.probe(ctx.session.transport, plan, posixpath.dirname(ctx.project.results["manifest"]))
+def _room(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> capacity.Room:
+    """The host's `room` for the selected bundles `plan` (capacity.probe's), logged; StepError
+    with the numbers when its disk cannot hold them."""
     ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
             f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
             f"{plan.max_memory} bytes")

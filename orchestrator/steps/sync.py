@@ -14,7 +14,7 @@ def run(ctx: StepContext) -> Outcome:
         if deployed == ctx.source.tree_hash:
             ctx.deployed_tree_hash = ctx.record.deployed_tree_hash = deployed
             return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
-    with ctx.session.changing(ctx.step):            # the lock holder begins and ends the sync, over the lock's channel
+    with ctx.session.changing(ctx.step):            # the lock holder begins the sync, over the lock's channel
         result = sync.sync_tree(ctx.session.transport, ctx.project, ctx.source, ctx.owner, ctx.log,
                                 ctx.session.held_lock(ctx.step))
     ctx.deployed_tree_hash = result.tree_hash
