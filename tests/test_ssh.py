@@ -414,7 +414,8 @@ def test_doctor(lab, make_inventory, tmp_path):
 
 INTERRUPTED_RUN = """
 import sys
-from orchestrator import inventory, parallel, remote
+from orchestrator import inventory, remote
+from orchestrator.runner import parallel
 from orchestrator.runner.run import Run
 inv = inventory.load(sys.argv[1])
 with Run("test") as run:
