@@ -159,22 +159,6 @@ def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_i
                             "more, or choose fewer tiers (hosts.yaml `bundles:`, --bundles)"), message
 
 
-def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_inventory, source, tmpfs, tmp_path):
-    # 1200 MB: above doctor's 1 GiB floor (a tmpfs allocates nothing until written)
-    tmpfs_dir = tmpfs(lab.hosts["h2"].root / f"big-{tmp_path.name}", "1200m", "755")
-    write_manifest(source, tiny_fp32=needs(disk=2 * GB))
-    inv = make_inventory({"small": host_entry(lab, "h2", remote_dir=str(tmpfs_dir / "engine"))}, bundle_tiers=TIERS)
-    proc = invoke(lab, "validate", inv, "--host", "small", "--steps", "preflight,sync")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    step = latest_run(inv)["hosts"]["small"]["steps"]
-    assert step["sync"]["status"] == "skipped"                  # no byte of the tree written
-    message = step["preflight"]["message"]         # the filesystem at the tmpfs or remote_dir (the lock may make it)
-    assert message.startswith(f"disk: the bundles of tier default (1 bundles) need 2.00 GB of disk under "
-                              f"{tmpfs_dir}/engine, but the filesystem at {tmpfs_dir}"), message
-    assert message.endswith(" has 1.26 GB free plus 0.0 MB of those bundles already there (1.26 GB): free 0.74 GB "
-                            "more, or choose fewer tiers (hosts.yaml `bundles:`, --bundles)"), message
-
-
 def test_preflight_measures_the_room_beside_the_checks(lab, make_inventory, source, fake_tool, tmp_path):
     """The room for the bundles (one read-only command) is measured while the doctor's probe runs,
     not after it: both run `df`, and a `df` here waits (20 s at most) until a second one has
@@ -182,14 +166,14 @@ def test_preflight_measures_the_room_beside_the_checks(lab, make_inventory, sour
     marks = tmp_path / "df-started"
     marks.mkdir()
     fake_tool("df", f"touch {marks}/$$; n=0\n"
-                    f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done\n"
+                    f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done\n"
                     f"exec {shutil.which('df')} \"$@\"")
     write_manifest(source, tiny_fp32=needs())
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}}, bundle_tiers=TIERS)
     proc = invoke(lab, "validate", inv, "--host", "local", "--steps", "preflight")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     step = latest_run(inv)["hosts"]["local"]["steps"]["preflight"]
-    assert step["seconds"] < 10, step
+    assert step["seconds"] < 15, step
 
 
 def test_preflight_refuses_a_host_whose_ram_cannot_hold_the_bundles_and_records_the_plan(lab, make_inventory, source):
