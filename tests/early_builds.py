@@ -1,12 +1,13 @@
 """The session's longest pieces of work, started in the background when the session begins: the
 CUDA builds (tests/test_engine_cuda_compile.py), the sanitized engine suite
-(tests/test_engine_sanitize.py) and the CPU build that the whole-pipeline modules start from
-(CPU_BUILD_MODULES: one compile instead of one per module). They are mostly compilers and engine
-processes on their own, while most of the other tests wait on ssh, rsync and sleeps: on CI's 2
-cores, starting them at the beginning (at a lower priority, so the timing bounds of the other tests
-keep their CPU) and running the first two modules last (conftest.py) overlaps several minutes of
-work that used to run alone. Each starts only when the session selected a test of a module that
-uses it."""
+(tests/test_engine_sanitize.py), the CPU build that the whole-pipeline modules start from
+(CPU_BUILD_MODULES: one compile instead of one per module) and the engine's reference bundles
+(the reference_bundles fixture: half a minute of NumPy that the first test of the session used to
+wait for). They are mostly compilers, NumPy and engine processes on their own, while most of the
+other tests wait on ssh, rsync and sleeps: on CI's 2 cores, starting them at the beginning (at a
+lower priority, so the timing bounds of the other tests keep their CPU) and running the first two
+modules last (conftest.py) overlaps several minutes of work that used to run alone. Each starts
+only when the session selected a test that uses it."""
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from typing import Callable
 
 import pytest
 
-from engine_copies import CpuBuild, cuda_home, engine_copy
+from engine_copies import CpuBuild, ReferenceBundles, cuda_home, engine_copy
 
 CUDA_ARCHES = ("sm_120", "sm_90")
 CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/test_engine_cuda_compile.py says why)
@@ -64,11 +65,13 @@ class Background:
             raise
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def result(self) -> object:
-        """What the work returned, once it has (a test waits for it: it runs at full priority now)."""
-        self._waited_for = True
-        for proc in self._procs:
-            _renice_tree(proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+    def result(self, hurry: bool = True) -> object:
+        """What the work returned, once it has; `hurry` (a test waits for it): it runs at full
+        priority from now on (another background work waiting for it leaves it at the lower one)."""
+        if hurry:
+            self._waited_for = True
+            for proc in self._procs:
+                _renice_tree(proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
         self._thread.join()
         assert self._outcome is not None
         ok, value = self._outcome
@@ -129,12 +132,19 @@ def _cuda_builds(tmp_path_factory) -> Callable[[Background], dict]:
     return work
 
 
-def _sanitized_suite(tmp_path_factory, reference_bundles) -> Callable[[Background], tuple]:
+def _reference_bundles(tmp_path_factory) -> Callable[[Background], ReferenceBundles]:
+    folder = tmp_path_factory.mktemp("reference-bundles")    # in the session's thread, as _cuda_builds says
+    return lambda bg: ReferenceBundles.generate(folder, bg.run)
+
+
+def _sanitized_suite(tmp_path_factory, bundles: Background) -> Callable[[Background], tuple]:
     folder = tmp_path_factory.mktemp("engine_sanitize")    # in the session's thread, as _cuda_builds says
 
     def work(bg: Background) -> tuple:
         copy = engine_copy(folder)
-        reference_bundles.copy_to(copy / "tests" / "refs")
+        reference = bundles.result(hurry=False)
+        assert isinstance(reference, ReferenceBundles)
+        reference.copy_to(copy / "tests" / "refs")
         seed = str(int(time.time()))  # a new stretch of cases each run; the summary names the seed
         env = dict(os.environ, KD_BACKEND="cpu", KD_SANITIZE="1", KD_FUZZ_SECONDS=str(FUZZ_SECONDS),
                    KD_FUZZ_SEED=seed, PYTHON=sys.executable)
@@ -157,17 +167,20 @@ def _cpu_build(tmp_path_factory) -> Callable[[Background], CpuBuild]:
 
 @pytest.fixture(scope="session", autouse=True)
 def early_builds(request, tmp_path_factory):
-    """name -> Background: the LATE_MODULES this session selected, and "cpu_build" when it selected
-    one of CPU_BUILD_MODULES."""
-    selected = {item.module.__name__ for item in request.session.items if item.module is not None}
+    """name -> Background: the LATE_MODULES this session selected, "cpu_build" when it selected
+    one of CPU_BUILD_MODULES, and "reference_bundles" when a selected test or the sanitized suite
+    uses them."""
+    items = request.session.items
+    selected = {item.module.__name__ for item in items if item.module is not None}
     started = {}
+    if any("reference_bundles" in item.fixturenames for item in items) or "test_engine_sanitize" in selected:
+        started["reference_bundles"] = Background(_reference_bundles(tmp_path_factory))
     if selected & set(CPU_BUILD_MODULES) and shutil.which("g++") is not None:
         started["cpu_build"] = Background(_cpu_build(tmp_path_factory))
     if "test_engine_cuda_compile" in selected and cuda_home() is not None:
         started["test_engine_cuda_compile"] = Background(_cuda_builds(tmp_path_factory))
     if "test_engine_sanitize" in selected and shutil.which("g++") is not None:
-        bundles = request.getfixturevalue("reference_bundles")
-        started["test_engine_sanitize"] = Background(_sanitized_suite(tmp_path_factory, bundles))
+        started["test_engine_sanitize"] = Background(_sanitized_suite(tmp_path_factory, started["reference_bundles"]))
     yield started
     for work in started.values():
         work.stop()
@@ -183,6 +196,13 @@ def cuda_builds(early_builds) -> dict:
 def sanitized_run(early_builds) -> tuple:
     """(engine copy, completed run_tests.sh, fuzz seed) of the sanitized suite with a bounded fuzz run."""
     return early_builds["test_engine_sanitize"].result()
+
+
+@pytest.fixture(scope="session")
+def reference_bundles(early_builds) -> ReferenceBundles:
+    """engine_src's bundles, generated once per session (scripts/bundles.sh with this interpreter),
+    for the tests that would each regenerate them: the long-context bundles cost seconds of NumPy."""
+    return early_builds["reference_bundles"].result()
 
 
 @pytest.fixture(scope="session")
