@@ -55,8 +55,7 @@ def workdir(tmp_path_factory, reference_bundles) -> Path:
     the hosts regenerate theirs."""
     path = tmp_path_factory.mktemp("validate")
     shutil.copytree(ENGINE, path / "engine_src", ignore=COPY_IGNORE)
-    if reference_bundles.key_of(path / "engine_src") == reference_bundles.key:
-        reference_bundles.copy_to(path / "build" / "local-bundles" / reference_bundles.key)
+    reference_bundles.seed_local_cache(path, path / "engine_src")
     return path
 
 
