@@ -1,6 +1,6 @@
 """The session's longest pieces of work, started in the background when the session begins: the
-CUDA builds (tests/test_engine_cuda_compile.py), the sanitized engine suite
-(tests/test_engine_sanitize.py), the CPU build that the whole-pipeline modules start from
+CUDA builds (tests/engine/test_engine_cuda_compile.py), the sanitized engine suite
+(tests/engine/test_engine_sanitize.py), the CPU build that the whole-pipeline modules start from
 (CPU_BUILD_MODULES: one compile instead of one per module) and the engine's reference bundles
 (the reference_bundles fixture: half a minute of NumPy that the first test of the session used to
 wait for). They are mostly compilers, NumPy and engine processes on their own, while most of the
@@ -24,7 +24,7 @@ import pytest
 from engine_copies import CpuBuild, ReferenceBundles, cuda_home, engine_copy
 
 CUDA_ARCHES = ("sm_120", "sm_90")
-CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/test_engine_cuda_compile.py says why)
+CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/engine/test_engine_cuda_compile.py says why)
 FUZZ_SECONDS = 60           # CI time is shared; the long runs are in docs/engine/scripts.md
 NICE = ["nice", "-n", "10"]
 # Seconds a background command may run: a hang guard only (it starts with the session, and at its lower

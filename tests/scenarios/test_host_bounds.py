@@ -281,7 +281,7 @@ def test_12_a_full_local_disk_ends_the_run_with_one_line_the_summary_and_the_log
     run_dir = full_disk / "run"
     proc = subprocess.run([sys.executable, "-m", "invoke", "validate", "--inventory", str(inv.path), "--host", "h",
                            "--steps", "sync,test", "--report-dir", str(run_dir)],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **lab.env()})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in output, output

@@ -33,7 +33,7 @@ from orchestrator.errors import AuthError, HostKeyError, InventoryError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.connectors.paramiko import SshTransport
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAST = {"connect": 3, "keepalive": 2, "lock": 10}
 _names = itertools.count(1)
 
@@ -114,8 +114,9 @@ def test_1_unknown_host_key_is_refused_before_authentication(lab, make_inventory
     """Scenario 1. The user sees: `invoke deploy` exits 1 and says the host key is not known, shows
     its SHA256 fingerprint and the `invoke trust --host H --fingerprint SHA256:...` command that pins
     it. Afterwards: the host never authenticated us (no session), remote_dir does not exist, and the
-    pin command given in the message works. (tests/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs
-    checks the transport and system ssh; this checks the task a user runs.)"""
+    pin command given in the message works.
+    (tests/connectors/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs checks the
+    transport and system ssh; this checks the task a user runs.)"""
     stranger = fresh_host(lab, "stranger", trusted=False)
     known = Path(remote_dir + "-known_hosts")
     inv = make_inventory({"s": entry(lab, stranger, remote_dir=remote_dir, known_hosts=str(known))})
@@ -559,7 +560,7 @@ def test_10_two_concurrent_runs_on_one_host(lab, make_inventory, source, tmp_pat
     sees: exactly one proceeds (exit 0); the other fails at once (exit 1) saying `is locked by
     another run: <task> by pid <pid of the winner> on <this machine>, started ...`. Afterwards: the
     tree is deployed once, correctly, and the lock is free. (In-process contention and a dead ssh
-    client's lock: tests/test_deploy.py::test_lock_contention_and_recovery_of_a_dead_runs_lock.)"""
+    client's lock: tests/scenarios/test_deploy.py::test_lock_contention_and_recovery_of_a_dead_runs_lock.)"""
     m = f"10{os.getpid() % 1000:03d}{next(_names)}"
     (source / "big.bin").write_bytes(os.urandom(100 << 10))
     h1 = lab.hosts["h1"]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "engine_src"
 BUSY = (4242, "python3 -m sglang.launch_server", 30000)      # a co-tenant's model server
 # The engine's tests once per GPU, the model tests on the tiny bundles only (the whole suite is
-# tests/test_engine_native.py's and tests/test_validate.py's): what is tested here is where they run.
+# tests/engine/test_engine_native.py's and tests/scenarios/test_validate.py's): what is tested here is where they run.
 SELECTED = ("tiny_fp32", "tiny_int4")
 LIGHT_TEST = f"KD_TEST_BUNDLES={','.join(SELECTED)} bash scripts/run_tests.sh"
 

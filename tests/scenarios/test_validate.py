@@ -22,7 +22,7 @@ import yaml
 
 from browser import dom
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "engine_src"
 
 # A host whose bundle regeneration differs from everybody else's: its "python" flips golden
@@ -68,7 +68,7 @@ NIGHTLY_BENCH = 'KD_BENCH_ARGS="--repeats 3 --budgets 4 --moe-experts 8 --moe-to
 # (the shipped command runs whole in CI's first command, `invoke validate` on local).
 BENCH = 'KD_BENCH_ARGS="--budgets 4,8 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
 # And validate's engine tests: the model tests on the tiny bundles, every other test whole (the whole suite
-# runs in tests/test_engine_native.py, and through the orchestrator in CI's first command).
+# runs in tests/engine/test_engine_native.py, and through the orchestrator in CI's first command).
 TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
 
 
