@@ -73,7 +73,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                "tests/test_performance.py", "-k",
                                "lock or bundle or build_step or state_files or sync_records or dangerous_destinations"],
                               []),
-    "orchestrator/steps/build.py": (["tests/scenarios/test_faults.py", "tests/test_performance.py", "-k",
+    "orchestrator/steps/build.py": (["tests/scenarios/test_faults_tree.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
     "orchestrator/connectors/openssh.py": (["tests/connectors/test_warm.py", "tests/connectors/test_ssh.py", "-k",

@@ -44,10 +44,10 @@ MUTANTS = [
     ("build-cache-ignores-build-key", "orchestrator/steps/build.py",
      'key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}',
      'key: dict[str, Any] = {"tree": tree}; ctx.build_key()',
-     ["tests/scenarios/test_faults.py::test_the_build_cache_is_keyed_on_the_toolchain_and_arch"]),
+     ["tests/scenarios/test_faults_tree.py::test_the_build_cache_is_keyed_on_the_toolchain_and_arch"]),
     ("build-stamp-checks-the-tree-only", "orchestrator/steps/build.py",
      'stamp.get("key") == key and', 'record.mapping(stamp.get("key")).get("tree") == tree and',
-     ["tests/scenarios/test_faults.py::test_the_build_cache_is_keyed_on_the_toolchain_and_arch"]),
+     ["tests/scenarios/test_faults_tree.py::test_the_build_cache_is_keyed_on_the_toolchain_and_arch"]),
     ("tree-hash-check-off", "orchestrator/sync.py",
      "if remote_hash != source.tree_hash:", "if False:",
      ["tests/connectors/test_ssh.py::test_a_deployed_tree_whose_hash_differs_fails_the_sync"]),
@@ -85,7 +85,7 @@ MUTANTS = [
      ["tests/scenarios/test_deploy.py::test_lock_contention_and_recovery_of_a_dead_runs_lock"]),
     ("system-dirs-allowed", "orchestrator/inventory.py",
      "if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):", "if False:",
-     ["tests/scenarios/test_faults.py::"
+     ["tests/scenarios/test_faults_tree.py::"
       "test_11_dangerous_destinations_in_the_inventory_are_refused_before_anything_runs"]),
     ("bundle-extra-tensors-accepted", "engine_src/python/kdtree_ref/kdtr.py",
      "    _check_tensor_set(path, header, entries)\n", "",

@@ -22,7 +22,7 @@ from orchestrator.records import dashboard, history as history_mod, run_store
 from orchestrator.runner import pipeline
 from orchestrator.runner.console import Console
 
-from test_faults import entry, fake_commands, run_validate
+from fault_lab import entry, fake_commands, run_validate
 
 # A bench stand-in: the good host (its remote_dir named good-...) reports 120 tokens/s, the other
 # one the figure in $BAD (a literal JSON number).
