@@ -39,10 +39,14 @@ fi'''
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, reference_bundles) -> Path:
+    """The folder of this module's inventories and runs: a snapshot of engine_src, and the session's
+    reference bundles in its local bundle cache (what is tested here is where g1's engine commands
+    run, not this machine's regeneration)."""
     path = tmp_path_factory.mktemp("gpu-validate")
     shutil.copytree(ENGINE, path / "engine_src", ignore=shutil.ignore_patterns("build", "__pycache__", "*.kdtr",
                                                                              "manifest.json"))
+    reference_bundles.seed_local_cache(path, path / "engine_src")
     return path
 
 
