@@ -545,12 +545,15 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def history_repo(lab, workdir, full_run):
+def history_repo(lab, workdir, full_run, reference_bundles):
     """A repository holding the engine snapshot and an inventory for h2 (a copy of h1's built
     deployment): c0 the snapshot, c1 a change outside engine_src, c2 AR's 8th token moved (golden
-    breaks), c3 an engine README change. Returns (repo, inventory, [c0, c1, c2, c3])."""
+    breaks), c3 an engine README change. Its local bundle cache (build/, ignored) holds the
+    session's reference bundles, as workdir's does: no commit changes the generator, so neither
+    the nightly nor a bisect probe regenerates them here. Returns (repo, inventory, [c0, c1, c2, c3])."""
     repo = workdir / "history-repo"
     shutil.copytree(workdir / "engine_src", repo / "engine_src")
+    reference_bundles.seed_local_cache(repo, repo / "engine_src")
     h1, h2 = lab.hosts["h1"], lab.hosts["h2"]
     shutil.copytree(h1.root / "engine", h2.root / "history-engine", symlinks=True)
     inventory = write_inventory(repo, "hosts", {"h2": lab.inventory_entry(h2, remote_dir=str(h2.root / "history-engine"))},
