@@ -31,7 +31,8 @@ TREE_HASH_SH = (REPO / "engine_src" / "scripts" / "tree_hash.sh").read_text()
 
 
 def pytest_collection_modifyitems(items):
-    """The modules whose work starts in the background (tests/early_builds.py) run last."""
+    """The whole-pipeline modules, then those whose work starts in the background, run last
+    (tests/early_builds.py)."""
     run_late(items)
 
 

@@ -34,6 +34,11 @@ HANG_GUARD = 3600
 LATE_MODULES = ("test_engine_cuda_compile", "test_engine_sanitize")
 # The modules that start from the session's CPU build (the cpu_build fixture).
 CPU_BUILD_MODULES = ("test_engine_native", "test_validate", "test_gpu_validate", "test_slurm_validate")
+# The order of the whole-pipeline modules, after every other module but the LATE_MODULES: the CPU
+# build has had the session so far to finish in the background, and the nightly workflow's module
+# starts from test_validate's deployment (their folders, engine/ and scenarios/, no longer place
+# them late by name).
+PIPELINE_ORDER = ("test_engine_native", "test_gpu_validate", "test_validate", "test_workflow_nightly")
 
 
 class Background:
@@ -214,5 +219,11 @@ def cpu_build(early_builds) -> CpuBuild:
 
 
 def run_late(items: list) -> None:
-    """Reorder `items` in place: the LATE_MODULES' tests after every other, each group in its order."""
-    items.sort(key=lambda item: getattr(item.module, "__name__", "") in LATE_MODULES)
+    """Reorder `items` in place: the PIPELINE_ORDER modules' tests after every other, in that order,
+    then the LATE_MODULES'; each module's tests in their order."""
+    def rank(item) -> tuple[int, int]:
+        name = getattr(item.module, "__name__", "")
+        if name in LATE_MODULES:
+            return 2, 0
+        return (1, PIPELINE_ORDER.index(name)) if name in PIPELINE_ORDER else (0, 0)
+    items.sort(key=rank)
