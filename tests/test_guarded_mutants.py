@@ -40,7 +40,7 @@ MUTANTS = [
      ["tests/connectors/test_ssh.py::test_timeout_kills_the_whole_process_group_on_the_host"]),
     ("golden-last-token-ignored", "orchestrator/records/record.py",
      "enumerate(zip(expected, actual))", "enumerate(zip(expected[:-1], actual[:-1]))",
-     ["tests/test_golden.py::test_a_divergence_at_the_final_token_fails"]),
+     ["tests/records/test_golden.py::test_a_divergence_at_the_final_token_fails"]),
     ("build-cache-ignores-build-key", "orchestrator/steps/build.py",
      'key: dict[str, Any] = {"tree": tree, "build": ctx.build_key()}',
      'key: dict[str, Any] = {"tree": tree}; ctx.build_key()',

@@ -21,7 +21,7 @@ from orchestrator.errors import InventoryError, UsageError
 
 from fake_gpus import FakeGpus
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIERS = {"default": ["tiny"], "big": ["big"]}
 GB = 10**9
 FAST = {"connect": 3, "keepalive": 2, "lock": 10}

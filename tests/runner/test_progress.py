@@ -25,7 +25,7 @@ from orchestrator.errors import KdError
 
 from fault_lab import fake_commands
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("line, expected", [
