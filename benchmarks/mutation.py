@@ -45,35 +45,39 @@ W = "orchestrator.connectors.openssh."
 
 # module -> (pytest arguments selecting the tests that guard it, function name globs to mutate: empty = all)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "orchestrator/connectors/hostkeys.py": (["tests/test_hostkeys.py", "tests/test_ssh.py", "tests/test_warm.py", "-k",
+    "orchestrator/connectors/hostkeys.py": (["tests/connectors/test_hostkeys.py", "tests/connectors/test_ssh.py",
+                                             "tests/connectors/test_warm.py", "-k",
                                              "hostkeys or host_key or trust or pin or unknown or changed or options"],
                                             []),
-    "orchestrator/connectors/ssh_common.py": (["tests/test_warm.py", "tests/test_commands.py", "-k",
+    "orchestrator/connectors/ssh_common.py": (["tests/connectors/test_warm.py", "tests/test_commands.py", "-k",
                                                "config or jump or warm"], ["openssh_config", "_read_ssh_config"]),
-    "orchestrator/connectors/paramiko.py": (["tests/test_ssh.py", "tests/test_performance.py", "-k",
+    "orchestrator/connectors/paramiko.py": (["tests/connectors/test_ssh.py", "tests/test_performance.py", "-k",
                                     "host_key or trust or pin or unknown or changed or jump or proxy or target or nodelay"],
                                    ["_open_once", "_connect", "_Target.*"]),
-    "orchestrator/remote.py": (["tests/test_ssh.py", "tests/test_commands.py", "-k",
+    "orchestrator/remote.py": (["tests/connectors/test_ssh.py", "tests/test_commands.py", "-k",
                                 "group or timeout or secret or env or quote or wrap or step"], []),
-    "orchestrator/records/golden.py": (["tests/test_golden.py"], []),
-    "orchestrator/records/record.py": (["tests/test_golden.py", "tests/test_record.py"], ["Mismatch.*"]),
-    "orchestrator/records/redaction.py": (["tests/test_record.py"], []),
-    "orchestrator/safe_text.py": (["tests/test_hostile.py", "tests/test_report.py", "-k",
+    "orchestrator/records/golden.py": (["tests/records/test_golden.py"], []),
+    "orchestrator/records/record.py": (["tests/records/test_golden.py", "tests/records/test_record.py"], ["Mismatch.*"]),
+    "orchestrator/records/redaction.py": (["tests/records/test_record.py"], []),
+    "orchestrator/safe_text.py": (["tests/scenarios/test_hostile.py", "tests/records/test_report.py", "-k",
                                    "escaped or terminal or markdown or safe_text"], []),
     "orchestrator/inventory.py": (["tests/test_inventory.py"],
                                   ["is_dangerous_dir", "Inventory.select", "_Validator.string", "_Validator.path",
                                    "_Validator.integer", "_Validator.timeouts", "_Validator.known_keys",
                                    "_Validator.choice", "_Validator.groups"]),
-    "orchestrator/sync.py": (["tests/test_deploy.py", "tests/test_ssh.py", "-k", "deploy or sync or hash or exclude"],
+    "orchestrator/sync.py": (["tests/scenarios/test_deploy.py", "tests/connectors/test_ssh.py", "-k",
+                              "deploy or sync or hash or exclude"],
                              ["sync_tree", "_begin", "deployed_tree", "is_excluded", "_under_excluded", "_remote_hash",
                               "rsync_argv", "_tar_sync", "_local_listing"]),
-    "orchestrator/state.py": (["tests/test_lock_modes.py", "tests/test_deploy.py", "tests/test_performance.py", "-k",
+    "orchestrator/state.py": (["tests/host/test_lock_modes.py", "tests/scenarios/test_deploy.py",
+                               "tests/test_performance.py", "-k",
                                "lock or bundle or build_step or state_files or sync_records or dangerous_destinations"],
                               []),
-    "orchestrator/steps/build.py": (["tests/test_faults.py", "tests/test_performance.py", "-k",
+    "orchestrator/steps/build.py": (["tests/scenarios/test_faults_tree.py", "tests/test_performance.py", "-k",
                                      "build_cache or build_step"], []),
     "orchestrator/steps/bundles.py": (["tests/test_performance.py", "-k", "bundle"], []),
-    "orchestrator/connectors/openssh.py": (["tests/test_warm.py", "tests/test_ssh.py", "-k", "warm"],
+    "orchestrator/connectors/openssh.py": (["tests/connectors/test_warm.py", "tests/connectors/test_ssh.py", "-k",
+                                            "warm"],
                              ["control_dir", "_default_dir", "check_private", "_not_private", "uses_warm",
                               "WarmTransport.*", "socket_path", "ensure_master", "master_alive", "stop_master", "_base_argv", "client_argv", "_control",
                               "_start_master", "_Probe.*", "_fresh_error", "_content", "_remove_stale", "_locked", "_note_use",
@@ -103,8 +107,8 @@ EQUIVALENT: dict[str, str] = {
     "orchestrator.connectors.paramiko.x__open_once__mutmut_36": 'the default "NONE" is compared after .lower() with "none"',
     **{f"orchestrator.connectors.paramiko.x__connect__mutmut_{n}":
        "banner_timeout left to Paramiko's 15 s: SSHClient.connect hands the same connect timeout to start_client, "
-       "which gives up on a host silent before its banner as soon (tests/test_ssh.py: a target that never sends a "
-       "banner fails within the connect timeout either way)" for n in (36, 45)},
+       "which gives up on a host silent before its banner as soon (tests/connectors/test_ssh.py: a target that never "
+       "sends a banner fails within the connect timeout either way)" for n in (36, 45)},
     "orchestrator.connectors.paramiko.x__open_once__mutmut_6": "jump_hops looks the same ssh config entry up again when not "
                                                       "given it",
     "orchestrator.connectors.paramiko.x__open_once__mutmut_8": "the same (found left out)",
@@ -192,8 +196,8 @@ EQUIVALENT: dict[str, str] = {
         "x__start_master__mutmut_15", "x__start_master__mutmut_16", "x_client_argv__mutmut_6",
         "x_client_argv__mutmut_7", "xǁ_Probeǁ__init____mutmut_7")},
     **{f"{prefix}__mutmut_{n}": "the case of an option's name or of its yes/no/none/ERROR value: OpenSSH "
-       "reads both without regard to case (tests/test_warm.py reads the options back with ssh -G, which catches "
-       "every other change)" for prefix, numbers in (
+       "reads both without regard to case (tests/connectors/test_warm.py reads the options back with ssh -G, which "
+       "catches every other change)" for prefix, numbers in (
            (f"{W}x__base_argv", (12, 13, 15, 19, 21, 23, 24, 26, 28, 29, 31, 33, 34, 36, 38, 39, 41, 43, 44, 46,
                                  48, 49, 61, 62, 74)),
            ("orchestrator.connectors.hostkeys.x_openssh_options", (6, 7, 9, 11, 12, 14, 15, 17, 19, 20, 22, 24, 25,

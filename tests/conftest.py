@@ -1,14 +1,12 @@
 """Shared fixtures: one loopback sshd lab per session (hosts h1, h2, bastion), a small engine-like
-source tree, an inventory factory, and the engine's reference bundles generated once per session.
-The lab's machinery lives in tests/sshd.py."""
+source tree, an inventory factory (the engine builds and reference bundles shared by the session are
+tests/early_builds.py's). The lab's machinery lives in tests/sshd.py."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import yaml
 
 from orchestrator import inventory as inventory_mod
 
-from early_builds import cpu_build, cuda_builds, early_builds, run_late, sanitized_run  # noqa: F401 (fixtures)
+from early_builds import cpu_build, cuda_builds, early_builds, reference_bundles, run_late, sanitized_run  # noqa: F401 (fixtures)
 from fake_gpus import FakeGpus
 from sshd import Hostile, SshLab
 
@@ -32,45 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 TREE_HASH_SH = (REPO / "engine_src" / "scripts" / "tree_hash.sh").read_text()
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceBundles:
-    """The engine's bundles and manifest in `folder`, made by the generator whose input hash
-    (`scripts/tree_hash.sh python`, the orchestrator's bundles key) is `key`."""
-
-    folder: Path
-    key: str
-
-    @staticmethod
-    def key_of(engine: Path) -> str:
-        """The orchestrator's bundles key of an engine tree: the hash of its generator's inputs."""
-        return subprocess.run(["bash", "scripts/tree_hash.sh", "python"], cwd=engine, capture_output=True, text=True,
-                              check=True).stdout.split()[-1]
-
-    def copy_to(self, folder: Path) -> None:
-        """Put the bundles and manifest into `folder` (an engine copy's tests/refs, or a cache entry)."""
-        folder.mkdir(parents=True, exist_ok=True)
-        for path in self.folder.iterdir():
-            shutil.copy2(path, folder / path.name)
-
-
 def pytest_collection_modifyitems(items):
-    """The modules whose work starts in the background (tests/early_builds.py) run last."""
+    """The whole-pipeline modules, then those whose work starts in the background, run last
+    (tests/early_builds.py)."""
     run_late(items)
-
-
-@pytest.fixture(scope="session")
-def reference_bundles(tmp_path_factory) -> ReferenceBundles:
-    """engine_src's bundles, generated once per session (scripts/bundles.sh with this interpreter),
-    for the tests that would each regenerate them: the long-context bundles cost seconds of NumPy."""
-    engine = REPO / "engine_src"
-    out = tmp_path_factory.mktemp("reference-bundles")
-    key = ReferenceBundles.key_of(engine)
-    env = {**os.environ, "PYTHON": sys.executable, "KD_BUNDLE_DIR": str(out), "OPENBLAS_NUM_THREADS": "1",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", "scripts/bundles.sh"], cwd=engine, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return ReferenceBundles(out, key)
 
 
 @pytest.fixture

@@ -1,12 +1,13 @@
 """The session's longest pieces of work, started in the background when the session begins: the
-CUDA builds (tests/test_engine_cuda_compile.py), the sanitized engine suite
-(tests/test_engine_sanitize.py) and the CPU build that the whole-pipeline modules start from
-(CPU_BUILD_MODULES: one compile instead of one per module). They are mostly compilers and engine
-processes on their own, while most of the other tests wait on ssh, rsync and sleeps: on CI's 2
-cores, starting them at the beginning (at a lower priority, so the timing bounds of the other tests
-keep their CPU) and running the first two modules last (conftest.py) overlaps several minutes of
-work that used to run alone. Each starts only when the session selected a test of a module that
-uses it."""
+CUDA builds (tests/engine/test_engine_cuda_compile.py), the sanitized engine suite
+(tests/engine/test_engine_sanitize.py), the CPU build that the whole-pipeline modules start from
+(CPU_BUILD_MODULES: one compile instead of one per module) and the engine's reference bundles
+(the reference_bundles fixture: half a minute of NumPy that the first test of the session used to
+wait for). They are mostly compilers, NumPy and engine processes on their own, while most of the
+other tests wait on ssh, rsync and sleeps: on CI's 2 cores, starting them at the beginning (at a
+lower priority, so the timing bounds of the other tests keep their CPU) and running the first two
+modules last (conftest.py) overlaps several minutes of work that used to run alone. Each starts
+only when the session selected a test that uses it."""
 from __future__ import annotations
 
 import os
@@ -20,10 +21,10 @@ from typing import Callable
 
 import pytest
 
-from engine_copies import CpuBuild, cuda_home, engine_copy
+from engine_copies import CpuBuild, ReferenceBundles, cuda_home, engine_copy
 
 CUDA_ARCHES = ("sm_120", "sm_90")
-CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/test_engine_cuda_compile.py says why)
+CUDA_SANITIZED = "sm_120"   # the arch built with KD_SANITIZE=1 (tests/engine/test_engine_cuda_compile.py says why)
 FUZZ_SECONDS = 60           # CI time is shared; the long runs are in docs/engine/scripts.md
 NICE = ["nice", "-n", "10"]
 # Seconds a background command may run: a hang guard only (it starts with the session, and at its lower
@@ -33,6 +34,11 @@ HANG_GUARD = 3600
 LATE_MODULES = ("test_engine_cuda_compile", "test_engine_sanitize")
 # The modules that start from the session's CPU build (the cpu_build fixture).
 CPU_BUILD_MODULES = ("test_engine_native", "test_validate", "test_gpu_validate", "test_slurm_validate")
+# The order of the whole-pipeline modules, after every other module but the LATE_MODULES: the CPU
+# build has had the session so far to finish in the background, and the nightly workflow's module
+# starts from test_validate's deployment (their folders, engine/ and scenarios/, no longer place
+# them late by name).
+PIPELINE_ORDER = ("test_engine_native", "test_gpu_validate", "test_validate", "test_workflow_nightly")
 
 
 class Background:
@@ -64,11 +70,13 @@ class Background:
             raise
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def result(self) -> object:
-        """What the work returned, once it has (a test waits for it: it runs at full priority now)."""
-        self._waited_for = True
-        for proc in self._procs:
-            _renice_tree(proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+    def result(self, hurry: bool = True) -> object:
+        """What the work returned, once it has; `hurry` (a test waits for it): it runs at full
+        priority from now on (another background work waiting for it leaves it at the lower one)."""
+        if hurry:
+            self._waited_for = True
+            for proc in self._procs:
+                _renice_tree(proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
         self._thread.join()
         assert self._outcome is not None
         ok, value = self._outcome
@@ -129,12 +137,19 @@ def _cuda_builds(tmp_path_factory) -> Callable[[Background], dict]:
     return work
 
 
-def _sanitized_suite(tmp_path_factory, reference_bundles) -> Callable[[Background], tuple]:
+def _reference_bundles(tmp_path_factory) -> Callable[[Background], ReferenceBundles]:
+    folder = tmp_path_factory.mktemp("reference-bundles")    # in the session's thread, as _cuda_builds says
+    return lambda bg: ReferenceBundles.generate(folder, bg.run)
+
+
+def _sanitized_suite(tmp_path_factory, bundles: Background) -> Callable[[Background], tuple]:
     folder = tmp_path_factory.mktemp("engine_sanitize")    # in the session's thread, as _cuda_builds says
 
     def work(bg: Background) -> tuple:
         copy = engine_copy(folder)
-        reference_bundles.copy_to(copy / "tests" / "refs")
+        reference = bundles.result(hurry=False)
+        assert isinstance(reference, ReferenceBundles)
+        reference.copy_to(copy / "tests" / "refs")
         seed = str(int(time.time()))  # a new stretch of cases each run; the summary names the seed
         env = dict(os.environ, KD_BACKEND="cpu", KD_SANITIZE="1", KD_FUZZ_SECONDS=str(FUZZ_SECONDS),
                    KD_FUZZ_SEED=seed, PYTHON=sys.executable)
@@ -157,17 +172,20 @@ def _cpu_build(tmp_path_factory) -> Callable[[Background], CpuBuild]:
 
 @pytest.fixture(scope="session", autouse=True)
 def early_builds(request, tmp_path_factory):
-    """name -> Background: the LATE_MODULES this session selected, and "cpu_build" when it selected
-    one of CPU_BUILD_MODULES."""
-    selected = {item.module.__name__ for item in request.session.items if item.module is not None}
+    """name -> Background: the LATE_MODULES this session selected, "cpu_build" when it selected
+    one of CPU_BUILD_MODULES, and "reference_bundles" when a selected test or the sanitized suite
+    uses them."""
+    items = request.session.items
+    selected = {item.module.__name__ for item in items if item.module is not None}
     started = {}
+    if any("reference_bundles" in item.fixturenames for item in items) or "test_engine_sanitize" in selected:
+        started["reference_bundles"] = Background(_reference_bundles(tmp_path_factory))
     if selected & set(CPU_BUILD_MODULES) and shutil.which("g++") is not None:
         started["cpu_build"] = Background(_cpu_build(tmp_path_factory))
     if "test_engine_cuda_compile" in selected and cuda_home() is not None:
         started["test_engine_cuda_compile"] = Background(_cuda_builds(tmp_path_factory))
     if "test_engine_sanitize" in selected and shutil.which("g++") is not None:
-        bundles = request.getfixturevalue("reference_bundles")
-        started["test_engine_sanitize"] = Background(_sanitized_suite(tmp_path_factory, bundles))
+        started["test_engine_sanitize"] = Background(_sanitized_suite(tmp_path_factory, started["reference_bundles"]))
     yield started
     for work in started.values():
         work.stop()
@@ -186,6 +204,13 @@ def sanitized_run(early_builds) -> tuple:
 
 
 @pytest.fixture(scope="session")
+def reference_bundles(early_builds) -> ReferenceBundles:
+    """engine_src's bundles, generated once per session (scripts/bundles.sh with this interpreter),
+    for the tests that would each regenerate them: the long-context bundles cost seconds of NumPy."""
+    return early_builds["reference_bundles"].result()
+
+
+@pytest.fixture(scope="session")
 def cpu_build(early_builds) -> CpuBuild:
     """engine_src built once for the CPU backend, for the modules that would each compile it."""
     if "cpu_build" not in early_builds:
@@ -194,5 +219,11 @@ def cpu_build(early_builds) -> CpuBuild:
 
 
 def run_late(items: list) -> None:
-    """Reorder `items` in place: the LATE_MODULES' tests after every other, each group in its order."""
-    items.sort(key=lambda item: getattr(item.module, "__name__", "") in LATE_MODULES)
+    """Reorder `items` in place: the PIPELINE_ORDER modules' tests after every other, in that order,
+    then the LATE_MODULES'; each module's tests in their order."""
+    def rank(item) -> tuple[int, int]:
+        name = getattr(item.module, "__name__", "")
+        if name in LATE_MODULES:
+            return 2, 0
+        return (1, PIPELINE_ORDER.index(name)) if name in PIPELINE_ORDER else (0, 0)
+    items.sort(key=rank)

@@ -1,11 +1,14 @@
-"""Where the tests find nvcc, how they copy engine_src/ to build it on their own, and the
-session's CPU build that the whole-pipeline tests start from."""
+"""Where the tests find nvcc, how they copy engine_src/ to build it on their own, and what the
+session makes once for the tests that start from it: the CPU build and the reference bundles."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Callable
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
 
@@ -56,3 +59,42 @@ class CpuBuild:
         """Put this build's whole build/ (objects, binaries, cache) into `tree`, a copy of the same
         sources: its next build compiles only what changed since (file times are kept)."""
         shutil.copytree(self.tree / "build", tree / "build", symlinks=True, dirs_exist_ok=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceBundles:
+    """The engine's bundles and manifest in `folder`, made by the generator whose input hash
+    (`scripts/tree_hash.sh python`, the orchestrator's bundles key) is `key`."""
+
+    folder: Path
+    key: str
+
+    @classmethod
+    def generate(cls, out: Path, run: Callable[..., subprocess.CompletedProcess]) -> "ReferenceBundles":
+        """engine_src's bundles generated into `out` by its scripts/bundles.sh with this interpreter;
+        `run(args, cwd=, env=, timeout=)` runs the command and captures its output."""
+        env = {**os.environ, "PYTHON": sys.executable, "KD_BUNDLE_DIR": str(out), "OPENBLAS_NUM_THREADS": "1",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        proc = run(["bash", "scripts/bundles.sh"], cwd=ENGINE, env=env, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return cls(out, cls.key_of(ENGINE))
+
+    @staticmethod
+    def key_of(engine: Path) -> str:
+        """The orchestrator's bundles key of an engine tree: the hash of its generator's inputs."""
+        return subprocess.run(["bash", "scripts/tree_hash.sh", "python"], cwd=engine, capture_output=True, text=True,
+                              check=True).stdout.split()[-1]
+
+    def copy_to(self, folder: Path) -> None:
+        """Put the bundles and manifest into `folder` (an engine copy's tests/refs, or a cache entry)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in self.folder.iterdir():
+            shutil.copy2(path, folder / path.name)
+
+    def seed_local_cache(self, root: Path, engine: Path) -> None:
+        """Put the bundles into the local bundle cache of the inventories in `root` (the pipeline's
+        build/local-bundles/<key>), as an earlier run would have left them, when `engine`'s
+        generator is the one that made them: their runs then skip this machine's regeneration
+        (the hosts still regenerate theirs)."""
+        if self.key_of(engine) == self.key:
+            self.copy_to(root / "build" / "local-bundles" / self.key)

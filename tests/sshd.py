@@ -188,7 +188,7 @@ class SshLab:
 
     def inventory_entry(self, host: SshdHost, **overrides) -> dict:
         """A hosts.yaml entry for `host`: its alias, its remote_dir under its root, the lab's keys;
-        no warm connection unless `persist` is given (tests/test_warm.py tests those)."""
+        no warm connection unless `persist` is given (tests/connectors/test_warm.py tests those)."""
         entry = {"address": host.name, "remote_dir": str(host.root / "kdtree-engine"), "python": sys.executable,
                  "known_hosts": str(self.known_hosts), "timeouts": {"connect": 5, "keepalive": 5}, "persist": False}
         entry.update(overrides)

@@ -515,7 +515,7 @@ def test_files_read_at_once_are_each_what_read_file_gives(context):
 def test_the_state_files_are_read_at_once_each_as_read_json_would(context):
     """One round trip for every stamp (state.read_jsons): each as read_json gives it (a missing,
     broken, non-mapping or oversized one is None), a NUL byte or a line like the framing's in
-    one file leaving the others as they are (the step context's cache of them: tests/test_stamps.py)."""
+    one file leaving the others as they are (the step context's cache of them: tests/steps/test_stamps.py)."""
     ctx = context()
     kd = context.root / ".kdtree"
     (kd / "build.json").write_text('{"key": 1}')

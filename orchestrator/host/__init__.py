@@ -1,5 +1,5 @@
 """The orchestrator's host-side bash scripts: one file each in this folder (orchestrator/host/*.sh),
-package data that shellcheck checks (tests/test_host_scripts.py, .ci/run).
+package data that shellcheck checks (tests/host/test_host_scripts.py, .ci/run).
 
 A script goes to a host as `bash -c SCRIPT kdtree ARGS...` (remote.script): its values are
 positional arguments, never spliced into its text. A file starts with a block of comment lines (a

@@ -27,7 +27,7 @@ from orchestrator.runner.console import Console
 from orchestrator.slurm.run import Allocation
 
 import slurm_cluster
-from test_bundle_needs import needs, write_manifest
+from bundle_manifests import needs, write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 # The small project's engine commands: the build says where it ran and with which GPUs, then sleeps

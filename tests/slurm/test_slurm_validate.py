@@ -5,9 +5,9 @@ the same again, which reuses the build (its stamp matches on the shared filesyst
 test and bench anew in its own allocation (a Slurm entry's results are never reused).
 slurmctld's record says the job ran on the node and was cancelled at the end; slurmd's log that
 every engine command was a job step of it. The local bundle cache starts with the session's
-reference bundles (as tests/test_validate.py's does); the host runs the `tiny` bundles only, the
+reference bundles (as tests/scenarios/test_validate.py's does); the host runs the `tiny` bundles only, the
 engine's tests on them and a light bench: the steps' plumbing inside the allocation, not the
-engine's coverage (tests/test_validate.py's)."""
+engine's coverage (tests/scenarios/test_validate.py's)."""
 from __future__ import annotations
 
 import json

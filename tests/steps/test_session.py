@@ -66,7 +66,7 @@ def test_only_a_step_declared_to_change_the_tree_may_hold_it_alone(local):
 def test_the_lock_is_held_for_the_run_in_the_mode_asked(local):
     """hold_tree takes the lock through the run in the mode and wait asked and keeps it for held_lock
     and held(); a step that needs the lock in a session that holds none fails naming the step and
-    the host. (The sync begins with a command of its own: tests/test_host_client.py.)"""
+    the host. (The sync begins with a command of its own: tests/host/test_host_client.py.)"""
     host, transport, run = local
     bare = _session(local)
     with pytest.raises(StepError, match="the sync step needs the tree lock, and this run holds none") as failed:

@@ -392,7 +392,7 @@ def test_baselines_and_comparisons_default_to_the_newest_validate_or_nightly(tmp
     assert run_store.newest_run(root, ("deploy",)).name == RUN_IDS[2]
     assert run_store.newest_run(tmp_path / "none") is None
     from orchestrator import cli, inventory
-    inv = inventory.load(Path(__file__).resolve().parent.parent / "hosts.yaml")
+    inv = inventory.load(Path(__file__).resolve().parents[2] / "hosts.yaml")
     inv = dataclasses.replace(inv, project=dataclasses.replace(inv.project, root=tmp_path))
     out = io.StringIO()
     assert cli.baseline(inv, Console(out), str(tmp_path / "baseline.json")) == 0

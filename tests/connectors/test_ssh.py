@@ -21,7 +21,7 @@ from orchestrator.runner.console import Console
 from orchestrator.errors import ConnectError, FetchError, HostKeyError
 from orchestrator.connectors.factory import open_transport
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

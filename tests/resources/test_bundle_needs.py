@@ -19,25 +19,12 @@ from orchestrator import inventory
 from orchestrator.resources import bundle_plan, capacity, gpus
 from orchestrator.errors import InventoryError, UsageError
 
+from bundle_manifests import GB, needs, write_manifest
 from fake_gpus import FakeGpus
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIERS = {"default": ["tiny"], "big": ["big"]}
-GB = 10**9
 FAST = {"connect": 3, "keepalive": 2, "lock": 10}
-
-
-def needs(disk=GB // 100, ram=GB // 10, gpu=GB // 2) -> dict:
-    return {"disk_bytes": disk, "ram_bytes": ram, "gpu_bytes": gpu}
-
-
-def write_manifest(source: Path, **bundles: dict) -> None:
-    """The source tree's expected manifest: one bundle per keyword (name = CONFIG_QUANT) with these
-    needs (None: none declared, as a manifest written before they existed)."""
-    entries = [{"name": name, "file": f"model_{name}.kdtr", "config": name.rsplit("_", 1)[0],
-                "quant": name.rsplit("_", 1)[1], "prompt": [1], "golden": [2], **({"needs": value} if value else {})}
-               for name, value in bundles.items()]
-    (source / "tests/refs/expected_manifest.json").write_text(json.dumps({"version": 1, "bundles": entries}))
 
 
 def invoke(lab, task: str, inv, *args: str, timeout: int = 90) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """orchestrator.connectors.hostkeys on its own (no sshd): fingerprints as ssh-keygen prints them, the
 known_hosts names and files, pinning, the errors, and verify_policy on its own (a pinned host's
-key is checked first by the connection's Transport, hostkeys.pinned_transport: tests/test_ssh.py)."""
+key is checked first by the connection's Transport, hostkeys.pinned_transport: tests/connectors/test_ssh.py)."""
 from __future__ import annotations
 
 import stat

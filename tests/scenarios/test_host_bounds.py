@@ -22,7 +22,7 @@ from orchestrator.records import dashboard, history as history_mod, run_store
 from orchestrator.runner import pipeline
 from orchestrator.runner.console import Console
 
-from test_faults import entry, fake_commands, run_validate
+from fault_lab import entry, fake_commands, run_validate
 
 # A bench stand-in: the good host (its remote_dir named good-...) reports 120 tokens/s, the other
 # one the figure in $BAD (a literal JSON number).
@@ -281,7 +281,7 @@ def test_12_a_full_local_disk_ends_the_run_with_one_line_the_summary_and_the_log
     run_dir = full_disk / "run"
     proc = subprocess.run([sys.executable, "-m", "invoke", "validate", "--inventory", str(inv.path), "--host", "h",
                            "--steps", "sync,test", "--report-dir", str(run_dir)],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **lab.env()})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in output, output

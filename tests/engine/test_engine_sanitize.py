@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
+ENGINE = Path(__file__).resolve().parents[2] / "engine_src"
 
 # The session fixture (tests/early_builds.py) builds and runs the whole instrumented suite (minutes on 2 cores).
 pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"), pytest.mark.timeout(1800)]

@@ -23,7 +23,7 @@ from orchestrator.errors import HostError, SyncError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.host import client
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 EXCLUDED = ["build/kdtree", "python/kdtree_ref/__pycache__/model.cpython-311.pyc", "python/x.pyc",
             "tests/refs/model_tiny_fp32.kdtr", "tests/refs/manifest.json"]
@@ -449,7 +449,7 @@ def test_dry_run_changes_nothing(lab, make_inventory, remote_dir):
 
 def test_invoke_deploy_end_to_end(lab, make_inventory, remote_dir):
     inv = make_inventory({"h": lab.inventory_entry(lab.hosts["h1"], remote_dir=remote_dir)})
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--inventory", str(inv.path), "--host", "h"],
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -19,7 +19,7 @@ from orchestrator.errors import DestinationError
 from orchestrator.resources.gpus import GpuQueryError, GpuSelectionError, Request
 from orchestrator.connectors.factory import open_transport
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE")      # and orchestrator/
 
 

@@ -19,7 +19,7 @@ import pytest
 from orchestrator import cli
 from orchestrator.errors import UsageError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Words a shell would take apart or expand: each must reach the host's command as one argument.
 TRICKY = ["it's 'a b'", "", "$HOME", "*", "a  b", "`id`", ";", '"', "\\", "x -- y", "--"]
 PROGRAMS = {"invoke": [sys.executable, "-m", "invoke"],

@@ -4,8 +4,8 @@ workflow's env, two nights in a row. The first night passes (exit 0); the second
 result is cut a thousandfold through the inventory's bench command, exits 3 against the first night,
 found as the last good nightly in the history outside the checkout.
 
-(Named to run after test_validate.py: a copy of that module's deployment on h1, when the session
-has one, saves a night its engine build.)
+(Run after test_validate.py, by tests/early_builds.py's PIPELINE_ORDER: a copy of that module's
+deployment on h1, when the session has one, saves a night its engine build.)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
 EXPRESSION = re.compile(r"\$\{\{\s*(\w+)\.(\w+)\s*\}\}")
 # A light bench (one budget, one repeat, the fewest MoE experts, one token count): the figures only need to exist.
@@ -98,15 +98,25 @@ def night(checkout: Path, run_id: int, inputs: dict, variables: dict, base_env: 
     return {"codes": codes, "env": env}
 
 
-def check_out(checkout: Path) -> None:
-    """A fresh checkout of the working tree (actions/checkout cleans the previous night's files)."""
+def check_out(checkout: Path, reference_bundles, keep: str | None = None) -> None:
+    """A fresh checkout of the working tree (actions/checkout cleans the previous night's files)
+    but for the folder `keep`, as a runner's cache would keep it, with the session's reference
+    bundles in its local bundle cache: the nights skip this machine's regeneration (half a minute
+    on 2 cores), which the nightly makes as validate does and test_validate.py tests."""
+    kept = checkout.parent / "kept"
+    if keep:
+        (checkout / keep).rename(kept)
     shutil.rmtree(checkout, ignore_errors=True)
+    checkout.mkdir(parents=True)
+    if keep:
+        kept.rename(checkout / keep)
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\0")
     for rel in filter(None, files):
         if (REPO / rel).is_file():
             (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, checkout / rel)
+    reference_bundles.seed_local_cache(checkout, checkout / "engine_src")
 
 
 def write_hosts(checkout: Path, entry: dict, bench: str) -> None:
@@ -127,7 +137,7 @@ def nightly_code(result: dict) -> int:
 
 @pytest.mark.timeout(2400)      # two nights of seven steps with the real engine (15 min at load 30 on 2 cores)
 @pytest.mark.skipif(shutil.which("git") is None, reason="the checkout is made from git's list of files")
-def test_the_nightly_workflow_passes_then_flags_a_regression(lab, tmp_path):
+def test_the_nightly_workflow_passes_then_flags_a_regression(lab, reference_bundles, tmp_path):
     h1 = lab.hosts["h1"]
     remote_dir = h1.root / "workflow-nightly"
     shutil.rmtree(remote_dir, ignore_errors=True)
@@ -140,7 +150,7 @@ def test_the_nightly_workflow_passes_then_flags_a_regression(lab, tmp_path):
     base_env.update(lab.env())
     variables = {"KDTREE_NIGHTLY_STATE": str(state)}
 
-    check_out(checkout)
+    check_out(checkout, reference_bundles)
     write_hosts(checkout, entry, LIGHT_BENCH)
     first = night(checkout, 1001, {}, variables, base_env)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("work/step-1001-*.log")))
@@ -154,7 +164,10 @@ def test_the_nightly_workflow_passes_then_flags_a_regression(lab, tmp_path):
     higher = {name: m["value"] for name, m in metrics.items() if m["better"] == "higher" and m["value"] > 0}
     assert higher
 
-    check_out(checkout)
+    # The second night keeps the first one's virtual environment, as a runner's cache would: its install
+    # step finds the dependencies there (the first night tested a fresh install; a second one costs CI
+    # half a minute of unpacking wheels on 2 cores).
+    check_out(checkout, reference_bundles, keep=".venv")
     write_hosts(checkout, entry, f"{LIGHT_BENCH} && {CUT}")
     second = night(checkout, 1002, {}, variables, base_env)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("work/step-1002-*.log")))

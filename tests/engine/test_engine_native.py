@@ -20,7 +20,7 @@ import pytest
 from engine_copies import engine_copy
 from orchestrator.runner import progress
 
-ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
+ENGINE = Path(__file__).resolve().parents[2] / "engine_src"
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 

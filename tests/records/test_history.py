@@ -294,7 +294,7 @@ def test_reported_regressions_are_kept_for_the_dashboard(store):
 
 
 def test_the_history_task_rebuilds_draws_and_lists(tmp_path):
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     project = tmp_path / "project"
     (project / "engine_src").mkdir(parents=True)
     data = yaml.safe_load((repo / "hosts.yaml").read_text())

@@ -34,7 +34,7 @@ from orchestrator.safe_text import visible
 from orchestrator.connectors.factory import open_transport
 from orchestrator.connectors.local import LocalTransport
 
-from test_faults import entry, fake_commands, run_validate, tree, wait_for
+from fault_lab import entry, fake_commands, run_validate, tree, wait_for
 
 ATTACKER = 4242
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the tests create a second user's files")

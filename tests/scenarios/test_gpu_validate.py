@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "engine_src"
 BUSY = (4242, "python3 -m sglang.launch_server", 30000)      # a co-tenant's model server
 # The engine's tests once per GPU, the model tests on the tiny bundles only (the whole suite is
-# tests/test_engine_native.py's and tests/test_validate.py's): what is tested here is where they run.
+# tests/engine/test_engine_native.py's and tests/scenarios/test_validate.py's): what is tested here is where they run.
 SELECTED = ("tiny_fp32", "tiny_int4")
 LIGHT_TEST = f"KD_TEST_BUNDLES={','.join(SELECTED)} bash scripts/run_tests.sh"
 
@@ -39,10 +39,14 @@ fi'''
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, reference_bundles) -> Path:
+    """The folder of this module's inventories and runs: a snapshot of engine_src, and the session's
+    reference bundles in its local bundle cache (what is tested here is where g1's engine commands
+    run, not this machine's regeneration)."""
     path = tmp_path_factory.mktemp("gpu-validate")
     shutil.copytree(ENGINE, path / "engine_src", ignore=shutil.ignore_patterns("build", "__pycache__", "*.kdtr",
                                                                              "manifest.json"))
+    reference_bundles.seed_local_cache(path, path / "engine_src")
     return path
 
 

@@ -23,9 +23,9 @@ from orchestrator.runner import pipeline, progress
 from orchestrator.runner.console import Console
 from orchestrator.errors import KdError
 
-from test_faults import fake_commands
+from fault_lab import fake_commands
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("line, expected", [

@@ -22,7 +22,7 @@ import yaml
 
 from browser import dom
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "engine_src"
 
 # A host whose bundle regeneration differs from everybody else's: its "python" flips golden
@@ -55,8 +55,7 @@ def workdir(tmp_path_factory, reference_bundles) -> Path:
     the hosts regenerate theirs."""
     path = tmp_path_factory.mktemp("validate")
     shutil.copytree(ENGINE, path / "engine_src", ignore=COPY_IGNORE)
-    if reference_bundles.key_of(path / "engine_src") == reference_bundles.key:
-        reference_bundles.copy_to(path / "build" / "local-bundles" / reference_bundles.key)
+    reference_bundles.seed_local_cache(path, path / "engine_src")
     return path
 
 
@@ -69,7 +68,7 @@ NIGHTLY_BENCH = 'KD_BENCH_ARGS="--repeats 3 --budgets 4 --moe-experts 8 --moe-to
 # (the shipped command runs whole in CI's first command, `invoke validate` on local).
 BENCH = 'KD_BENCH_ARGS="--budgets 4,8 --moe-experts 8 --moe-tokens 1" bash scripts/bench.sh'
 # And validate's engine tests: the model tests on the tiny bundles, every other test whole (the whole suite
-# runs in tests/test_engine_native.py, and through the orchestrator in CI's first command).
+# runs in tests/engine/test_engine_native.py, and through the orchestrator in CI's first command).
 TEST = "KD_TEST_BUNDLES=tiny_fp32,tiny_int4 bash scripts/run_tests.sh"
 
 
@@ -546,12 +545,15 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def history_repo(lab, workdir, full_run):
+def history_repo(lab, workdir, full_run, reference_bundles):
     """A repository holding the engine snapshot and an inventory for h2 (a copy of h1's built
     deployment): c0 the snapshot, c1 a change outside engine_src, c2 AR's 8th token moved (golden
-    breaks), c3 an engine README change. Returns (repo, inventory, [c0, c1, c2, c3])."""
+    breaks), c3 an engine README change. Its local bundle cache (build/, ignored) holds the
+    session's reference bundles, as workdir's does: no commit changes the generator, so neither
+    the nightly nor a bisect probe regenerates them here. Returns (repo, inventory, [c0, c1, c2, c3])."""
     repo = workdir / "history-repo"
     shutil.copytree(workdir / "engine_src", repo / "engine_src")
+    reference_bundles.seed_local_cache(repo, repo / "engine_src")
     h1, h2 = lab.hosts["h1"], lab.hosts["h2"]
     shutil.copytree(h1.root / "engine", h2.root / "history-engine", symlinks=True)
     inventory = write_inventory(repo, "hosts", {"h2": lab.inventory_entry(h2, remote_dir=str(h2.root / "history-engine"))},

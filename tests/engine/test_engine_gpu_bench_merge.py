@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.records.result_files import bench_from_engine
 
-ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
+ENGINE = Path(__file__).resolve().parents[2] / "engine_src"
 MERGE = ENGINE / "scripts" / "merge_gpu_bench.py"
 TORCH_REF = ENGINE / "bench" / "torch_ref.py"
 

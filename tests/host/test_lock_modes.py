@@ -27,7 +27,7 @@ from orchestrator.state import EXCLUSIVE, SHARED, Owner
 from orchestrator.connectors.factory import open_transport
 
 WAIT = 2
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

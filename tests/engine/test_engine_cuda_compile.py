@@ -21,7 +21,7 @@ from early_builds import CUDA_ARCHES, CUDA_SANITIZED
 from engine_copies import cuda_home
 from fake_gpus import FakeGpus
 
-ENGINE = Path(__file__).resolve().parent.parent / "engine_src"
+ENGINE = Path(__file__).resolve().parents[2] / "engine_src"
 ARCHES, SANITIZED = CUDA_ARCHES, CUDA_SANITIZED   # built by the session fixture cuda_builds
 CUDA_HOME = cuda_home()
 pytestmark = pytest.mark.skipif(CUDA_HOME is None, reason="nvcc not found (no CUDA_HOME/bin/nvcc, none on PATH)")

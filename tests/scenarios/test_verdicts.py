@@ -25,7 +25,7 @@ from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, InventoryError, UsageError
 from orchestrator.runner.run import Run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = ("hosts", "doctor", "trust", "deploy", "validate", "nightly", "baseline", "report", "clean")
 
 
