@@ -33,11 +33,14 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 from .console import Console
 from ..records.redaction import redact
 from ..safe_text import visible
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 PREFIX = "::kdtree-progress "
 MAX_LINE = 512              # a longer line is output, never a report
@@ -189,7 +192,7 @@ class Display:
         self.steps: list[StepProgress] = []
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self._live: Any = None              # rich.live.Live while drawing
+        self._live: Live | None = None      # while drawing
 
     def step(self, host: str, step: str, log: Callable[[str], None], show: Callable[[str], None],
              secrets: tuple[str, ...] = ()) -> StepProgress:
