@@ -19,6 +19,7 @@ from orchestrator import inventory
 from orchestrator.resources import bundle_plan, capacity, gpus
 from orchestrator.errors import InventoryError, UsageError
 
+import overlap
 from bundle_manifests import GB, needs, write_manifest
 from fake_gpus import FakeGpus
 
@@ -152,9 +153,7 @@ def test_preflight_measures_the_room_beside_the_checks(lab, make_inventory, sour
     started, so run one after the other they take 20 s more."""
     marks = tmp_path / "df-started"
     marks.mkdir()
-    fake_tool("df", f"touch {marks}/$$; n=0\n"
-                    f"while [ $(ls {marks} | wc -l) -lt 2 ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done\n"
-                    f"exec {shutil.which('df')} \"$@\"")
+    fake_tool("df", f"{overlap.meet(marks)}\nexec {shutil.which('df')} \"$@\"")
     write_manifest(source, tiny_fp32=needs())
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}}, bundle_tiers=TIERS)
     proc = invoke(lab, "validate", inv, "--host", "local", "--steps", "preflight")
