@@ -2,8 +2,9 @@
 # shellcheck disable=SC2013  # the words looped over are /proc/PID/environ paths: no space in them
 # remote.GUARD: $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a
 # background watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the
-# step's process, if it has not made its group yet); what the step left in its group is killed at the
-# end. Every process of the step carries a tag in its environment (KDTREE_STEP=<guard pid>.<random>):
+# step's process, if it has not made its group yet); what the step left in its group, or in another
+# group of its session (a job-control shell's jobs), is killed at the end. Every process of the step
+# carries a tag in its environment (KDTREE_STEP=<guard pid>.<random>):
 # at the end, those that left the group (setsid, daemons) are found by it in /proc and killed too.
 # A TERM, HUP or INT sent to the guard is passed on to the step's group (timeout then KILLs it after
 # $1 seconds): whoever stops the guard stops the step, which is in a session of its own. Slurm's
@@ -24,5 +25,6 @@ rc=$?
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 kill "$guard" 2>/dev/null
 kill -KILL -- "-$step" 2>/dev/null
+pkill -KILL -s "$step" 2>/dev/null
 for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
 exit "$rc"

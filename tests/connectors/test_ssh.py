@@ -60,6 +60,10 @@ def left_on_host(pattern: str, settle: float = 5.0) -> str:
     deadline = time.monotonic() + settle
     while (found := running_on_host(pattern)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    if found:       # the evidence a failure needs: whose group and session they are in, their state
+        pids = ",".join(line.split()[0] for line in found.splitlines())
+        found += subprocess.run(["ps", "-o", "pid,ppid,pgid,sid,stat,etime,args", "-p", pids],
+                                capture_output=True, text=True).stdout
     return found
 
 
@@ -444,13 +448,15 @@ def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path
     assert left_on_host(f"^sleep {seconds}") == ""
 
 
-def test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag(h1):
+@pytest.mark.parametrize("jobs", ["", "set -m; "], ids=["its group", "job-control groups of its session"])
+def test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag(h1, jobs):
     """When a guarded command ends, every process left in its group is killed, also a child that
-    cleared its environment (so the KDTREE_STEP tag cannot find it) and never left the group. The
-    command ends only once both children run `sleep` (until then they still carry the tag, and a
-    loaded machine's scan for it would kill them whatever the group kill does)."""
-    m = f"4{os.getpid() % 1000:03d}"
-    script = (f"env -i sleep 31{m} >/dev/null 2>&1 & a=$!; env -i sleep 32{m} >/dev/null 2>&1 & b=$!; "
+    cleared its environment (so the KDTREE_STEP tag cannot find it) and never left the group; and
+    so is one a job-control shell (`set -m`) put in a group of its own within the step's session.
+    The command ends only once both children run `sleep` (until then they still carry the tag, and
+    a loaded machine's scan for it would kill them whatever the group kill does)."""
+    m = f"4{os.getpid() % 1000:03d}{len(jobs)}"
+    script = (f"{jobs}env -i sleep 31{m} >/dev/null 2>&1 & a=$!; env -i sleep 32{m} >/dev/null 2>&1 & b=$!; "
               "until grep -qa '^sleep' /proc/$a/cmdline && grep -qa '^sleep' /proc/$b/cmdline; do sleep 0.01; done; "
               "echo started")
     result = h1.run(remote.command(["bash", "-c", script], timeout=10))
