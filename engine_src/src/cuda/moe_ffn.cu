@@ -117,59 +117,10 @@ MoeLists moe_lists_at(Context& ctx, int M, int top_k, const ExpertWeights& w) {
     return l;
 }
 
-// Projection j (1: w1 with w3 for the fused SwiGLU epilogue, 2: w2) of expert set e of INT4
-// stacks (tiled layout: see backend.h) on M input rows `in` (ld_in apart) into rows `o` (ld_out apart).
-W4Params w4_projection(const ExpertWeights& w, int j, long e, const float* in, int ld_in, float* o, int ld_out, int M) {
-    const int D = w.dim, I = w.inter;
-    const auto words = [&](int k) { return static_cast<long>(k == 2 ? w4a16_tiled_words(D, I) : w4a16_tiled_words(I, D)); };
-    const auto scales = [&](int k) { return static_cast<long>(k == 2 ? w4a16_tiled_scales(D, I) : w4a16_tiled_scales(I, D)); };
-    const auto q = [&](int k) { return reinterpret_cast<const uint32_t*>(k == 1 ? w.q1 : k == 2 ? w.q2 : w.q3) + e * words(k); };
-    const auto s = [&](int k) { return (k == 1 ? w.s1 : k == 2 ? w.s2 : w.s3) + e * scales(k); };
-    W4Params p;
-    p.q = q(j);
-    p.s = s(j);
-    if (j == 1) {
-        p.q3 = q(3);
-        p.s3 = s(3);
-    }
-    p.q_estride = words(j);
-    p.s_estride = scales(j);
-    p.x = in;
-    p.ldx = ld_in;
-    p.y = o;
-    p.ldy = ld_out;
-    p.N = j == 2 ? D : I;
-    p.K = j == 2 ? I : D;
-    p.M = M;
-    return p;
-}
-
-// moe_ffn_rows's h rows (one per pair, then with a shared expert of its own launches one per row).
-float* moe_h_rows(Context& ctx, int M, int top_k, const ExpertWeights& w) {
-    return ctx.moe_h.get<float>(static_cast<size_t>(M * top_k + (w.shared ? M : 0)) * w.inter);
-}
-
-// At one row with an INT4 shared expert: its w1/w3 (the last slot of moe_ffn_rows's lists, pair
-// top_k) launched right after the router, before the gate. It needs only x, so it runs beside
-// the router (W4Params::late: the router waited for x before releasing it, and the gate, waiting
-// for this launch, then finds the router finished too), and puts its super-chunk values in the
-// rows of the grouped w1/w3 launch's workspace that launch's sum adds with the others: the same
-// bits as the slot in that launch (no row depends on grouping).
-void moe_shared_up_ahead(Context& ctx, const float* x, int top_k, const ExpertWeights& w) {
-    const int n_pairs = top_k + 1;
-    W4Params p = w4_projection(w, 1, w.n_experts, x, w.dim, moe_h_rows(ctx, 1, top_k, w) + static_cast<long>(top_k) * w.inter,
-                               w.inter, 1);
-    p.late = true;
-    p.ws_rows = n_pairs;
-    p.ws_first = top_k;
-    w4_run<true>(ctx, p, 1, 1, 1);
-}
-
 // The layer for at most KD_W4_GROUPED_ROWS rows (moe_ffn takes more rows in such passes). built:
 // lists the gate's kernel wrote for idx (moe_lists_at's, one row); null: made here from idx.
-// shared_ahead: moe_shared_up_ahead ran (one row): the grouped w1/w3 launch leaves the last slot out.
 void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, const float* weight, int M, int top_k,
-                  const ExpertWeights& w, const MoeLists* built = nullptr, bool shared_ahead = false) {
+                  const ExpertWeights& w, const MoeLists* built = nullptr) {
     const int E = w.n_experts, D = w.dim, I = w.inter;
     const int n_routed = M * top_k;
     const MoeLists l = built ? *built : moe_lists_at(ctx, M, top_k, w);
@@ -191,7 +142,7 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
 
     // h and y rows: one per pair, then (shared expert on its own launches) one per row.
     const int shared_rows = w.shared ? M : 0;
-    float* h = moe_h_rows(ctx, M, top_k, w);
+    float* h = ctx.moe_h.get<float>(static_cast<size_t>(n_routed + shared_rows) * I);
     float* y = ctx.moe_y.get<float>(static_cast<size_t>(n_routed + shared_rows) * D);
     float* y_shared = w.shared ? y + static_cast<long>(n_routed) * D : nullptr;
     float* h_shared = h + static_cast<long>(n_routed) * I;
@@ -202,6 +153,32 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     // w1, w3 -> h = silu(w1 x) * (w3 x), one row per pair; w2: y[pair_id] = w2 h. The shared
     // expert (when not a slot) on launches of its own: h's last rows, then w2 into y_shared.
     if (w.int4) {
+        // Projection j (1, 2, 3) of expert set e of the stacks (tiled layout: see backend.h).
+        const auto words = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_words(D, I) : w4a16_tiled_words(I, D)); };
+        const auto scales = [&](int j) { return static_cast<long>(j == 2 ? w4a16_tiled_scales(D, I) : w4a16_tiled_scales(I, D)); };
+        const auto q = [&](int j, long e) {
+            return reinterpret_cast<const uint32_t*>(j == 1 ? w.q1 : j == 2 ? w.q2 : w.q3) + e * words(j);
+        };
+        const auto s = [&](int j, long e) { return (j == 1 ? w.s1 : j == 2 ? w.s2 : w.s3) + e * scales(j); };
+        const auto projection = [&](int j, long e, const float* in, int ld_in, float* o, int ld_out, int n_out, int k_in) {
+            W4Params p;
+            p.q = q(j, e);
+            p.s = s(j, e);
+            if (j == 1) {
+                p.q3 = q(3, e);
+                p.s3 = s(3, e);
+            }
+            p.q_estride = words(j);
+            p.s_estride = scales(j);
+            p.x = in;
+            p.ldx = ld_in;
+            p.y = o;
+            p.ldy = ld_out;
+            p.N = n_out;
+            p.K = k_in;
+            p.M = M;
+            return p;
+        };
         const auto grouped = [&](W4Params p) {
             p.slot_expert = slot_expert;
             p.slot_start = slot_start;
@@ -209,18 +186,18 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
             p.M = n_pairs;
             return p;
         };
-        W4Params up = grouped(w4_projection(w, 1, 0, x, D, h, I, M));
+        W4Params up = grouped(projection(1, 0, x, D, h, I, I, D));
         up.row_in = pair_token;
-        W4Params down = grouped(w4_projection(w, 2, 0, h, I, y, D, M));
+        W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
         // Its weights are the model's, its lists were written before w1/w3's launch (by the gate
         // or moe_lists_kernel): its first loads may overlap w1/w3's sum (W4Params::early).
         down.early = true;
-        w4_run<true>(ctx, up, M, pass_rows, max_slots - (shared_ahead ? 1 : 0));
+        w4_run<true>(ctx, up, M, pass_rows, max_slots);
         w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {
-            w4_run<true>(ctx, w4_projection(w, 1, E, x, D, h_shared, I, M), M, M, 1);
-            w4_run<false>(ctx, w4_projection(w, 2, E, h_shared, I, y_shared, D, M), M, M, 1);
+            w4_run<true>(ctx, projection(1, E, x, D, h_shared, I, I, D), M, M, 1);
+            w4_run<false>(ctx, projection(2, E, h_shared, I, y_shared, D, D, I), M, M, 1);
         }
     } else {
         const auto set = [&](int j, long e) {
@@ -295,10 +272,8 @@ void moe_gate_ffn(Context& ctx, float* out, const float* x, int32_t* idx, float*
     }
     moe_ffn_check(experts);
     const MoeLists lists = moe_lists_at(ctx, 1, routing.top_k, experts);
-    const bool ahead = experts.int4 && experts.shared;
-    if (ahead) moe_shared_up_ahead(ctx, x, routing.top_k, experts);
     moe_gate(ctx, idx, weight, logits, bias, 1, routing, &lists);
-    moe_ffn_rows(ctx, out, x, idx, weight, 1, routing.top_k, experts, &lists, ahead);
+    moe_ffn_rows(ctx, out, x, idx, weight, 1, routing.top_k, experts, &lists);
 }
 
 }  // namespace kd::cuda

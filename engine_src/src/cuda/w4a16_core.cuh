@@ -91,15 +91,6 @@ struct W4Params {
     // warp's first two steps are fetched before griddepcontrol.wait, which then comes before the
     // staging (the input rows) and every write, so those loads overlap the launch before's tail.
     bool early = false;
-    // Nothing the launch reads or writes is touched by the launch before, which itself waited for
-    // everything earlier before releasing this one (moe_gate_ffn's shared expert beside the
-    // router): no griddepcontrol.wait before the work, one at the end, so the launch after still
-    // finds both finished once it has waited for this one.
-    bool late = false;
-    // Split-K workspace rows per super-chunk. 0 (w4_run sets M): this launch's own workspace,
-    // summed by the w4_sum_kernel launch w4_run adds. Else the values go to rows ws_first ..
-    // of a workspace of ws_rows rows that a later launch of the same shape sums (no sum here).
-    int ws_rows = 0, ws_first = 0;
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -347,7 +338,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
-    if (!p.early && !p.late) chain_acquire();
+    if (!p.early) chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // Read from the block's index, not divided out of one (no division result to keep in a register).
@@ -434,7 +425,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
             if (tok >= m_count) continue;
             // A 32-bit index (the workspace holds far fewer than 2^32 floats): no 64-bit
             // product to keep across the tile loop.
-            float* wr = p.ws + static_cast<unsigned>(sc * p.ws_rows + m_begin + tok) * static_cast<unsigned>(NW);
+            float* wr = p.ws + static_cast<unsigned>(sc * p.M + m_begin + tok) * static_cast<unsigned>(NW);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
@@ -565,7 +556,6 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
         if constexpr (BT) __syncthreads();  // frees the staged rows and the counter for the next pass
         else sched_block_done(ctr);         // its barrier also frees the staged rows for the next pass
     }
-    if (p.late) chain_acquire();
 }
 
 
@@ -656,18 +646,15 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     p.sc_len = w4_schunk();
     p.n_sc = ceil_div(p.K, p.sc_len);
     p.max_passes = ceil_div(max_rows, 4 * q);
-    const bool own_sum = p.ws_rows == 0;
-    if (own_sum) p.ws_rows = p.M;
     if (p.n_sc > 1) {
-        const long NW = (GLU ? 2L : 1L) * p.N;
-        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.ws_rows * NW) + p.ws_first * NW;
+        p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
     }
     p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
     if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
-    if (p.n_sc > 1 && own_sum) {
+    if (p.n_sc > 1) {
         const long n = static_cast<long>(p.M) * p.N;
         launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
     }
