@@ -88,7 +88,8 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, 
 
 // y_shared: the shared expert's rows [M][dim], or null. B > 1 (one row): a thread's loads B pairs
 // at a time and the shared row beside them, all in flight before the first addition (as
-// w4_sum_kernel's); B = 1: each pair after the last. The same additions in the same order.
+// w4_sum_kernel's); B = 1: each pair after the last, the code as it was (see w4_sum_kernel). The
+// same additions in the same order.
 template <int B>
 __global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
                                    int top_k, int dim) {
@@ -97,21 +98,27 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
-    const float shared = B > 1 && y_shared ? y_shared[i] : 0.0f;
     float acc = 0.0f;
-    for (int j0 = 0; j0 < top_k; j0 += B) {
-        float wj[B], yj[B];
+    if constexpr (B == 1) {
+        for (int j = 0; j < top_k; ++j)
+            acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+        if (y_shared) acc += y_shared[i];
+    } else {
+        const float shared = y_shared ? y_shared[i] : 0.0f;
+        for (int j0 = 0; j0 < top_k; j0 += B) {
+            float wj[B], yj[B];
 #pragma unroll
-        for (int j = 0; j < B; ++j)
-            if (j0 + j < top_k) {
-                wj[j] = weight[m * top_k + j0 + j];
-                yj[j] = y[(static_cast<long>(m) * top_k + j0 + j) * dim + d];
-            }
+            for (int j = 0; j < B; ++j)
+                if (j0 + j < top_k) {
+                    wj[j] = weight[m * top_k + j0 + j];
+                    yj[j] = y[(static_cast<long>(m) * top_k + j0 + j) * dim + d];
+                }
 #pragma unroll
-        for (int j = 0; j < B; ++j)
-            if (j0 + j < top_k) acc += wj[j] * yj[j];
+            for (int j = 0; j < B; ++j)
+                if (j0 + j < top_k) acc += wj[j] * yj[j];
+        }
+        if (y_shared) acc += shared;
     }
-    if (y_shared) acc += B > 1 ? shared : y_shared[i];
     out[i] = acc;
 }
 
