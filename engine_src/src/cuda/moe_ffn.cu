@@ -209,8 +209,9 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         };
         W4Params up = grouped(projection(1, 0, x, D, h, I, I, D));
         up.row_in = pair_token;
-        // One row: the split-K sums' loads together (W4Params::sum_together). Issue 38's second
-        // MoE pass had them 1.2 us faster at one token and slower at 16 tokens, at every row count.
+        // One row: the split-K sums' loads together (W4Params::sum_together; with the combine's,
+        // 87.6 -> 86.4 us at one token on an H200, issue 38's fourth MoE pass). At every row count
+        // the second pass had 16 tokens slower with them, so more rows keep one after another.
         up.sum_together = M == 1;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
