@@ -5,6 +5,9 @@
 # scripts/bench.sh end to end (AR and DDTree at every default budget, the GPU kernel table,
 # big_bundle_metrics.py). Everything lands in $OUT/call.tgz (the device returns at most 8 files).
 #   bash call.sh ROUNDS [NAME=FOLDER ...]   (from the checkout's root; this tree at /tmp/this)
+# env: KD_GATES (the trees run_tests.sh runs on, default this), KD_K2WIDE=0 (no k2wide bench),
+# KD_AB_S / KD_BENCH_S (time limits of the A/B and of bench.sh, seconds); KD_MOE_AB_OWN_BENCH as
+# gpu_moe_ab.sh takes it.
 set -uo pipefail
 root="$PWD"
 this=/tmp/this/engine_src
