@@ -86,7 +86,11 @@ __global__ void moe_lists_kernel(const int32_t* idx, int n_routed, int n_pairs, 
     }
 }
 
-// y_shared: the shared expert's rows [M][dim], or null.
+// y_shared: the shared expert's rows [M][dim], or null. B > 1 (one row): a thread's loads B pairs
+// at a time and the shared row beside them, all in flight before the first addition (as
+// w4_sum_kernel's); B = 1: each pair after the last, the code as it was (see w4_sum_kernel). The
+// same additions in the same order.
+template <int B>
 __global__ void moe_combine_kernel(float* out, const float* y, const float* y_shared, const float* weight, int M,
                                    int top_k, int dim) {
     chain_acquire();
@@ -95,9 +99,26 @@ __global__ void moe_combine_kernel(float* out, const float* y, const float* y_sh
     if (i >= static_cast<long>(M) * dim) return;
     const int m = static_cast<int>(i / dim), d = static_cast<int>(i % dim);
     float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j)
-        acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
-    if (y_shared) acc += y_shared[i];
+    if constexpr (B == 1) {
+        for (int j = 0; j < top_k; ++j)
+            acc += weight[m * top_k + j] * y[(static_cast<long>(m) * top_k + j) * dim + d];
+        if (y_shared) acc += y_shared[i];
+    } else {
+        const float shared = y_shared ? y_shared[i] : 0.0f;
+        for (int j0 = 0; j0 < top_k; j0 += B) {
+            float wj[B], yj[B];
+#pragma unroll
+            for (int j = 0; j < B; ++j)
+                if (j0 + j < top_k) {
+                    wj[j] = weight[m * top_k + j0 + j];
+                    yj[j] = y[(static_cast<long>(m) * top_k + j0 + j) * dim + d];
+                }
+#pragma unroll
+            for (int j = 0; j < B; ++j)
+                if (j0 + j < top_k) acc += wj[j] * yj[j];
+        }
+        if (y_shared) acc += shared;
+    }
     out[i] = acc;
 }
 
@@ -188,11 +209,16 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         };
         W4Params up = grouped(projection(1, 0, x, D, h, I, I, D));
         up.row_in = pair_token;
+        // One row: the split-K sums' loads together (W4Params::sum_together; with the combine's,
+        // 87.6 -> 86.4 us at one token on an H200, issue 38's fourth MoE pass). At every row count
+        // the second pass had 16 tokens slower with them, so more rows keep one after another.
+        up.sum_together = M == 1;
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
         // Its weights are the model's, its lists were written before w1/w3's launch (by the gate
         // or moe_lists_kernel): its first loads may overlap w1/w3's sum (W4Params::early).
         down.early = true;
+        down.sum_together = M == 1;
         w4_run<true>(ctx, up, M, pass_rows, max_slots);
         w4_run<false>(ctx, down, M, pass_rows, max_slots);
         if (w.shared && !shared_slot) {
@@ -237,7 +263,8 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
     }
 
     const long n = static_cast<long>(M) * D;
-    launch_chained("moe_combine_kernel launch", moe_combine_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
+    const auto combine = M == 1 ? moe_combine_kernel<KD_W4_SUM_BATCH> : moe_combine_kernel<1>;
+    launch_chained("moe_combine_kernel launch", combine, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, out,
                    static_cast<const float*>(y), static_cast<const float*>(y_shared), weight, M, top_k, D);
 }
 

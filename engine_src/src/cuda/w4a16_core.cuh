@@ -91,6 +91,9 @@ struct W4Params {
     // warp's first two steps are fetched before griddepcontrol.wait, which then comes before the
     // staging (the input rows) and every write, so those loads overlap the launch before's tail.
     bool early = false;
+    // w4_sum_kernel issues a thread's loads together (KD_W4_SUM_BATCH values, the slot count and
+    // the output row beside them) instead of one value after the other: moe_ffn at one row.
+    bool sum_together = false;
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -564,23 +567,58 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
 // (row, output). Its griddepcontrol.wait (chain_acquire) returns once w4_kernel has finished and
 // its stores are visible, so the streaming kernel stores its values with no fence and no count.
 // Grouped: the rows are the slots' pairs [0, slot_start[*n_active]); y row row_out[p] (null: p).
-template <bool GLU>
+// B > 1 (W4Params::sum_together): a thread's values B at a time, the slot count and the output row
+// beside them, all in flight before the first addition (every row < M has its workspace row and
+// list entry); B = 1: each value after the last, the row count first. The same additions in the
+// same order either way. B = 1 keeps the one-after-another code as it was, not as B > 1 with a
+// batch of one: that form compiled differently and was slower at 4 tokens and on the plain
+// matmul (issue 38's fourth MoE pass, call 3).
+constexpr int KD_W4_SUM_BATCH = 8;
+
+template <bool GLU, int B>
 __global__ void w4_sum_kernel(W4Params p) {
     chain_acquire();
     chain_release();
     const int N = p.N, NW = GLU ? 2 * N : N;
     const long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x;
-    const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
-    if (i >= static_cast<long>(rows) * N) return;
-    const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
-    float v0 = 0.0f, v1 = 0.0f;
-    for (int c = 0; c < p.n_sc; ++c) {
-        const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
-        v0 += __ldcg(wr + n);
-        if (GLU) v1 += __ldcg(wr + N + n);
+    if constexpr (B == 1) {
+        const int rows = p.slot_expert ? p.slot_start[*p.n_active] : p.M;
+        if (i >= static_cast<long>(rows) * N) return;
+        const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
+        float v0 = 0.0f, v1 = 0.0f;
+        for (int c = 0; c < p.n_sc; ++c) {
+            const float* wr = p.ws + (static_cast<long>(c) * p.M + prow) * NW;
+            v0 += __ldcg(wr + n);
+            if (GLU) v1 += __ldcg(wr + N + n);
+        }
+        float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
+        yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
+    } else {
+        if (i >= static_cast<long>(p.M) * N) return;
+        const int prow = static_cast<int>(i / N), n = static_cast<int>(i % N);
+        const int n_active = p.slot_expert ? __ldcg(p.n_active) : 0;
+        const long yrow = p.row_out ? __ldcg(p.row_out + prow) : prow;
+        const float* wr = p.ws + static_cast<long>(prow) * NW + n;
+        const long c_stride = static_cast<long>(p.M) * NW;
+        float v0 = 0.0f, v1 = 0.0f;
+        for (int c0 = 0; c0 < p.n_sc; c0 += B) {
+            float a[B], b[B];
+#pragma unroll
+            for (int j = 0; j < B; ++j)
+                if (c0 + j < p.n_sc) {
+                    a[j] = __ldcg(wr + (c0 + j) * c_stride);
+                    if (GLU) b[j] = __ldcg(wr + (c0 + j) * c_stride + N);
+                }
+#pragma unroll
+            for (int j = 0; j < B; ++j)
+                if (c0 + j < p.n_sc) {
+                    v0 += a[j];
+                    if (GLU) v1 += b[j];
+                }
+        }
+        if (p.slot_expert && prow >= __ldcg(p.slot_start + n_active)) return;
+        p.y[yrow * p.ldy + n] = GLU ? silu_mul_f(v0, v1) : v0;
     }
-    float* yr = p.y + (p.row_out ? p.row_out[prow] : prow) * p.ldy;
-    yr[n] = GLU ? silu_mul_f(v0, v1) : v0;
 }
 
 // Dynamic shared memory of w4_kernel<Q>: 8 Q staged B rows and 4 Q activation rows
@@ -656,7 +694,8 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
     if (p.n_sc > 1) {
         const long n = static_cast<long>(p.M) * p.N;
-        launch_chained("w4_sum_kernel launch", w4_sum_kernel<GLU>, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
+        const auto sum = p.sum_together ? w4_sum_kernel<GLU, KD_W4_SUM_BATCH> : w4_sum_kernel<GLU, 1>;
+        launch_chained("w4_sum_kernel launch", sum, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);
     }
 }
 
