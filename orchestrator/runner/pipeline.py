@@ -35,11 +35,10 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import doctor, ownership, remote, state, sync
+from .. import ownership, remote, state, sync
 from . import parallel, progress
-from ..resources import bundle_plan, gpus
+from ..resources import gpus
 from ..records import record, redaction, run_store
-from ..slurm import run as slurm_run
 from .console import Console
 from ..errors import CommandError, KdError, UsageError
 from ..inventory import Host, Inventory, Project
@@ -48,12 +47,16 @@ from .run import Run
 from ..records.run_store import RunDir
 from .sink import BoundedSink
 from ..steps import ORDER, STEPS
-from ..steps import preflight as preflight_step
 from ..steps.context import StepContext, UserCommand
 from ..steps.session import HostSession
 
-if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
-    from ..steps.bundle_tasks import BundleTask
+# What only some commands use is imported where it is used (start-up time: a warm deploy is mostly
+# the interpreter's): the doctor's checks and the preflight step, the bundle plan, Slurm's allocation.
+if typing.TYPE_CHECKING:
+    from ..connectors.base import Transport
+    from ..resources.bundle_plan import BundlePlan
+    from ..slurm.run import Allocation
+    from ..steps.bundle_tasks import BundleTask      # a step module: imported only when its command runs
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -242,9 +245,7 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     with Run(plan.command) as run:
         # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
         # probe (read-only) while the source is hashed here
-        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
-                    functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
-                    if any(STEPS[s].checks for s in plan.steps) else None)
+        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()], _first_command(plan))
         rec, source = _started(inv, hosts, plan, console, run_dir)
         shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
                          LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
@@ -266,6 +267,15 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     rec.finished, rec.seconds = record.utc_now(), round(time.monotonic() - start, 3)
     rec.status = record.run_status(rec.hosts, run.stopped.is_set())
     return run_dir, rec
+
+
+def _first_command(plan: Plan) -> typing.Callable[[Transport], dict[str, list[str]]] | None:
+    """What each host runs as soon as it is connected: the doctor's probe when a step of the plan
+    checks the host, else nothing."""
+    if not any(STEPS[s].checks for s in plan.steps):
+        return None
+    from .. import doctor
+    return functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
 
 
 def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
@@ -320,7 +330,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
     probe = run.first_result(host)
     transport = run.transport(host)
-    job = slurm_run.Allocation.of(transport, rec)       # a Slurm entry: its allocation is the claim
+    job = _allocation(transport, rec)
     claims = plan.claims_gpus and job is None
     session = HostSession(host, transport, run, shared.owner,
                           claims_gpus=claims, gpu_request=request, probe=probe)
@@ -361,11 +371,20 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     return rec
 
 
-def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bundle_plan.BundlePlan | None:
+def _allocation(transport: Transport, rec: HostRecord) -> Allocation | None:
+    """A `scheduler: slurm` entry's allocation, the claim of its run (not submitted yet); None for any other host."""
+    if transport.host.slurm is None:
+        return None
+    from ..slurm import run as slurm_run
+    return slurm_run.Allocation.of(transport, rec)
+
+
+def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> BundlePlan | None:
     """The bundles the host runs (its tiers in the expected manifest), recorded; None for a plan
     without a step they shape (deploy, exec)."""
     if not any(STEPS[s].bundles for s in plan.steps):
         return None
+    from ..resources import bundle_plan
     bundles = bundle_plan.for_host(host, shared.project, shared.reference.expected())
     rec.bundles = bundles.to_record(host)
     return bundles
@@ -384,7 +403,7 @@ def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecor
 
 
 def _hold(ctx: StepContext, run: Run, claims: bool, step: str, out,
-          job: slurm_run.Allocation | None = None) -> bool:
+          job: Allocation | None = None) -> bool:
     """Before `step`, the first step that needs them, take the tree lock (and, for validate and
     nightly, the GPUs: preflight does it otherwise), or a Slurm entry's allocation (`job`), for
     the rest of the run; on failure record it as the step's outcome."""
@@ -394,6 +413,7 @@ def _hold(ctx: StepContext, run: Run, claims: bool, step: str, out,
             ctx.log(job.hold())
             ctx.session.job = job
         elif claims:
+            from ..steps import preflight as preflight_step
             ctx.log(preflight_step.hold_tree_and_gpus(ctx))
         else:
             ctx.session.hold_tree(state.EXCLUSIVE, log=ctx.log)
