@@ -21,7 +21,6 @@ does exec: the user's own command, outside the deployed tree (an nvidia-smi whil
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -152,6 +151,7 @@ class LocalReference:
         self.project, self.cache_root, self.use_cache = project, cache_root, use_cache
         self._lock = threading.Lock()
         self._local: dict | None = None
+        self._expected: dict | None = None
         self._key: Future | None = None
 
     def start(self) -> None:
@@ -162,12 +162,16 @@ class LocalReference:
         pool.shutdown(wait=False)
 
     def expected(self) -> dict:
-        """The committed expected manifest."""
-        path = self.project.source / self.project.results["expected_manifest"]
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise KdError(f"cannot read the expected manifest {path}: {e}") from None
+        """The committed expected manifest, read once per run: every host, and each host's early
+        probe and its steps, see the same one."""
+        with self._lock:
+            if self._expected is None:
+                path = self.project.source / self.project.results["expected_manifest"]
+                try:
+                    self._expected = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    raise KdError(f"cannot read the expected manifest {path}: {e}") from None
+            return self._expected
 
     def local(self, reporter: progress.Reporter | None = None) -> dict:
         """This machine's regeneration (generated on first use, then reused by every host);
@@ -242,13 +246,13 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     run_dir = run_store.create_run_dir(runs_root, report_dir)
     # the reports' templates are compiled (Jinja2) meanwhile, for `finish`: the hosts' work is mostly waiting
     threading.Thread(target=_prepare_reports, daemon=True).start()
+    reference = LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache)
     with Run(plan.command) as run:
         # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
         # probe (read-only) while the source is hashed here
-        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()], _first_command(plan))
+        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()], _first_command(plan, inv.project, reference))
         rec, source = _started(inv, hosts, plan, console, run_dir)
-        shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
-                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
+        shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command), reference,
                          progress.Display(console), secrets)
         if "golden" in plan.steps:
             shared.reference.start()
@@ -269,13 +273,22 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     return run_dir, rec
 
 
-def _first_command(plan: Plan) -> typing.Callable[[Transport], dict[str, list[str]]] | None:
-    """What each host runs as soon as it is connected: the doctor's probe when a step of the plan
-    checks the host, else nothing."""
+def _first_command(plan: Plan, project: Project,
+                   reference: LocalReference) -> typing.Callable[[Transport], dict[str, list[str]]] | None:
+    """What each host runs as soon as it is connected: the doctor's probe, with the room for the
+    host's bundles (those its preflight judges), when a step of the plan checks the host; else nothing."""
     if not any(STEPS[s].checks for s in plan.steps):
         return None
     from .. import doctor
-    return functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
+    from ..resources import capacity
+
+    def probe(transport: Transport) -> dict[str, list[str]]:
+        try:
+            bundles = _bundle_plan(transport.host, plan, project, reference)
+        except KdError:         # the host's run fails with it, before its preflight reads the probe
+            bundles = None
+        return doctor.probe(transport, plan.imports_numpy, capacity.bundle_files(bundles, project))
+    return probe
 
 
 def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
@@ -380,14 +393,20 @@ def _allocation(transport: Transport, rec: HostRecord) -> Allocation | None:
 
 
 def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> BundlePlan | None:
-    """The bundles the host runs (its tiers in the expected manifest), recorded; None for a plan
-    without a step they shape (deploy, exec)."""
+    """The bundles the host runs (_bundle_plan), recorded."""
+    bundles = _bundle_plan(host, plan, shared.project, shared.reference)
+    if bundles is not None:
+        rec.bundles = bundles.to_record(host)
+    return bundles
+
+
+def _bundle_plan(host: Host, plan: Plan, project: Project, reference: LocalReference) -> BundlePlan | None:
+    """The bundles the host runs (its tiers in the expected manifest); None for a plan without a
+    step they shape (deploy, exec)."""
     if not any(STEPS[s].bundles for s in plan.steps):
         return None
     from ..resources import bundle_plan
-    bundles = bundle_plan.for_host(host, shared.project, shared.reference.expected())
-    rec.bundles = bundles.to_record(host)
-    return bundles
+    return bundle_plan.for_host(host, project, reference.expected())
 
 
 def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecord] | None, stopped: bool) -> None:
