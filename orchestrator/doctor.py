@@ -25,13 +25,15 @@ from concurrent.futures import Future
 from typing import Sequence
 
 from . import remote
-from .slurm import commands as slurm, facts as slurm_facts
 from .bounded import short_text
 from .errors import AuthError, ConnectError, HostKeyError
 from .host import client
 from .inventory import Host
 from .connectors.base import Transport
 from .safe_text import visible
+
+# Slurm's modules (slurm/commands.py, slurm/facts.py) are imported by the functions of a
+# `scheduler: slurm` entry, when one runs: most runs have none, and each run pays for its imports.
 
 MIN_FREE_MB = 1024
 LOW_FREE_MB = 5 * 1024
@@ -94,6 +96,7 @@ def probe(transport: Transport, import_numpy: bool = True, bundle_files: Sequenc
 
 def slurm_probe_command(host: Host) -> remote.Command:
     """The second probe of a Slurm entry, on its login node (host/slurm_probe.sh)."""
+    from .slurm import commands as slurm
     req = slurm.request(host)
     return client.slurm_probe(host, conf=req.conf or "", partition=req.partition,
                               sbatch_options=slurm.sbatch_options(host))
@@ -191,6 +194,7 @@ def _no_slurm(facts) -> Finding | None:
 
 
 def check_slurm(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     if "slurm_version" not in facts:
         return Finding("slurm", "fail", "no sinfo or sbatch on the login node's PATH")
     conf = slurm.request(host).conf
@@ -199,12 +203,14 @@ def check_slurm(host: Host, facts) -> Finding:
 
 def _partition(host: Host, facts) -> dict[str, str] | None:
     """The partition's scontrol fields, None when scontrol did not show it."""
+    from .slurm import facts as slurm_facts
     if _one(facts, "partition_rc") != "0":
         return None
     return slurm_facts.fields(_one(facts, "partition"))
 
 
 def check_partition(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="partition")
@@ -219,6 +225,7 @@ def check_partition(host: Host, facts) -> Finding:
 
 
 def check_nodes(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm, facts as slurm_facts
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="nodes")
@@ -244,6 +251,7 @@ def check_nodes(host: Host, facts) -> Finding:
 
 
 def check_queue(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="queue")
@@ -259,6 +267,7 @@ def check_queue(host: Host, facts) -> Finding:
 
 
 def check_account(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="account")
