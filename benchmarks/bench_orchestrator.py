@@ -341,10 +341,12 @@ def bench_deploy(tools, host, subdir_of, repeats, source) -> dict:
             for name, by in times.items()}
 
 
-def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int, baselines: tuple[Path, ...] = ()) -> dict:
+def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int, baselines: tuple[Path, ...] = (),
+               validate_engine: Path | None = None) -> dict:
     """Warm no-change deploy and a no-op `validate --skip bench`, against bare rsync alone, one host;
     with `baselines` (other checkouts of the project) their deploy and validate too, interleaved,
-    each labelled with its folder's name."""
+    each labelled with its folder's name. Each checkout validates its own engine_src, or every one
+    `validate_engine` (an engine tree they all know: the same work for every orchestrator)."""
     bare = Bare(runner, lab, source, "warm-bare")
     cases: dict[str, tuple[list, Path]] = {"bare rsync": (bare.rsync_argv(host), REPO)}
     # both checkouts deploy to the same remote_dir; each validates its own (the engine's outputs.json
@@ -354,7 +356,10 @@ def bench_warm(runner: Runner, work: Path, lab, host, source: Path, repeats: int
         subdir = f"warmvalbase{i}" if label else "warmval"
         # each checkout validates its own engine_src: a no-op validate is judged against the manifest
         # and bundle tiers of the engine its orchestrator was written for
-        checked = make_source(work, 0, repo / "engine_src", f"src-baseline{i}") if label else source
+        if validate_engine is not None:
+            checked = make_source(work, 0, validate_engine, f"src-validate{i}")
+        else:
+            checked = make_source(work, 0, repo / "engine_src", f"src-baseline{i}") if label else source
         validate_inv = write_inventory(work, subdir, lab, [host], checked, subdir, repo, persist=600, backend="cpu")
         deploy_inv = write_inventory(work, f"warmbase{i}" if label else "warm", lab, [host], source, "warm", repo,
                                      persist=600)
@@ -744,6 +749,8 @@ def main() -> None:
     ap.add_argument("--ansible-venv", help="an existing venv with the ansible package (else installed)")
     ap.add_argument("--no-ansible", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--validate-engine", help="warm: the engine tree every checkout's no-op validate runs on "
+                    "(default: each checkout's own engine_src; e.g. an earlier commit's, for the same work)")
     ap.add_argument("--baseline-repo", action="append", default=[],
                     help="warm: also time this checkout's deploy and validate (e.g. an earlier commit, `git archive "
                          "REV | tar -x -C DIR`), interleaved, labelled with DIR's name; may be given more than once")
@@ -795,8 +802,10 @@ def main() -> None:
             results["fanout"] = bench_fanout({t.name: t for t in tools if t.name in ("invoke", "bare")}, lab,
                                              counts_list, args.repeats, source)
         if "warm" in sections:
+            results["validate_engine"] = args.validate_engine or "each checkout's own engine_src"
             results["warm"] = bench_warm(runner, work, lab, hosts[0], source, args.repeats,
-                                         tuple(Path(b) for b in args.baseline_repo))
+                                         tuple(Path(b) for b in args.baseline_repo),
+                                         Path(args.validate_engine) if args.validate_engine else None)
         if "scale" in sections:
             results["scale"] = bench_scale(runner, invoke_inv, lab, counts_list)
         if "counts" in sections:

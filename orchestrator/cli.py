@@ -392,7 +392,6 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
     """The final table of every run: each host, its status, backend, each step's outcome (a reused
     one as `cached`), golden, tests and stress tests when the plan has them, seconds, the first failure."""
     from .records import record
-    from .slurm import run as slurm_run
     console.say()
     steps = list(plan.listed)
     extra = [c for c, step in (("golden", "golden"), ("tests", "test"), ("stress", "stress")) if step in steps]
@@ -415,6 +414,7 @@ def run_summary(console: Console, run: record.RunRecord, plan) -> None:
         console.say("reused results (not re-run): " + "; ".join(reused))
     for name, host in run.hosts.items():       # apart from the step times: the queue wait is in none of them
         if host.job is not None:
+            from .slurm import run as slurm_run     # a Slurm entry's run alone (start-up time)
             console.say(f"slurm {name}: {slurm_run.describe(host.job)}")
     for reg in run.regressions:
         why = (reg.evidence or {}).get("reason") or "fixed ratio against the baseline file"

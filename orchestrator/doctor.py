@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future
+from typing import Sequence
 
 from . import remote
-from .slurm import commands as slurm, facts as slurm_facts
 from .bounded import short_text
 from .errors import AuthError, ConnectError, HostKeyError
 from .host import client
 from .inventory import Host
 from .connectors.base import Transport
 from .safe_text import visible
+
+# Slurm's modules (slurm/commands.py, slurm/facts.py) are imported by the functions of a
+# `scheduler: slurm` entry, when one runs: most runs have none, and each run pays for its imports.
 
 MIN_FREE_MB = 1024
 LOW_FREE_MB = 5 * 1024
@@ -43,15 +46,15 @@ class Finding:
     detail: str
 
 
-def examine(transport: Transport, started: Future | None = None,
-            import_numpy: bool = True) -> tuple[list[Finding], dict[str, list[str]]]:
+def examine(transport: Transport, started: Future | None = None, import_numpy: bool = True,
+            bundle_files: Sequence[str] = ()) -> tuple[list[Finding], dict[str, list[str]]]:
     """Every check's finding and the probe's facts (none when the host could not be reached:
     a connection, host key or authentication failure is a finding). Other errors (the probe
     failed or timed out, the run was interrupted) are raised. `started`: the probe already
-    under way (Run.prepare), else it runs now (`import_numpy`: as probe())."""
+    under way (Run.prepare), else it runs now (`import_numpy`, `bundle_files`: as probe())."""
     host = transport.host
     try:
-        facts = started.result() if started is not None else probe(transport, import_numpy)
+        facts = started.result() if started is not None else probe(transport, import_numpy, bundle_files)
     except HostKeyError as e:
         return [Finding("reachable", "ok", host.label), Finding("host_key", "fail", e.message)], {}
     except AuthError as e:
@@ -72,18 +75,20 @@ def failed(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.status == "fail"]
 
 
-def probe_command(host: Host, import_numpy: bool = True) -> remote.Command:
+def probe_command(host: Host, import_numpy: bool = True, bundle_files: Sequence[str] = ()) -> remote.Command:
     """The one command that gathers every fact the checks need (key=value lines); numpy's version
-    from importing it, or (not `import_numpy`) from its installed metadata when it has some."""
-    return client.doctor_probe(host, import_numpy=import_numpy)
+    from importing it, or (not `import_numpy`) from its installed metadata when it has some; and
+    the room for the bundles whose files (relative to remote_dir) are `bundle_files` (capacity.room_of)."""
+    return client.doctor_probe(host, import_numpy=import_numpy, bundle_files=bundle_files)
 
 
-def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str]]:
+def probe(transport: Transport, import_numpy: bool = True, bundle_files: Sequence[str] = ()) -> dict[str, list[str]]:
     """Run the probe; facts as key -> list of values (a key may repeat, e.g. one gpu per GPU).
     `import_numpy` False (a validate's preflight, whose later steps import it where they use it):
-    numpy's version is read from its installed metadata, a tenth of the time of importing it."""
+    numpy's version is read from its installed metadata, a tenth of the time of importing it.
+    `bundle_files`: the selected bundles' files, whose room it measures too (one command)."""
     host = transport.host
-    facts = _facts(transport.check(probe_command(host, import_numpy)).tail)
+    facts = _facts(transport.check(probe_command(host, import_numpy, bundle_files)).tail)
     if host.slurm is not None:
         facts.update(_facts(transport.check(slurm_probe_command(host)).tail))
     return facts
@@ -91,6 +96,7 @@ def probe(transport: Transport, import_numpy: bool = True) -> dict[str, list[str
 
 def slurm_probe_command(host: Host) -> remote.Command:
     """The second probe of a Slurm entry, on its login node (host/slurm_probe.sh)."""
+    from .slurm import commands as slurm
     req = slurm.request(host)
     return client.slurm_probe(host, conf=req.conf or "", partition=req.partition,
                               sbatch_options=slurm.sbatch_options(host))
@@ -188,6 +194,7 @@ def _no_slurm(facts) -> Finding | None:
 
 
 def check_slurm(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     if "slurm_version" not in facts:
         return Finding("slurm", "fail", "no sinfo or sbatch on the login node's PATH")
     conf = slurm.request(host).conf
@@ -196,12 +203,14 @@ def check_slurm(host: Host, facts) -> Finding:
 
 def _partition(host: Host, facts) -> dict[str, str] | None:
     """The partition's scontrol fields, None when scontrol did not show it."""
+    from .slurm import facts as slurm_facts
     if _one(facts, "partition_rc") != "0":
         return None
     return slurm_facts.fields(_one(facts, "partition"))
 
 
 def check_partition(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="partition")
@@ -216,6 +225,7 @@ def check_partition(host: Host, facts) -> Finding:
 
 
 def check_nodes(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm, facts as slurm_facts
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="nodes")
@@ -241,6 +251,7 @@ def check_nodes(host: Host, facts) -> Finding:
 
 
 def check_queue(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="queue")
@@ -256,6 +267,7 @@ def check_queue(host: Host, facts) -> Finding:
 
 
 def check_account(host: Host, facts) -> Finding:
+    from .slurm import commands as slurm
     missing = _no_slurm(facts)
     if missing:
         return dataclasses.replace(missing, check="account")

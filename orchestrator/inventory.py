@@ -13,14 +13,16 @@ import posixpath
 import re
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
 from .errors import InventoryError, UsageError
-from .slurm import entry as slurm_entry
-from .slurm.entry import SLURM_KEYS, SlurmRequest
+from .slurm import SLURM_KEYS
 from . import steps
+
+if TYPE_CHECKING:         # imported for a `scheduler: slurm` entry alone (Validator.slurm_request)
+    from .slurm.entry import SlurmRequest
 
 DEFAULT_HOST = "local"
 # The one rule for every relative local path of an inventory (project.source, identity, known_hosts,
@@ -398,10 +400,18 @@ class _Validator:
                 self.fail(None, key, f"{rel!r} must be a path inside the source tree")
         return tuple(paths)
 
+    def slurm_request(self, name: str, entry: dict, transport: str) -> tuple[SlurmRequest, int] | None:
+        """A `scheduler: slurm` entry's request and GPU count (slurm/entry.py); None for an entry
+        without Slurm's keys (most: the module is imported only for one that has some, start-up time)."""
+        if not any(key in entry for key in SLURM_KEYS):
+            return None
+        from .slurm import entry as slurm_entry
+        return slurm_entry.request(self, name, entry, transport, MAX_TIMEOUT)
+
     def host(self, name: str, entry: dict, root: Path) -> Host:
         self.known_keys(entry, HOST_KEYS + SLURM_KEYS, name)
         transport = self.choice(entry.get("transport", "ssh"), name, "transport", ("ssh", "local"))
-        slurm = slurm_entry.request(self, name, entry, transport, MAX_TIMEOUT)
+        slurm = self.slurm_request(name, entry, transport)
         values: dict[str, Any] = {"name": name, "transport": transport}
         if "remote_dir" not in entry:
             self.fail(name, "remote_dir", "is missing")

@@ -233,21 +233,29 @@ def is_excluded(path: str, is_dir: bool, patterns) -> bool:
     a trailing '/' matches directories only, a leading '/' anchors at the top, a pattern with
     a '/' matches the end of the path, one without matches the last component)."""
     parts = path.strip("/").split("/")
-    for pattern in patterns:
-        if pattern.endswith("/") and not is_dir:
+    for dirs_only, anchored, tests in _rules(tuple(patterns)):
+        if dirs_only and not is_dir:
             continue
-        anchored = pattern.startswith("/")
-        pat = pattern.strip("/").split("/")
-        if anchored and len(pat) == len(parts) or not anchored and len(pat) <= len(parts):
-            if all(_matches(p, q) for p, q in zip(parts[-len(pat):], pat)):
-                return True
+        if (len(tests) == len(parts) if anchored else len(tests) <= len(parts)) \
+                and all(test(name) for test, name in zip(tests, parts[-len(tests):])):
+            return True
     return False
 
 
-def _matches(name: str, pattern: str) -> bool:
-    """fnmatch's answer; a pattern without wildcards is the name itself (no regex compiled: the
-    source is walked every run, and most excludes are plain names)."""
-    return fnmatch.fnmatchcase(name, pattern) if any(c in pattern for c in "*?[") else name == pattern
+@functools.lru_cache(maxsize=16)
+def _rules(patterns: tuple[str, ...]) -> tuple[tuple[bool, bool, tuple[Callable[[str], object], ...]], ...]:
+    """Each exclude pattern read once (the source is walked on every run, each path against every
+    pattern): for directories only, anchored at the top, and a test per path component."""
+    return tuple((pattern.endswith("/"), pattern.startswith("/"),
+                  tuple(_matcher(part) for part in pattern.strip("/").split("/"))) for pattern in patterns)
+
+
+def _matcher(pattern: str) -> Callable[[str], object]:
+    """The test of a name against one component of a pattern, true when fnmatch's would be; a
+    component without wildcards is the name itself (no regex: most excludes are plain names)."""
+    if any(c in pattern for c in "*?["):
+        return re.compile(fnmatch.translate(pattern)).match       # fnmatch.fnmatchcase's own test
+    return pattern.__eq__
 
 
 # -- rsync -----------------------------------------------------------------------------------------

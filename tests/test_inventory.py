@@ -11,6 +11,7 @@ import yaml
 
 from orchestrator import inventory
 from orchestrator.errors import InventoryError, UsageError
+from orchestrator.slurm.entry import SlurmRequest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -233,11 +234,11 @@ def test_slurm_entry_is_parsed_into_its_request(tmp_path):
               "slurm_conf": "/etc/slurm/gpu.conf"},
         "d": SLURM, "h": SSH}))
     c, d = inv.hosts["c"], inv.hosts["d"]
-    assert c.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:h100:4", account="infer", qos="normal",
+    assert c.slurm == SlurmRequest(partition="gpu", gres="gpu:h100:4", account="infer", qos="normal",
                                              constraint="sm_90&cuda12", cpus_per_task=16, mem="64G",
                                              time_limit=26 * 3600, queue_limit=120.0, conf="/etc/slurm/gpu.conf")
     assert (c.gpus, c.address, c.transport) == (4, "login1", "ssh")
-    assert d.slurm == inventory.SlurmRequest(partition="gpu", gres="gpu:2") and d.gpus == 2
+    assert d.slurm == SlurmRequest(partition="gpu", gres="gpu:2") and d.gpus == 2
     assert d.slurm.queue_limit == 600 and d.slurm.time_limit is None
     assert inv.hosts["h"].slurm is None
     zero = inventory.load(write(tmp_path, {"c": {**SLURM, "gpus": 0}})).hosts["c"]

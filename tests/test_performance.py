@@ -48,6 +48,21 @@ def test_the_task_layer_imports_neither_paramiko_nor_jinja2():
     assert out.strip() == "[]"
 
 
+def test_the_pipeline_and_the_inventory_import_what_only_some_commands_use_when_they_use_it():
+    """A warm deploy's client is mostly imports: the pipeline (with the hosts.yaml it loads, no
+    `scheduler: slurm` entry) loads neither the doctor, the preflight step, the bundle plan and its
+    capacity, the GPU claims, Slurm's modules nor bisect; validate and doctor import them where used."""
+    lazy = ("orchestrator.doctor", "orchestrator.steps.preflight", "orchestrator.resources.bundle_plan",
+            "orchestrator.resources.capacity", "orchestrator.resources.gpu_claims", "orchestrator.slurm.entry",
+            "orchestrator.slurm.commands", "orchestrator.slurm.facts", "orchestrator.slurm.run",
+            "orchestrator.records.bisect")
+    code = ("import sys; from orchestrator import inventory, cli; from orchestrator.runner import pipeline; "
+            "from orchestrator.records import history; inventory.load('hosts.yaml'); "
+            f"print(sorted(m for m in {lazy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 TESTS = {"version": 1, "backend": "cpu", "passed": 2, "failed": 0, "skipped": 0,
          "tests": [{"name": "a", "status": "passed", "seconds": 0.1, "message": ""},
                    {"name": "b", "status": "passed", "seconds": 0.1, "message": ""}]}

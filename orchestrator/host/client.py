@@ -15,7 +15,7 @@ and the tail of its output.
     process.write(client.begin_sync_request(owner, rsync_path)); client.begun(process, host)   # {"PARTIAL": ..., "RSYNC": ...}
     process.write(client.finish_sync_request(tree_hash=h, record=r, hash_line=line)); client.finished(process, host)
     client.write_json(transport, name="build.json", data={...})
-    client.output(transport, client.room(host, files=[...]), max_bytes=64 * 1024)   # bounded text
+    client.output(transport, client.bundle_list(host, folder="bundles"), max_bytes=64 * 1024)   # bounded text
 """
 from __future__ import annotations
 
@@ -238,19 +238,14 @@ def sync_extract(host: Host, *, stream: BinaryIO, timeout: float) -> remote.Comm
 
 
 # -- preflight, doctor, GPUs ---------------------------------------------------------------------------
-def room(host: Host, *, files: Sequence[str]) -> remote.Command:
-    """host/room.sh: the nearest folder of remote_dir, its free kB, MemAvailable and the bytes of
-    each of `files` (relative to remote_dir) that is there, as key=value lines."""
-    return _script(("room",), host.remote_dir, *files, check=None, timeout=host.timeout("preflight"),
-                   what="measuring free disk and memory")
-
-
-def doctor_probe(host: Host, *, import_numpy: bool) -> remote.Command:
+def doctor_probe(host: Host, *, import_numpy: bool, bundle_files: Sequence[str] = ()) -> remote.Command:
     """host/doctor_probe.sh: every fact the doctor's checks need, as key=value lines; numpy's
-    version by importing it, or (not `import_numpy`) from its installed metadata."""
+    version by importing it, or (not `import_numpy`) from its installed metadata; with the room
+    for the selected bundles (capacity.room): MemAvailable and the bytes of each of `bundle_files`
+    (relative to remote_dir) that is there."""
     return _script(("doctor_probe",), host.remote_dir, host.rsync_path or "", host.cuda_home or "", host.python,
-                   "import" if import_numpy else "find", check=None, timeout=host.timeout("preflight"),
-                   what="the doctor probe")
+                   "import" if import_numpy else "find", *bundle_files, check=None,
+                   timeout=host.timeout("preflight"), what="the doctor probe")
 
 
 def slurm_probe(host: Host, *, conf: str, partition: str, sbatch_options: Sequence[str]) -> remote.Command:

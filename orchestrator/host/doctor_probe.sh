@@ -1,9 +1,12 @@
 # shellcheck shell=bash
 # The doctor probe (doctor.probe_command): $1 remote_dir, $2 the host's rsync_path, $3 its
-# cuda_home, $4 its python, $5 `import` or `find` (how numpy's version is read). Prints the facts the
-# checks need, as key=value lines.
+# cuda_home, $4 its python, $5 `import` or `find` (how numpy's version is read), then the selected
+# bundles' files relative to remote_dir (capacity.room). Prints the facts the checks need, as
+# key=value lines: with the nearest existing folder of remote_dir and its filesystem's free kB,
+# MemAvailable's kB and the allocated bytes of each of those files that is there.
 
 d=$1 rsync_path=$2 cuda=$3 py=$4 numpy=$5
+shift 5
 # the slowest checks start first and run beside the others: the interpreter (its version, then
 # numpy's: one process) and nvcc; their lines are printed at the end
 exec 5< <("$py" -c 'import sys; print("python_version=%d.%d.%d" % sys.version_info[:3], flush=True)
@@ -42,6 +45,10 @@ sed -n 's/^model name[[:space:]]*: */cpu=/p' /proc/cpuinfo 2>/dev/null | head -n
 p=$d; while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
 echo "disk_path=$p"
 echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
+awk '/^MemAvailable:/ {print "mem_available_kb=" $2}' /proc/meminfo 2>/dev/null
+for f; do
+  [ -f "$d/$f" ] && [ ! -L "$d/$f" ] && echo "have_bytes=$(( $(stat -c %b -- "$d/$f") * $(stat -c %B -- "$d/$f") )) $f"
+done
 [ -n "$n" ] && cat <&6
 cat <&5
 exit 0

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 from . import ranges
-from .bisect import command_for
 from ..bounded import short_text
 from .detector import DEFAULT_POLICY, Point, Policy, Verdict, judge
 from ..errors import LocalWriteError, UsageError
@@ -407,6 +406,7 @@ def regressions(verdicts: list[tuple[StoredPoint, Verdict]]) -> list[Regression]
     """The regressed verdicts as run.json's regressions, each with its evidence and the exact
     bisect command (good: the newest commit of the baseline window on the baseline's side, bad:
     the commit that started the streak); sorted by host then metric."""
+    from .bisect import command_for         # the bisect module: for a regression alone (start-up time)
     found = []
     for point, verdict in verdicts:
         if not verdict.regressed:

@@ -2,26 +2,26 @@
 remote_dir and its RAM, judged by preflight before anything is written (GPU memory is judged by
 the GPU selection: gpus.Request.min_free_mib).
 
-    room = probe(transport, plan, bundle_folder)       # free space, MemAvailable, bundles already there
+    files = bundle_files(plan, project)               # what the doctor probe is asked about
+    room = room_of(facts, files)                       # from its facts: free space, MemAvailable, bundles there
     problem = disk_problem(room, plan, host)           # None or the numbers that do not fit
     problem = ram_problem(room, plan, engines)
 
-The host's answer is bounded and parsed line by line: only `key=integer` lines count.
+The room comes with the doctor's probe (host/doctor_probe.sh, one command: doctor.probe), whose
+answer is bounded; only `key=integer` values count.
 """
 from __future__ import annotations
 
 import dataclasses
 import posixpath
 import re
+from typing import Mapping, Sequence
 
 from .bundle_plan import BundlePlan, gb
 from .gpus import visible
-from ..host import client
-from ..inventory import Host
-from ..connectors.base import Transport
+from ..inventory import Host, Project
 
-MAX_OUTPUT = 64 * 1024
-_LINE = re.compile(r"(disk_free_kb|mem_available_kb|have_bytes)=(\d{1,20})(?: (.*))?\Z")
+_VALUE = re.compile(r"(\d{1,20})(?: (.*))?\Z")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,32 +40,30 @@ class Room:
         return sum(self.present.values())
 
 
-def probe(transport: Transport, plan: BundlePlan, bundle_folder: str) -> Room:
-    """Ask the host for its room: one short command (remote_dir, then the selected bundles' files
-    relative to it)."""
-    host = transport.host
-    files = [posixpath.join(bundle_folder, b.file) for b in plan.bundles]
-    return parse(client.output(transport, client.room(host, files=files), max_bytes=MAX_OUTPUT), files)
+def bundle_files(plan: BundlePlan | None, project: Project) -> list[str]:
+    """The files of the bundles `plan` selects, relative to remote_dir (in the folder of the
+    project's bundle manifest), whose bytes already there the doctor probe reports; none without a plan."""
+    folder = posixpath.dirname(project.results["manifest"])
+    return [posixpath.join(folder, b.file) for b in plan.bundles] if plan is not None else []
 
 
-def parse(text: str, files: list[str]) -> Room:
-    """The room script's output; a line of another shape is ignored, a file not asked about too."""
-    path, free, mem, present = "?", None, None, {}
-    for line in text.splitlines():
-        if line.startswith("disk_path="):
-            path = visible(line[len("disk_path="):], 300)
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        value = int(m.group(2))
-        if m.group(1) == "disk_free_kb":
-            free = value * 1024
-        elif m.group(1) == "mem_available_kb":
-            mem = value * 1024
-        elif m.group(3) in files:
-            present[m.group(3)] = value
-    return Room(path, free, mem, present)
+def room_of(facts: Mapping[str, Sequence[str]], files: Sequence[str]) -> Room:
+    """The room in the doctor probe's facts (doctor.probe, asked about `files`); a value of
+    another shape is ignored, a file not asked about too."""
+    free, mem = _number(facts, "disk_free_kb"), _number(facts, "mem_available_kb")
+    present = {}
+    for value in facts.get("have_bytes", ()):
+        m = _VALUE.match(value)
+        if m and m.group(2) in files:
+            present[m.group(2)] = int(m.group(1))
+    path = facts.get("disk_path") or ["?"]
+    return Room(visible(path[0], 300), free * 1024 if free is not None else None,
+                mem * 1024 if mem is not None else None, present)
+
+
+def _number(facts: Mapping[str, Sequence[str]], key: str) -> int | None:
+    m = _VALUE.match((facts.get(key) or [""])[0])
+    return int(m.group(1)) if m and m.group(2) is None else None
 
 
 def disk_problem(room: Room, plan: BundlePlan, host: Host) -> str | None:

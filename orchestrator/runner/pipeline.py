@@ -21,7 +21,6 @@ does exec: the user's own command, outside the deployed tree (an nvidia-smi whil
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -35,11 +34,10 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import doctor, ownership, remote, state, sync
+from .. import ownership, remote, state, sync
 from . import parallel, progress
-from ..resources import bundle_plan, gpus
+from ..resources import gpus
 from ..records import record, redaction, run_store
-from ..slurm import run as slurm_run
 from .console import Console
 from ..errors import CommandError, KdError, UsageError
 from ..inventory import Host, Inventory, Project
@@ -48,12 +46,16 @@ from .run import Run
 from ..records.run_store import RunDir
 from .sink import BoundedSink
 from ..steps import ORDER, STEPS
-from ..steps import preflight as preflight_step
 from ..steps.context import StepContext, UserCommand
 from ..steps.session import HostSession
 
-if typing.TYPE_CHECKING:      # a step module: imported only when its command runs (Step.runner, cli)
-    from ..steps.bundle_tasks import BundleTask
+# What only some commands use is imported where it is used (start-up time: a warm deploy is mostly
+# the interpreter's): the doctor's checks and the preflight step, the bundle plan, Slurm's allocation.
+if typing.TYPE_CHECKING:
+    from ..connectors.base import Transport
+    from ..resources.bundle_plan import BundlePlan
+    from ..slurm.run import Allocation
+    from ..steps.bundle_tasks import BundleTask      # a step module: imported only when its command runs
 
 LOCAL_TIMEOUT = 900                   # seconds a project command run on this machine may take (LocalReference)
 # Every host task is a plan of these steps, run by run_host: doctor is the preflight checks alone,
@@ -149,6 +151,7 @@ class LocalReference:
         self.project, self.cache_root, self.use_cache = project, cache_root, use_cache
         self._lock = threading.Lock()
         self._local: dict | None = None
+        self._expected: dict | None = None
         self._key: Future | None = None
 
     def start(self) -> None:
@@ -159,12 +162,16 @@ class LocalReference:
         pool.shutdown(wait=False)
 
     def expected(self) -> dict:
-        """The committed expected manifest."""
-        path = self.project.source / self.project.results["expected_manifest"]
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise KdError(f"cannot read the expected manifest {path}: {e}") from None
+        """The committed expected manifest, read once per run: every host, and each host's early
+        probe and its steps, see the same one."""
+        with self._lock:
+            if self._expected is None:
+                path = self.project.source / self.project.results["expected_manifest"]
+                try:
+                    self._expected = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    raise KdError(f"cannot read the expected manifest {path}: {e}") from None
+            return self._expected
 
     def local(self, reporter: progress.Reporter | None = None) -> dict:
         """This machine's regeneration (generated on first use, then reused by every host);
@@ -239,15 +246,13 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     run_dir = run_store.create_run_dir(runs_root, report_dir)
     # the reports' templates are compiled (Jinja2) meanwhile, for `finish`: the hosts' work is mostly waiting
     threading.Thread(target=_prepare_reports, daemon=True).start()
+    reference = LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache)
     with Run(plan.command) as run:
         # the first hosts connect (warm: the master checked, the key probed) and run the doctor's
         # probe (read-only) while the source is hashed here
-        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()],
-                    functools.partial(doctor.probe, import_numpy=plan.imports_numpy)
-                    if any(STEPS[s].checks for s in plan.steps) else None)
+        run.prepare(hosts[:plan.max_parallel or parallel.default_parallel()], _first_command(plan, inv.project, reference))
         rec, source = _started(inv, hosts, plan, console, run_dir)
-        shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command),
-                         LocalReference(inv.project, inv.project.root / "build" / "local-bundles", plan.use_cache),
+        shared = _Shared(inv.project, run_dir, source, state.Owner.now(plan.command), reference,
                          progress.Display(console), secrets)
         if "golden" in plan.steps:
             shared.reference.start()
@@ -266,6 +271,24 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
     rec.finished, rec.seconds = record.utc_now(), round(time.monotonic() - start, 3)
     rec.status = record.run_status(rec.hosts, run.stopped.is_set())
     return run_dir, rec
+
+
+def _first_command(plan: Plan, project: Project,
+                   reference: LocalReference) -> typing.Callable[[Transport], dict[str, list[str]]] | None:
+    """What each host runs as soon as it is connected: the doctor's probe, with the room for the
+    host's bundles (those its preflight judges), when a step of the plan checks the host; else nothing."""
+    if not any(STEPS[s].checks for s in plan.steps):
+        return None
+    from .. import doctor
+    from ..resources import capacity
+
+    def probe(transport: Transport) -> dict[str, list[str]]:
+        try:
+            bundles = _bundle_plan(transport.host, plan, project, reference)
+        except KdError:         # the host's run fails with it, before its preflight reads the probe
+            bundles = None
+        return doctor.probe(transport, plan.imports_numpy, capacity.bundle_files(bundles, project))
+    return probe
 
 
 def _started(inv: Inventory, hosts: list[Host], plan: Plan, console: Console,
@@ -320,7 +343,7 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     request = gpus.Request.for_host(host, plan.gpus, -(-bundles.gpu_bytes // (1 << 20)) if bundles else 0)
     probe = run.first_result(host)
     transport = run.transport(host)
-    job = slurm_run.Allocation.of(transport, rec)       # a Slurm entry: its allocation is the claim
+    job = _allocation(transport, rec)
     claims = plan.claims_gpus and job is None
     session = HostSession(host, transport, run, shared.owner,
                           claims_gpus=claims, gpu_request=request, probe=probe)
@@ -361,14 +384,29 @@ def run_host(host: Host, plan: Plan, shared: _Shared, run: Run, rec: HostRecord,
     return rec
 
 
-def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> bundle_plan.BundlePlan | None:
-    """The bundles the host runs (its tiers in the expected manifest), recorded; None for a plan
-    without a step they shape (deploy, exec)."""
+def _allocation(transport: Transport, rec: HostRecord) -> Allocation | None:
+    """A `scheduler: slurm` entry's allocation, the claim of its run (not submitted yet); None for any other host."""
+    if transport.host.slurm is None:
+        return None
+    from ..slurm import run as slurm_run
+    return slurm_run.Allocation.of(transport, rec)
+
+
+def _bundles_for(host: Host, plan: Plan, shared: _Shared, rec: HostRecord) -> BundlePlan | None:
+    """The bundles the host runs (_bundle_plan), recorded."""
+    bundles = _bundle_plan(host, plan, shared.project, shared.reference)
+    if bundles is not None:
+        rec.bundles = bundles.to_record(host)
+    return bundles
+
+
+def _bundle_plan(host: Host, plan: Plan, project: Project, reference: LocalReference) -> BundlePlan | None:
+    """The bundles the host runs (its tiers in the expected manifest); None for a plan without a
+    step they shape (deploy, exec)."""
     if not any(STEPS[s].bundles for s in plan.steps):
         return None
-    bundles = bundle_plan.for_host(host, shared.project, shared.reference.expected())
-    rec.bundles = bundles.to_record(host)
-    return bundles
+    from ..resources import bundle_plan
+    return bundle_plan.for_host(host, project, reference.expected())
 
 
 def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecord] | None, stopped: bool) -> None:
@@ -384,7 +422,7 @@ def _settle(rec: HostRecord, plan: Plan, outcome: parallel.HostOutcome[HostRecor
 
 
 def _hold(ctx: StepContext, run: Run, claims: bool, step: str, out,
-          job: slurm_run.Allocation | None = None) -> bool:
+          job: Allocation | None = None) -> bool:
     """Before `step`, the first step that needs them, take the tree lock (and, for validate and
     nightly, the GPUs: preflight does it otherwise), or a Slurm entry's allocation (`job`), for
     the rest of the run; on failure record it as the step's outcome."""
@@ -394,6 +432,7 @@ def _hold(ctx: StepContext, run: Run, claims: bool, step: str, out,
             ctx.log(job.hold())
             ctx.session.job = job
         elif claims:
+            from ..steps import preflight as preflight_step
             ctx.log(preflight_step.hold_tree_and_gpus(ctx))
         else:
             ctx.session.hold_tree(state.EXCLUSIVE, log=ctx.log)

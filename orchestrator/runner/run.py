@@ -15,16 +15,19 @@ connect nor start a command again: a retry would resume the interrupted work.
 from __future__ import annotations
 
 import threading
+import typing
 from concurrent.futures import Future
 from typing import Callable
 
 from .. import state
-from ..resources import gpu_claims
 from ..errors import HostError
-from ..resources.gpus import Request
 from ..inventory import Host
 from ..connectors.base import Transport
 from ..connectors.factory import open_transport
+
+if typing.TYPE_CHECKING:      # imported by claim_gpus, which only the runs that claim GPUs call (start-up time)
+    from ..resources.gpu_claims import GpuClaim
+    from ..resources.gpus import Request
 
 STOP_LOCK_WAIT = 2      # seconds each lock gets to be released on an interrupt, before connections close
 
@@ -40,7 +43,7 @@ class Run:
         self._prepared: dict[str, Future[Transport]] = {}
         self._first: dict[str, Future] = {}
         self._locks: list[state.HostLock] = []
-        self._claims: list[gpu_claims.GpuClaim] = []
+        self._claims: list[GpuClaim] = []
 
     def transport(self, host: Host) -> Transport:
         """A transport to `host` owned by this run (nothing opened until it is used, unless
@@ -102,8 +105,9 @@ class Run:
         seconds for it, and hold it for this run."""
         return self._hold(self._locks, state.acquire(transport, owner, mode, wait), transport)
 
-    def claim_gpus(self, transport: Transport, request: Request, owner: state.Owner) -> gpu_claims.GpuClaim:
+    def claim_gpus(self, transport: Transport, request: Request, owner: state.Owner) -> GpuClaim:
         """Claim the GPUs `request` asks for on the host (gpu_claims.acquire) for this run."""
+        from ..resources import gpu_claims
         return self._hold(self._claims, gpu_claims.acquire(transport, request, owner), transport)
 
     def _hold(self, held: list, thing, transport: Transport):

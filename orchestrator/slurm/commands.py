@@ -33,7 +33,8 @@ from typing import Iterator
 from .. import remote
 from ..connectors.base import Transport
 from ..errors import CommandError, HostError
-from ..inventory import Host, SlurmRequest
+from ..inventory import Host
+from .entry import SlurmRequest
 from ..steps import ORDER
 from . import facts
 from .facts import WAITING, Job, QueueLimitError, SlurmError

@@ -19,10 +19,10 @@ import posixpath
 import re
 from typing import Any, NoReturn, Protocol
 
+from . import SLURM_KEYS
+
 # The gpu_claims keys are refused on a Slurm entry: Slurm's allocation is the claim, `gpus` the GRES request.
 SCHEDULERS = ("slurm",)
-SLURM_KEYS = ("scheduler", "partition", "account", "qos", "constraint", "cpus_per_task", "mem", "time_limit",
-              "queue_limit", "slurm_conf")
 CLAIM_KEYS = ("gpu_policy", "gpu_count", "gpu_max_used_mib", "gpu_wait")
 DEFAULT_QUEUE_LIMIT = 600       # seconds a Slurm job may wait in the queue before the host fails
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")         # partition, account, qos, GRES type

@@ -4,7 +4,6 @@ selection), and its GPUs: the table of what nvidia-smi reports, the ones this ru
 (validate, nightly) or would take (doctor, which is this step alone)."""
 from __future__ import annotations
 
-import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .. import doctor, state
@@ -17,20 +16,18 @@ from .context import Outcome, StepContext
 
 def run(ctx: StepContext) -> Outcome:
     """Probe the host once, log every finding (reachable, host key and auth included), record its
-    fingerprint; fail on a failed check. The room for the selected bundles is measured beside the
-    checks (read-only; judged once they pass). A run that claims GPUs asks for them and takes the
-    tree lock meanwhile (the lock begins no sync before the checks pass)."""
+    fingerprint; fail on a failed check. The probe measures the room for the selected bundles too
+    (judged once the checks pass). A run that claims GPUs asks for them and takes the tree lock
+    meanwhile (the lock begins no sync before the checks pass)."""
     plan = ctx.bundles
-    # every host read of this step at once: each its own thread, none waits for another
-    pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"preflight-{ctx.host.name}")
-    measured = pool.submit(capacity.probe, ctx.session.transport, plan,
-                           posixpath.dirname(ctx.project.results["manifest"])) if plan is not None and plan.bundles else None
     query = lock = None
-    if ctx.session.claims_gpus:
+    if ctx.session.claims_gpus:     # the host reads of this step at once: each its own thread
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"preflight-{ctx.host.name}")
         query = pool.submit(gpus.query, ctx.session.transport)
         lock = pool.submit(_lock_for, ctx, query)
-    pool.shutdown(wait=False)
-    findings, facts = doctor.examine(ctx.session.transport, ctx.session.probe, import_numpy=ctx.plan.imports_numpy)
+        pool.shutdown(wait=False)
+    files = capacity.bundle_files(plan, ctx.project)
+    findings, facts = doctor.examine(ctx.session.transport, ctx.session.probe, ctx.plan.imports_numpy, files)
     for f in findings:
         ctx.log(f"{f.status:4}  {f.check:9}  {f.detail}")
     ctx.record.fingerprint = fingerprint(facts)
@@ -38,7 +35,7 @@ def run(ctx: StepContext) -> Outcome:
     if failed:
         raise StepError("; ".join(f"{f.check}: {f.detail}" for f in failed), host=ctx.host.name)
     warnings = [f"{f.check}: {f.detail}" for f in findings if f.status == "warn"]
-    room = _room(ctx, plan, measured.result()) if plan is not None and measured is not None else None
+    room = _room(ctx, plan, capacity.room_of(facts, files)) if plan is not None and plan.bundles else None
     taken = take_gpus(ctx, query, lock)
     return Outcome("passed", "; ".join(warnings + [taken] + ([_ram(ctx, plan, room)] if plan and room else [])))
 

@@ -118,11 +118,15 @@ def test_output_is_bounded_and_its_failure_carries_the_evidence(held, host):
     """A script that prints more than asked for, or fails: CommandError naming the host, the
     command line, the exit status and the tail of what it printed."""
     transport, _ = held
-    listing = client.output(transport, client.room(host, files=["missing.kdtr"]), max_bytes=4096)
-    assert listing.startswith(f"disk_path={host.remote_dir}\ndisk_free_kb=")
-    with pytest.raises(CommandError, match="^h: measuring free disk and memory printed more than 10 bytes") as big:
-        client.output(transport, client.room(host, files=[]), max_bytes=10)
-    assert big.value.command.startswith("umask 077") and "disk_path=" in big.value.tail
+    probe = client.doctor_probe(host, import_numpy=False, bundle_files=["missing.kdtr", "there.kdtr"])
+    (Path(host.remote_dir) / "there.kdtr").write_bytes(b"x" * 5000)
+    facts = client.output(transport, probe, max_bytes=65536).splitlines()
+    assert f"disk_path={host.remote_dir}" in facts and any(f.startswith("mem_available_kb=") for f in facts)
+    have = [f.split("=", 1)[1].split(" ") for f in facts if f.startswith("have_bytes=")]
+    assert [name for _, name in have] == ["there.kdtr"] and int(have[0][0]) >= 5000      # its allocated bytes
+    with pytest.raises(CommandError, match="^h: the doctor probe printed more than 10 bytes") as big:
+        client.output(transport, probe, max_bytes=10)
+    assert big.value.command.startswith("umask 077") and big.value.tail.startswith("rsync=")
     (Path(host.remote_dir) / "bundles").symlink_to("/")
     with pytest.raises(CommandError, match="^h: listing the bundles failed") as failed:
         client.output(transport, client.bundle_list(host, folder="bundles"), max_bytes=4096)

@@ -19,7 +19,6 @@ from orchestrator import inventory
 from orchestrator.resources import bundle_plan, capacity, gpus
 from orchestrator.errors import InventoryError, UsageError
 
-import overlap
 from bundle_manifests import GB, needs, write_manifest
 from fake_gpus import FakeGpus
 
@@ -103,12 +102,15 @@ def test_the_committed_manifest_declares_needs_for_every_bundle_and_the_shipped_
 def test_disk_counts_the_bundles_already_there_and_ram_counts_one_engine_per_gpu(make_inventory, source):
     plan = plan_for(make_inventory, source, tiny_fp32=needs(disk=10 * GB, ram=4 * GB))
     host = make_inventory({"h": {"transport": "local", "remote_dir": "d/x"}}, bundle_tiers=TIERS).hosts["h"]
-    text = "disk_path=/srv\ndisk_free_kb=4000000\nmem_available_kb=10000000\nhave_bytes=7000000000 tests/refs/model_tiny_fp32.kdtr\n" \
-           "have_bytes=9 tests/refs/not_asked.kdtr\nnoise\n"
-    room = capacity.parse(text, ["tests/refs/model_tiny_fp32.kdtr"])
-    assert room.present_bytes == 7 * GB and room.free_bytes == 4096 * 10**6
+    facts = {"disk_path": ["/srv"], "disk_free_kb": ["4000000"], "mem_available_kb": ["10000000"],
+             "have_bytes": ["7000000000 tests/refs/model_tiny_fp32.kdtr", "9 tests/refs/not_asked.kdtr", "x y"],
+             "noise": ["1"]}              # the doctor probe's facts
+    files = capacity.bundle_files(plan, make_inventory({}).project)
+    assert files == ["tests/refs/model_tiny_fp32.kdtr"]
+    room = capacity.room_of(facts, files)
+    assert room.present_bytes == 7 * GB and room.free_bytes == 4096 * 10**6 and room.disk_path == "/srv"
     assert capacity.disk_problem(room, plan, host) is None              # 4.1 GB free + 7 GB there >= 10 GB
-    short = capacity.parse(text.replace("7000000000", "5000000000"), ["tests/refs/model_tiny_fp32.kdtr"])
+    short = capacity.room_of({**facts, "have_bytes": ["5000000000 tests/refs/model_tiny_fp32.kdtr"]}, files)
     assert "need 10.00 GB of disk" in capacity.disk_problem(short, plan, host)
     assert capacity.ram_problem(room, plan, 2) is None                   # 8 GB of 10.24 GB
     assert capacity.ram_problem(room, plan, 3) == (
@@ -147,19 +149,23 @@ def test_preflight_refuses_a_host_whose_disk_cannot_hold_the_bundles(lab, make_i
                             "more, or choose fewer tiers (hosts.yaml `bundles:`, --bundles)"), message
 
 
-def test_preflight_measures_the_room_beside_the_checks(lab, make_inventory, source, fake_tool, tmp_path):
-    """The room for the bundles (one read-only command) is measured while the doctor's probe runs,
-    not after it: both run `df`, and a `df` here waits (20 s at most) until a second one has
-    started, so run one after the other they take 20 s more."""
-    marks = tmp_path / "df-started"
-    marks.mkdir()
-    fake_tool("df", f"{overlap.meet(marks)}\nexec {shutil.which('df')} \"$@\"")
-    write_manifest(source, tiny_fp32=needs())
-    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host")}}, bundle_tiers=TIERS)
+def test_preflight_measures_the_room_in_the_doctors_probe(lab, make_inventory, source, fake_tool, tmp_path):
+    """The room for the bundles comes with the doctor's probe, one command: a preflight runs `df`
+    once (the probe's), and still finds the bundle already there (its bytes count as room)."""
+    calls = tmp_path / "df-calls"
+    fake_tool("df", f"echo x >> {calls}\nexec {shutil.which('df')} \"$@\"")
+    write_manifest(source, tiny_fp32=needs(disk=1 << 50))
+    remote_dir = tmp_path / "host"
+    bundle = remote_dir / "tests/refs/model_tiny_fp32.kdtr"
+    bundle.parent.mkdir(parents=True)
+    bundle.write_bytes(os.urandom(3_000_000))      # 3.0 MB there: counted, and still far too little
+    inv = make_inventory({"local": {"transport": "local", "remote_dir": str(remote_dir)}}, bundle_tiers=TIERS)
     proc = invoke(lab, "validate", inv, "--host", "local", "--steps", "preflight")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    step = latest_run(inv)["hosts"]["local"]["steps"]["preflight"]
-    assert step["seconds"] < 15, step
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert calls.read_text() == "x\n"
+    message = latest_run(inv)["hosts"]["local"]["steps"]["preflight"]["message"]
+    assert message.startswith("disk: the bundles of tier default (1 bundles) need 1125899.91 GB of disk"), message
+    assert " plus 3.0 MB of those bundles already there " in message, message
 
 
 def test_preflight_refuses_a_host_whose_ram_cannot_hold_the_bundles_and_records_the_plan(lab, make_inventory, source):

@@ -17,7 +17,8 @@ from orchestrator.slurm import commands as slurm, facts
 from orchestrator.connectors.factory import open_transport
 from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, UsageError
-from orchestrator.inventory import Host, SlurmRequest
+from orchestrator.inventory import Host
+from orchestrator.slurm.entry import SlurmRequest
 
 import slurm_cluster
 from task_runs import doctor_task
