@@ -24,7 +24,7 @@ rc=$?
 # a trapped signal ends `wait` early: wait again until the step has ended
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 kill "$guard" 2>/dev/null
-kill -KILL -- "-$step" 2>/dev/null
-pkill -KILL -s "$step" 2>/dev/null
+# the step's session (its group and any other group in it), or its group where pkill is missing
+pkill -KILL -s "$step" 2>/dev/null || kill -KILL -- "-$step" 2>/dev/null
 for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
 exit "$rc"
