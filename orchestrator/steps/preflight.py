@@ -41,7 +41,7 @@ def run(ctx: StepContext) -> Outcome:
 
 
 def _room(ctx: StepContext, plan: BundlePlan, room: capacity.Room) -> capacity.Room:
-    """The host's `room` for the selected bundles `plan` (capacity.probe's), logged; StepError
+    """The host's `room` for the selected bundles `plan` (capacity.room_of, from the doctor's probe), logged; StepError
     with the numbers when its disk cannot hold them."""
     ctx.log(f"bundles    {', '.join(plan.tiers)}: {len(plan.bundles)} bundles, disk {capacity.gb(plan.disk_bytes)}, "
             f"RAM {capacity.gb(plan.ram_bytes)} per engine, GPU {capacity.gb(plan.gpu_bytes)}, --max-memory "
