@@ -47,7 +47,8 @@ echo "disk_path=$p"
 echo "disk_free_kb=$(df -Pk -- "$p" | awk 'NR==2 {print $4}')"
 awk '/^MemAvailable:/ {print "mem_available_kb=" $2}' /proc/meminfo 2>/dev/null
 for f; do
-  [ -f "$d/$f" ] && [ ! -L "$d/$f" ] && echo "have_bytes=$(( $(stat -c %b -- "$d/$f") * $(stat -c %B -- "$d/$f") )) $f"
+  [ -f "$d/$f" ] && [ ! -L "$d/$f" ] && read -r blocks block_size < <(stat -c '%b %B' -- "$d/$f") &&
+    echo "have_bytes=$((blocks * block_size)) $f"
 done
 [ -n "$n" ] && cat <&6
 cat <&5
