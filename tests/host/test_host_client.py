@@ -118,12 +118,18 @@ def test_output_is_bounded_and_its_failure_carries_the_evidence(held, host):
     """A script that prints more than asked for, or fails: CommandError naming the host, the
     command line, the exit status and the tail of what it printed."""
     transport, _ = held
-    probe = client.doctor_probe(host, import_numpy=False, bundle_files=["missing.kdtr", "there.kdtr"])
+    files = ["missing.kdtr", "there.kdtr", "b/a link.kdtr", "b/two words.kdtr"]
+    probe = client.doctor_probe(host, import_numpy=False, bundle_files=files)
     (Path(host.remote_dir) / "there.kdtr").write_bytes(b"x" * 5000)
+    (Path(host.remote_dir) / "b").mkdir()
+    (Path(host.remote_dir) / "b" / "two words.kdtr").write_bytes(b"x" * 70000)
+    (Path(host.remote_dir) / "b" / "a link.kdtr").symlink_to(Path(host.remote_dir) / "there.kdtr")
     facts = client.output(transport, probe, max_bytes=65536).splitlines()
     assert f"disk_path={host.remote_dir}" in facts and any(f.startswith("mem_available_kb=") for f in facts)
-    have = [f.split("=", 1)[1].split(" ") for f in facts if f.startswith("have_bytes=")]
-    assert [name for _, name in have] == ["there.kdtr"] and int(have[0][0]) >= 5000      # its allocated bytes
+    have = [f.split("=", 1)[1].split(" ", 1) for f in facts if f.startswith("have_bytes=")]
+    # the files there, each with its own allocated bytes; a link is not counted
+    assert [name for _, name in have] == ["there.kdtr", "b/two words.kdtr"]
+    assert 5000 <= int(have[0][0]) < 65536 <= int(have[1][0])
     with pytest.raises(CommandError, match="^h: the doctor probe printed more than 10 bytes") as big:
         client.output(transport, probe, max_bytes=10)
     assert big.value.command.startswith("umask 077") and big.value.tail.startswith("rsync=")
