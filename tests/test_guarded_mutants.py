@@ -33,7 +33,7 @@ MUTANTS = [
      "raise unknown(host, hostname, key, hop)", "return",
      ["tests/connectors/test_ssh.py::test_unknown_host_key_is_refused_before_anything_runs"]),
     ("session-kill-leader-only", "orchestrator/host/step_guard.sh",
-     'pkill -KILL -s "$step" 2>/dev/null || kill -KILL -- "-$step" 2>/dev/null', 'kill -KILL "$step" 2>/dev/null',
+     '[ "${fields[3]}" = "$step" ] && f=${f#/proc/}', '[ "${fields[0]}" = "$step" ] && f=${f#/proc/}',
      ["tests/connectors/test_ssh.py::test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag"]),
     ("step-timeout-ignored", "orchestrator/host/step_guard.sh",
      'setsid -w timeout -k "$1" "$2" "${@:3}"', 'setsid -w timeout -k "$1" "$(($2 * 10))" "${@:3}"',

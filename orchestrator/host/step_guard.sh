@@ -24,7 +24,15 @@ rc=$?
 # a trapped signal ends `wait` early: wait again until the step has ended
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 kill "$guard" 2>/dev/null
-# the step's session (its group and any other group in it), or its group where pkill is missing
-pkill -KILL -s "$step" 2>/dev/null || kill -KILL -- "-$step" 2>/dev/null
+# the step's group, then any other group of its session (a job-control shell's jobs): the session
+# is field 6 of /proc/PID/stat, after the command name's last ") " (a name may hold one); read by
+# the shell itself, since a pkill costs more than the whole step here on a short command
+kill -KILL -- "-$step" 2>/dev/null
+for f in /proc/[0-9]*/stat; do
+  read -r line < "$f" || continue
+  # shellcheck disable=SC2206  # after the name: a state letter and numbers, nothing to glob
+  fields=(${line##*) })
+  [ "${fields[3]}" = "$step" ] && f=${f#/proc/} && kill -KILL "${f%/stat}"
+done 2>/dev/null
 for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
 exit "$rc"
