@@ -27,6 +27,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -124,13 +125,17 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     if lock.mode != state.EXCLUSIVE:
         raise ValueError("a sync runs only under the tree lock held alone")
     start = time.monotonic()
+    # this machine's rsync version is read while the host begins the sync: both are on its path
+    local_version = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-rsync-version")
+    local_rsync = local_version.submit(_local_rsync_version)
+    local_version.shutdown(wait=False)
     facts = lock.begin_sync()
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
     remote_rsync = facts.get("RSYNC", "").strip()
     if remote_rsync and shutil.which("rsync"):
-        client_messages = messages_by_protocol(_local_rsync_version(), facts.get("RSYNC_VERSION", ""))
+        client_messages = messages_by_protocol(local_rsync.result(), facts.get("RSYNC_VERSION", ""))
         method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired),
                                          client_messages=client_messages)
     else:

@@ -78,16 +78,17 @@ for f in holder-*.json owner; do
   [ -f "$f" ] && [ ! -L "$f" ] && [ "$f" != "$me" ] || continue
   if [ "$f" = owner ] || ! alive "$f"; then printf 'STALE %s\n' "$(head -c 2000 -- "$f" | tr -d '\n')"; rm -f -- "$f"; fi
 done
-# run I ARG...: in a bash of its own, without the lock's descriptors or stdin (whatever the script
-# does, it cannot let go of the lock, take it or read the client's next command); each value
-# decoded by printf, never evaluated; its errors on its standard output, in order with the rest
+# run I ARG...: in a subshell of its own (no bash to start: they run on every deploy's path), without
+# the lock's descriptors or stdin (whatever the script does, it cannot let go of the lock, take it
+# or read the client's next command); each value decoded by printf, never evaluated; its errors
+# on its standard output, in order with the rest
 run() {
   local words args=() w
   read -r -a words <<< "$1"
   [ "$held" = exclusive ] || { echo "RAN shared"; return; }
   [[ ${words[0]} =~ ^[1-9][0-9]*$ ]] && [ "${words[0]}" -le "${#scripts[@]}" ] || { echo "RAN 2"; return; }
   for w in "${words[@]:1}"; do printf -v w '%b' "${w#x}"; args+=("$w"); done
-  bash -c "${scripts[words[0] - 1]}" kdtree "$d" "${args[@]}" </dev/null 2>&1 7>&- 8>&- 9>&-
+  (set -- "$d" "${args[@]}"; eval "${scripts[words[0] - 1]}") </dev/null 2>&1 7>&- 8>&- 9>&-
   echo "RAN $?"
 }
 echo "LOCKED $mode"
