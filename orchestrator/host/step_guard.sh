@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2013  # the words looped over are /proc/PID/environ paths: no space in them
+# shellcheck disable=SC2013  # the words looped over are /proc/PID/environ and stat paths: no space in them
 # remote.GUARD: $1 KILL_AFTER, $2 TIMEOUT, then the argv. The step gets /dev/null as stdin; a
 # background watcher reads our stdin (fd 3) and stops the step's process group when it ends (or the
 # step's process, if it has not made its group yet); what the step left in its group, or in another
@@ -24,15 +24,12 @@ rc=$?
 # a trapped signal ends `wait` early: wait again until the step has ended
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 kill "$guard" 2>/dev/null
-# the step's group, then any other group of its session (a job-control shell's jobs): the session
-# is field 6 of /proc/PID/stat, after the command name's last ") " (a name may hold one); read by
-# the shell itself, since a pkill costs more than the whole step here on a short command
 kill -KILL -- "-$step" 2>/dev/null
-for f in /proc/[0-9]*/stat; do
-  read -r line < "$f" || continue
-  # shellcheck disable=SC2206  # after the name: a state letter and numbers, nothing to glob
-  fields=(${line##*) })
-  [ "${fields[3]}" = "$step" ] && f=${f#/proc/} && kill -KILL "${f%/stat}"
+# what is left of it, in one pass of one grep over /proc: any process of its session (its other
+# groups: a job-control shell's jobs), by field 6 of /proc/PID/stat after the name's last ") "
+# (a name may hold one), and any process with its tag, which left the session (setsid, daemons)
+for f in $(grep -lsxzE -e "${tag//./\\.}" -e "[0-9]+ \(.*\) [A-Za-z] -?[0-9]+ -?[0-9]+ $step [^)]*" \
+             /proc/[0-9]*/environ /proc/[0-9]*/stat); do
+  f=${f#/proc/}; kill -KILL "${f%/*}"
 done 2>/dev/null
-for f in $(grep -lsxzF -- "$tag" /proc/[0-9]*/environ); do f=${f#/proc/}; kill -KILL "${f%/environ}"; done 2>/dev/null
 exit "$rc"

@@ -279,10 +279,11 @@ def _first_command(plan: Plan, project: Project,
     host's bundles (those its preflight judges), when a step of the plan checks the host; else nothing."""
     if not any(STEPS[s].checks for s in plan.steps):
         return None
-    from .. import doctor
-    from ..resources import capacity
 
     def probe(transport: Transport) -> dict[str, list[str]]:
+        # imported here, in the host's thread: the host connects meanwhile
+        from .. import doctor
+        from ..resources import capacity
         try:
             bundles = _bundle_plan(transport.host, plan, project, reference)
         except KdError:         # the host's run fails with it, before its preflight reads the probe
