@@ -130,12 +130,12 @@ class HostLock:
         self._ask(b"shared\n", ("SHARED",))
         self.mode = SHARED
 
-    def begin_sync(self) -> dict[str, str]:
+    def begin_sync(self, ask_rsync: bool = True) -> dict[str, str]:
         """The sync's first step, run by the lock holder on the host (told: no session of its own)
         while this run holds the lock alone: the sync marked as in progress; its facts
-        (client.begun: what a broken sync's mark said, where rsync is and its version)."""
+        (client.begun: what a broken sync's mark said and, if `ask_rsync`, where rsync is and its version)."""
         host = self.transport.host
-        return client.begun(self._tell(client.begin_sync_request(self._alone(), host.rsync_path)), host)
+        return client.begun(self._tell(client.begin_sync_request(self._alone(), host.rsync_path, ask_rsync)), host)
 
     def finish_sync(self, *, tree_hash: str, record: dict, hash_line: str) -> tuple[int | None, str]:
         """The sync's last step, run by the lock holder on the host (told: no session of its own)

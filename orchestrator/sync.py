@@ -118,9 +118,11 @@ def _files_digest(project: Project) -> str | None:
 
 
 def sync_tree(transport: Transport, project: Project, source: SourceId, owner: state.Owner,
-              log: Callable[[str], None], lock: state.HostLock) -> DeployResult:
+              log: Callable[[str], None], lock: state.HostLock, rsync: tuple[str, str] | None = None) -> DeployResult:
     """Sync and verify the source on a host whose `lock` the caller holds alone (validate holds
-    it for the whole run)."""
+    it for the whole run). `rsync`: where rsync is on the host and its version line, when this
+    run knows them already (its doctor probe; "" where there is none); else the host says as the
+    sync begins."""
     host = transport.host
     if lock.mode != state.EXCLUSIVE:
         raise ValueError("a sync runs only under the tree lock held alone")
@@ -129,13 +131,13 @@ def sync_tree(transport: Transport, project: Project, source: SourceId, owner: s
     local_version = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-rsync-version")
     local_rsync = local_version.submit(_local_rsync_version)
     local_version.shutdown(wait=False)
-    facts = lock.begin_sync()
+    facts = lock.begin_sync(ask_rsync=rsync is None)
     repaired = facts.get("PARTIAL", "").strip() or None
     if repaired:
         log(f"the previous sync did not finish ({repaired}); this sync repairs the tree (comparing contents)")
-    remote_rsync = facts.get("RSYNC", "").strip()
-    if remote_rsync and shutil.which("rsync"):
-        client_messages = messages_by_protocol(local_rsync.result(), facts.get("RSYNC_VERSION", ""))
+    remote_rsync, remote_version = rsync or (facts.get("RSYNC", ""), facts.get("RSYNC_VERSION", ""))
+    if remote_rsync.strip() and shutil.which("rsync"):
+        client_messages = messages_by_protocol(local_rsync.result(), remote_version)
         method, counts = "rsync", _rsync(transport, project, log, checksum=bool(repaired),
                                          client_messages=client_messages)
     else:

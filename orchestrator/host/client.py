@@ -125,11 +125,11 @@ def _request(script: str, *args: str) -> bytes:
     return " ".join(["run", str(HELD_SCRIPTS.index(script) + 1), *map(escaped, args)]).encode() + b"\n"
 
 
-def begin_sync_request(owner: "Owner", rsync_path: str | None) -> bytes:
+def begin_sync_request(owner: "Owner", rsync_path: str | None, ask_rsync: bool = True) -> bytes:
     """What tells the lock command to begin `owner`'s sync (host/begin_sync.sh): mark it as in
-    progress, say what a broken sync's mark said, where rsync is (the host's `rsync_path`, else
-    on PATH) and its version; begun reads the answer."""
-    return _request("begin_sync", str(owner), rsync_path or "")
+    progress, say what a broken sync's mark said and, if `ask_rsync`, where rsync is (the host's
+    `rsync_path`, else on PATH) and its version; begun reads the answer."""
+    return _request("begin_sync", str(owner), rsync_path or "", "" if ask_rsync else "known")
 
 
 def finish_sync_request(*, tree_hash: str, record: dict, hash_line: str) -> bytes:

@@ -16,10 +16,20 @@ def run(ctx: StepContext) -> Outcome:
             return Outcome("cached", f"tree {deployed[:12]} is deployed already (its hash verified on the host)")
     with ctx.session.changing(ctx.step):            # the lock holder begins the sync, over the lock's channel
         result = sync.sync_tree(ctx.session.transport, ctx.project, ctx.source, ctx.owner, ctx.log,
-                                ctx.session.held_lock(ctx.step))
+                                ctx.session.held_lock(ctx.step), _probed_rsync(ctx))
     ctx.deployed_tree_hash = result.tree_hash
     ctx.record.deployed_tree_hash = result.tree_hash
     ctx.stamps.forget()             # the deploy record changed
     repaired = f"; repaired a broken sync ({result.repaired})" if result.repaired else ""
     return Outcome("passed", f"{result.method}: {result.files} files, {result.bytes} bytes sent, "
                              f"{result.deleted} deleted{repaired}")
+
+
+def _probed_rsync(ctx: StepContext) -> tuple[str, str] | None:
+    """Where rsync is on the host and its version line, as this run's doctor probe found them
+    ("" where there is none); None when no probe answered (the sync then asks)."""
+    probe = ctx.session.probe
+    if probe is None or not probe.done() or probe.exception() is not None:
+        return None
+    facts = probe.result()
+    return (facts.get("rsync") or [""])[0], (facts.get("rsync_version") or [""])[0]

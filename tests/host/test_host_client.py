@@ -58,6 +58,8 @@ def test_begin_sync_marks_the_sync_and_says_where_rsync_is_and_what_the_last_one
     (state_dir(host) / "sync.partial").write_bytes(b"started x\n\x1b[31mred\n" + b"y" * 2000)
     again = lock.begin_sync()
     assert again["PARTIAL"].startswith("started x  [31mred y") and len(again["PARTIAL"]) == 500
+    known = lock.begin_sync(ask_rsync=False)        # the run's doctor probe said where rsync is: not asked again
+    assert set(known) == {"PARTIAL"} and (state_dir(host) / "sync.partial").read_text() == f"started {owner}\n"
 
 
 def test_the_lock_runs_no_sync_step_while_it_is_shared_and_a_failed_one_carries_its_evidence(host):

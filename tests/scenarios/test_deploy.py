@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from task_runs import deploy_task
-from orchestrator import cli, state, sync
+from orchestrator import cli, doctor, state, sync
 from orchestrator.runner.console import Console
 from orchestrator.errors import HostError, SyncError
 from orchestrator.connectors.factory import open_transport
@@ -160,14 +160,16 @@ def test_a_deployed_tree_is_the_recorded_one_only_while_the_host_still_hashes_to
 SENT = ("method", "files", "bytes", "deleted", "repaired", "tree_hash", "seconds")     # a sync's result, as both kinds give it
 
 
-@pytest.mark.parametrize("by_task", [True, False], ids=["deploy", "lock-then-sync"])
+@pytest.mark.parametrize("by_task, probed", [(True, False), (False, False), (False, True)],
+                         ids=["deploy", "lock-then-sync", "probe-lock-then-sync"])
 @pytest.mark.parametrize("rsync_path, method", [(None, "rsync"), ("/nonexistent/rsync", "tar")])
 def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp_path, rsync_path, method,
-                                                      by_task):
+                                                      by_task, probed):
     """The deploy record on the host and the result: the tree, its git state, when, by whom, how,
     what was sent; the log says how it went. The same through invoke deploy and through
-    sync_tree under a lock taken on its own (as validate takes it); so is the in-progress mark a
-    sync that breaks leaves, naming its owner to the next, which repairs."""
+    sync_tree under a lock taken on its own (as validate takes it), told where rsync is by the
+    doctor's probe (as validate's is) or not; so is the in-progress mark a sync that breaks
+    leaves, naming its owner to the next, which repairs."""
     inv = make_inventory({"local": {"transport": "local", "remote_dir": str(tmp_path / "host"),
                                     **({"rsync_path": rsync_path} if rsync_path else {})}})
     (source / "scripts" / "tree_hash.sh").write_text("echo " + "f" * 64 + "\n")
@@ -183,9 +185,11 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
             return {k: getattr(done, k) for k in (*SENT, "status", "message", "log")}
         log: list[str] = []
         with open_transport(inv.hosts["local"]) as t:
+            facts = doctor.probe(t, import_numpy=False) if probed else {}
+            rsync = ((facts.get("rsync") or [""])[0], (facts.get("rsync_version") or [""])[0]) if probed else None
             with state.acquire(t, owner) as lock:
                 try:
-                    result = sync.sync_tree(t, inv.project, tree, owner, log.append, lock)
+                    result = sync.sync_tree(t, inv.project, tree, owner, log.append, lock, rsync)
                 except SyncError as e:
                     return {"status": "failed", "message": e.message, "host": e.host, "log": log}
         return {**{k: getattr(result, k) for k in SENT}, "status": "passed", "log": log}
