@@ -129,7 +129,7 @@ def begin_sync_request(owner: "Owner", rsync_path: str | None, ask_rsync: bool =
     """What tells the lock command to begin `owner`'s sync (host/begin_sync.sh): mark it as in
     progress, say what a broken sync's mark said and, if `ask_rsync`, where rsync is (the host's
     `rsync_path`, else on PATH) and its version; begun reads the answer."""
-    return _request("begin_sync", str(owner), rsync_path or "", "" if ask_rsync else "known")
+    return _request("begin_sync", str(owner), rsync_path or "", *(() if ask_rsync else ("known",)))
 
 
 def finish_sync_request(*, tree_hash: str, record: dict, hash_line: str) -> bytes:
