@@ -116,10 +116,15 @@ def _one(facts, key) -> str:
     return (facts.get(key) or [""])[0]
 
 
+def rsync_of(facts) -> tuple[str, str]:
+    """Where rsync is on the host and its version line, as the probe's `facts` say ("" where there is none)."""
+    return _one(facts, "rsync"), _one(facts, "rsync_version")
+
+
 def check_rsync(host: Host, facts) -> Finding:
-    path = _one(facts, "rsync")
+    path, version = rsync_of(facts)
     if path:
-        return Finding("rsync", "ok", f"{path} ({_one(facts, 'rsync_version')})")
+        return Finding("rsync", "ok", f"{path} ({version})")
     where = f"no executable rsync at {host.rsync_path}" if host.rsync_path else "no rsync on PATH"
     return Finding("rsync", "warn", f"{where}: deploy falls back to a tar stream")
 

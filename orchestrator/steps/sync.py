@@ -31,5 +31,5 @@ def _probed_rsync(ctx: StepContext) -> tuple[str, str] | None:
     probe = ctx.session.probe
     if probe is None or not probe.done() or probe.exception() is not None:
         return None
-    facts = probe.result()
-    return (facts.get("rsync") or [""])[0], (facts.get("rsync_version") or [""])[0]
+    from .. import doctor        # only where a probe ran: a deploy never imports the doctor
+    return doctor.rsync_of(probe.result())

@@ -185,8 +185,7 @@ def test_a_sync_records_what_it_deployed_and_says_so(make_inventory, source, tmp
             return {k: getattr(done, k) for k in (*SENT, "status", "message", "log")}
         log: list[str] = []
         with open_transport(inv.hosts["local"]) as t:
-            facts = doctor.probe(t, import_numpy=False) if probed else {}
-            rsync = ((facts.get("rsync") or [""])[0], (facts.get("rsync_version") or [""])[0]) if probed else None
+            rsync = doctor.rsync_of(doctor.probe(t, import_numpy=False)) if probed else None
             with state.acquire(t, owner) as lock:
                 try:
                     result = sync.sync_tree(t, inv.project, tree, owner, log.append, lock, rsync)
