@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import random
 import re
 import shlex
 import subprocess
@@ -20,6 +21,10 @@ from orchestrator.runner.console import Console
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"connect": 3, "keepalive": 2, "lock": 10}
 names = itertools.count(1)     # numbers that make a test's host, marker and run names unique
+# digits of this pytest process alone, in the markers of the processes a test looks for: what an
+# earlier pytest left (a guarded mutant's run leaves processes on purpose) never matches them, not
+# even when that pytest's pid comes round again (pids wrap within minutes on a busy machine)
+MARK = str(random.SystemRandom().randrange(10 ** 5, 10 ** 6))
 # a pipe that passes 40 kB/s (slow_rsync's)
 SLOW_CAT = "import os, sys, time\nwhile True:\n    d = os.read(0, 8192)\n    if not d: break\n    os.write(1, d)\n    time.sleep(0.2)"
 

@@ -98,6 +98,33 @@ MUTANTS = [
 
 JOBS = 2     # CI's cores: two bugs' tests at a time, each in its own copy of the checkout
 
+# runs argv as a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so every process the run leaves
+# behind (a bug in the step guard leaves a step's children running, on purpose) is reparented to it,
+# not to init; once argv has ended those are killed, so no later test meets them; its exit code is argv's
+REAPED = """
+import ctypes, os, signal, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+code = subprocess.call(sys.argv[1:])
+me = str(os.getpid())
+while True:
+    left = []
+    for stat in os.listdir("/proc"):
+        try:
+            if stat.isdigit() and open(f"/proc/{stat}/stat").read().rsplit(") ", 1)[1].split()[1] == me:
+                left.append(int(stat))
+        except (OSError, IndexError):
+            pass
+    if not left:
+        break
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+sys.exit(code)
+"""
+
 
 def copy_checkout(to: Path) -> Path:
     """A copy of the checkout's files (tracked and new ones, as they are now)."""
@@ -119,7 +146,7 @@ def run_with_bug(checkout: Path, file: str, text: str, bug: str, tests: list[str
         return -1, f"{file} no longer has exactly one {text!r}: update MUTANTS"
     path.write_text(original.replace(text, bug))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+    proc = subprocess.run([sys.executable, "-c", REAPED, sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=checkout, capture_output=True, text=True, timeout=300, env=env)
     path.write_text(original)
     return proc.returncode, proc.stdout[-3000:] + proc.stderr[-1000:]

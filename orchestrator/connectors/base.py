@@ -41,6 +41,8 @@ from ..inventory import Host
 TAIL_BYTES = 64 * 1024
 MAX_LINE = 64 * 1024    # a longer output line is passed on (logged, printed) in pieces of this size
 CHUNK = 64 * 1024
+STOP_GRACE = 5          # seconds the commands of a closed transport get, together, to end (a guarded
+                        # step's stop and cleanup) before they are cut off
 UNREAD_BYTES = 4 << 20  # a started command's output not yet read: beyond it the rest is dropped (Process)
 
 OutputCallback = Callable[[str], None]

@@ -6,11 +6,10 @@ import os
 import select
 import subprocess
 import threading
+import time
 
 from ..inventory import Host
-from .base import CHUNK, HeldInput, Transport, feed, remaining
-
-STOP_GRACE = 2          # seconds a stopped local command gets before it is killed
+from .base import CHUNK, STOP_GRACE, HeldInput, Transport, feed, remaining
 
 
 class ProcessTransport(Transport):
@@ -22,9 +21,14 @@ class ProcessTransport(Transport):
         self._running: set[subprocess.Popen] = set()
 
     def close(self) -> None:
-        """Stop the commands still running (as a closed channel does on an ssh host)."""
-        for proc in list(self._running):
-            _stop(proc)
+        """Stop the commands still running (as a closed channel does on an ssh host): their stdin
+        ends at once, and they get STOP_GRACE seconds together before they are killed."""
+        running = list(self._running)
+        for proc in running:
+            _close(proc.stdin)
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in running:
+            _stop(proc, deadline)
 
     def argv(self, command: str) -> list[str]:
         """The process that runs `command`."""
@@ -41,7 +45,7 @@ class ProcessTransport(Transport):
             while True:
                 wait = remaining(deadline)
                 if wait is not None and wait <= 0:
-                    _stop(proc)
+                    _stop(proc, time.monotonic() + STOP_GRACE)
                     return None
                 ready, _, _ = select.select([fd], [], [], min(wait, 1.0) if wait is not None else 1.0)
                 if ready:
@@ -53,7 +57,7 @@ class ProcessTransport(Transport):
             try:
                 return proc.wait(timeout=max(wait, 0.1) if wait is not None else None)
             except subprocess.TimeoutExpired:
-                _stop(proc)
+                _stop(proc, time.monotonic() + STOP_GRACE)
                 return None
         finally:
             self._running.discard(proc)
@@ -80,11 +84,12 @@ def _close(stream) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a local command: end its stdin (a guarded command kills its group), then kill."""
+def _stop(proc: subprocess.Popen, deadline: float) -> None:
+    """Stop a local command: end its stdin (a guarded command stops its step and cleans up), then
+    kill it if it has not ended by `deadline` (time.monotonic)."""
     _close(proc.stdin)
     try:
-        proc.wait(timeout=STOP_GRACE)
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, 9)

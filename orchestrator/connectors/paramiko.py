@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import AuthError, ConnectError, HostError
 from ..inventory import Host
 from . import hostkeys
-from .base import CHUNK, Transport, feed, remaining
+from .base import CHUNK, STOP_GRACE, Transport, feed, remaining
 from .ssh_common import hop_parts, jump_hops, paramiko_config, ssh_rsync_dest
 
 CONNECT_BACKOFF = 0.5           # seconds before the 2nd attempt, doubling; retries stop at the connect timeout
@@ -239,6 +239,7 @@ class SshTransport(Transport):
         super().__init__(host, stopped)
         self.connection: SshConnection | None = None
         self._lock = threading.Lock()
+        self._running: set[Any] = set()         # the channels of the commands running now
 
     def connect(self) -> None:
         self._await_early()
@@ -249,6 +250,20 @@ class SshTransport(Transport):
             self.connection = SshConnection.open(self.host, self.stopped)
 
     def close(self) -> None:
+        """Stop the commands still running, as ProcessTransport does: their stdin ends at once (a
+        guarded command stops its step and cleans up), and they get STOP_GRACE seconds together to
+        end; then close the connection."""
+        with self._lock:
+            running, connection = list(self._running), self.connection
+        for chan in running:
+            try:
+                chan.shutdown_write()
+            except Exception:       # a channel or connection closed meanwhile: nothing to stop
+                pass
+        deadline = time.monotonic() + STOP_GRACE
+        for chan in running:
+            if connection is not None and connection.is_connected:
+                chan.status_event.wait(max(deadline - time.monotonic(), 0))
         with self._lock:
             if self.connection is not None:
                 self.connection.close()
@@ -265,40 +280,56 @@ class SshTransport(Transport):
 
     def _exec(self, command, stdin, sink, deadline):
         self.connect()
-        connection = self.connection
+        with self._lock:
+            connection = self.connection
+        if connection is None:          # closed since: a stopped run's transport
+            self._refuse_if_stopped()
+            raise ConnectError("the connection was closed", host=self.host.name, retry=False)
         transport = connection.paramiko
         try:
             chan = transport.open_session(timeout=self.host.timeout("connect"))
         except Exception as e:
             raise ConnectError(f"cannot open a session: {e}", host=self.host.name, retry=False) from None
         with chan:
-            chan.set_combine_stderr(True)
-            chan.exec_command(command)
-            if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
-                feed(stdin, chan.sendall, chan.shutdown_write)
-            while True:
-                wait = remaining(deadline)
-                if wait is not None and wait <= 0:
-                    return None
-                chan.settimeout(min(wait, 1.0) if wait is not None else 1.0)
-                try:
-                    data = chan.recv(CHUNK)
-                except socket.timeout:
-                    if not transport.is_active():
-                        break
-                    continue
-                if not data:
-                    break
-                sink(data)
-            while not chan.status_event.wait(0.5):
-                wait = remaining(deadline)
-                if not transport.is_active() or (wait is not None and wait <= 0):
-                    break
-            # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
-            code = chan.recv_exit_status() if chan.exit_status_ready() else None
-            if code is None and transport.is_active():
+            with self._lock:
+                self._running.add(chan)
+            try:
+                return self._command(connection, chan, command, stdin, sink, deadline)
+            finally:
+                with self._lock:
+                    self._running.discard(chan)
+
+    def _command(self, connection: SshConnection, chan, command, stdin, sink, deadline):
+        """Run `command` in the open session `chan` of `connection`: its output to `sink`; its
+        exit status, None when `deadline` passed first."""
+        transport = connection.paramiko
+        chan.set_combine_stderr(True)
+        chan.exec_command(command)
+        if stdin:       # otherwise stdin stays open until the channel closes (remote.GUARD)
+            feed(stdin, chan.sendall, chan.shutdown_write)
+        while True:
+            wait = remaining(deadline)
+            if wait is not None and wait <= 0:
                 return None
-            if code is None or code < 0:
-                raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
-                                   host=self.host.name, command=command, retry=False)
-            return code
+            chan.settimeout(min(wait, 1.0) if wait is not None else 1.0)
+            try:
+                data = chan.recv(CHUNK)
+            except socket.timeout:
+                if not transport.is_active():
+                    break
+                continue
+            if not data:
+                break
+            sink(data)
+        while not chan.status_event.wait(0.5):
+            wait = remaining(deadline)
+            if not transport.is_active() or (wait is not None and wait <= 0):
+                break
+        # no exit status, or Paramiko's -1 of a channel closed with its connection: the host is lost
+        code = chan.recv_exit_status() if chan.exit_status_ready() else None
+        if code is None and transport.is_active():
+            return None
+        if code is None or code < 0:
+            raise ConnectError("connection lost while running a command" + (f": {connection.lost}" if connection.lost else ""),
+                               host=self.host.name, command=command, retry=False)
+        return code

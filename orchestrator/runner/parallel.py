@@ -5,7 +5,7 @@ ThreadingGroup, the caller gets every host's result and decides (pipeline: into 
 On an interrupt (Ctrl-C, or SIGTERM: cli.exit_codes) the hosts not started are cancelled,
 `on_interrupt` runs (the run's stop: locks released, connections closed, so the commands on the
 hosts stop), the running hosts are waited for (they end at once, their work cut off), and the
-interrupt goes on.
+interrupt goes on as Interrupted, with the outcomes of the hosts that had started.
 """
 from __future__ import annotations
 
@@ -115,10 +115,23 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], T], max_parallel: i
         try:
             for host, future in zip(hosts, futures):
                 outcomes[host.name] = future.result()
-        except KeyboardInterrupt:           # stop the hosts' work, here and on the hosts
+        except KeyboardInterrupt as interrupt:      # stop the hosts' work, here and on the hosts
             for future in futures:
                 future.cancel()
             if on_interrupt is not None:
                 on_interrupt()
-            raise
+            pool.shutdown(wait=True)
+            for host, future in zip(hosts, futures):
+                if not future.cancelled():
+                    outcomes[host.name] = future.result()
+            raise Interrupted(outcomes) from interrupt
     return outcomes
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt during run_parallel, with the outcomes of the hosts that had started (their
+    calls ended once stopped: what each recorded, or the error it ended with)."""
+
+    def __init__(self, outcomes: "HostOutcomes"):
+        super().__init__()
+        self.outcomes = outcomes

@@ -263,7 +263,9 @@ def execute(inv: Inventory, hosts: list[Host], plan: Plan, console: Console, rep
                 outcomes = parallel.run_parallel(
                     hosts, lambda h: run_host(h, plan, shared, run, records[h.name], console), plan.max_parallel,
                     run.stop)
-        except KeyboardInterrupt:
+        except parallel.Interrupted as interrupt:
+            outcomes = interrupt.outcomes
+        except KeyboardInterrupt:           # before or after the hosts' calls
             outcomes = parallel.HostOutcomes()
         for host in hosts:
             _settle(records[host.name], plan, outcomes.get(host.name), run.stopped.is_set())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fault_lab import MARK
 from task_runs import deploy_task, doctor_task
 from orchestrator import cli, remote, sync
 from orchestrator.runner.console import Console
@@ -41,7 +42,7 @@ def test_run_streams_output_and_reuses_one_connection(h1, lab):
 
 
 def test_timeout_kills_the_whole_process_group_on_the_host(h1, lab):
-    marker = f"77{os.getpid() % 1000:03d}"
+    marker = f"77{MARK}"
     script = f"sleep 3{marker} & (sleep 4{marker} &); bash -c 'sleep 5{marker}'"
     start = time.monotonic()
     result = h1.run(remote.wrap(["bash", "-c", script], timeout=1, kill_after=1), timeout=20)
@@ -68,7 +69,7 @@ def left_on_host(pattern: str, settle: float = 5.0) -> str:
 
 
 def test_client_timeout_stops_the_command_on_the_host(h1):
-    marker = f"78{os.getpid() % 1000:03d}"
+    marker = f"78{MARK}"
     result = h1.run(remote.wrap(["bash", "-c", f"sleep 6{marker}; sleep 7{marker}"], timeout=60), timeout=1)
     assert result.timed_out and result.exit_code is None and result.seconds < 3
     for _ in range(5):      # giving up at once, while the command is still starting on the host
@@ -77,7 +78,7 @@ def test_client_timeout_stops_the_command_on_the_host(h1):
 
 
 def test_a_dead_client_leaves_nothing_running_on_the_host(lab):
-    marker = f"79{os.getpid() % 1000:03d}"
+    marker = f"79{MARK}"
     command = remote.wrap(["bash", "-c", f"echo started; sleep 6{marker}"], timeout=60)
     client = subprocess.Popen(lab.ssh_argv(lab.hosts["h1"], command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
@@ -92,7 +93,7 @@ def test_a_dead_client_leaves_nothing_running_on_the_host(lab):
 
 
 def test_what_a_step_leaves_behind_is_killed_when_it_ends(h1):
-    marker = f"80{os.getpid() % 1000:03d}"
+    marker = f"80{MARK}"
     result = h1.run(remote.wrap(["bash", "-c", f"(sleep 6{marker} &); echo done"], timeout=60), timeout=20)
     assert result.ok and result.tail == "done\n"
     assert left_on_host(f"sleep 6{marker}") == ""
@@ -434,7 +435,7 @@ with Run("test") as run:
 
 
 def test_an_interrupt_stops_the_work_on_every_host(lab, make_inventory, tmp_path):
-    seconds = f"81{os.getpid() % 1000:03d}"
+    seconds = f"81{MARK}"
     inv = make_inventory({"h1": lab.inventory_entry(lab.hosts["h1"]), "h2": lab.inventory_entry(lab.hosts["h2"]),
                           "local": {"transport": "local", "remote_dir": str(tmp_path / "local")}})
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(inv.path), seconds], stdout=subprocess.PIPE,
@@ -455,7 +456,7 @@ def test_a_step_leaves_nothing_in_its_process_group_even_a_child_without_the_tag
     so is one a job-control shell (`set -m`) put in a group of its own within the step's session.
     The command ends only once both children run `sleep` (until then they still carry the tag, and
     a loaded machine's scan for it would kill them whatever the group kill does)."""
-    m = f"4{os.getpid() % 1000:03d}{len(jobs)}"
+    m = f"4{MARK}{len(jobs)}"
     script = (f"{jobs}env -i sleep 31{m} >/dev/null 2>&1 & a=$!; env -i sleep 32{m} >/dev/null 2>&1 & b=$!; "
               "until grep -qa '^sleep' /proc/$a/cmdline && grep -qa '^sleep' /proc/$b/cmdline; do sleep 0.01; done; "
               "echo started")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fault_lab import MARK
 from orchestrator import cli
 from orchestrator.errors import UsageError
 
@@ -159,7 +160,7 @@ def test_a_failing_host_beside_a_passing_one_exits_1_and_the_summary_names_both(
 def test_a_timeout_stops_everything_the_command_started_on_the_host(lab, make_inventory):
     """`--timeout 1` on a command whose processes sleep, one of them in a session of its own: the
     host's timeout fires, the step is `timeout`, exit 1, and nothing of it is left running."""
-    mark = f"9{os.getpid() % 10000:04d}"
+    mark = f"9{MARK}"
     inv = lab_hosts(lab, make_inventory, h1={})
     start = time.monotonic()
     proc = run_exec(inv, "-H", "h1", "--timeout", "1", "--", "bash", "-c",

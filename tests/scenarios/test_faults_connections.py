@@ -31,7 +31,7 @@ from orchestrator.errors import AuthError, HostKeyError
 from orchestrator.connectors.factory import open_transport
 from orchestrator.connectors.paramiko import SshTransport
 
-from fault_lab import (FAST, accepted, count, entry, fake_commands, fresh_host, invoke, names, processes, run_validate,
+from fault_lab import (FAST, MARK, accepted, count, entry, fake_commands, fresh_host, invoke, names, processes, run_validate,
                        session_pids, tree, wait_for)
 
 
@@ -167,7 +167,7 @@ def test_5_a_host_that_hangs_mid_step_is_detected_by_keepalive(lab, make_invento
     keepalive for 6 s`, within keepalive (2 s) x 3 plus a little, not after the step's 60 s timeout.
     Afterwards (the host resumes): the step's remote process tree is gone, and the next run works."""
     hung = fresh_host(lab, "hung")
-    marker = f"5{os.getpid() % 1000:03d}"
+    marker = f"5{MARK}"
     inv = make_inventory({"hung": entry(lab, hung, remote_dir=str(hung.root / "engine"), timeouts={"build": 60})},
                          commands=fake_commands(build=f"echo started; sleep 6{marker} & sleep 7{marker}; wait"))
     result = {}
@@ -299,7 +299,7 @@ def test_5_a_network_partition_mid_step_is_detected_by_keepalive(lab, make_inven
     hear that the client closed: its FIN was lost in the partition), and the host lock is free (its
     holder heard no heartbeat for 3 keepalives): the next deploy works and names the dead run."""
     host, ns, outer = ns_host
-    marker = f"55{os.getpid() % 1000:03d}"
+    marker = f"55{MARK}"
     inv = make_inventory({"far": {**entry(lab, host, remote_dir=str(host.root / "engine"), timeouts={"build": 12},
                                           known_hosts=str(tmp_path / "none")),
                                   "address": ns, "host_key": host.fingerprint()}},

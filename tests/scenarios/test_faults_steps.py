@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 
-from fault_lab import REPO, entry, fake_commands, invoke, names, processes, run_validate, slow_rsync, wait_for
+from fault_lab import MARK, REPO, entry, fake_commands, invoke, names, processes, run_validate, slow_rsync, wait_for
 
 
 # -- 6: step timeout -----------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def test_6_a_step_timeout_kills_the_whole_remote_tree_and_keeps_the_partial_log(
     sees: build TIMEOUT after ~3 s, later steps skipped, exit code 1, and the output printed before
     the timeout in the report (run.json tail, report.md, report.html, junit.xml) and the step log.
     Afterwards: not one of those processes is left on the host."""
-    m = f"6{os.getpid() % 1000:03d}"
+    m = f"6{MARK}"
     build = (f"echo partial-output-{m}; sleep 5{m} & (sleep 6{m} &); nohup sleep 7{m} >/dev/null 2>&1 & "
              f"setsid sleep 8{m} & bash -c 'sleep 9{m}'")
     h2 = lab.hosts["h2"]
@@ -96,7 +96,7 @@ def test_7_an_interrupted_run_stops_the_remote_work_and_releases_the_lock(
     running step `interrupted` with the output it had, the rest `skipped`. Afterwards: the remote rsync / build / test processes are gone, the host lock is
     free (its owner file removed: the next run does not report a dead run's lock), and the next run
     works."""
-    m = f"7{os.getpid() % 1000:03d}{next(names)}"
+    m = f"7{MARK}{next(names)}"
     h1 = lab.hosts["h1"]
     remote = h1.root / f"interrupt-{tmp_path.name}"
     slow = {}

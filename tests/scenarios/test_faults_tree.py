@@ -26,7 +26,7 @@ from orchestrator import cli, sync
 from orchestrator.runner.console import Console
 from orchestrator.errors import InventoryError
 
-from fault_lab import (REPO, accepted, entry, fake_commands, fresh_host, invoke, names, outside, processes,
+from fault_lab import (MARK, REPO, accepted, entry, fake_commands, fresh_host, invoke, names, outside, processes,
                        run_validate, session_pids, slow_rsync, tree, wait_for)
 
 
@@ -37,7 +37,7 @@ def test_8_sshd_killed_during_a_sync_is_repaired_by_the_next_run(lab, make_inven
     previous sync did not finish ...; this sync repairs the tree` and that it recovered the dead
     run's lock, and exits 0. Afterwards: the tree on the host is exactly the source (tree hash
     verified), and nothing outside remote_dir changed."""
-    m = f"8{os.getpid() % 1000:03d}"
+    m = f"8{MARK}"
     victim = fresh_host(lab, "victim")
     remote = victim.root / "area" / "engine"
     (victim.root / "area" / "neighbour").mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_10_two_concurrent_runs_on_one_host(lab, make_inventory, source, tmp_pat
     another run: <task> by pid <pid of the winner> on <this machine>, started ...`. Afterwards: the
     tree is deployed once, correctly, and the lock is free. (In-process contention and a dead ssh
     client's lock: tests/scenarios/test_deploy.py::test_lock_contention_and_recovery_of_a_dead_runs_lock.)"""
-    m = f"10{os.getpid() % 1000:03d}{next(names)}"
+    m = f"10{MARK}{next(names)}"
     (source / "big.bin").write_bytes(os.urandom(100 << 10))
     h1 = lab.hosts["h1"]
     remote = h1.root / f"concurrent-{tmp_path.name}"
@@ -157,7 +157,7 @@ def test_10_a_killed_runs_lock_is_recovered(lab, make_inventory, source, tmp_pat
     """Scenario 10, second half. `invoke deploy` is SIGKILLed (no cleanup at all) while it holds the
     lock. The user sees: the next deploy proceeds and says `recovered the lock left by a run that
     died: deploy by pid <the killed pid> ...`. Afterwards: the tree is deployed, the lock is free."""
-    m = f"10{os.getpid() % 1000:03d}{next(names)}"
+    m = f"10{MARK}{next(names)}"
     (source / "big.bin").write_bytes(os.urandom(200 << 10))
     h1 = lab.hosts["h1"]
     remote = h1.root / f"killed-{tmp_path.name}"
