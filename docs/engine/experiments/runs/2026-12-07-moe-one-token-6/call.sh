@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call of issue 38's sixth MoE pass (from the checkout's root; this tree unpacked at
 # /tmp/this, the same tree with bench/experiments/moe_shared_l2_prefetch.patch applied at /tmp/pf):
-#  1. the probe: bench_gpu (this tree's, --moe-probe) in turn --quick --moe-only and the full
-#     --quick table, and the full table with one GEMM shape (KD_BENCH_GEMM_SHAPES), PROBE_ROUNDS
-#     times; each run prints the MoE layer timed in more ways at 1 and 4 tokens (probe lines);
+#  1. the probe: bench_gpu (this tree's) in turn --quick --moe-only and the full --quick table,
+#     each plain and with --moe-probe (the MoE layer timed in more ways at 1 and 4 tokens, the
+#     probe lines), PROBE_ROUNDS rounds; in the first round also the full table with one GEMM
+#     shape (KD_BENCH_GEMM_SHAPES), plain;
 #  2. the A/B of the prefetch patch (/tmp/pf) against the checkout's engine_src (main) with
 #     bench/gpu_moe_ab.sh and its gates (KD_AB_ROUNDS rounds; KD_AB=0: none).
 # Everything lands in $OUT/call.tgz and $OUT/driver.log.
@@ -30,13 +31,15 @@ trap pack EXIT
         while [[ "$1" != -- ]]; do envs+=("$1"); shift; done
         shift
         local s=$SECONDS
-        env ${envs[@]+"${envs[@]}"} timeout 120 "$b" --moe-probe --json "$res/probe/$name.json" "$@" >"$res/probe/$name.log" 2>&1
+        env ${envs[@]+"${envs[@]}"} timeout 120 "$b" --json "$res/probe/$name.json" "$@" >"$res/probe/$name.log" 2>&1
         echo "$name rc=$? ($((SECONDS - s)) s, at $((SECONDS - t0)) s)"
         grep -E '^  T=1 |probe T=1 ' "$res/probe/$name.log" | cut -c1-330
     }
     for r in $(seq 1 "$1"); do
         run "moeonly_$r" -- --quick --moe-only
         run "full_$r" -- --quick
+        run "moeonly_probe_$r" -- --quick --moe-only --moe-probe
+        run "full_probe_$r" -- --quick --moe-probe
         (( r <= 1 )) || continue
         run "full_w28672_$r" KD_BENCH_GEMM_SHAPES=28672x8192 -- --quick
         run "full_w2048_$r" KD_BENCH_GEMM_SHAPES=2048x7168 -- --quick
