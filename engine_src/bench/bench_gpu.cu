@@ -14,10 +14,10 @@
 //      back, 3 SGEMMs per selected expert, no TF32) and FP32 through our grouped kernel; outputs
 //      compared; the INT4 output's bits as a hash (two builds of the layer compare by it).
 //
-//   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only]
+//   bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only] [--moe-probe]
 //   (--only: time one matmul_w4a16 shape; --only-f32: one matmul_f32 shape, cuBLAS and our kernel;
 //   --moe: run the MoE layer's paths once at T tokens, for ncu; --moe-only: the ceiling and the
-//   MoE rows, no GEMM table)
+//   MoE rows, no GEMM table; --moe-probe: at 1 and 4 tokens, the layer timed in more ways, printed)
 #include "../src/cuda/ops.cuh"
 #include "../src/cuda/w4a16_core.cuh"
 
@@ -25,12 +25,15 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <sstream>
 #include <string>
@@ -128,6 +131,20 @@ __global__ void combine_rows(float* out, const float* y, const int* pos, const f
 
 const int kFillGrid = 4096, kFillBlock = 256;
 
+// Holds the stream until the host sets *flag (or about 2 s pass): the launches queued behind it
+// then run back to back, so their GPU time leaves out the host's launch cost (nvbench's blocking
+// kernel). --moe-probe only.
+__global__ void block_on_flag(const volatile int* flag) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*flag == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > 2000000000ull) break;
+        __nanosleep(2000);
+    }
+}
+__global__ void empty_kernel() {}
+
 // ---- the read-bandwidth ceiling ----------------------------------------------------------
 
 __global__ void read_only_kernel(const uint4* p, size_t n, uint32_t* sink) {
@@ -214,6 +231,8 @@ std::pair<uint32_t*, float*> tiled(Context& ctx, const uint32_t* q, const float*
 
 // Work runs on a non-blocking stream, which a plain cudaMemcpy does not wait for.
 cudaStream_t g_stream = nullptr;
+// --moe-probe: what the MoE layer's one-graph-per-layer time is made of (printed, not in the JSON).
+bool g_moe_probe = false;
 
 template <class T>
 std::vector<T> to_host(const T* d, size_t n) {
@@ -533,6 +552,98 @@ uint64_t output_bits(const std::vector<float>& out) {
     return bits;
 }
 
+// --moe-probe: the MoE layer timed in other ways (issue 38, sixth MoE pass). run(): calls
+// launches of launch(i) a repetition, after `warm` of them once; per layer, the GPU time between
+// the repetition's first and last events, and the host's time in the launch calls; "queued": the
+// launches wait behind block_on_flag until all are issued, so the GPU runs them back to back
+// whatever the host's launch cost; "pos": an event after every call and the median interval of
+// each (every repetition's with all_reps).
+struct LayerProbe {
+    Context& ctx;
+    int T;
+    int* flag_h = nullptr;
+    int* flag_d = nullptr;
+    std::vector<cudaEvent_t> ev = std::vector<cudaEvent_t>(66);
+    LayerProbe(Context& c, int t) : ctx(c), T(t) {
+        KD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag_h), sizeof(int), cudaHostAllocMapped));
+        KD_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_d), flag_h, 0));
+        for (auto& e : ev) KD_CUDA_CHECK(cudaEventCreate(&e));
+    }
+    ~LayerProbe() {
+        for (auto& e : ev) cudaEventDestroy(e);
+        cudaFreeHost(flag_h);
+    }
+    // A graph of work(); warm: uploaded and launched once.
+    cudaGraphExec_t capture(const std::function<void()>& work, bool warm = true) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+        work();
+        KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+        KD_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        KD_CUDA_CHECK(cudaGraphDestroy(g));
+        if (warm) {
+            KD_CUDA_CHECK(cudaGraphUpload(ge, ctx.stream));
+            KD_CUDA_CHECK(cudaGraphLaunch(ge, ctx.stream));
+        }
+        KD_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+        return ge;
+    }
+    static double pct(std::vector<double> v, double q) {
+        std::sort(v.begin(), v.end());
+        return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+    }
+    void run(const char* name, int calls, int layers, bool queued, bool pos, const std::function<void(int)>& launch,
+             int reps = 21, int warm = 8, bool all_reps = false) {
+        std::vector<double> gpu, host;
+        std::vector<std::vector<double>> at(pos ? calls : 0);
+        for (int i = 0; i < std::min(calls, warm); ++i) launch(i);
+        KD_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+        for (int r = 0; r < reps; ++r) {
+            if (queued) {
+                *reinterpret_cast<volatile int*>(flag_h) = 0;
+                std::atomic_thread_fence(std::memory_order_seq_cst);
+                block_on_flag<<<1, 1, 0, ctx.stream>>>(flag_d);
+            }
+            KD_CUDA_CHECK(cudaEventRecord(ev[0], ctx.stream));
+            const auto h0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < calls; ++i) {
+                launch(i);
+                if (pos) KD_CUDA_CHECK(cudaEventRecord(ev[1 + i], ctx.stream));
+            }
+            const auto h1 = std::chrono::steady_clock::now();
+            KD_CUDA_CHECK(cudaEventRecord(ev[65], ctx.stream));
+            if (queued) {
+                std::atomic_thread_fence(std::memory_order_seq_cst);
+                *reinterpret_cast<volatile int*>(flag_h) = 1;
+            }
+            KD_CUDA_CHECK(cudaEventSynchronize(ev[65]));
+            float ms = 0;
+            KD_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[65]));
+            gpu.push_back(1000.0 * ms / calls / layers);
+            host.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count() / calls);
+            for (int i = 0; pos && i < calls; ++i) {
+                KD_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[1 + i]));
+                at[i].push_back(1000.0 * ms);
+            }
+            if (all_reps) {
+                std::printf("  probe T=%d %-36s rep %d: us a layer %7.1f, host launch a call %7.1f | each call:", T, name, r,
+                            gpu.back(), host.back());
+                for (auto& v : at) std::printf(" %.1f", v.back());
+                std::printf("\n");
+            }
+        }
+        std::printf("  probe T=%d %-36s us a layer %7.1f [p10 %7.1f p90 %7.1f] | host launch a call %7.1f [p10 %7.1f p90 %7.1f]",
+                    T, name, pct(gpu, 0.5), pct(gpu, 0.1), pct(gpu, 0.9), pct(host, 0.5), pct(host, 0.1), pct(host, 0.9));
+        if (pos) {
+            std::printf(" | each call:");
+            for (auto& v : at) std::printf(" %.1f", pct(v, 0.5));
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+    }
+};
+
 std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, int only_T = 0) {
     MoeLayer L;
     const long per = static_cast<long>(L.inter) * L.h;
@@ -672,6 +783,20 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
             continue;
         }
         const double bytes = moe_byte_limit(ctx, L, b, xi, T, n_inputs);
+        std::unique_ptr<LayerProbe> probe;
+        if (g_moe_probe && T != 16) {
+            probe = std::make_unique<LayerProbe>(ctx, T);
+            // The per-layer graphs timed as the table times them (captured, not uploaded, 4 of the 8
+            // launched once, the table's repetitions) but with an event after every graph, each
+            // repetition printed: where the time of the first per-layer graphs of the run goes.
+            // The table's own figure below then comes second.
+            std::vector<cudaGraphExec_t> first(n_inputs);
+            for (int i = 0; i < n_inputs; ++i)
+                first[i] = probe->capture([&] { moe_int4_layer(ctx, L, b, xi(i), T, true); }, false);
+            probe->run("first: graph a layer, as the table, pos", n_inputs, 1, false, true,
+                       [&](int i) { KD_CUDA_CHECK(cudaGraphLaunch(first[i], ctx.stream)); }, reps, 4, true);
+            for (auto& e : first) cudaGraphExecDestroy(e);
+        }
         const double t_graph = graph_us([&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); });
         const double pct = 100.0 * bytes / t_graph / 1e3 / ceiling;
         // The same layer as one of 8 in one graph (a forward's graph holds all its layers: no
@@ -714,6 +839,44 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         j.raw("valid", ok ? "true" : "false");
         rows << (first ? "" : ",\n    ") << j.obj();
         first = false;
+        if (probe) {
+            // The layer timed in other ways (PREPS repetitions each), after the table's figures.
+            std::vector<cudaGraphExec_t> per(n_inputs), sep(n_inputs), empty(n_inputs);
+            for (int i = 0; i < n_inputs; ++i) {
+                per[i] = probe->capture([&] { moe_int4_layer(ctx, L, b, xi(i), T, true); });
+                sep[i] = probe->capture([&] { moe_int4_layer(ctx, L, b, xi(i), T, true, true); });
+                empty[i] = probe->capture([&] {
+                    for (int k = 0; k < 7; ++k) empty_kernel<<<1, 32, 0, ctx.stream>>>();
+                });
+            }
+            const cudaGraphExec_t all8 = probe->capture([&] {
+                for (int i = 0; i < n_inputs; ++i) moe_int4_layer(ctx, L, b, xi(i), T, true);
+            });
+            const auto g = [&](std::vector<cudaGraphExec_t>& v) {
+                return [&v, &ctx](int i) { KD_CUDA_CHECK(cudaGraphLaunch(v[i % v.size()], ctx.stream)); };
+            };
+            const auto one8 = [&](int) { KD_CUDA_CHECK(cudaGraphLaunch(all8, ctx.stream)); };
+            const auto eager = [&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); };
+            LayerProbe& pr = *probe;
+            pr.run("graph a layer, 8 a rep", 8, 1, false, false, g(per));
+            pr.run("graph a layer, 8 a rep, pos", 8, 1, false, true, g(per));
+            pr.run("graph a layer, 8 a rep, queued", 8, 1, true, false, g(per));
+            pr.run("graph a layer, 8 a rep, queued, pos", 8, 1, true, true, g(per));
+            pr.run("graph a layer, 64 a rep", 64, 1, false, false, g(per));
+            pr.run("8 layers a graph", 1, n_inputs, false, false, one8);
+            pr.run("8 layers a graph, queued", 1, n_inputs, true, false, one8);
+            pr.run("eager, 8 a rep", 8, 1, false, false, eager);
+            pr.run("eager, 8 a rep, queued", 8, 1, true, false, eager);
+            pr.run("separate: graph a layer, 8 a rep", 8, 1, false, false, g(sep));
+            pr.run("separate: graph a layer, queued", 8, 1, true, false, g(sep));
+            pr.run("7 empty kernels: graph, 8 a rep", 8, 1, false, false, g(empty));
+            pr.run("7 empty kernels: graph, queued", 8, 1, true, false, g(empty));
+            std::printf("  probe T=%d %-36s us a layer %7.1f\n", T, "graph a layer as the table (again)",
+                        graph_us([&](int i) { moe_int4_layer(ctx, L, b, xi(i), T, true); }));
+            for (auto* v : {&per, &sep, &empty})
+                for (auto& e : *v) cudaGraphExecDestroy(e);
+            cudaGraphExecDestroy(all8);
+        }
     }
     for (int j = 0; j < 3; ++j) {
         cudaFree(L.w[j]); cudaFree(L.q[j]); cudaFree(L.s[j]);
@@ -740,8 +903,9 @@ int main(int argc, char** argv) {
         else if (a == "--only-f32" && i + 3 < argc) for (int& v : only_f32) v = std::atoi(argv[++i]);
         else if (a == "--moe" && i + 1 < argc) moe_T = std::atoi(argv[++i]);
         else if (a == "--moe-only") moe_only = true;
+        else if (a == "--moe-probe") g_moe_probe = true;
         else {
-            std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only]\n");
+            std::fprintf(stderr, "usage: bench_gpu [--json PATH] [--quick] [--only N K M] [--only-f32 N K M] [--moe T] [--moe-only] [--moe-probe]\n");
             return 2;
         }
     }
@@ -811,8 +975,13 @@ int main(int argc, char** argv) {
         std::printf("w4a16 GEMM (v2 = backend matmul_w4a16, v1 = straightforward; %% of the ceiling)\n");
         std::string gemm;
         const int shapes[3][2] = {{2048, 7168}, {7168, 2048}, {28672, 8192}};
+        // KD_BENCH_GEMM_SHAPES (say "2048x7168,28672x8192"): only those shapes in the table.
+        const char* only_shapes = std::getenv("KD_BENCH_GEMM_SHAPES");
         for (const auto& sh : shapes) {
             if (moe_only) break;
+            if (only_shapes && ("," + std::string(only_shapes) + ",").find("," + std::to_string(sh[0]) + "x" +
+                                                                           std::to_string(sh[1]) + ",") == std::string::npos)
+                continue;
             const std::string r = bench_gemm(ctx, sh[0], sh[1], ceiling, quick, failures);
             gemm += (gemm.empty() ? "" : ",\n    ") + r;
         }
