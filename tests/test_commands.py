@@ -6,6 +6,8 @@ import io
 import json
 import os
 import shlex
+import signal
+import threading
 
 import pytest
 
@@ -176,6 +178,37 @@ def test_parallel_collects_failures():
     assert list(outcomes) == ["a", "b", "c"]
     assert [o.value for o in outcomes.values() if o.ok] == ["A", "C"]
     assert [o.summary for o in outcomes.values() if not o.ok] == ["RuntimeError: boom"]
+
+
+def test_an_interrupt_keeps_the_outcomes_of_the_hosts_that_had_started():
+    """run_parallel interrupted (SIGINT while it waits): the host not started is cancelled,
+    on_interrupt runs, the started ones are waited for, and Interrupted carries what each ended
+    with, a crash after the stop included (the run record then never says a step that ran was
+    skipped)."""
+    hosts = [Host(name=n, transport="local", remote_dir="/srv/x") for n in ("a", "b", "c")]
+    both, stopped = threading.Barrier(2), threading.Event()
+
+    def fn(host):
+        if host.name == "c":
+            return "c ran"
+        both.wait(10)
+        if host.name == "a":
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            stopped.wait(10)
+            return "a stopped"
+        stopped.wait(10)
+        raise RuntimeError("crashed after the stop")
+
+    try:
+        parallel.run_parallel(hosts, fn, max_parallel=2, on_interrupt=stopped.set)
+    except parallel.Interrupted as interrupt:
+        outcomes = interrupt.outcomes
+    except KeyboardInterrupt:       # caught here: it must never end the test session
+        pytest.fail("the interrupt left run_parallel without the hosts' outcomes")
+    else:
+        pytest.fail("run_parallel was not interrupted")
+    assert list(outcomes) == ["a", "b"] and stopped.is_set()
+    assert outcomes["a"].value == "a stopped" and outcomes["b"].summary == "RuntimeError: crashed after the stop"
 
 
 def test_a_command_carries_its_timeout_stdin_and_secrets_and_the_client_deadline_follows(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ connection whose host stops answering, so every command on it fails at once.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import itertools
 import socket
@@ -290,14 +291,15 @@ class SshTransport(Transport):
             chan = transport.open_session(timeout=self.host.timeout("connect"))
         except Exception as e:
             raise ConnectError(f"cannot open a session: {e}", host=self.host.name, retry=False) from None
-        with chan:
+        with self._lock:
+            self._running.add(chan)
+        try:
+            return self._command(connection, chan, command, stdin, sink, deadline)
+        finally:
             with self._lock:
-                self._running.add(chan)
-            try:
-                return self._command(connection, chan, command, stdin, sink, deadline)
-            finally:
-                with self._lock:
-                    self._running.discard(chan)
+                self._running.discard(chan)
+            with contextlib.suppress(EOFError, OSError):     # the connection was closed meanwhile (a stop)
+                chan.close()
 
     def _command(self, connection: SshConnection, chan, command, stdin, sink, deadline):
         """Run `command` in the open session `chan` of `connection`: its output to `sink`; its

@@ -99,33 +99,36 @@ def run_parallel(hosts: Iterable[Host], fn: Callable[[Host], T], max_parallel: i
     """Call fn(host) for every host, at most max_parallel at a time; never raises for a host."""
     hosts = list(hosts)
 
+    finished: dict[str, HostOutcome[T]] = {}        # each call records its own: an interrupt
+                                                    # may land anywhere in the loop below
+
     def call(host: Host) -> HostOutcome[T]:
         start = time.monotonic()
         try:
-            return HostOutcome(host, fn(host), None, round(time.monotonic() - start, 3))
+            outcome = HostOutcome(host, fn(host), None, round(time.monotonic() - start, 3))
         except Exception as e:          # collected: one host never stops the others
-            return HostOutcome(host, None, e, round(time.monotonic() - start, 3))
+            outcome = HostOutcome(host, None, e, round(time.monotonic() - start, 3))
+        finished[host.name] = outcome
+        return outcome
 
-    outcomes: HostOutcomes[T] = HostOutcomes()
+    def in_order() -> HostOutcomes[T]:
+        return HostOutcomes((h.name, finished[h.name]) for h in hosts if h.name in finished)
+
     if not hosts:
-        return outcomes
+        return HostOutcomes()
     in_flight = max(1, min(max_parallel or default_parallel(), len(hosts)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=in_flight) as pool:
-        futures = [pool.submit(call, host) for host in hosts]
         try:
-            for host, future in zip(hosts, futures):
-                outcomes[host.name] = future.result()
+            running = {pool.submit(call, host) for host in hosts}
+            while running:      # in steps of a second: a signal that comes as the wait begins
+                _, running = concurrent.futures.wait(running, timeout=1)    # is not noticed until it ends
         except KeyboardInterrupt as interrupt:      # stop the hosts' work, here and on the hosts
-            for future in futures:
-                future.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)      # the hosts not started never start
             if on_interrupt is not None:
                 on_interrupt()
             pool.shutdown(wait=True)
-            for host, future in zip(hosts, futures):
-                if not future.cancelled():
-                    outcomes[host.name] = future.result()
-            raise Interrupted(outcomes) from interrupt
-    return outcomes
+            raise Interrupted(in_order()) from interrupt
+    return in_order()
 
 
 class Interrupted(KeyboardInterrupt):
