@@ -298,8 +298,8 @@ def _rsync(transport: Transport, project: Project, log, checksum: bool, client_m
             proc = subprocess.run(argv, capture_output=True, text=True, env=env,
                                   timeout=remote.client_timeout(transport.host.timeout("sync")))
         if proc.returncode not in (255, 12) or "Host key verification failed" in proc.stderr \
-                or "Permission denied" in proc.stderr or attempt == 2:
-            break
+                or "Permission denied" in proc.stderr or attempt == 2 or transport.stopped.is_set():
+            break           # (a stopped run's connection was closed on purpose: no retry)
         log(f"rsync failed with exit code {proc.returncode}, retrying: {proc.stderr.strip()[-200:]}")
         time.sleep(1 + 2 * attempt)
     if proc.returncode != 0:
