@@ -45,7 +45,7 @@ class ProcessTransport(Transport):
             while True:
                 wait = remaining(deadline)
                 if wait is not None and wait <= 0:
-                    _stop(proc, time.monotonic() + STOP_GRACE)
+                    _stop(proc)
                     return None
                 ready, _, _ = select.select([fd], [], [], min(wait, 1.0) if wait is not None else 1.0)
                 if ready:
@@ -57,7 +57,7 @@ class ProcessTransport(Transport):
             try:
                 return proc.wait(timeout=max(wait, 0.1) if wait is not None else None)
             except subprocess.TimeoutExpired:
-                _stop(proc, time.monotonic() + STOP_GRACE)
+                _stop(proc)
                 return None
         finally:
             self._running.discard(proc)
@@ -84,10 +84,12 @@ def _close(stream) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen, deadline: float) -> None:
+def _stop(proc: subprocess.Popen, deadline: float | None = None) -> None:
     """Stop a local command: end its stdin (a guarded command stops its step and cleans up), then
-    kill it if it has not ended by `deadline` (time.monotonic)."""
+    kill it if it has not ended by `deadline` (time.monotonic; default: STOP_GRACE from now)."""
     _close(proc.stdin)
+    if deadline is None:
+        deadline = time.monotonic() + STOP_GRACE
     try:
         proc.wait(timeout=max(deadline - time.monotonic(), 0))
     except subprocess.TimeoutExpired:

@@ -261,9 +261,9 @@ class SshTransport(Transport):
                 chan.shutdown_write()
             except Exception:       # a channel or connection closed meanwhile: nothing to stop
                 pass
-        deadline = time.monotonic() + STOP_GRACE
-        for chan in running:
-            if connection is not None and connection.is_connected:
+        if connection is not None and connection.is_connected:
+            deadline = time.monotonic() + STOP_GRACE
+            for chan in running:
                 chan.status_event.wait(max(deadline - time.monotonic(), 0))
         with self._lock:
             if self.connection is not None:
