@@ -267,8 +267,13 @@ void dump_number(std::string& out, double d) {
         out += std::to_string(static_cast<long long>(d));
         return;
     }
+    // The shortest text that reads back as the same double, so a dump parsed and dumped again is
+    // the same text (fewer digits could read back as a whole number and print as one).
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", d);
+    for (int digits = 1; digits <= 17; ++digits) {
+        std::snprintf(buf, sizeof buf, "%.*g", digits, d);
+        if (std::strtod(buf, nullptr) == d) break;
+    }
     out += buf;
 }
 
