@@ -210,6 +210,18 @@ struct Timer {
     }
 };
 
+// work()'s launches on `st`, captured into a graph and instantiated (not launched).
+cudaGraphExec_t capture_graph(cudaStream_t st, const std::function<void()>& work) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    KD_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    work();
+    KD_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    KD_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    KD_CUDA_CHECK(cudaGraphDestroy(g));
+    return ge;
+}
+
 template <class T>
 T* dev_alloc(size_t n) {
     T* p = nullptr;
@@ -575,13 +587,7 @@ struct LayerProbe {
     }
     // A graph of work(); warm: uploaded and launched once.
     cudaGraphExec_t capture(const std::function<void()>& work, bool warm = true) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-        work();
-        KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-        KD_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-        KD_CUDA_CHECK(cudaGraphDestroy(g));
+        const cudaGraphExec_t ge = capture_graph(ctx.stream, work);
         if (warm) {
             KD_CUDA_CHECK(cudaGraphUpload(ge, ctx.stream));
             KD_CUDA_CHECK(cudaGraphLaunch(ge, ctx.stream));
@@ -711,14 +717,7 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         // Time per replay of work(i) captured once per input batch (pointers are baked into a graph).
         const auto graph_us = [&](const std::function<void(int)>& work) {
             std::vector<cudaGraphExec_t> graphs(n_inputs);
-            for (int i = 0; i < n_inputs; ++i) {
-                cudaGraph_t g;
-                KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-                work(i);
-                KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-                KD_CUDA_CHECK(cudaGraphInstantiate(&graphs[i], g, 0));
-                KD_CUDA_CHECK(cudaGraphDestroy(g));
-            }
+            for (int i = 0; i < n_inputs; ++i) graphs[i] = capture_graph(ctx.stream, [&] { work(i); });
             const double us = tm.per_call_us(ctx.stream, reps, n_inputs, [&](int i) {
                 KD_CUDA_CHECK(cudaGraphLaunch(graphs[i], ctx.stream));
             });
@@ -728,13 +727,9 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         // Time per call of work(i) when all n_inputs calls are one graph (as a forward's graph
         // holds every layer): no graph-launch boundary between consecutive calls.
         const auto one_graph_us = [&](const std::function<void(int)>& work) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            KD_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < n_inputs; ++i) work(i);
-            KD_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-            KD_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-            KD_CUDA_CHECK(cudaGraphDestroy(g));
+            const cudaGraphExec_t ge = capture_graph(ctx.stream, [&] {
+                for (int i = 0; i < n_inputs; ++i) work(i);
+            });
             const double us = tm.per_call_us(ctx.stream, reps, 1, [&](int) { KD_CUDA_CHECK(cudaGraphLaunch(ge, ctx.stream)); });
             cudaGraphExecDestroy(ge);
             return us / n_inputs;
