@@ -213,6 +213,12 @@ void moe_ffn_rows(Context& ctx, float* out, const float* x, const int32_t* idx, 
         // 87.6 -> 86.4 us at one token on an H200, issue 38's fourth MoE pass). At every row count
         // the second pass had 16 tokens slower with them, so more rows keep one after another.
         up.sum_together = M == 1;
+        // One row: the shared expert is the last slot (every routed expert is below it), and its
+        // blocks prefetch its w1/w3 into L2 while the router and the gate run (W4Params::prefetch_slot).
+        if (M == 1 && shared_slot) {
+            up.prefetch_slot = max_slots - 1;
+            up.prefetch_expert = E;
+        }
         W4Params down = grouped(projection(2, 0, h, I, y, D, D, I));
         down.row_out = pair_id;
         // Its weights are the model's, its lists were written before w1/w3's launch (by the gate

@@ -94,6 +94,13 @@ struct W4Params {
     // w4_sum_kernel issues a thread's loads together (KD_W4_SUM_BATCH values, the slot count and
     // the output row beside them) instead of one value after the other: moe_ffn at one row.
     bool sum_together = false;
+    // Grouped, one row (moe_ffn's w1/w3 launch with the shared expert as its last slot): the blocks
+    // of slot prefetch_slot, whose expert prefetch_expert is known before the gate has run, ask L2
+    // for that expert's words and scales (q, q3, s, s3; their share of them) before
+    // griddepcontrol.wait, so those bytes are read while the router and the gate run. A hint
+    // only: nothing is read into registers and no result depends on it. -1: none.
+    int prefetch_slot = -1;
+    long prefetch_expert = 0;
 };
 
 // Two nibbles of `shifted` (bits 6..9 and 22..25) as the fp16 pair (16 + n_lo, 16 + n_hi).
@@ -335,12 +342,43 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 // Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
 // or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
 // slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
+// Bulk L2 prefetch (sm_90 and later): [p, p + bytes) into L2, nothing returned to the SM. p and
+// bytes multiples of 16.
+__device__ __forceinline__ void l2_prefetch_bulk(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// W4Params::prefetch_slot: this block's share (blocks of the slot: gridDim.x x gridDim.y) of the
+// expert's matrices (q and s; q3 and s3 with SwiGLU), in 4 KiB requests, a thread's after another's.
+template <bool GLU>
+__device__ __forceinline__ void w4_prefetch_expert(const W4Params& p) {
+    constexpr unsigned kChunk = 4096;
+    const unsigned nb = gridDim.x * gridDim.y, b = blockIdx.y * gridDim.x + blockIdx.x;
+    const auto region = [&](const void* base, unsigned long bytes) {
+        const unsigned long per = (bytes / nb + kChunk - 1) / kChunk * kChunk;  // a multiple of 16
+        const unsigned long lo = b * per, hi = lo + per < bytes ? lo + per : bytes;
+        for (unsigned long o = lo + threadIdx.x * static_cast<unsigned long>(kChunk); o < hi;
+             o += static_cast<unsigned long>(KD_W4_THREADS) * kChunk)
+            l2_prefetch_bulk(static_cast<const char*>(base) + o, static_cast<unsigned>(hi - o < kChunk ? hi - o : kChunk));
+    };
+    const unsigned long qb = static_cast<unsigned long>(p.q_estride) * 4, sb = static_cast<unsigned long>(p.s_estride) * 4;
+    region(p.q + p.prefetch_expert * p.q_estride, qb);
+    region(p.s + p.prefetch_expert * p.s_estride, sb);
+    if (GLU) {
+        region(p.q3 + p.prefetch_expert * p.q_estride, qb);
+        region(p.s3 + p.prefetch_expert * p.s_estride, sb);
+    }
+}
+
 template <int Q, bool GLU>
 __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
     float* xneg = reinterpret_cast<float*>(bsm + 8 * Q * KD_W4_ROW_BYTES);  // [4Q][GROUPS]
     float* fac = xneg + 4 * Q * w4_xstride(Q);                            // [4Q]
+    if (static_cast<int>(blockIdx.z) == p.prefetch_slot) w4_prefetch_expert<GLU>(p);
     if (!p.early) chain_acquire();
     chain_release();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
