@@ -191,10 +191,18 @@ struct Timer {
     cudaEvent_t a, b;
     Timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
     ~Timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
-    // Median over `reps` of the time of `calls` back-to-back calls of fn(i), divided by calls (us).
+    // Median over `reps` of the time of `calls` back-to-back calls of fn(i), divided by calls (us),
+    // after a warm-up of whole passes (every fn(i) at least once: a graph's first launch uploads
+    // it) lasting at least kWarmMs. Why the time: on an H100 the first ~1.7 ms of GPU work after
+    // the GEMM table ran 13 % slower (126 us a K2 MoE layer instead of 111, 13-15 launches, any
+    // graph: issue 38's seventh MoE pass); a warm-up of 4 calls left that transient in the timing.
+    static constexpr double kWarmMs = 10.0;
     double per_call_us(cudaStream_t st, int reps, int calls, const std::function<void(int)>& fn) {
-        for (int i = 0; i < std::min(calls, 4); ++i) fn(i);  // warm-up
-        KD_CUDA_CHECK(cudaStreamSynchronize(st));
+        const auto warm_start = std::chrono::steady_clock::now();
+        do {
+            for (int i = 0; i < calls; ++i) fn(i);
+            KD_CUDA_CHECK(cudaStreamSynchronize(st));
+        } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - warm_start).count() < kWarmMs);
         std::vector<double> t;
         for (int r = 0; r < reps; ++r) {
             KD_CUDA_CHECK(cudaEventRecord(a, st));
