@@ -33,7 +33,18 @@ mem=()
 if [[ -n "${KD_MAX_MEMORY:-}" ]]; then mem=(--max-memory "$KD_MAX_MEMORY"); fi
 scratch="$(mktemp -d)"
 source scripts/gpu_load.sh
+# An unexpected error stops the suite (set -e), but never without its results file: the stop is
+# a failed case naming the line and the status, beside every case recorded before it.
+finished=0
+stopped_at=""
+trap 'stopped_at=$LINENO' ERR
 cleanup() {
+    local rc=$?
+    if (( !finished )); then
+        record suite.stopped failed 0 "run_tests.sh stopped early with status $rc${stopped_at:+ at line $stopped_at}: the cases after it did not run"
+        write_results "${build_backend:-unknown}"
+        echo "$failed TESTS FAILED (the suite stopped early)"
+    fi
     [[ -z "$GPU_LOAD_PID" ]] || gpu_load_stop || true
     rm -rf "$scratch"
 }
@@ -89,6 +100,7 @@ write_results() {
         "$backend" "$passed" "$failed" "$skipped" "$body" > "$file"
 }
 finish() {
+    finished=1
     write_results "$1"
     if (( failed )); then echo "$failed TESTS FAILED"; exit 1; fi
     echo "ALL TESTS PASSED"
@@ -460,7 +472,9 @@ for defect in "tensor_hash tensor .*: sha256 .* differs from the index's" "diges
               "count index count mismatch: the index holds" "magic bad index magic" "trailing 32 bytes after the index" \
               "truncated truncated: the index ends at" "data_sha256 bad header: unknown top-level key 'data_sha256'"; do
     read -r what pattern <<<"$defect"
-    "$PYTHON" - "$v2_base" "$scratch/v2_$what.kdtr" "$what" <<'PY'
+    # Without its base (its conversion failed above) no defect file is made, and the case below
+    # fails naming the missing file.
+    "$PYTHON" - "$v2_base" "$scratch/v2_$what.kdtr" "$what" <<'PY' || rm -f "$scratch/v2_$what.kdtr"
 import hashlib, json, struct, sys
 src, dst, what = sys.argv[1:4]
 blob = bytearray(open(src, "rb").read())
@@ -502,7 +516,11 @@ sys.path.insert(0, "python")
 from kdtree_ref import kdtr
 refs = sys.argv[1].rsplit("/", 1)[0]
 for b in json.load(open(sys.argv[1]))["bundles"]:
-    if kdtr.read(f"{refs}/{b['file']}").header["config"].get("rope_scaling"):
+    try:
+        header = kdtr.read(f"{refs}/{b['file']}").header
+    except kdtr.KdtrError:  # a damaged bundle: its own cases above fail, naming the defect
+        continue
+    if header["config"].get("rope_scaling"):
         print(b["file"])
         break
 PY
