@@ -33,15 +33,21 @@ mem=()
 if [[ -n "${KD_MAX_MEMORY:-}" ]]; then mem=(--max-memory "$KD_MAX_MEMORY"); fi
 scratch="$(mktemp -d)"
 source scripts/gpu_load.sh
-# An unexpected error stops the suite (set -e), but never without its results file: the stop is
-# a failed case naming the line and the status, beside every case recorded before it.
+# An unexpected error or a signal (a timeout's TERM) stops the suite, but never without its
+# results file: the stop is a failed case naming the line or signal and the status, beside every
+# case recorded before it. A results file of an earlier run is removed first, so that a suite
+# killed outright leaves none rather than another run's.
+results_file="${KD_TEST_RESULTS:-$results/test_results.json}"
+rm -f "$results_file"
 finished=0
 stopped_at=""
-trap 'stopped_at=$LINENO' ERR
+trap 'stopped_at="line $LINENO"' ERR
+trap 'stopped_at="SIGTERM"; exit 143' TERM
+trap 'stopped_at="SIGINT"; exit 130' INT
 cleanup() {
     local rc=$?
     if (( !finished )); then
-        record suite.stopped failed 0 "run_tests.sh stopped early with status $rc${stopped_at:+ at line $stopped_at}: the cases after it did not run"
+        record suite.stopped failed 0 "run_tests.sh stopped early with status $rc${stopped_at:+ ($stopped_at)}: the cases after it did not run"
         write_results "${build_backend:-unknown}"
         echo "$failed TESTS FAILED (the suite stopped early)"
     fi
@@ -94,7 +100,7 @@ expect_failure() {
 write_results() {
     local backend="$1" body="" r
     for r in "${records[@]+"${records[@]}"}"; do body+="${body:+,$'\n'  }$r"; done
-    local file="${KD_TEST_RESULTS:-$results/test_results.json}"
+    local file="$results_file"
     mkdir -p "$(dirname "$file")"
     printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
         "$backend" "$passed" "$failed" "$skipped" "$body" > "$file"
