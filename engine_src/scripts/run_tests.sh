@@ -105,6 +105,12 @@ write_results() {
     printf '{"version": 1, "backend": "%s", "passed": %d, "failed": %d, "skipped": %d, "tests": [\n  %s\n]}\n' \
         "$backend" "$passed" "$failed" "$skipped" "$body" > "$file"
 }
+# refuse MESSAGE: the setup asked for cannot run (exit 2, no results file: nothing was tested).
+refuse() {
+    finished=1
+    echo "$1" >&2
+    exit 2
+}
 finish() {
     finished=1
     write_results "$1"
@@ -169,9 +175,9 @@ if [[ -n "${KD_TEST_BACKENDS:-}" ]]; then
     for be in ${KD_TEST_BACKENDS//,/ }; do
         case "$be" in
             cpu) chosen+=(cpu) ;;
-            cuda) [[ "$build_backend" == cuda ]] || { echo "run_tests.sh: KD_TEST_BACKENDS names cuda, but this is a $build_backend build" >&2; exit 2; }
+            cuda) [[ "$build_backend" == cuda ]] || refuse "run_tests.sh: KD_TEST_BACKENDS names cuda, but this is a $build_backend build"
                   if [[ " ${backends[*]} " == *" cuda "* ]]; then chosen+=(cuda); fi ;;  # else recorded as skipped above
-            *) echo "run_tests.sh: KD_TEST_BACKENDS: unknown backend '$be' (cpu, cuda)" >&2; exit 2 ;;
+            *) refuse "run_tests.sh: KD_TEST_BACKENDS: unknown backend '$be' (cpu, cuda)" ;;
         esac
     done
     backends=("${chosen[@]+"${chosen[@]}"}")
@@ -201,9 +207,9 @@ for b in m["bundles"]:
 selected_bundle() { [[ -z "${KD_TEST_BUNDLES:-}" || ",${KD_TEST_BUNDLES}," == *",$1,"* ]]; }
 if [[ -n "${KD_TEST_BUNDLES:-}" ]]; then
     names=" $(awk '{printf "%s ", $1}' <<<"$bundle_list")"
-    [[ -n "${KD_TEST_BUNDLES//,/}" ]] || { echo "run_tests.sh: KD_TEST_BUNDLES='$KD_TEST_BUNDLES' names no bundle (its bundles:$names)" >&2; exit 2; }
+    [[ -n "${KD_TEST_BUNDLES//,/}" ]] || refuse "run_tests.sh: KD_TEST_BUNDLES='$KD_TEST_BUNDLES' names no bundle (its bundles:$names)"
     for want in ${KD_TEST_BUNDLES//,/ }; do
-        [[ "$names" == *" $want "* ]] || { echo "run_tests.sh: KD_TEST_BUNDLES names '$want', which is not a bundle of $manifest (its bundles:$names)" >&2; exit 2; }
+        [[ "$names" == *" $want "* ]] || refuse "run_tests.sh: KD_TEST_BUNDLES names '$want', which is not a bundle of $manifest (its bundles:$names)"
     done
 fi
 
