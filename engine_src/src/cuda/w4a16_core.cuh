@@ -339,9 +339,6 @@ __device__ constexpr bool w4_block_ticket(int Q) {
 #endif
 }
 
-// Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
-// or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
-// slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
 // Bulk L2 prefetch (sm_90 and later): [p, p + bytes) into L2, nothing returned to the SM. p and
 // bytes multiples of 16.
 __device__ __forceinline__ void l2_prefetch_bulk(const void* p, unsigned bytes) {
@@ -372,6 +369,9 @@ __device__ __forceinline__ void w4_prefetch_expert(const W4Params& p) {
     }
 }
 
+// Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
+// or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
+// slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
 template <int Q, bool GLU>
 __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
