@@ -254,10 +254,57 @@ __device__ __forceinline__ void w4_step(float (&part)[Q][2], const W4Step& st, i
     }
 }
 
+// Whether w4_stage<Q> first copies every row's inputs into shared memory, all rows' copies in
+// flight together, and reads them from there: passes of 16 rows and more (28672 x 8192 at 32 and
+// 64 rows 1.055x on an H100; 2-8 rows, read twice from global memory one row after the other,
+// were 0.96-1.00x with the copies: issue 38's eleventh pass). The same bits either way.
+__host__ __device__ constexpr bool w4_stage_copies(int Q) { return Q >= 4; }
+
+// BYTES (16: 4 inputs; 4: one) from global to shared memory without registers (cp.async,
+// sm_80 and later; a load and a store before).
+template <int BYTES>
+__device__ __forceinline__ void w4_copy(void* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (BYTES == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#else
+    if constexpr (BYTES == 16) *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+    else *reinterpret_cast<float*>(dst) = *src;
+#endif
+}
+
+// w4_stage_copies: rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as they are,
+// each into its token's two staged rows (klen floats, at most 4 KiB of the 2 ROW_BYTES), every
+// copy in flight before the one wait. Ends with the block synchronised.
+template <int Q>
+__device__ __forceinline__ void w4_copy_rows(const W4Params& p, int m_begin, int m_count, int kb, int klen,
+                                             unsigned char* bsm) {
+    __shared__ const float* src[4 * Q];
+    if (threadIdx.x < static_cast<unsigned>(m_count)) {
+        const long prow = m_begin + threadIdx.x;
+        src[threadIdx.x] = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
+    }
+    __syncthreads();
+    const auto dst = [&](int j) { return reinterpret_cast<float*>(bsm + 2 * j * KD_W4_ROW_BYTES); };
+    if ((reinterpret_cast<uintptr_t>(p.x) | static_cast<uintptr_t>(p.ldx) * 4u | static_cast<uintptr_t>(kb) * 4u) % 16 == 0) {
+        const int per_row = klen / 4;
+        for (int i = threadIdx.x; i < m_count * per_row; i += KD_W4_THREADS)
+            w4_copy<16>(dst(i / per_row) + 4 * (i % per_row), src[i / per_row] + 4 * (i % per_row));
+    } else {
+        for (int i = threadIdx.x; i < m_count * klen; i += KD_W4_THREADS) w4_copy<4>(dst(i / klen) + i % klen, src[i / klen] + i % klen);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+    __syncthreads();
+}
+
 // Stages rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as B fragments (see
 // the file comment), with -24 X per group and each row's scale 2^-e in fac. Warp w takes groups
-// w, w + 8, ... of every row (loads in flight together); pmax: [at least 4Q rows][warps] scratch.
-// Ends with the block synchronised.
+// w, w + 8, ... of every row (loads in flight together), from global memory or (w4_stage_copies)
+// from the rows' copies, which the row's fragments then overwrite; pmax: [at least 4Q rows][warps]
+// scratch. Ends with the block synchronised.
 template <int Q>
 __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_count, int kb, int klen,
                                          unsigned char* bsm, float* xneg, float* fac, float* pmax) {
@@ -270,10 +317,12 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
         for (int i = threadIdx.x; i < (4 * Q - m_count) * 2 * ROW_VECS; i += KD_W4_THREADS) zero_rows[i] = make_uint4(0u, 0u, 0u, 0u);
         for (int i = threadIdx.x; i < (4 * Q - m_count) * xstride; i += KD_W4_THREADS) xneg[m_count * xstride + i] = 0.0f;
     }
-    const auto row = [&](int j) {
+    const auto row = [&](int j) -> const float* {
+        if constexpr (w4_stage_copies(Q)) return reinterpret_cast<const float*>(bsm + 2 * j * KD_W4_ROW_BYTES);
         const long prow = m_begin + j;
         return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
     };
+    if constexpr (w4_stage_copies(Q)) w4_copy_rows<Q>(p, m_begin, m_count, kb, klen, bsm);
     for (int j = 0; j < m_count; ++j) {  // each warp's largest |x| of each row
         const float* xr = row(j);
         float v[PER_WARP];
@@ -309,6 +358,7 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
             const int G = warp + KD_W4_WARPS * i;
             v[i] = G < n_groups ? xr[32 * G + lane] * up : 0.0f;
         }
+        if constexpr (w4_stage_copies(Q)) __syncthreads();  // the row's copy all read before its fragments overwrite it
 #pragma unroll
         for (int i = 0; i < PER_WARP; ++i) {
             const int G = warp + KD_W4_WARPS * i;
