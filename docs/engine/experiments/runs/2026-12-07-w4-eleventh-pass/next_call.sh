@@ -2,6 +2,7 @@
 # The next device calls of issue 38 after the eleventh pass (built, not run), from the checkout's
 # root on the GPU host:
 #   bash next_call.sh rows      # ~150 s: this tree's matmul against its variants, bench/gpu_rows.sh
+#   bash next_call.sh moe       # ~250 s: the K2 MoE layer, main against sumrel, bench/gpu_moe_ab.sh
 #   bash next_call.sh validate  # ~420 s: docs/gpu-reference/reproduce.sh OUT/rec wide
 # "rows" needs the octet tree of the eleventh pass unpacked at /tmp/oct (`.xfer/oct.tgz`: main
 # 319fcdb's engine_src with engine_src/bench/experiments/w4_token_octets.patch applied, made by
@@ -14,7 +15,14 @@
 #   nows   this tree with the split-K workspace stored for the pass's first token only (the
 #          other tokens' values still computed): the time the workspace's stores cost at 2-16 rows;
 #   nosum  this tree without the split-K sum's launch: what that launch costs.
-# nows and nosum give wrong results (their op tests fail): timing only. Lands in $OUT/r.tgz,
+# nows and nosum give wrong results (their op tests fail): timing only. "moe" makes
+#   sumrel  this tree with w4_sum_kernel releasing the launch after it (griddepcontrol
+#           .launch_dependents) before its own wait instead of after: moe_ffn's w2 blocks may then
+#           become resident, and fetch their first weights (W4Params::early), while w1/w3 drains
+#           rather than after it. The same results, bit for bit; what it may gain is w2's ramp
+#           at one token (target 3).
+# and runs bench/gpu_moe_ab.sh from it against main: 9 rounds of --moe-only, op tests, memcheck,
+# run_tests.sh on sumrel, ncu of the layer's kernels. Lands in $OUT/r.tgz (moe: $OUT/m.tgz),
 # $OUT/driver.log, and for validate $OUT/rec/ and $OUT/reproduce.log.
 set -uo pipefail
 root="$PWD"
@@ -35,7 +43,7 @@ EOF
 variant() {  # variant NAME FROM: a copy of FROM's engine_src at /tmp/NAME/engine_src
     rm -rf "/tmp/$1" && mkdir -p "/tmp/$1" && cp -r "$2" "/tmp/$1/engine_src" && rm -rf "/tmp/$1/engine_src/build"
 }
-case "${1:?usage: next_call.sh rows|validate}" in
+case "${1:?usage: next_call.sh rows|moe|validate}" in
 rows)
     [[ -d /tmp/oct/engine_src ]] || { echo "next_call.sh: no octet tree at /tmp/oct (tar xzf .xfer/oct.tgz -C /tmp/oct)" >&2; exit 2; }
     variant oct2b /tmp/oct/engine_src
@@ -53,10 +61,22 @@ rows)
         bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main oct=/tmp/oct/engine_src oct2b=/tmp/oct2b/engine_src \
         nows=/tmp/nows/engine_src nosum=/tmp/nosum/engine_src 2>&1 | tee "$OUT/driver.log" | cut -c1-220
     tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r" ;;
+moe)
+    variant sumrel "$root/engine_src"
+    edit /tmp/sumrel/engine_src "__global__ void w4_sum_kernel(W4Params p) {
+    chain_acquire();
+    chain_release();" "__global__ void w4_sum_kernel(W4Params p) {
+    chain_release();
+    chain_acquire();"
+    cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build
+    cd /tmp/sumrel/engine_src || exit 2
+    KD_MOE_AB_ROUNDS=9 KD_MOE_AB_GATES=this timeout 500 bash bench/gpu_moe_ab.sh "$OUT/m" /tmp/kept_main 2>&1 \
+        | tee "$OUT/driver.log" | cut -c1-220
+    tar czf "$OUT/m.tgz" -C "$OUT" m && rm -rf "$OUT/m" ;;
 validate)
     timeout 560 bash docs/gpu-reference/reproduce.sh "$OUT/rec" wide >"$OUT/reproduce.log" 2>&1
     echo "reproduce rc=$?"
     tail -n 30 "$OUT/reproduce.log" | cut -c1-250 ;;
 *)
-    echo "next_call.sh: unknown part '$1' (rows or validate)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (rows, moe or validate)" >&2; exit 2 ;;
 esac
