@@ -274,6 +274,11 @@ __device__ __forceinline__ void w4_copy(void* dst, const float* src) {
 #endif
 }
 
+// Where w4_copy_rows puts token j's inputs: the first of its two staged rows.
+__device__ __forceinline__ float* w4_copied_row(unsigned char* bsm, int j) {
+    return reinterpret_cast<float*>(bsm + 2 * j * KD_W4_ROW_BYTES);
+}
+
 // w4_stage_copies: rows m_begin .. m_begin + m_count of x, inputs kb .. kb + klen, as they are,
 // each into its token's two staged rows (klen floats, at most 4 KiB of the 2 ROW_BYTES), every
 // copy in flight before the one wait. Ends with the block synchronised.
@@ -286,13 +291,12 @@ __device__ __forceinline__ void w4_copy_rows(const W4Params& p, int m_begin, int
         src[threadIdx.x] = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
     }
     __syncthreads();
-    const auto dst = [&](int j) { return reinterpret_cast<float*>(bsm + 2 * j * KD_W4_ROW_BYTES); };
     if ((reinterpret_cast<uintptr_t>(p.x) | static_cast<uintptr_t>(p.ldx) * 4u | static_cast<uintptr_t>(kb) * 4u) % 16 == 0) {
         const int per_row = klen / 4;
         for (int i = threadIdx.x; i < m_count * per_row; i += KD_W4_THREADS)
-            w4_copy<16>(dst(i / per_row) + 4 * (i % per_row), src[i / per_row] + 4 * (i % per_row));
+            w4_copy<16>(w4_copied_row(bsm, i / per_row) + 4 * (i % per_row), src[i / per_row] + 4 * (i % per_row));
     } else {
-        for (int i = threadIdx.x; i < m_count * klen; i += KD_W4_THREADS) w4_copy<4>(dst(i / klen) + i % klen, src[i / klen] + i % klen);
+        for (int i = threadIdx.x; i < m_count * klen; i += KD_W4_THREADS) w4_copy<4>(w4_copied_row(bsm, i / klen) + i % klen, src[i / klen] + i % klen);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
@@ -318,7 +322,7 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
         for (int i = threadIdx.x; i < (4 * Q - m_count) * xstride; i += KD_W4_THREADS) xneg[m_count * xstride + i] = 0.0f;
     }
     const auto row = [&](int j) -> const float* {
-        if constexpr (w4_stage_copies(Q)) return reinterpret_cast<const float*>(bsm + 2 * j * KD_W4_ROW_BYTES);
+        if constexpr (w4_stage_copies(Q)) return w4_copied_row(bsm, j);
         const long prow = m_begin + j;
         return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
     };
