@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device calls of issue 38 after the eleventh pass (built, not run), from the checkout's
+# The device calls of issue 38 after the eleventh pass (run in the twelfth pass), from the checkout's
 # root on the GPU host:
 #   bash next_call.sh rows      # ~150 s: this tree's matmul against its variants, bench/gpu_rows.sh
 #   bash next_call.sh moe       # ~250 s: the K2 MoE layer, main against sumrel, bench/gpu_moe_ab.sh
