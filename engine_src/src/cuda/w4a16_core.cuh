@@ -274,6 +274,11 @@ __device__ __forceinline__ void w4_copy(void* dst, const float* src) {
 #endif
 }
 
+// Token row prow's inputs from kb on, in global memory (grouped: x row row_in[prow]).
+__device__ __forceinline__ const float* w4_input_row(const W4Params& p, long prow, int kb) {
+    return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
+}
+
 // Where w4_copy_rows puts token j's inputs: the first of its two staged rows.
 __device__ __forceinline__ float* w4_copied_row(unsigned char* bsm, int j) {
     return reinterpret_cast<float*>(bsm + 2 * j * KD_W4_ROW_BYTES);
@@ -286,10 +291,7 @@ template <int Q>
 __device__ __forceinline__ void w4_copy_rows(const W4Params& p, int m_begin, int m_count, int kb, int klen,
                                              unsigned char* bsm) {
     __shared__ const float* src[4 * Q];
-    if (threadIdx.x < static_cast<unsigned>(m_count)) {
-        const long prow = m_begin + threadIdx.x;
-        src[threadIdx.x] = p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
-    }
+    if (threadIdx.x < static_cast<unsigned>(m_count)) src[threadIdx.x] = w4_input_row(p, m_begin + threadIdx.x, kb);
     __syncthreads();
     if ((reinterpret_cast<uintptr_t>(p.x) | static_cast<uintptr_t>(p.ldx) * 4u | static_cast<uintptr_t>(kb) * 4u) % 16 == 0) {
         const int per_row = klen / 4;
@@ -323,8 +325,7 @@ __device__ __forceinline__ void w4_stage(const W4Params& p, int m_begin, int m_c
     }
     const auto row = [&](int j) -> const float* {
         if constexpr (w4_stage_copies(Q)) return w4_copied_row(bsm, j);
-        const long prow = m_begin + j;
-        return p.x + (p.row_in ? p.row_in[prow] : prow) * p.ldx + kb;
+        return w4_input_row(p, m_begin + j, kb);
     };
     if constexpr (w4_stage_copies(Q)) w4_copy_rows<Q>(p, m_begin, m_count, kb, klen, bsm);
     for (int j = 0; j < m_count; ++j) {  // each warp's largest |x| of each row
