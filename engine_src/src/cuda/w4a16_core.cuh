@@ -34,7 +34,8 @@
 //   e_lo)) + (-24 X) with d, e the mma sums of the group's two k-steps, part = fma(scale, v, part) from part = 0; the super-chunk's
 //   value is part * 2^-e (its activation scale); the output is 0 + value_0 + value_1 + ... in
 //   ascending super-chunk order (one super-chunk: written directly; more: through a workspace,
-//   summed by w4_sum_kernel, the launch after). Nothing depends on M, on the token's place among the
+//   summed by w4_sum_kernel, the launch after, or in the same launch by the tile's last warp,
+//   w4_tail_plain, in the same order). Nothing depends on M, on the token's place among the
 //   rows, on the row's place in the tile, on the schedule or on grouping, so matmul_w4a16 and
 //   moe_ffn give bit-identical rows at every M.
 #pragma once
@@ -86,6 +87,11 @@ struct W4Params {
     const int* row_out = nullptr;
     float* ws = nullptr;            // n_sc > 1: [n_sc][M][N (2N with SwiGLU)] super-chunk values
     unsigned* sched = nullptr;      // [slots * n_sc][max_passes][2]: next tile, blocks done; zero between launches
+    // Plain, n_sc > 1, one pass of at most 4 rows, every warp one tile (w4_run and w4_launch_q
+    // decide): the super-chunk values are summed in this launch by the last warp to finish a tile
+    // (w4_tail_plain), not by w4_sum_kernel. [tiles] arrival counts, zero between launches (the
+    // last warp resets its tile's).
+    unsigned* tail_ctr = nullptr;
     // The weights and (grouped) the slot lists were written two launches back or more (moe_ffn's
     // w2: model weights, lists from the gate or moe_lists_kernel before w1/w3's launch): each
     // warp's first two steps are fetched before griddepcontrol.wait, which then comes before the
@@ -424,10 +430,47 @@ __device__ __forceinline__ void w4_prefetch_expert(const W4Params& p) {
     }
 }
 
+// Super-chunks a tile's last warp sums in the streaming launch (2048 x 7168: 7).
+constexpr int KD_W4_TAIL_SC = 8;
+
+// The split-K end of a plain tile in the streaming launch (w4_kernel<1, false, true>): after the warp has
+// put its values of the tile (token rows [m_begin, m_begin + m_count)) in the workspace it counts
+// itself; the last of the tile's n_sc warps writes y = 0 + value_0 + value_1 + ... (ascending), as
+// w4_sum_kernel would: the same bits, one launch fewer. Each warp has one tile, so no next tile's
+// loads are in flight at the fence (the third MoE pass's fence per tile waited for them).
+// Whole warp, uniform arguments.
+__device__ __forceinline__ void w4_tail_plain(const W4Params& p, int tile, int m_begin, int m_count, int lane) {
+    __threadfence();  // this lane's values before the count (threadFenceReduction's pattern)
+    __syncwarp();
+    unsigned done = 0;
+    if (lane == 0) done = atomicAdd(p.tail_ctr + tile, 1u) + 1;
+    if (__shfl_sync(0xffffffffu, done, 0) != static_cast<unsigned>(p.n_sc)) return;
+    if (lane == 0) p.tail_ctr[tile] = 0;  // for the next launch (no other warp counts this tile again)
+    __threadfence();                      // the other warps' values after their counts
+    const int N = p.N, n = tile * 16 + (lane & 15);
+    if (n >= N) return;
+    // Lane (n, half): token rows half, half + 2, ...; all of a row's loads before its first addition.
+    for (int tok = lane >> 4; tok < m_count; tok += 2) {
+        const long r = m_begin + tok;
+        float v[KD_W4_TAIL_SC];
+#pragma unroll
+        for (int c = 0; c < KD_W4_TAIL_SC; ++c)
+            if (c < p.n_sc) v[c] = __ldcg(p.ws + (c * static_cast<long>(p.M) + r) * N + n);
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KD_W4_TAIL_SC; ++c)
+            if (c < p.n_sc) s += v[c];
+        p.y[r * p.ldy + n] = s;
+    }
+}
+
 // Blocks per SM that the registers must allow (__launch_bounds__): one from 16 rows up (their 69
 // or 137 KiB of staging). Two blocks at 16 rows fit (128 registers, no spills) but were 3-4 %
 // slower than one (issue 38's tenth pass: 16 warps per SM instead of 8 issued no faster).
-template <int Q, bool GLU>
+// TAIL: the split-K sum by each tile's last warp (W4Params::tail_ctr), an instantiation of its own
+// so that the other launches' code stays as it was (in all of them it took w4_kernel<1, false>
+// from 119 to 125 registers and <4, false> from 176 to 180 on sm_90).
+template <int Q, bool GLU, bool TAIL = false>
 __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Params p) {
     extern __shared__ float4 smem4[];
     unsigned char* bsm = reinterpret_cast<unsigned char*>(smem4);  // [8Q][ROW_BYTES]
@@ -506,7 +549,8 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
         }
     };
     // The tile's super-chunk values: stored, or (more super-chunks) put in the workspace with
-    // plain stores (no fence, no count: w4_sum_kernel, the next launch, adds them).
+    // plain stores (no fence, no count: w4_sum_kernel, the next launch, adds them; TAIL: the
+    // tile's last warp, after a fence and a count).
     const auto finish = [&](int tile, const float (&part)[Q][2]) {
         const int n0 = tile * TILE;
         if (p.n_sc == 1) {
@@ -526,6 +570,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
             for (int h = 0; h < 2; ++h)
                 if (out_row(n0, h) < N) wr[ws_col(n0, h)] = part[q][h] * fac[tok];
         }
+        if constexpr (TAIL) w4_tail_plain(p, tile, m_begin, m_count, lane);
     };
 
     // A warp's first tile is its place in the wave (global ticket) or in the block's share (block
@@ -742,22 +787,34 @@ inline int w4_schunk() {
     return o ? o : KD_W4_SCHUNK;
 }
 
+// Launches w4_kernel<Q, GLU> (w4_kernel<1, false, true> where p.tail_ctr is set and every warp has
+// one tile); true where its tiles' last warps sum the super-chunks.
 template <int Q, bool GLU>
-void w4_launch_q(const W4Params& p, int slots, int num_sms, cudaStream_t stream) {
-    const auto kernel = w4_kernel<Q, GLU>;
+bool w4_launch_q(W4Params p, int slots, int num_sms, cudaStream_t stream) {
     const int smem = w4_smem_bytes(Q);
     static bool configured = false;  // one attribute call per instantiation
     if (!configured) {
-        KD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        KD_CUDA_CHECK(cudaFuncSetAttribute(w4_kernel<Q, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        if constexpr (Q == 1 && !GLU)
+            KD_CUDA_CHECK(cudaFuncSetAttribute(w4_kernel<1, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured = true;
     }
     int per_sm = 0;
-    KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KD_W4_THREADS, smem));
+    KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4_kernel<Q, GLU>, KD_W4_THREADS, smem));
     const int pairs = slots * p.n_sc;
     const int tiles = ceil_div(p.N, GLU ? 8 : 16);
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
-    launch_chained("w4_kernel launch", kernel, dim3(grid_x, p.n_sc, slots), dim3(KD_W4_THREADS), smem, stream, p);
+    const dim3 grid(grid_x, p.n_sc, slots);
+    // A warp with two tiles would fence over the next one's loads (issue 38's third MoE pass).
+    if constexpr (Q == 1 && !GLU) {
+        if (p.tail_ctr && grid_x * KD_W4_WARPS >= tiles) {
+            launch_chained("w4_kernel launch", w4_kernel<1, false, true>, grid, dim3(KD_W4_THREADS), smem, stream, p);
+            return true;
+        }
+    }
+    launch_chained("w4_kernel launch", w4_kernel<Q, GLU>, grid, dim3(KD_W4_THREADS), smem, stream, p);
+    return false;
 }
 
 // Launches w4_kernel for `slots` slots (1 when plain) of at most max_rows token rows each
@@ -781,11 +838,16 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
         p.ws = ctx.split_ws.get<float>(static_cast<size_t>(p.n_sc) * p.M * (GLU ? 2 : 1) * p.N);
     }
     p.sched = ctx.sched.get<unsigned>(2 * static_cast<size_t>(slots) * p.n_sc * p.max_passes);
-    if (q == 1) w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
-    else if (q == 2) w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
-    else if (GLU || q == 4) w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
-    else if constexpr (!GLU) w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
-    if (p.n_sc > 1) {
+    // One pass of one quad only: with two passes a tile's counts could interleave, and from 8 rows
+    // the last warp's sum, two rows at a time, cost more than the launch (issue 38's thirteenth pass).
+    if (!GLU && !p.slot_expert && q == 1 && p.n_sc > 1 && p.n_sc <= KD_W4_TAIL_SC && p.max_passes == 1)
+        p.tail_ctr = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(p.N, 16)));
+    bool tailed = false;
+    if (q == 1) tailed = w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if (q == 2) tailed = w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if (GLU || q == 4) tailed = w4_launch_q<4, GLU>(p, slots, ctx.num_sms, ctx.stream);
+    else if constexpr (!GLU) tailed = w4_launch_q<8, false>(p, slots, ctx.num_sms, ctx.stream);
+    if (p.n_sc > 1 && !tailed) {
         const long n = static_cast<long>(p.M) * p.N;
         const auto sum = p.sum_together ? w4_sum_kernel<GLU, KD_W4_SUM_BATCH> : w4_sum_kernel<GLU, 1>;
         launch_chained("w4_sum_kernel launch", sum, dim3(ceil_div(n, 256)), dim3(256), 0, ctx.stream, p);

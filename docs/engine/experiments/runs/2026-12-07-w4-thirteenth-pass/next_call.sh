@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The device calls of issue 38's thirteenth pass, from the checkout's root on the GPU host, one
+# right after the other on the same machine:
+#   bash next_call.sh rows      # ~100 s: this tree against main, bench/gpu_rows.sh
+#   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide
+# "rows" needs main's engine_src (the commit before the tail landed) unpacked at /tmp/kept_main
+# (`.xfer/main.tgz`, made by `git archive HEAD engine_src | gzip > .xfer/main.tgz`; carry
+# [".xfer"]). This tree has the split-K sum by each tile's last warp in an instantiation of its
+# own, w4_kernel<1, false, true>, for plain launches of at most 4 rows (the call before measured it
+# at every row count: slower from 8 rows, and its registers cost the other launches). It runs
+# twice, as "this" and "again" (a copy), for the spread of the expert shapes' interleaved timings:
+# the op tests, the timings with tinygemm and cuBLAS bf16, bit equality with main at every M,
+# bench_gpu --quick of main and this tree, memcheck of both. run_tests runs in "validate".
+# Lands in $OUT/r.tgz, $OUT/driver.log, and for validate $OUT/rec/ and $OUT/reproduce.log.
+set -uo pipefail
+root="$PWD"
+export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+export PYTHON="${KD_TORCH_PYTHON:-/opt/torch/.venv/bin/python3}"
+case "${1:?usage: next_call.sh rows|validate}" in
+rows)
+    rm -rf /tmp/kept_main /tmp/again && mkdir -p /tmp/kept_main /tmp/again || exit 2
+    tar xzf .xfer/main.tgz -C /tmp/kept_main --strip-components=1 || exit 2
+    cp -r "$root/engine_src" /tmp/again/ && rm -rf /tmp/again/engine_src/build
+    cd "$root/engine_src" || exit 2
+    KD_ROWS_GATES=memcheck KD_ROWS_QUICK="kept this" KD_ROWS_NCU_M="" timeout 400 \
+        bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main again=/tmp/again/engine_src 2>&1 | tee "$OUT/driver.log" | cut -c1-220
+    tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r" ;;
+validate)
+    timeout 580 bash docs/gpu-reference/reproduce.sh "$OUT/rec" wide >"$OUT/reproduce.log" 2>&1
+    echo "reproduce rc=$?"
+    tail -n 30 "$OUT/reproduce.log" | cut -c1-250 ;;
+*)
+    echo "next_call.sh: unknown part '$1' (rows or validate)" >&2; exit 2 ;;
+esac
