@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# The device calls of issue 38's thirteenth pass, from the checkout's root on the GPU host, one
-# right after the other on the same machine:
-#   bash next_call.sh rows      # ~100 s: this tree against main, bench/gpu_rows.sh
-#   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide
-# "rows" needs main's engine_src (the commit before the tail landed) unpacked at /tmp/kept_main
-# (`.xfer/main.tgz`, made by `git archive HEAD engine_src | gzip > .xfer/main.tgz`; carry
+# The device calls of issue 38's thirteenth pass, from the checkout's root on the GPU host:
+#   bash next_call.sh rows      # ~100 s: this tree against main, bench/gpu_rows.sh (run: call 2)
+#   bash next_call.sh tailq     # ~210 s: the tail at 1-16 rows with the rows' loads together (not run)
+#   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide (not run)
+# "rows" needs main's engine_src from before the tail landed unpacked at /tmp/kept_main
+# (`.xfer/main.tgz`, made by `git archive HEAD engine_src | gzip > .xfer/main.tgz` then; carry
 # [".xfer"]). This tree has the split-K sum by each tile's last warp in an instantiation of its
 # own, w4_kernel<1, false, true>, for plain launches of at most 4 rows (the call before measured it
 # at every row count: slower from 8 rows, and its registers cost the other launches). It runs
 # twice, as "this" and "again" (a copy), for the spread of the expert shapes' interleaved timings:
 # the op tests, the timings with tinygemm and cuBLAS bf16, bit equality with main at every M,
-# bench_gpu --quick of main and this tree, memcheck of both. run_tests runs in "validate".
+# bench_gpu --quick of main and this tree, memcheck of both. run_tests ran in a call of its own.
+# "tailq" needs the tree of engine_src/bench/experiments/w4_split_k_tail_rows_together.patch
+# unpacked at /tmp/tailq (`.xfer/tailq.tgz`, made on the checkout's machine by
+#   rm -rf /tmp/t && mkdir -p /tmp/t && git archive HEAD engine_src | tar x -C /tmp/t &&
+#   (cd /tmp/t && git apply "$PWD/engine_src/bench/experiments/w4_split_k_tail_rows_together.patch") &&
+#   tar czf .xfer/tailq.tgz -C /tmp/t engine_src
+# from the checkout's root): the tail for plain launches of 1-16 rows (w4_kernel<Q, false, true>,
+# Q = 1, 2, 4), run after the tile loop, where the loop's registers are free, with every row's
+# loads in flight before the first addition (call 1's tail summed row after row and lost at 8
+# and 16 rows). It runs from tailq as "this" against the checkout's tree (the landed tail) as
+# "kept", with every gate: op tests, bit equality at every M, bench_gpu --quick, memcheck,
+# run_tests.sh.
 # Lands in $OUT/r.tgz, $OUT/driver.log, and for validate $OUT/rec/ and $OUT/reproduce.log.
 set -uo pipefail
 root="$PWD"
 export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 export PYTHON="${KD_TORCH_PYTHON:-/opt/torch/.venv/bin/python3}"
-case "${1:?usage: next_call.sh rows|validate}" in
+case "${1:?usage: next_call.sh rows|tailq|validate}" in
 rows)
     rm -rf /tmp/kept_main /tmp/again && mkdir -p /tmp/kept_main /tmp/again || exit 2
     tar xzf .xfer/main.tgz -C /tmp/kept_main --strip-components=1 || exit 2
@@ -25,10 +36,17 @@ rows)
     KD_ROWS_GATES=memcheck KD_ROWS_QUICK="kept this" KD_ROWS_NCU_M="" timeout 400 \
         bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main again=/tmp/again/engine_src 2>&1 | tee "$OUT/driver.log" | cut -c1-220
     tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r" ;;
+tailq)
+    [[ -d /tmp/tailq/engine_src ]] || { echo "next_call.sh: no tailq tree at /tmp/tailq (tar xzf .xfer/tailq.tgz -C /tmp/tailq)" >&2; exit 2; }
+    rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build
+    cd /tmp/tailq/engine_src || exit 2
+    KD_ROWS_GATES=1 KD_ROWS_QUICK="kept this" KD_ROWS_NCU_M="" timeout 500 \
+        bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main 2>&1 | tee "$OUT/driver.log" | cut -c1-220
+    tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r" ;;
 validate)
     timeout 580 bash docs/gpu-reference/reproduce.sh "$OUT/rec" wide >"$OUT/reproduce.log" 2>&1
     echo "reproduce rc=$?"
     tail -n 30 "$OUT/reproduce.log" | cut -c1-250 ;;
 *)
-    echo "next_call.sh: unknown part '$1' (rows or validate)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (rows, tailq or validate)" >&2; exit 2 ;;
 esac
