@@ -2,6 +2,7 @@
 # The device calls of issue 38's thirteenth pass, from the checkout's root on the GPU host:
 #   bash next_call.sh rows      # ~100 s: this tree against main, bench/gpu_rows.sh (run: call 2)
 #   bash next_call.sh tailq     # ~210 s: the tail at 1-16 rows with the rows' loads together (not run)
+#   bash next_call.sh moenosum  # ~180 s: the K2 MoE layer without its grouped sum launches (not run)
 #   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide (not run)
 # "rows" needs main's engine_src from before the tail landed unpacked at /tmp/kept_main
 # (`.xfer/main.tgz`, made by `git archive HEAD engine_src | gzip > .xfer/main.tgz` then; carry
@@ -22,12 +23,18 @@
 # and 16 rows). It runs from tailq as "this" against the checkout's tree (the landed tail) as
 # "kept", with every gate: op tests, bit equality at every M, bench_gpu --quick, memcheck,
 # run_tests.sh.
-# Lands in $OUT/r.tgz, $OUT/driver.log, and for validate $OUT/rec/ and $OUT/reproduce.log.
+# "moenosum" is the checkout's tree without the split-K sum launches of grouped launches (an exact
+# text edit, failing on a missing anchor): at one token, the MoE layer's two sums (w1/w3's and
+# w2's). Its results are wrong (w2 reads h that no sum wrote): timing only, no run_tests. It is
+# the bound on what a sum inside the grouped launches could win for target 3, as the twelfth
+# pass's nosum was for the plain matmul: bench/gpu_moe_ab.sh, 5 rounds against the checkout.
+# Lands in $OUT/r.tgz ($OUT/m.tgz for moenosum), $OUT/driver.log, and for validate $OUT/rec/ and
+# $OUT/reproduce.log.
 set -uo pipefail
 root="$PWD"
 export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 export PYTHON="${KD_TORCH_PYTHON:-/opt/torch/.venv/bin/python3}"
-case "${1:?usage: next_call.sh rows|tailq|validate}" in
+case "${1:?usage: next_call.sh rows|tailq|moenosum|validate}" in
 rows)
     rm -rf /tmp/kept_main /tmp/again && mkdir -p /tmp/kept_main /tmp/again || exit 2
     tar xzf .xfer/main.tgz -C /tmp/kept_main --strip-components=1 || exit 2
@@ -43,10 +50,28 @@ tailq)
     KD_ROWS_GATES=1 KD_ROWS_QUICK="kept this" KD_ROWS_NCU_M="" timeout 500 \
         bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main 2>&1 | tee "$OUT/driver.log" | cut -c1-220
     tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r" ;;
+moenosum)
+    rm -rf /tmp/kept_main /tmp/moenosum && mkdir -p /tmp/moenosum || exit 2
+    cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build
+    cp -r "$root/engine_src" /tmp/moenosum/ && rm -rf /tmp/moenosum/engine_src/build
+    "$PYTHON" - /tmp/moenosum/engine_src/src/cuda/w4a16_core.cuh <<'PY' || exit 2
+import sys
+path = sys.argv[1]
+old = "    if (p.n_sc > 1 && !tailed) {"
+new = "    if (p.n_sc > 1 && !tailed && !p.slot_expert) {  // ABLATION: no grouped sums"
+s = open(path).read()
+if s.count(old) != 1:
+    sys.exit(f"edit: {s.count(old)} occurrences in {path} of: {old}")
+open(path, "w").write(s.replace(old, new))
+PY
+    cd /tmp/moenosum/engine_src || exit 2
+    KD_MOE_AB_ROUNDS=5 KD_MOE_AB_GATES=none timeout 500 bash bench/gpu_moe_ab.sh "$OUT/m" /tmp/kept_main 2>&1 \
+        | tee "$OUT/driver.log" | cut -c1-220
+    tar czf "$OUT/m.tgz" -C "$OUT" m && rm -rf "$OUT/m" ;;
 validate)
     timeout 580 bash docs/gpu-reference/reproduce.sh "$OUT/rec" wide >"$OUT/reproduce.log" 2>&1
     echo "reproduce rc=$?"
     tail -n 30 "$OUT/reproduce.log" | cut -c1-250 ;;
 *)
-    echo "next_call.sh: unknown part '$1' (rows, tailq or validate)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (rows, tailq, moenosum or validate)" >&2; exit 2 ;;
 esac
