@@ -52,6 +52,8 @@
 namespace kd::cuda {
 
 constexpr int KD_W4_WARPS = 8;
+// Outputs of one warp tile: 16 weight rows, or with the SwiGLU epilogue 8 of w1 and their 8 of w3.
+__host__ __device__ constexpr int w4_tile_outputs(bool glu) { return glu ? 8 : 16; }
 constexpr int KD_W4_THREADS = 32 * KD_W4_WARPS;
 // Inputs per super-chunk. A warp's unit of work is a tile over a super-chunk: 1024 inputs make it
 // 4 steps, so the units even out over the grid's warps (2048, 8 steps: 28672 x 8192 at one
@@ -447,7 +449,7 @@ __device__ __forceinline__ void w4_tail_plain(const W4Params& p, int tile, int m
     if (__shfl_sync(0xffffffffu, done, 0) != static_cast<unsigned>(p.n_sc)) return;
     if (lane == 0) p.tail_ctr[tile] = 0;  // for the next launch (no other warp counts this tile again)
     __threadfence();                      // the other warps' values after their counts
-    const int N = p.N, n = tile * 16 + (lane & 15);
+    const int N = p.N, n = tile * w4_tile_outputs(false) + (lane & 15);
     if (n >= N) return;
     // Lane (n, half): token rows half, half + 2, ...; all of a row's loads before its first addition.
     for (int tok = lane >> 4; tok < m_count; tok += 2) {
@@ -519,7 +521,7 @@ __global__ void __launch_bounds__(KD_W4_THREADS, Q >= 4 ? 1 : 2) w4_kernel(W4Par
     constexpr bool BT = w4_block_ticket(Q);
     const int kb = sc * p.sc_len, klen = min(p.sc_len, K - kb), n_groups = klen / 32;
 
-    constexpr int TILE = GLU ? 8 : 16;  // output rows per tile
+    constexpr int TILE = w4_tile_outputs(GLU);
     const int n_tiles = (N + TILE - 1) / TILE;
     const int n_steps = (n_groups + KD_W4_STEP - 1) / KD_W4_STEP;
     const int NW = GLU ? 2 * N : N;  // workspace columns
@@ -802,7 +804,7 @@ bool w4_launch_q(W4Params p, int slots, int num_sms, cudaStream_t stream) {
     int per_sm = 0;
     KD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4_kernel<Q, GLU>, KD_W4_THREADS, smem));
     const int pairs = slots * p.n_sc;
-    const int tiles = ceil_div(p.N, GLU ? 8 : 16);
+    const int tiles = ceil_div(p.N, w4_tile_outputs(GLU));
     // One resident wave shared among the (slot, super-chunk) pairs, no more warps than tiles.
     const int grid_x = std::max(1, std::min(std::max(1, per_sm) * num_sms / pairs, ceil_div(tiles, KD_W4_WARPS)));
     const dim3 grid(grid_x, p.n_sc, slots);
@@ -841,7 +843,7 @@ void w4_run(Context& ctx, W4Params p, int max_rows, int pass_rows, int slots) {
     // One pass of one quad only: with two passes a tile's counts could interleave, and from 8 rows
     // the last warp's sum, two rows at a time, cost more than the launch (issue 38's thirteenth pass).
     if (!GLU && !p.slot_expert && q == 1 && p.n_sc > 1 && p.n_sc <= KD_W4_TAIL_SC && p.max_passes == 1)
-        p.tail_ctr = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(p.N, 16)));
+        p.tail_ctr = ctx.split_counters.get<unsigned>(static_cast<size_t>(ceil_div(p.N, w4_tile_outputs(false))));
     bool tailed = false;
     if (q == 1) tailed = w4_launch_q<1, GLU>(p, slots, ctx.num_sms, ctx.stream);
     else if (q == 2) tailed = w4_launch_q<2, GLU>(p, slots, ctx.num_sms, ctx.stream);
