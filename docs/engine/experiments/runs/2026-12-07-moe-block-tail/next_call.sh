@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device call of issue 38 after the block-tail record, from the checkout's root on the GPU host:
-#   bash next_call.sh probe    # ~120 s: ncu metrics of the K2 MoE layer's kernels at one token and
+#   bash next_call.sh probe    # ~120 s (each ncu at most 75 s): ncu metrics of the K2 MoE layer's kernels at one token and
 #                              #   of the 28672 x 8192 matmul at M = 1 (main's tree, no change)
 # Where target 3's and target 1's remaining time sits: per kernel its duration, DRAM bytes and
 # throughput, achieved occupancy, registers, grid, and the spread of its SMs' active cycles (min,
@@ -21,7 +21,7 @@ probe)
     metrics+=,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max
     probe() {  # NAME ARGS...: ncu of bench_gpu ARGS, then one line per kernel
         local name="$1"; shift
-        timeout 150 ncu --clock-control none --csv --print-kernel-base function --metrics "$metrics" \
+        timeout 75 ncu --clock-control none --csv --print-kernel-base function --metrics "$metrics" \
             -k 'regex:w4_kernel|w4_sum_kernel|moe_lists|moe_combine|mm_narrow|moe_gate' --launch-count 40 \
             build/ab/bench_gpu "$@" >"$out/ncu_$name.csv" 2>&1
         echo "ncu $name rc=$?"
