@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The device calls of issue 38's thirteenth pass, from the checkout's root on the GPU host:
 #   bash next_call.sh rows      # ~100 s: this tree against main, bench/gpu_rows.sh (run: call 2)
-#   bash next_call.sh tailq     # ~210 s: the tail at 1-16 rows with the rows' loads together (not run)
+#   bash next_call.sh tailq     # ~210 s: the tail at 1-16 rows with the rows' loads together
+#                               #   (run: runs/2026-12-07-moe-block-tail/call3)
 #   bash next_call.sh moe       # ~250 s: the K2 MoE layer with its grouped sums by each tile's last
-#                               #   block, and without the sum launches (bound), against main (not run)
-#   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide (not run)
+#                               #   block, and without the sum launches (bound), against main
+#                               #   (run: runs/2026-12-07-moe-block-tail/call1)
+#   bash next_call.sh validate  # ~460 s: docs/gpu-reference/reproduce.sh OUT/rec wide (run: docs/gpu-reference/2026-12-07d)
 # "rows" needs main's engine_src from before the tail landed unpacked at /tmp/kept_main
 # (`.xfer/main.tgz`, made by `git archive HEAD engine_src | gzip > .xfer/main.tgz` then; carry
 # [".xfer"]). This tree has the split-K sum by each tile's last warp in an instantiation of its
