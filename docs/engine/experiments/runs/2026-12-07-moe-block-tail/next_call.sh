@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device call of issue 38 after the block-tail record, from the checkout's root on the GPU host:
-#   bash next_call.sh probe    # ~120 s (each ncu at most 75 s): ncu metrics of the K2 MoE layer's kernels at one token and
-#                              #   of the 28672 x 8192 matmul at M = 1 (main's tree, no change)
-# Where target 3's and target 1's remaining time sits: per kernel its duration, DRAM bytes and
+#   bash next_call.sh probe    # ~200 s (each ncu at most 75 s): ncu metrics of the K2 MoE layer's kernels at one token,
+#                              #   of the 28672 x 8192 matmul at M = 1 and of the expert's shapes at M = 8 and 16
+#                              #   (main's tree, no change)
+# Where targets 3, 1 and 2's remaining time sits: per kernel its duration, DRAM bytes and
 # throughput, achieved occupancy, registers, grid, and the spread of its SMs' active cycles (min,
 # mean, max: a launch whose SMs finish unevenly, a partial wave, shows max well over mean).
 # Lands in $OUT/probe/ (ncu CSVs and their tables) and $OUT/driver.log.
@@ -43,5 +44,7 @@ for (i, name, grid), m in sorted(kernels.items()):
 PY
     }
     probe moe1 --moe 1 2>&1 | tee -a "$OUT/driver.log"
-    probe mm1 --only 28672 8192 1 2>&1 | tee -a "$OUT/driver.log" ;;
+    probe mm1 --only 28672 8192 1 2>&1 | tee -a "$OUT/driver.log"
+    probe e8 --only 2048 7168 8 2>&1 | tee -a "$OUT/driver.log"
+    probe e16 --only 7168 2048 16 2>&1 | tee -a "$OUT/driver.log" ;;
 esac
