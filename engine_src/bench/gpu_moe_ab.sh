@@ -8,8 +8,8 @@
 # each tree's output bits equal the kept tree's; `bench_gpu --only N K 1` on the expert's and the
 # large shape (time and output bits of the plain matmul); per tree compute-sanitizer memcheck of
 # the op tests and run_tests.sh (KD_TEST_BUNDLES as given; in parallel, at most
-# KD_MOE_AB_TESTS_S seconds; KD_MOE_AB_GATES: the names of the trees run_tests.sh runs on, default
-# all); last, ncu's duration of each kernel of the layer at one token in the kept tree and this
+# KD_MOE_AB_TESTS_S seconds; KD_MOE_AB_GATES: the names of the trees both run on, default all,
+# "none": none); last, ncu's duration of each kernel of the layer at one token in the kept tree and this
 # one. KD_MOE_AB_OWN_BENCH=1: each tree builds its own bench/bench_gpu.cu (a tree whose layer
 # calls an op the kept tree lacks; the rows printed must then be the same in all of them).
 #   bench/gpu_moe_ab.sh OUT_DIR KEPT_ENGINE_SRC [NAME=ENGINE_SRC ...]   (from engine_src/; env KD_ARCH as for build.sh)
@@ -85,15 +85,15 @@ for i in -1 "${!trees[@]}"; do
         timeout 30 "$(bench_of "$n" "$i")" --only $shape 1 2>&1 | grep -E '^matmul_w4a16' | sed "s/^/$n: /"
     done
 done
+gated=()  # indices of the trees memcheck and run_tests.sh run on
 for i in "${!trees[@]}"; do
+    [[ -z "${KD_MOE_AB_GATES:-}" || " $KD_MOE_AB_GATES " == *" ${names[$i]} "* ]] && gated+=("$i")
+done
+for i in "${gated[@]}"; do
     n="${names[$i]}"
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "${trees[$i]}/build/test_ops" --backend cuda \
         >"$out/memcheck_$n.log" 2>&1
     echo "memcheck $n rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_$n.log")"
-done
-gated=()  # indices of the trees run_tests.sh runs on
-for i in "${!trees[@]}"; do
-    [[ -z "${KD_MOE_AB_GATES:-}" || " $KD_MOE_AB_GATES " == *" ${names[$i]} "* ]] && gated+=("$i")
 done
 pids=()
 for i in "${gated[@]}"; do
