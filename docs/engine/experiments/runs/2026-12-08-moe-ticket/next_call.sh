@@ -18,6 +18,14 @@
 #                 marked evict-first in L2 (createpolicy), so the 165 MB that w1/w3 stream do not
 #                 push the prefetched w2 out first.
 # Lands in $OUT/m.tgz, $OUT/probe/, $OUT/driver.log.
+#   bash next_call.sh halves # ~450 s: main against `halves` (.xfer/halves.tgz, carry .xfer: main's
+#                            #   engine_src with w4_paired_halves_apart.patch): without SwiGLU a
+#                            #   tile pairs half-tiles t and t + tiles instead of 2t and 2t + 1, so a
+#                            #   warp's two weight streams are not 8 KB apart (w2's layout) but
+#                            #   3.5 MB (same products, same bits). bench/gpu_moe_ab.sh, 7 rounds,
+#                            #   gates on halves; then ncu's warp stall reasons and L2/DRAM
+#                            #   sectors of every w4_kernel of the layer at one token in both.
+# Lands in $OUT/m.tgz, $OUT/stall/, $OUT/driver.log.
 set -uo pipefail
 root="$PWD"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,7 +42,7 @@ if s.count(old) != 1:
 open(path, "w").write(s.replace(old, new))
 PY
 }
-case "${1:?usage: next_call.sh call}" in
+case "${1:?usage: next_call.sh call|halves}" in
 call)
     rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
     variant glu "    constexpr bool BT = w4_block_ticket(Q);" "    constexpr bool BT = w4_block_ticket(Q) && !GLU;" || exit 2
@@ -47,6 +55,38 @@ call)
         | tee "$OUT/driver.log" | cut -c1-220
     tar czf "$OUT/m.tgz" -C "$OUT" m && rm -rf "$OUT/m"
     timeout 200 bash "$here/../2026-12-07-moe-block-tail/next_call.sh" probe 2>&1 | tail -n 60 ;;
+halves)
+    rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
+    rm -rf /tmp/halves && mkdir -p /tmp/halves && tar xzf .xfer/halves.tgz -C /tmp/halves || exit 2
+    (cd /tmp/halves/engine_src && KD_MOE_AB_ROUNDS=7 KD_MOE_AB_GATES=this KD_MOE_AB_TESTS_S=200 timeout 420 \
+        bash bench/gpu_moe_ab.sh "$OUT/m" /tmp/kept_main) 2>&1 | tee "$OUT/driver.log" | cut -c1-220
+    tar czf "$OUT/m.tgz" -C "$OUT" m && rm -rf "$OUT/m"
+    mkdir -p "$OUT/stall" || exit 2
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct
+    metrics+=,smsp__issue_active.avg.pct_of_peak_sustained_active
+    for r in long_scoreboard short_scoreboard barrier wait math_pipe_throttle lg_throttle mio_throttle no_instruction not_selected; do
+        metrics+=,smsp__warp_issue_stalled_${r}_per_warp_active.pct
+    done
+    for t in kept halves; do
+        bin=/tmp/kept_main/build/ab/bench_gpu; [[ $t == halves ]] && bin=/tmp/halves/engine_src/build/ab/bench_gpu
+        timeout 80 ncu --clock-control none --csv --print-kernel-base function --metrics "$metrics" -k 'regex:w4_kernel' \
+            --launch-count 12 "$bin" --moe 1 >"$OUT/stall/ncu_$t.csv" 2>&1
+        echo "ncu stall $t rc=$?" | tee -a "$OUT/driver.log"
+        "$PYTHON" - "$OUT/stall/ncu_$t.csv" "$t" <<'PY' | tee -a "$OUT/driver.log"
+import csv, sys
+from collections import defaultdict
+lines = [ln for ln in open(sys.argv[1], errors="replace") if ln.startswith('"')]
+kernels = defaultdict(dict)
+for r in csv.DictReader(lines):
+    kernels[(int(r["ID"]), r.get("Grid Size", ""))][r["Metric Name"]] = r["Metric Value"].replace(",", "")
+for (i, grid), m in sorted(kernels.items()):
+    g = lambda key: float(m.get(key, "nan"))
+    stalls = " ".join(f"{k.split('stalled_')[1].split('_per')[0]}={float(v):.0f}" for k, v in sorted(m.items()) if "stalled" in k)
+    print(f"{sys.argv[2]}: {i:2d} grid {grid:12s} {g('gpu__time_duration.sum') / 1e3:6.2f} us"
+          f" dram {g('dram__bytes_read.sum') / 1e6:6.1f} MB L2 {g('lts__t_sectors_srcunit_tex_op_read.sum') * 32 / 1e6:6.1f} MB"
+          f" hit {g('lts__t_sector_op_read_hit_rate.pct'):4.1f} % issue {g('smsp__issue_active.avg.pct_of_peak_sustained_active'):4.1f} % | {stalls}")
+PY
+    done ;;
 *)
-    echo "next_call.sh: unknown part '$1' (call)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (call or halves)" >&2; exit 2 ;;
 esac
