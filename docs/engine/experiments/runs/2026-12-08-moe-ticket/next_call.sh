@@ -26,6 +26,8 @@
 #                            #   gates on halves; then ncu's warp stall reasons and L2/DRAM
 #                            #   sectors of every w4_kernel of the layer at one token in both.
 # Lands in $OUT/m.tgz, $OUT/stall/, $OUT/driver.log.
+#   bash next_call.sh stall  # ~100 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
+#                            #   light of the layer's w4_kernel launches at one token, main's tree.
 set -uo pipefail
 root="$PWD"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -42,7 +44,7 @@ if s.count(old) != 1:
 open(path, "w").write(s.replace(old, new))
 PY
 }
-case "${1:?usage: next_call.sh call|halves}" in
+case "${1:?usage: next_call.sh call|halves|stall}" in
 call)
     rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
     variant glu "    constexpr bool BT = w4_block_ticket(Q);" "    constexpr bool BT = w4_block_ticket(Q) && !GLU;" || exit 2
@@ -87,6 +89,23 @@ for (i, grid), m in sorted(kernels.items()):
           f" hit {g('lts__t_sector_op_read_hit_rate.pct'):4.1f} % issue {g('smsp__issue_active.avg.pct_of_peak_sustained_active'):4.1f} % | {stalls}")
 PY
     done ;;
+stall)
+    # The halves call's stall probe (14 counters, many replay passes over the layer's weights) ran
+    # past its 80 s; this one samples the warps' stall reasons instead (ncu's WarpStateStats
+    # section, one pass) for the layer's seven w4_kernel launches at one token, main's tree.
+    mkdir -p "$OUT/stall" && cd engine_src || exit 2
+    (KD_BENCH_GPU_BUILD_ONLY=1 KD_BENCH_TORCH=0 KD_RESULTS_DIR=build/ab bash scripts/bench_gpu.sh) >"$OUT/stall/build.log" 2>&1 \
+        || { tail -n 30 "$OUT/stall/build.log"; exit 1; }
+    timeout 200 ncu --clock-control none --csv --page details --section WarpStateStats --section SpeedOfLight \
+        -k 'regex:w4_kernel' --launch-count 7 build/ab/bench_gpu --moe 1 >"$OUT/stall/ncu_warp_state.csv" 2>&1
+    echo "ncu warp state rc=$?" | tee "$OUT/driver.log"
+    "$PYTHON" - "$OUT/stall/ncu_warp_state.csv" <<'PY' | tee -a "$OUT/driver.log"
+import csv, sys
+lines = [ln for ln in open(sys.argv[1], errors="replace") if ln.startswith('"')]
+for r in csv.DictReader(lines):
+    print(f"{r.get('ID')} {r.get('Grid Size', '')} | {r.get('Section Name', '')} | {r.get('Metric Name', '')} = {r.get('Metric Value', '')} {r.get('Metric Unit', '')}")
+PY
+    ;;
 *)
-    echo "next_call.sh: unknown part '$1' (call or halves)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (call, halves or stall)" >&2; exit 2 ;;
 esac
