@@ -26,6 +26,9 @@
 #                            #   gates on halves; then ncu's warp stall reasons and L2/DRAM
 #                            #   sectors of every w4_kernel of the layer at one token in both.
 # Lands in $OUT/m.tgz, $OUT/stall/, $OUT/driver.log.
+#   bash next_call.sh rows   # ~300 s: halves's plain matmul against main's at every M, interleaved
+#                            #   with tinygemm and cuBLAS bf16 (bench/gpu_rows.sh, no gates, ncu at
+#                            #   M = 1); then `stall`. Lands in $OUT/r.tgz, $OUT/driver_rows.log.
 #   bash next_call.sh stall  # ~100 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
 #                            #   light of the layer's w4_kernel launches at one token, main's tree.
 set -uo pipefail
@@ -44,7 +47,7 @@ if s.count(old) != 1:
 open(path, "w").write(s.replace(old, new))
 PY
 }
-case "${1:?usage: next_call.sh call|halves|stall}" in
+case "${1:?usage: next_call.sh call|halves|rows|stall}" in
 call)
     rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
     variant glu "    constexpr bool BT = w4_block_ticket(Q);" "    constexpr bool BT = w4_block_ticket(Q) && !GLU;" || exit 2
@@ -89,6 +92,16 @@ for (i, grid), m in sorted(kernels.items()):
           f" hit {g('lts__t_sector_op_read_hit_rate.pct'):4.1f} % issue {g('smsp__issue_active.avg.pct_of_peak_sustained_active'):4.1f} % | {stalls}")
 PY
     done ;;
+rows)
+    # halves's plain matmul against main's, interleaved with tinygemm and cuBLAS bf16 in one process
+    # (bench/gpu_rows.sh, no gates: the halves call ran them), ncu at M = 1; then the stall probe.
+    rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
+    rm -rf /tmp/halves && mkdir -p /tmp/halves && tar xzf .xfer/halves.tgz -C /tmp/halves || exit 2
+    cp engine_src/bench/gpu_rows.sh /tmp/halves/engine_src/bench/ || exit 2
+    (cd /tmp/halves/engine_src && KD_ROWS_QUICK="" KD_ROWS_NCU_M="1" timeout 230 bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main) 2>&1 \
+        | tee "$OUT/driver_rows.log" | cut -c1-220
+    tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+    bash "$0" stall ;;
 stall)
     # The halves call's stall probe (14 counters, many replay passes over the layer's weights) ran
     # past its 80 s; this one samples the warps' stall reasons instead (ncu's WarpStateStats
@@ -107,5 +120,5 @@ for r in csv.DictReader(lines):
 PY
     ;;
 *)
-    echo "next_call.sh: unknown part '$1' (call, halves or stall)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (call, halves, rows or stall)" >&2; exit 2 ;;
 esac
