@@ -29,8 +29,9 @@
 #   bash next_call.sh rows   # ~300 s: halves's plain matmul against main's at every M, interleaved
 #                            #   with tinygemm and cuBLAS bf16 (bench/gpu_rows.sh, no gates, ncu at
 #                            #   M = 1); then `stall`. Lands in $OUT/r.tgz, $OUT/driver_rows.log.
-#   bash next_call.sh stall  # ~100 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
-#                            #   light of the layer's w4_kernel launches at one token, main's tree.
+#   bash next_call.sh stall  # ~150 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
+#                            #   light of the layer's w4_kernel launches at one token, main's tree;
+#                            #   then the DRAM throughput over time of its w1/w3 and w2 launches.
 set -uo pipefail
 root="$PWD"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -118,7 +119,11 @@ lines = [ln for ln in open(sys.argv[1], errors="replace") if ln.startswith('"')]
 for r in csv.DictReader(lines):
     print(f"{r.get('ID')} {r.get('Grid Size', '')} | {r.get('Section Name', '')} | {r.get('Metric Name', '')} = {r.get('Metric Value', '')} {r.get('Metric Unit', '')}")
 PY
-    ;;
+    # DRAM throughput over the launch's time (ncu's PM sampling) of the graph path's w1/w3 and w2
+    # (the 6th and 7th w4_kernel of --moe 1): a slow start or end against a slow middle.
+    timeout 120 ncu --clock-control none --section PmSampling -k 'regex:w4_kernel' --launch-skip 5 --launch-count 2 \
+        build/ab/bench_gpu --moe 1 >"$OUT/stall/ncu_pm_sampling.txt" 2>&1
+    echo "ncu pm sampling rc=$?" | tee -a "$OUT/driver.log" ;;
 *)
     echo "next_call.sh: unknown part '$1' (call, halves, rows or stall)" >&2; exit 2 ;;
 esac
