@@ -26,7 +26,7 @@
 #                            #   gates on halves; then ncu's warp stall reasons and L2/DRAM
 #                            #   sectors of every w4_kernel of the layer at one token in both.
 # Lands in $OUT/m.tgz, $OUT/stall/, $OUT/driver.log.
-#   bash next_call.sh rows   # ~300 s: halves's plain matmul against main's at every M, interleaved
+#   bash next_call.sh rows   # ~250 s: halves's plain matmul against main's at every M, interleaved
 #                            #   with tinygemm and cuBLAS bf16 (bench/gpu_rows.sh, no gates, ncu at
 #                            #   M = 1); then `stall`. Lands in $OUT/r.tgz, $OUT/driver_rows.log.
 #   bash next_call.sh stall  # ~150 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
@@ -99,7 +99,7 @@ rows)
     rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
     rm -rf /tmp/halves && mkdir -p /tmp/halves && tar xzf .xfer/halves.tgz -C /tmp/halves || exit 2
     cp engine_src/bench/gpu_rows.sh /tmp/halves/engine_src/bench/ || exit 2
-    (cd /tmp/halves/engine_src && KD_ROWS_QUICK="" KD_ROWS_NCU_M="1" timeout 230 bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main) 2>&1 \
+    (cd /tmp/halves/engine_src && KD_ROWS_QUICK="" KD_ROWS_NCU_M="1" timeout 170 bash bench/gpu_rows.sh "$OUT/r" /tmp/kept_main) 2>&1 \
         | tee "$OUT/driver_rows.log" | cut -c1-220
     tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$OUT/r"
     bash "$0" stall ;;
@@ -110,7 +110,7 @@ stall)
     mkdir -p "$OUT/stall" && cd engine_src || exit 2
     (KD_BENCH_GPU_BUILD_ONLY=1 KD_BENCH_TORCH=0 KD_RESULTS_DIR=build/ab bash scripts/bench_gpu.sh) >"$OUT/stall/build.log" 2>&1 \
         || { tail -n 30 "$OUT/stall/build.log"; exit 1; }
-    timeout 200 ncu --clock-control none --csv --page details --section WarpStateStats --section SpeedOfLight \
+    timeout 90 ncu --clock-control none --csv --page details --section WarpStateStats --section SpeedOfLight \
         -k 'regex:w4_kernel' --launch-count 7 build/ab/bench_gpu --moe 1 >"$OUT/stall/ncu_warp_state.csv" 2>&1
     echo "ncu warp state rc=$?" | tee "$OUT/driver.log"
     "$PYTHON" - "$OUT/stall/ncu_warp_state.csv" <<'PY' | tee -a "$OUT/driver.log"
@@ -121,7 +121,7 @@ for r in csv.DictReader(lines):
 PY
     # DRAM throughput over the launch's time (ncu's PM sampling) of the graph path's w1/w3 and w2
     # (the 6th and 7th w4_kernel of --moe 1): a slow start or end against a slow middle.
-    timeout 120 ncu --clock-control none --section PmSampling -k 'regex:w4_kernel' --launch-skip 5 --launch-count 2 \
+    timeout 60 ncu --clock-control none --section PmSampling -k 'regex:w4_kernel' --launch-skip 5 --launch-count 2 \
         build/ab/bench_gpu --moe 1 >"$OUT/stall/ncu_pm_sampling.txt" 2>&1
     echo "ncu pm sampling rc=$?" | tee -a "$OUT/driver.log" ;;
 *)
