@@ -60,6 +60,15 @@ def stop_sshd(pid_file: Path) -> None:
         pass
 
 
+def show_lab_logs(lab: Path, lines: int = 20) -> None:
+    """Print the last lines of each log the page's commands wrote in the lab (a failed block's evidence)."""
+    for log in sorted(lab.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"== getting started: the last {len(tail)} lines of .lab/{log.name}")
+        for line in tail:
+            print("   " + "".join(c if c.isprintable() else "?" for c in line[:300]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the copy (its path is printed)")
@@ -80,8 +89,11 @@ def main() -> int:
     env = {**os.environ, "KDTREE_CONTROL_DIR": str(work / "ctl")}
     script = "\n".join([f". {venv}", "set -euo pipefail", "set -x", *run])
     started = time.monotonic()
+    code = 1
     try:
         code = subprocess.run(["bash", "-c", script], cwd=copy, env=env).returncode
+        if code != 0:
+            show_lab_logs(copy / ".lab")
     finally:
         subprocess.run([str(REPO / ".venv" / "bin" / "invoke"), "connections", "--close"], cwd=copy, env=env,
                        capture_output=True)
