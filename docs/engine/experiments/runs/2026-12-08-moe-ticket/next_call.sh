@@ -29,6 +29,10 @@
 #   bash next_call.sh rows   # ~250 s: halves's plain matmul against main's at every M, interleaved
 #                            #   with tinygemm and cuBLAS bf16 (bench/gpu_rows.sh, no gates, ncu at
 #                            #   M = 1); then `stall`. Lands in $OUT/r.tgz, $OUT/driver_rows.log.
+#   bash next_call.sh pm     # ~250 s: ncu's PM sampling (DRAM throughput over the launch's time) and
+#                            #   warp states of the layer's graph-path w1/w3 and w2 at one token,
+#                            #   on bench_gpu --moe-int4 (no FP32 experts, so ncu's replay can save
+#                            #   the device's memory); the reports in $OUT/pm/.
 #   bash next_call.sh stall  # ~150 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
 #                            #   light of the layer's w4_kernel launches at one token, main's tree;
 #                            #   then the DRAM throughput over time of its w1/w3 and w2 launches.
@@ -48,7 +52,7 @@ if s.count(old) != 1:
 open(path, "w").write(s.replace(old, new))
 PY
 }
-case "${1:?usage: next_call.sh call|halves|rows|stall}" in
+case "${1:?usage: next_call.sh call|halves|rows|stall|pm}" in
 call)
     rm -rf /tmp/kept_main && cp -r "$root/engine_src" /tmp/kept_main && rm -rf /tmp/kept_main/build || exit 2
     variant glu "    constexpr bool BT = w4_block_ticket(Q);" "    constexpr bool BT = w4_block_ticket(Q) && !GLU;" || exit 2
@@ -124,6 +128,23 @@ PY
     timeout 60 ncu --clock-control none --section PmSampling -k 'regex:w4_kernel' --launch-skip 5 --launch-count 2 \
         build/ab/bench_gpu --moe 1 >"$OUT/stall/ncu_pm_sampling.txt" 2>&1
     echo "ncu pm sampling rc=$?" | tee -a "$OUT/driver.log" ;;
+pm)
+    # The stall probes above ran past their time: ncu's sections replay a launch, saving and
+    # restoring the device's memory, 78 GB with --moe's FP32 experts. --moe-int4 runs the same
+    # INT4 launches without them. The sections' text from the saved reports (--print-details all).
+    mkdir -p "$OUT/pm" && cd engine_src || exit 2
+    (KD_BENCH_GPU_BUILD_ONLY=1 KD_BENCH_TORCH=0 KD_RESULTS_DIR=build/ab bash scripts/bench_gpu.sh) >"$OUT/pm/build.log" 2>&1 \
+        || { tail -n 30 "$OUT/pm/build.log"; exit 1; }
+    timeout 60 build/ab/bench_gpu --moe-int4 1 2>&1 | head -n 20 | tee "$OUT/driver.log"
+    ncu --list-sections >"$OUT/pm/sections.txt" 2>&1
+    grep -iE "pm|warp" "$OUT/pm/sections.txt" | tee -a "$OUT/driver.log"
+    for sec in PmSampling WarpStateStats; do
+        timeout 150 ncu --clock-control none --section "$sec" -k 'regex:w4_kernel' --launch-skip 5 --launch-count 2 \
+            -o "$OUT/pm/$sec" build/ab/bench_gpu --moe-int4 1 >"$OUT/pm/$sec.log" 2>&1
+        echo "ncu $sec rc=$?" | tee -a "$OUT/driver.log"
+        ncu --import "$OUT/pm/$sec.ncu-rep" --page details --print-details all >"$OUT/pm/$sec.txt" 2>&1
+        head -n 150 "$OUT/pm/$sec.txt" | cut -c1-200 | tee -a "$OUT/driver.log"
+    done ;;
 *)
-    echo "next_call.sh: unknown part '$1' (call, halves, rows or stall)" >&2; exit 2 ;;
+    echo "next_call.sh: unknown part '$1' (call, halves, rows, stall or pm)" >&2; exit 2 ;;
 esac
