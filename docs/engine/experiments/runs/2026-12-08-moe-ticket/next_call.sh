@@ -29,10 +29,11 @@
 #   bash next_call.sh rows   # ~250 s: halves's plain matmul against main's at every M, interleaved
 #                            #   with tinygemm and cuBLAS bf16 (bench/gpu_rows.sh, no gates, ncu at
 #                            #   M = 1); then `stall`. Lands in $OUT/r.tgz, $OUT/driver_rows.log.
-#   bash next_call.sh pm     # ~250 s: ncu's PM sampling (DRAM throughput over the launch's time) and
+#   bash next_call.sh pm     # ~300 s: ncu's PM sampling (DRAM throughput over the launch's time) and
 #                            #   warp states of the layer's graph-path w1/w3 and w2 at one token,
 #                            #   on bench_gpu --moe-int4 (no FP32 experts, so ncu's replay can save
-#                            #   the device's memory); the reports in $OUT/pm/.
+#                            #   the device's memory); then warp states, speed of light and
+#                            #   occupancy of the expert shapes at 8 and 16 rows. In $OUT/pm/.
 #   bash next_call.sh stall  # ~150 s: ncu's sampled warp stall reasons (WarpStateStats) and speed of
 #                            #   light of the layer's w4_kernel launches at one token, main's tree;
 #                            #   then the DRAM throughput over time of its w1/w3 and w2 launches.
@@ -144,6 +145,17 @@ pm)
         echo "ncu $sec rc=$?" | tee -a "$OUT/driver.log"
         ncu --import "$OUT/pm/$sec.ncu-rep" --page details --print-details all >"$OUT/pm/$sec.txt" 2>&1
         head -n 150 "$OUT/pm/$sec.txt" | cut -c1-200 | tee -a "$OUT/driver.log"
+    done
+    # Target 2: the expert shapes at 8 and 16 rows (112 blocks, 12-17 % of DRAM peak): issue-bound
+    # or waiting? Their programs are small, so the sections replay quickly.
+    for shape in "2048 7168 8" "7168 2048 16"; do
+        name="e${shape##* }"
+        # shellcheck disable=SC2086
+        timeout 90 ncu --clock-control none --section WarpStateStats --section SpeedOfLight --section Occupancy \
+            -k 'regex:w4_kernel' --launch-skip 3 --launch-count 1 build/ab/bench_gpu --only $shape \
+            >"$OUT/pm/$name.txt" 2>&1
+        echo "ncu $name rc=$?" | tee -a "$OUT/driver.log"
+        grep -vE "^==(PROF|WARNING)==" "$OUT/pm/$name.txt" | head -n 80 | cut -c1-200 | tee -a "$OUT/driver.log"
     done ;;
 *)
     echo "next_call.sh: unknown part '$1' (call, halves, rows, stall or pm)" >&2; exit 2 ;;
