@@ -146,7 +146,7 @@ def test_10_two_concurrent_runs_on_one_host(lab, make_inventory, source, tmp_pat
     assert len(winners) == 1 and len(losers) == 1, [(p.returncode, o[-2000:], e[-2000:]) for p, o, e in results]
     winner, loser = winners[0][0], losers[0]
     winner_task = first if winner is procs[0] else second
-    assert loser[0].returncode == 1
+    assert loser[0].returncode == 1, (loser[1][-2000:], loser[2][-2000:])
     assert re.search(rf"is locked by another run: {winner_task} by pid {winner.pid} on {re.escape(os.uname().nodename)}",
                      loser[1]), loser[1]
     assert (remote / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
