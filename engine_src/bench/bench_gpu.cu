@@ -670,21 +670,17 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
     L.gate_b = dev_alloc<float>(L.E);
     fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.gate_w, static_cast<size_t>(L.E) * L.h, 11, -0.05f, 0.05f);
     fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.gate_b, L.E, 12, -0.02f, 0.02f);
-    // int4_only: each expert's matrix is made in a scratch buffer and quantised from there (the
-    // values the stack would hold).
+    // Each expert's matrix is made (in its stack, or with int4_only in one scratch buffer: the same
+    // values) and quantised from there.
     float* scratch = int4_only ? dev_alloc<float>(per) : nullptr;
     for (int j = 0; j < 3; ++j) {
         if (!int4_only) L.w[j] = dev_alloc<float>(all);
         uint32_t* q = dev_alloc<uint32_t>(all / 8);
         float* s = dev_alloc<float>(all / 32);
-        if (int4_only) {
-            for (long e = 0; e <= L.E; ++e) {
-                fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(scratch, per, 20 + j, -0.03f, 0.03f, e * per);
-                quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q + e * per / 8, s + e * per / 32, scratch, per / 32);
-            }
-        } else {
-            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(L.w[j], all, 20 + j, -0.03f, 0.03f);
-            quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q, s, L.w[j], all / 32);
+        for (long e = 0; e <= L.E; ++e) {
+            float* w = int4_only ? scratch : L.w[j] + e * per;
+            fill_uniform<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(w, per, 20 + j, -0.03f, 0.03f, e * per);
+            quantize_groups<<<kFillGrid, kFillBlock, 0, ctx.stream>>>(q + e * per / 8, s + e * per / 32, w, per / 32);
         }
         const int out = j == 1 ? L.h : L.inter, in = j == 1 ? L.inter : L.h;
         std::tie(L.q[j], L.s[j]) = tiled(ctx, q, s, out, in, L.E + 1);
@@ -695,8 +691,7 @@ std::string bench_moe(Context& ctx, double ceiling, bool quick, int& failures, i
         L.ss[j] = L.s[j] + L.E * w4a16_tiled_scales(out, in);
     }
     KD_CUDA_LAUNCH_CHECK("moe weights");
-    KD_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-    cudaFree(scratch);
+    cudaFree(scratch);  // (waits for the launches that use it)
     const int Tmax = 16, P = Tmax * L.k, n_inputs = 8;
     MoeBuffers b{};
     b.logits = dev_alloc<float>(static_cast<size_t>(Tmax) * L.E);
